@@ -1,0 +1,17 @@
+# Sourced by bin/demo and bin/test: create .venv and install the project with its test extra.
+# Re-installs only when pyproject.toml changed since the last install.
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+PY="${PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
+    | grep -v "^WARNING: Location" || true
+  .venv/bin/python -c "import django, django_spanner, environ, pytest_django" 
+  rm -f .venv/.installed-* && touch "$stamp"
+fi
+export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,0 +1,112 @@
+"""Demo settings. SQLite by default; ``DEMO_DATABASE=emulator`` starts a private Spanner
+emulator; ``DEMO_DATABASE=spanner`` with ``SPANNER_PROJECT``/``SPANNER_INSTANCE``/
+``SPANNER_DATABASE`` uses a real Spanner database (credentials from the environment)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+VAR = Path(env.str("DEMO_VAR_DIR", default=str(BASE_DIR / "var")))
+VAR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = env.str("DJANGO_SECRET_KEY", default="demo-only-insecure-key")
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("DJANGO_ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "demo_project.urls"
+WSGI_APPLICATION = "demo_project.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "spanner_queues",
+    "demo_project.shop",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+DEMO_DATABASE = env.str("DEMO_DATABASE", default="sqlite")
+if DEMO_DATABASE == "sqlite":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": env.str("DEMO_SQLITE_PATH", default=str(VAR / "demo.sqlite3")),
+            # WAL and BEGIN IMMEDIATE: what concurrent receivers need (check spanner_queues.E003).
+            "OPTIONS": {
+                "init_command": "PRAGMA journal_mode=WAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    }
+elif DEMO_DATABASE in ("emulator", "spanner"):
+    if DEMO_DATABASE == "emulator":
+        from spanner_queues.emulator import ensure_database, ensure_emulator
+
+        ensure_emulator(env.str("SPANNER_INSTANCE", default="demo-instance"))
+        ensure_database(
+            env.str("SPANNER_INSTANCE", default="demo-instance"),
+            env.str("SPANNER_DATABASE", default="demo-db"),
+        )
+    DATABASES = {
+        "default": {
+            "ENGINE": "django_spanner",
+            "PROJECT": env.str("SPANNER_PROJECT", default="test-project"),
+            "INSTANCE": env.str("SPANNER_INSTANCE", default="demo-instance"),
+            "NAME": env.str("SPANNER_DATABASE", default="demo-db"),
+        }
+    }
+    INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]  # must be first
+else:
+    raise environ.ImproperlyConfigured(
+        f"DEMO_DATABASE must be sqlite, emulator or spanner, not {DEMO_DATABASE!r}"
+    )
+
+SPANNER_QUEUES = {
+    "default": {
+        "ENGINE": env.str("SPANNER_QUEUES_ENGINE", default="table"),
+        "DATABASE": "default",
+    }
+}
+
+EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+EMAIL_FILE_PATH = VAR / "sent-emails"
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"spanner_queues": {"handlers": ["console"], "level": "INFO"}},
+}

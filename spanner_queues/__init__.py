@@ -1,0 +1,12 @@
+"""spanner_queues: a transactional outbox for Django on Google Cloud Spanner queues.
+
+Declare queues with ``spanner_queues.models.Queue``; send with ``MyQueue.send(...)`` inside your
+own ``transaction.atomic()`` block.
+"""
+
+from __future__ import annotations
+
+from spanner_queues.exceptions import QueueError, Retry
+
+__all__ = ["QueueError", "Retry", "__version__"]
+__version__ = "0.1.0"

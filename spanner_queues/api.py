@@ -1,0 +1,186 @@
+"""The verbs users call: send, replace, receive, renew, release, ack. Each resolves the queue's
+engine and delegates across the seam; none knows how a queue is stored."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import router
+from django.db.models import Model
+from django.utils import timezone
+
+from spanner_queues.exceptions import InvalidMessage, LeaseLost
+from spanner_queues.keys import key_fields, row_to_message
+from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.models import rows
+from spanner_queues.payload import encode_payload
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+__all__ = [
+    "ack",
+    "ack_many",
+    "receive",
+    "release",
+    "renew",
+    "renew_many",
+    "replace",
+    "row_to_message",
+    "send",
+    "send_many",
+]
+
+_RESERVED = {"payload", "deliver_time", "delay"}
+
+
+def _database(model: type[Queue], using: str | None) -> str:
+    engine = engine_for(model)
+    return using or engine.database or router.db_for_write(model)
+
+
+def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> datetime | None:
+    if deliver_time is not None and delay is not None:
+        raise InvalidMessage("Pass deliver_time or delay, not both.")
+    if delay is not None:
+        if not isinstance(delay, timedelta):
+            raise InvalidMessage(f"delay must be a timedelta, not {type(delay).__name__}.")
+        return timezone.now() + delay
+    if deliver_time is not None:
+        if not isinstance(deliver_time, datetime) or timezone.is_naive(deliver_time):
+            raise InvalidMessage("deliver_time must be a timezone-aware datetime.")
+    return deliver_time
+
+
+def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessage:
+    """Validate one message before anything is written: key fields, payload, deliver time."""
+    engine = engine_for(model)
+    fields = {f.name: f for f in key_fields(model)} | {f.attname: f for f in key_fields(model)}
+    key: dict[str, Any] = {}
+    for name, value in spec.items():
+        if name in _RESERVED:
+            continue
+        if name not in fields:
+            raise InvalidMessage(
+                f"{model._meta.label}: {name!r} is not a key field; key fields are "
+                f"{', '.join(f.name for f in key_fields(model))}."
+            )
+        if isinstance(value, Model):  # a related object given for a ForeignKey key field
+            value = value.pk
+        key[fields[name].attname] = value
+    for field in key_fields(model):
+        if field.attname not in key:
+            if not field.has_default():
+                raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} is missing.")
+            key[field.attname] = field.get_default()
+    return OutgoingMessage(
+        key=key,
+        payload=encode_payload(spec.get("payload", b""), max_bytes=engine.params.max_payload_bytes),
+        deliver_time=_deliver_time(spec.get("deliver_time"), spec.get("delay")),
+    )
+
+
+def send_many(
+    queue: str | type[Queue], messages: Iterable[Mapping[str, Any]], *, using: str | None = None
+) -> list[Message]:
+    """Send messages in the caller's transaction (one INSERT). Every message is validated
+    first, so a bad one writes nothing."""
+    model = get_queue(queue)
+    outgoing = [build_message(model, spec) for spec in messages]
+    if not outgoing:
+        return []
+    return engine_for(model).send_many(model, outgoing, using=_database(model, using))
+
+
+def send(queue: str | type[Queue], *, using: str | None = None, **spec: Any) -> Message:
+    """Send one message; see ``Queue.send``."""
+    return send_many(queue, [spec], using=using)[0]
+
+
+def replace(
+    queue: str | type[Queue],
+    key: Mapping[str, Any],
+    *,
+    payload: Any = b"",
+    deliver_time: datetime | None = None,
+    delay: timedelta | None = None,
+    using: str | None = None,
+) -> Message:
+    """Delete any message under ``key`` and send a new one in one transaction."""
+    model = get_queue(queue)
+    spec = dict(key, payload=payload, deliver_time=deliver_time, delay=delay)
+    outgoing = build_message(model, spec)
+    db = _database(model, using)
+
+    def run() -> Message:
+        rows(model, db).filter(**outgoing.key).delete()
+        return engine_for(model).send_many(model, [outgoing], using=db)[0]
+
+    return run_in_transaction(run, using=db, retries=engine_for(model).params.transaction_retries)
+
+
+def receive(
+    queue: str | type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+) -> list[Message]:
+    """Lease up to ``max_messages`` due messages (a short transaction of its own)."""
+    if max_messages < 1:
+        raise ValueError("max_messages must be at least 1.")
+    model = get_queue(queue)
+    return engine_for(model).receive(model, max_messages=max_messages, lease=lease)
+
+
+def _key(model: type[Queue], message: Message | Mapping[str, Any] | tuple[Any, ...]) -> tuple:
+    if isinstance(message, Message):
+        return message.key
+    if isinstance(message, Mapping):
+        return tuple(
+            message[f.attname] if f.attname in message else message[f.name]
+            for f in key_fields(model)
+        )
+    return tuple(message)
+
+
+def ack_many(
+    queue: str | type[Queue],
+    messages: Sequence[Message | Mapping[str, Any] | tuple[Any, ...]],
+    *,
+    using: str | None = None,
+) -> None:
+    """Delete messages by key in the caller's transaction. If any is gone, raise
+    ``MessageAlreadyAcked`` (and delete none when the caller's transaction rolls back)."""
+    model = get_queue(queue)
+    keys = [_key(model, m) for m in messages]
+    if keys:
+        engine_for(model).ack_many(model, keys, using=_database(model, using))
+
+
+def ack(message: Message, *, using: str | None = None) -> None:
+    """Acknowledge (delete) a message in the caller's transaction; exactly one row, or
+    ``MessageAlreadyAcked``."""
+    ack_many(message.queue, [message], using=using)
+
+
+def renew_many(messages: Sequence[Message]) -> list[Message]:
+    """Extend the leases of messages of one queue; lost leases are left out of the result."""
+    if not messages:
+        return []
+    model = get_queue(messages[0].queue)
+    return engine_for(model).renew_leases(model, messages)
+
+
+def renew(message: Message) -> Message:
+    """Extend one lease; the token rotates. ``LeaseLost`` if it expired or is unknown."""
+    renewed = renew_many([message])
+    if not renewed:
+        raise LeaseLost(f"{message}: lease lost (expired, acked, or delivered to another).")
+    return renewed[0]
+
+
+def release(message: Message, *, deliver_time: datetime | None = None) -> None:
+    """Give a leased message back before its lease ends, due at ``deliver_time`` (or now)."""
+    model = get_queue(message.queue)
+    engine_for(model).release(model, message, deliver_time=deliver_time)

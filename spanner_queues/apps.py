@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+from django.core.signals import setting_changed
+
+
+def _reset_engines(*, setting: str, **kwargs: Any) -> None:
+    if setting in ("SPANNER_QUEUES", "DATABASES"):
+        from spanner_queues.engines import engines
+
+        engines.__dict__.pop("settings", None)
+        engines._settings = None
+        engines._connections = type(engines._connections)(engines.thread_critical)
+
+
+class SpannerQueuesConfig(AppConfig):
+    name = "spanner_queues"
+    verbose_name = "Spanner queues"
+    default_auto_field = "django.db.models.AutoField"
+
+    def ready(self) -> None:
+        from spanner_queues import checks  # noqa: F401  (registers the system checks)
+
+        setting_changed.connect(_reset_engines, dispatch_uid="spanner_queues.reset_engines")

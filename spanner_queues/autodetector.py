@@ -1,0 +1,58 @@
+"""A migration autodetector that writes ``CreateQueue``/``DeleteQueue`` for queue models."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any
+
+from django.apps import apps as global_apps
+from django.db.migrations.autodetector import MigrationAutodetector
+from django.db.migrations.operations import CreateModel, DeleteModel
+
+from spanner_queues.operations import CreateQueue, DeleteQueue
+from spanner_queues.options import QueueOptions, queue_options
+
+
+def _is_queue_state(state: Any, app_label: str, name: str) -> bool:
+    from spanner_queues.models import QueueManager
+
+    model_state = state.models.get((app_label, name.lower()))
+    return model_state is not None and any(
+        isinstance(manager, QueueManager) for _, manager in model_state.managers
+    )
+
+
+def _declared_options(app_label: str, name: str) -> dict[str, Any]:
+    try:
+        model = global_apps.get_model(app_label, name)
+    except LookupError:
+        return {}
+    defaults = asdict(QueueOptions())
+    declared = asdict(queue_options(model))
+    return {
+        k: (dict(v) if k == "native_options" else v)
+        for k, v in declared.items()
+        if v != defaults[k]
+    }
+
+
+class QueueAutodetector(MigrationAutodetector):
+    def add_operation(
+        self, app_label: str, operation: Any, dependencies: Any = None, beginning: bool = False
+    ) -> None:
+        if type(operation) is CreateModel and _is_queue_state(
+            self.to_state, app_label, operation.name
+        ):
+            operation = CreateQueue(
+                operation.name,
+                operation.fields,
+                options=operation.options,
+                bases=operation.bases,
+                managers=operation.managers,
+                queue_options=_declared_options(app_label, operation.name),
+            )
+        elif type(operation) is DeleteModel and _is_queue_state(
+            self.from_state, app_label, operation.name
+        ):
+            operation = DeleteQueue(operation.name)
+        super().add_operation(app_label, operation, dependencies, beginning)

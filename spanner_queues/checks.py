@@ -1,0 +1,113 @@
+"""System checks (``spanner_queues.E0xx`` errors, ``W0xx`` warnings).
+
+E001 SPANNER_QUEUES is invalid            E002 a queue names an unknown engine alias
+E003 SQLite without IMMEDIATE transactions E004 interleave_in_parent is not a usable key field
+E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DATABASES
+E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
+W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core import checks
+from django.db.models import ForeignKey
+
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.keys import key_fields
+from spanner_queues.options import queue_options, unknown_options
+
+
+@checks.register(checks.Tags.models, checks.Tags.database)
+def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    from spanner_queues.engines import engines
+    from spanner_queues.registry import queue_models
+
+    problems: list[checks.CheckMessage] = []
+    usable: dict[str, Any] = {}
+    for alias in engines.settings:
+        try:
+            engine = engines[alias]
+        except QueueConfigurationError as exc:
+            problems.append(checks.Error(str(exc), id="spanner_queues.E001"))
+            continue
+        if engine.database not in settings.DATABASES:
+            problems.append(
+                checks.Error(
+                    f"SPANNER_QUEUES[{alias!r}]['DATABASE'] = {engine.database!r} is not in "
+                    "DATABASES.",
+                    id="spanner_queues.E006",
+                )
+            )
+            continue
+        usable[alias] = engine
+    for engine in usable.values():
+        problems.extend(engine.check())
+
+    installed = list(settings.INSTALLED_APPS)
+    spanner_dbs = [a for a, d in settings.DATABASES.items() if d.get("ENGINE") == "django_spanner"]
+    if spanner_dbs and installed and installed[0] != "django_spanner":
+        problems.append(
+            checks.Warning(
+                "django_spanner is not the first entry of INSTALLED_APPS.",
+                hint="Put 'django_spanner' first: otherwise models built before it is imported "
+                "(such as admin's LogEntry) fail to insert on Spanner.",
+                id="spanner_queues.W002",
+            )
+        )
+
+    for model in queue_models():
+        if app_configs is not None and model._meta.app_config not in app_configs:
+            continue
+        problems.extend(_check_queue_model(model, usable, engines.settings))
+    return problems
+
+
+def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
+    problems: list[checks.CheckMessage] = []
+    for name in unknown_options(model):
+        problems.append(
+            checks.Error(
+                f"QueueMeta.{name} is not a queue option.",
+                hint="Known options: engine, interleave_in_parent, native_options.",
+                obj=model,
+                id="spanner_queues.E005",
+            )
+        )
+    options = queue_options(model)
+    if options.engine not in configured:
+        problems.append(
+            checks.Error(
+                f"QueueMeta.engine = {options.engine!r} is not an alias in SPANNER_QUEUES.",
+                obj=model,
+                id="spanner_queues.E002",
+            )
+        )
+    parent = options.interleave_in_parent
+    if parent:
+        keys = key_fields(model)
+        field = next((f for f in keys if f.name == parent), None)
+        if field is None or not isinstance(field, ForeignKey) or keys[0] is not field:
+            problems.append(
+                checks.Error(
+                    f"QueueMeta.interleave_in_parent = {parent!r} must name a ForeignKey that "
+                    "is the first field of the primary key.",
+                    obj=model,
+                    id="spanner_queues.E004",
+                )
+            )
+        elif field.column != field.related_model._meta.pk.column:
+            problems.append(
+                checks.Error(
+                    f"The interleaved key column {field.column!r} must have the parent's "
+                    f"primary-key column name {field.related_model._meta.pk.column!r} "
+                    "(Spanner requires it).",
+                    hint=f"Declare the ForeignKey with db_column="
+                    f"{field.related_model._meta.pk.column!r}.",
+                    obj=model,
+                    id="spanner_queues.E004",
+                )
+            )
+    return problems

@@ -1,0 +1,151 @@
+"""The ``SPANNER_QUEUES`` setting, parsed into frozen values.
+
+    SPANNER_QUEUES = {
+        "default": {
+            "ENGINE": "spanner_queues.engines.table.TableQueueEngine",
+            "DATABASE": "default",
+            "OPTIONS": {"LEASE_SECONDS": 10, "MAX_PAYLOAD_BYTES": 4096, "BACKOFF": {...}},
+        },
+    }
+
+Aliases work like ``DATABASES`` and ``CACHES``: a queue names the alias it lives in
+(``QueueMeta.engine``, default ``"default"``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from spanner_queues.exceptions import InvalidQueueEngine
+
+DEFAULT_ENGINE_ALIAS = "default"
+TABLE_ENGINE = "spanner_queues.engines.table.TableQueueEngine"
+NATIVE_ENGINE = "spanner_queues.engines.native.NativeQueueEngine"
+ENGINE_SHORTCUTS = {"table": TABLE_ENGINE, "native": NATIVE_ENGINE}
+
+DEFAULT_SETTING: dict[str, dict[str, Any]] = {
+    DEFAULT_ENGINE_ALIAS: {"ENGINE": TABLE_ENGINE, "DATABASE": "default"}
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackoffPolicy:
+    """Redelivery delay after a lease expires without an ack.
+
+    Like Spanner: exponential back-off while the message is younger than ``hourly_after``, then
+    one attempt per ``hourly``. ``delay(attempt, age)`` is the wait after delivery ``attempt``.
+    """
+
+    initial: timedelta = timedelta(seconds=1)
+    multiplier: float = 2.0
+    maximum: timedelta = timedelta(minutes=15)
+    hourly_after: timedelta = timedelta(hours=1)
+    hourly: timedelta = timedelta(hours=1)
+
+    def delay(self, attempt: int, age: timedelta) -> timedelta:
+        if age >= self.hourly_after:
+            return self.hourly
+        exponent = max(attempt - 1, 0)
+        seconds = self.initial.total_seconds() * (self.multiplier**exponent)
+        return min(timedelta(seconds=seconds), self.maximum)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineParams:
+    """One engine alias, validated."""
+
+    alias: str
+    engine: str
+    database: str = "default"
+    lease: timedelta = timedelta(seconds=10)
+    backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
+    max_payload_bytes: int | None = 4096
+    transaction_retries: int = 20
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _seconds(value: Any, name: str, alias: str) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = -1.0
+    if seconds <= 0:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: {name} must be a positive number of seconds, "
+            f"not {value!r}."
+        )
+    return timedelta(seconds=seconds)
+
+
+def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
+    """Validate one alias of ``SPANNER_QUEUES``; raise ``InvalidQueueEngine`` with the reason."""
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueEngine(f"SPANNER_QUEUES[{alias!r}] must be a dict.")
+    unknown = set(raw) - {"ENGINE", "DATABASE", "OPTIONS"}
+    if unknown:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(sorted(unknown))}."
+        )
+    engine = raw.get("ENGINE", TABLE_ENGINE)
+    engine = ENGINE_SHORTCUTS.get(engine, engine)
+    options = dict(raw.get("OPTIONS") or {})
+    known = {"LEASE_SECONDS", "BACKOFF", "MAX_PAYLOAD_BYTES", "TRANSACTION_RETRIES"}
+    backoff_raw = dict(options.get("BACKOFF") or {})
+    backoff_known = {
+        "INITIAL_SECONDS",
+        "MULTIPLIER",
+        "MAX_SECONDS",
+        "HOURLY_AFTER_SECONDS",
+        "HOURLY_SECONDS",
+    }
+    if set(backoff_raw) - backoff_known:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['OPTIONS']['BACKOFF'] has unknown keys: "
+            f"{', '.join(sorted(set(backoff_raw) - backoff_known))}."
+        )
+    defaults = BackoffPolicy()
+    multiplier = backoff_raw.get("MULTIPLIER", defaults.multiplier)
+    if not isinstance(multiplier, (int, float)) or multiplier < 1:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: BACKOFF MULTIPLIER must be a number >= 1."
+        )
+    backoff = BackoffPolicy(
+        initial=_seconds(
+            backoff_raw.get("INITIAL_SECONDS", defaults.initial), "INITIAL_SECONDS", alias
+        ),
+        multiplier=float(multiplier),
+        maximum=_seconds(backoff_raw.get("MAX_SECONDS", defaults.maximum), "MAX_SECONDS", alias),
+        hourly_after=_seconds(
+            backoff_raw.get("HOURLY_AFTER_SECONDS", defaults.hourly_after),
+            "HOURLY_AFTER_SECONDS",
+            alias,
+        ),
+        hourly=_seconds(
+            backoff_raw.get("HOURLY_SECONDS", defaults.hourly), "HOURLY_SECONDS", alias
+        ),
+    )
+    max_payload = options.get("MAX_PAYLOAD_BYTES", 4096)
+    if max_payload is not None and (not isinstance(max_payload, int) or max_payload <= 0):
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: MAX_PAYLOAD_BYTES must be a positive int or None."
+        )
+    retries = options.get("TRANSACTION_RETRIES", 20)
+    if not isinstance(retries, int) or retries < 0:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: TRANSACTION_RETRIES must be an int >= 0."
+        )
+    return EngineParams(
+        alias=alias,
+        engine=engine,
+        database=raw.get("DATABASE", "default"),
+        lease=_seconds(options.get("LEASE_SECONDS", 10), "LEASE_SECONDS", alias),
+        backoff=backoff,
+        max_payload_bytes=max_payload,
+        transaction_retries=retries,
+        options={k: v for k, v in options.items() if k not in known},
+    )

@@ -1,0 +1,125 @@
+"""What differs between database vendors, and nothing else.
+
+This is the only module that names a vendor. Engines ask the driver which errors are worth a
+retry, what the database must be configured with, and how to emit vendor DDL clauses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core import checks
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+class Driver:
+    """Defaults for a database with transactions and no vendor quirks."""
+
+    vendor = "generic"
+    #: whether the database can hold native Spanner queues (``CREATE QUEUE``).
+    supports_native_queues = False
+    #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
+    supports_interleave = False
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        self.connection = connection
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        """True when ``exc`` means "the transaction lost a race; run it again"."""
+        return False
+
+    def check(self) -> list[checks.CheckMessage]:
+        return []
+
+
+class SQLiteDriver(Driver):
+    vendor = "sqlite"
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        text = str(exc).lower()
+        return "database is locked" in text or "database table is locked" in text
+
+    def check(self) -> list[checks.CheckMessage]:
+        alias = self.connection.alias
+        options = self.connection.settings_dict.get("OPTIONS") or {}
+        problems: list[checks.CheckMessage] = []
+        if options.get("transaction_mode") != "IMMEDIATE":
+            problems.append(
+                checks.Error(
+                    f"Database {alias!r} (SQLite) does not use transaction_mode='IMMEDIATE'.",
+                    hint=(
+                        f"Set DATABASES[{alias!r}]['OPTIONS']['transaction_mode'] = "
+                        "'IMMEDIATE': with SQLite's default DEFERRED mode, concurrent "
+                        "receivers fail with 'database is locked'."
+                    ),
+                    id="spanner_queues.E003",
+                )
+            )
+        init = str(options.get("init_command", "")).lower().replace(" ", "")
+        name = str(self.connection.settings_dict.get("NAME", ""))
+        if "journal_mode=wal" not in init and name not in ("", ":memory:"):
+            problems.append(
+                checks.Warning(
+                    f"Database {alias!r} (SQLite) does not enable WAL journaling.",
+                    hint=(
+                        f"Add 'PRAGMA journal_mode=WAL;' to DATABASES[{alias!r}]['OPTIONS']"
+                        "['init_command'] so that readers do not block the worker."
+                    ),
+                    id="spanner_queues.W001",
+                )
+            )
+        return problems
+
+
+class SpannerDriver(Driver):
+    vendor = "spanner"
+    supports_interleave = True
+
+    def __init__(self, connection: BaseDatabaseWrapper) -> None:
+        super().__init__(connection)
+        import os
+
+        # The emulator cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383).
+        self.supports_native_queues = not os.environ.get("SPANNER_EMULATOR_HOST")
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        from google.api_core import exceptions as gexc
+        from google.cloud.spanner_dbapi.exceptions import RetryAborted
+
+        seen: set[int] = set()
+        current: BaseException | None = exc
+        while current is not None and id(current) not in seen:
+            seen.add(id(current))
+            if isinstance(current, (gexc.Aborted, RetryAborted)):
+                return True
+            text = str(current)
+            if "Transaction not found" in text or "was aborted" in text:
+                return True
+            current = current.__cause__ or current.__context__
+        return False
+
+
+class PostgreSQLDriver(Driver):
+    vendor = "postgresql"
+
+    def is_retryable(self, exc: BaseException) -> bool:
+        code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
+        return code in {"40001", "40P01"}
+
+
+_DRIVERS: dict[str, type[Driver]] = {
+    "sqlite": SQLiteDriver,
+    "spanner": SpannerDriver,
+    "postgresql": PostgreSQLDriver,
+}
+
+
+def driver_for(alias: str) -> Driver:
+    """The driver for database ``alias`` (the one place vendor strings are matched)."""
+    connection = connections[alias]
+    return _DRIVERS.get(connection.vendor, Driver)(connection)
+
+
+def describe(value: Any) -> str:
+    return f"{type(value).__name__}: {value}"

@@ -1,0 +1,39 @@
+"""Engine aliases from ``SPANNER_QUEUES``, in the style of ``django.db.connections``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.utils.connection import BaseConnectionHandler
+from django.utils.module_loading import import_string
+
+from spanner_queues.conf import DEFAULT_SETTING, parse_engine
+from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
+from spanner_queues.exceptions import InvalidQueueEngine
+
+__all__ = ["BaseQueueEngine", "EngineFeatures", "QueueStats", "engines"]
+
+
+class EngineHandler(BaseConnectionHandler):
+    settings_name = "SPANNER_QUEUES"
+    exception_class = InvalidQueueEngine
+
+    def configure_settings(self, settings_dict: dict[str, Any] | None) -> dict[str, Any]:
+        configured = getattr(settings, "SPANNER_QUEUES", None)
+        return dict(configured if configured is not None else DEFAULT_SETTING)
+
+    def create_connection(self, alias: str) -> BaseQueueEngine:
+        params = parse_engine(alias, self.settings[alias])
+        try:
+            engine_class = import_string(params.engine)
+        except ImportError as exc:
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES[{alias!r}]['ENGINE'] = {params.engine!r} cannot be imported: {exc}"
+            ) from exc
+        if not (isinstance(engine_class, type) and issubclass(engine_class, BaseQueueEngine)):
+            raise InvalidQueueEngine(f"{params.engine!r} is not a BaseQueueEngine subclass.")
+        return engine_class(params)
+
+
+engines = EngineHandler()

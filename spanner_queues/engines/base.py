@@ -1,0 +1,137 @@
+"""The engine seam: everything above it (send API, outbox, worker, admin, checks, migrations)
+talks to a ``BaseQueueEngine`` and branches only on ``engine.features``."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from django.core import checks
+
+from spanner_queues.conf import EngineParams
+from spanner_queues.exceptions import NotSupportedByEngine
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+    from spanner_queues.message import Message, OutgoingMessage
+    from spanner_queues.models import Queue
+    from spanner_queues.options import QueueOptions
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineFeatures:
+    """What an engine can do. Callers and tests gate on these flags, never on vendors."""
+
+    supports_native_queues: bool = False
+    supports_lease_renewal: bool = True
+    supports_release: bool = True
+    supports_attempt_count: bool = True
+    supports_listing: bool = True
+    #: whether ``renew_leases`` rotates the token (Spanner's RENEWLEASE does).
+    rotates_lease_tokens: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueStats:
+    """Counts for one queue at ``measured_at``. ``scheduled`` counts messages not yet due
+    (future deliver time or back-off after an expired lease); ``leased`` those in flight."""
+
+    queue: str
+    total: int
+    ready: int
+    scheduled: int
+    leased: int
+    oldest_send_time: datetime | None
+    max_attempts: int | None
+    measured_at: datetime
+
+    @property
+    def oldest_age(self) -> timedelta | None:
+        if self.oldest_send_time is None:
+            return None
+        return max(self.measured_at - self.oldest_send_time, timedelta(0))
+
+
+class BaseQueueEngine(ABC):
+    """One way of realising queues. Methods take the queue model first.
+
+    Guarantees every engine keeps (the conformance suite checks them):
+    - ``send_many`` writes through the caller's connection, in the caller's transaction.
+    - ``receive`` never hands a message to two receivers while a lease on it is live, and never
+      before its deliver time.
+    - ``ack`` deletes by key in the caller's transaction; no row raises ``MessageAlreadyAcked``.
+    """
+
+    features: ClassVar[EngineFeatures] = EngineFeatures()
+
+    def __init__(self, params: EngineParams) -> None:
+        self.params = params
+
+    @property
+    def alias(self) -> str:
+        return self.params.alias
+
+    @property
+    def database(self) -> str:
+        return self.params.database
+
+    def _unsupported(self, verb: str) -> NotSupportedByEngine:
+        return NotSupportedByEngine(f"The {type(self).__name__} engine does not support {verb}.")
+
+    # --- schema ---------------------------------------------------------------------------
+    @abstractmethod
+    def create_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        """Create the queue's storage (run by the ``CreateQueue`` migration operation)."""
+
+    @abstractmethod
+    def drop_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        """Drop the queue's storage."""
+
+    # --- messages -------------------------------------------------------------------------
+    @abstractmethod
+    def send_many(
+        self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
+    ) -> list[Message]:
+        """Insert messages in the caller's transaction on ``using``."""
+
+    @abstractmethod
+    def receive(
+        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+    ) -> list[Message]:
+        """Lease up to ``max_messages`` due messages; an empty list when none is due."""
+
+    @abstractmethod
+    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+        """Delete messages by key in the caller's transaction; all or ``MessageAlreadyAcked``."""
+
+    def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
+        """Extend leases; return the renewed messages (new token, new expiry). Messages whose
+        lease was lost are left out of the result."""
+        raise self._unsupported("lease renewal")
+
+    def release(
+        self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
+    ) -> None:
+        """Give a leased message back, due at ``deliver_time`` (default now)."""
+        raise self._unsupported("release")
+
+    @abstractmethod
+    def stats(self, model: type[Queue]) -> QueueStats:
+        """Counts of the queue's messages by state."""
+
+    def check(self) -> list[checks.CheckMessage]:
+        return []

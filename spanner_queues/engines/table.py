@@ -1,0 +1,245 @@
+"""The table engine: Spanner queue semantics on an ordinary table, on any Django database.
+
+The queue table holds the user's key columns, ``Payload`` and ``DeliverTime`` plus bookkeeping
+(``send_time``, ``attempts``, ``lease_token``, ``lease_expires_at``). A message is due when
+``DeliverTime <= now``; a claim moves ``DeliverTime`` past the lease expiry plus the back-off
+for that attempt, so one indexed range scan on ``DeliverTime`` finds every due message, and a
+message whose lease expires without an ack becomes due again after its back-off. A claim is a
+short read-write transaction (SQLite: ``BEGIN IMMEDIATE``; Spanner: serialisable, retried on
+ABORTED) that reads the due rows and updates each with a compare-and-set on its deliver time.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import IntegrityError
+from django.db.models import Max, Min, Q
+from django.utils import timezone
+
+from spanner_queues.drivers import driver_for
+from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
+from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, MessageAlreadyExists
+from spanner_queues.keys import key_filter, key_names, row_to_message
+from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.models import rows
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+    from spanner_queues.models import Queue
+    from spanner_queues.options import QueueOptions
+
+
+class TableQueueEngine(BaseQueueEngine):
+    """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
+    Spanner or PostgreSQL database."""
+
+    features = EngineFeatures(supports_native_queues=False)
+
+    # --- schema ---------------------------------------------------------------------------
+    def create_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        parent_field = options.interleave_in_parent
+        driver = driver_for(schema_editor.connection.alias)
+        if not (parent_field and driver.supports_interleave):
+            # Elsewhere the parent's ForeignKey(on_delete=CASCADE) stands in for interleaving.
+            schema_editor.create_model(model)
+            return
+        parent = model._meta.get_field(parent_field).related_model
+        clause = (
+            f", INTERLEAVE IN PARENT {schema_editor.quote_name(parent._meta.db_table)} "
+            "ON DELETE CASCADE"
+        )
+        prefix = f"CREATE TABLE {schema_editor.quote_name(model._meta.db_table)} "
+        execute = schema_editor.execute
+
+        def execute_interleaved(sql: Any, params: Any = ()) -> Any:
+            if isinstance(sql, str) and sql.startswith(prefix):
+                sql += clause
+            return execute(sql, params)
+
+        schema_editor.execute = execute_interleaved  # type: ignore[method-assign]
+        try:
+            schema_editor.create_model(model)
+        finally:
+            del schema_editor.execute
+
+    def drop_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        schema_editor.delete_model(model)
+
+    # --- sending --------------------------------------------------------------------------
+    def send_many(
+        self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
+    ) -> list[Message]:
+        now = timezone.now()
+        new_rows = [
+            model(
+                **m.key,
+                payload=m.payload,
+                # A deliver time in the past means "now", as Spanner does for Send.
+                deliver_time=max(m.deliver_time, now) if m.deliver_time else now,
+                send_time=now,
+                attempts=0,
+            )
+            for m in messages
+        ]
+        try:
+            rows(model, using).bulk_create(new_rows)
+        except IntegrityError as exc:
+            keys = ", ".join(str(m.key) for m in messages)
+            raise MessageAlreadyExists(
+                f"{model._meta.label}: a message with key {keys} already exists "
+                "(keys are identity; ack it first or use replace())."
+            ) from exc
+        return [row_to_message(model, r) for r in new_rows]
+
+    # --- receiving ------------------------------------------------------------------------
+    def receive(
+        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+    ) -> list[Message]:
+        lease = lease or self.params.lease
+        manager = rows(model, self.database)
+
+        def claim() -> list[Message]:
+            now = timezone.now()
+            due = list(
+                manager.filter(deliver_time__lte=now).order_by("deliver_time")[:max_messages]
+            )
+            claimed = []
+            for row in due:
+                attempt = row.attempts + 1
+                token = secrets.token_urlsafe(18)
+                expires = now + lease
+                age = now - (row.send_time or now)
+                message = row_to_message(model, row)
+                updated = manager.filter(
+                    key_filter(model, message.key), deliver_time=row.deliver_time
+                )._update_bookkeeping(
+                    lease_token=token,
+                    lease_expires_at=expires,
+                    attempts=attempt,
+                    deliver_time=expires + self.params.backoff.delay(attempt, age),
+                )
+                if updated == 1:  # 0 only if another claimer won (SQLite without IMMEDIATE)
+                    claimed.append(
+                        replace(
+                            message, attempt=attempt, lease_token=token, lease_expires_at=expires
+                        )
+                    )
+            return claimed
+
+        return run_in_transaction(
+            claim, using=self.database, retries=self.params.transaction_retries
+        )
+
+    def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
+        manager = rows(model, self.database)
+        lease = self.params.lease
+
+        def renew() -> list[Message]:
+            now = timezone.now()
+            renewed = []
+            for msg in messages:
+                if msg.lease_token is None:
+                    continue
+                token = secrets.token_urlsafe(18)
+                expires = now + lease
+                age = now - (msg.send_time or now)
+                n = manager.filter(
+                    key_filter(model, msg.key),
+                    lease_token=msg.lease_token,
+                    lease_expires_at__gt=now,
+                )._update_bookkeeping(
+                    lease_token=token,
+                    lease_expires_at=expires,
+                    deliver_time=expires + self.params.backoff.delay(msg.attempt, age),
+                )
+                if n == 1:
+                    renewed.append(replace(msg, lease_token=token, lease_expires_at=expires))
+            return renewed
+
+        return run_in_transaction(
+            renew, using=self.database, retries=self.params.transaction_retries
+        )
+
+    def release(
+        self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
+    ) -> None:
+        manager = rows(model, self.database)
+
+        def release() -> None:
+            now = timezone.now()
+            n = manager.filter(
+                key_filter(model, message.key),
+                lease_token=message.lease_token,
+                lease_expires_at__gt=now,
+            )._update_bookkeeping(
+                lease_token=None,
+                lease_expires_at=None,
+                deliver_time=max(deliver_time, now) if deliver_time else now,
+            )
+            if n != 1:
+                raise LeaseLost(f"{message}: the lease is no longer held; nothing released.")
+
+        run_in_transaction(release, using=self.database, retries=self.params.transaction_retries)
+
+    # --- acking ---------------------------------------------------------------------------
+    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+        manager = rows(model, using)
+        if len(keys) == 1:
+            deleted = manager.filter(key_filter(model, keys[0]))._raw_delete(using)
+            if deleted != 1:
+                raise MessageAlreadyAcked(
+                    f"{model._meta.label}{keys[0]!r}: no such message; it was already acked "
+                    "(or deleted). Roll back: the work may have been done by another receiver."
+                )
+            return
+        condition = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+        names = key_names(model)
+        present = set(manager.filter(condition).values_list(*names))
+        missing = [k for k in keys if tuple(k) not in present]
+        if missing:
+            raise MessageAlreadyAcked(
+                f"{model._meta.label}: no message with key(s) {missing!r}; already acked "
+                "(or deleted). Roll back the transaction."
+            )
+        manager.filter(condition)._raw_delete(using)
+
+    # --- observing ------------------------------------------------------------------------
+    def stats(self, model: type[Queue]) -> QueueStats:
+        manager = rows(model, self.database)
+        now = timezone.now()
+        leased = Q(lease_expires_at__gt=now)
+        aggregate = manager.aggregate(oldest=Min("send_time"), max_attempts=Max("attempts"))
+        total = manager.count()
+        ready = manager.filter(deliver_time__lte=now).exclude(leased).count()
+        leased_count = manager.filter(leased).count()
+        return QueueStats(
+            queue=model._meta.label,
+            total=total,
+            ready=ready,
+            leased=leased_count,
+            scheduled=total - ready - leased_count,
+            oldest_send_time=aggregate["oldest"],
+            max_attempts=aggregate["max_attempts"],
+            measured_at=now,
+        )
+
+    def check(self) -> list[checks.CheckMessage]:
+        return driver_for(self.database).check()

@@ -1,0 +1,80 @@
+"""Every error spanner_queues raises derives from :class:`QueueError`.
+
+Configuration mistakes also derive from Django's ``ImproperlyConfigured`` so that they read
+like any other settings error. Control-flow signals for receivers (``Retry``) live here too.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class QueueError(Exception):
+    """Root of every spanner_queues error."""
+
+
+class QueueConfigurationError(QueueError, ImproperlyConfigured):
+    """The ``SPANNER_QUEUES`` setting or a queue declaration is wrong."""
+
+
+class InvalidQueueEngine(QueueConfigurationError):
+    """An engine alias is unknown, or its ``ENGINE`` path cannot be imported."""
+
+
+class UnknownQueue(QueueError, LookupError):
+    """No declared queue has this name or label."""
+
+
+class PayloadError(QueueError, ValueError):
+    """A payload cannot be encoded (not bytes, str or JSON-serialisable)."""
+
+
+class PayloadTooLarge(PayloadError):
+    """A payload is larger than the engine's ``MAX_PAYLOAD_BYTES``."""
+
+
+class InvalidMessage(QueueError, ValueError):
+    """A message's key or deliver time is malformed (missing key column, naive datetime...)."""
+
+
+class MessageAlreadyExists(QueueError):
+    """A message with this key is already in the queue: keys are identity, as in Spanner."""
+
+
+class MessageAlreadyAcked(QueueError):
+    """An ack found no message with this key: someone acked (or deleted) it first.
+
+    The transaction that tried the ack must roll back; it must not go on as if it had acked.
+    """
+
+
+class LeaseLost(QueueError):
+    """The lease token is unknown or expired: the message may already be someone else's."""
+
+
+class MessageUpdateRefused(QueueError, TypeError):
+    """Queue rows cannot be updated: replace a message with ack + send instead."""
+
+
+class NotSupportedByEngine(QueueError, NotImplementedError):
+    """The configured engine does not support this operation."""
+
+
+class TransactionRequired(QueueError):
+    """The operation must run inside ``transaction.atomic()`` on the queue's database."""
+
+
+class Retry(QueueError):
+    """Raised by a receiver: ack the message and send it again under the same key, due later.
+
+    ``Retry(after=timedelta(minutes=5))`` honours, for example, an HTTP ``Retry-After``.
+    """
+
+    def __init__(self, after: timedelta | float | None = None, *, reason: str = "") -> None:
+        if after is not None and not isinstance(after, timedelta):
+            after = timedelta(seconds=float(after))
+        self.after: timedelta | None = after
+        self.reason = reason
+        super().__init__(reason or f"retry after {after}")

@@ -1,0 +1,44 @@
+"""Message keys: the queue model's primary-key fields, as values and as ORM filters."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.db.models import Q
+
+from spanner_queues.message import Message
+
+if TYPE_CHECKING:
+    from django.db import models
+
+
+def key_fields(model: type[models.Model]) -> tuple[Any, ...]:
+    """The concrete fields of the model's primary key, in key order."""
+    pk = model._meta.pk
+    fields = getattr(pk, "fields", None)
+    if fields is not None:  # CompositePrimaryKey
+        return tuple(fields)
+    return (pk,)
+
+
+def key_names(model: type[models.Model]) -> tuple[str, ...]:
+    return tuple(f.attname for f in key_fields(model))
+
+
+def key_filter(model: type[models.Model], key: tuple[Any, ...]) -> Q:
+    return Q(**dict(zip(key_names(model), key, strict=True)))
+
+
+def row_to_message(model: type[models.Model], row: Any) -> Message:
+    names = key_names(model)
+    return Message(
+        queue=model._meta.label,
+        key=tuple(getattr(row, n) for n in names),
+        key_names=names,
+        payload=bytes(row.payload),
+        deliver_time=row.deliver_time,
+        attempt=row.attempts,
+        lease_token=row.lease_token,
+        lease_expires_at=row.lease_expires_at,
+        send_time=row.send_time,
+    )

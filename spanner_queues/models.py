@@ -1,0 +1,149 @@
+"""The ``Queue`` abstract model: declare a queue as a Django model with its own key columns.
+
+    class UserTasks(Queue):
+        user_id = models.BigIntegerField()
+        message_id = models.CharField(max_length=64)
+        pk = models.CompositePrimaryKey("user_id", "message_id")
+
+Every queue inherits ``payload`` (bytes) and ``deliver_time``. The table engine also keeps
+``send_time``, ``attempts``, ``lease_token`` and ``lease_expires_at``; they are read-only
+bookkeeping. Messages are rows: query them with the ORM. Rows are never updated through the
+ORM (Spanner queues have no UPDATE): replace a message with ack + send.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.utils import timezone
+
+from spanner_queues.exceptions import MessageUpdateRefused
+
+if TYPE_CHECKING:
+    from spanner_queues.message import Message
+
+_UPDATE_REFUSED = (
+    "Queue messages cannot be updated (Spanner queues have no UPDATE). "
+    "Replace a message with ack + send, e.g. {label}.replace(...)."
+)
+
+
+class QueueQuerySet(models.QuerySet):
+    """A QuerySet that refuses UPDATE; delete (cancel or ack without assert) is allowed."""
+
+    def update(self, **kwargs: Any) -> int:
+        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
+
+    def update_or_create(self, *args: Any, **kwargs: Any) -> Any:
+        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
+
+    def _update_bookkeeping(self, **kwargs: Any) -> int:
+        """Engine-only: update lease bookkeeping columns. Not part of the public API."""
+        return super().update(**kwargs)
+
+
+def rows(model: type[models.Model], using: str) -> QueueQuerySet:
+    """All rows of a queue on ``using``, ignoring custom default managers (engine use)."""
+    return QueueQuerySet(model=model, using=using)
+
+
+class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
+    """The manager of every queue. Kept in migrations, which is how migration state tells
+    queue models apart (``CreateQueue``/``DeleteQueue``)."""
+
+    use_in_migrations = True
+
+    def __eq__(self, other: object) -> bool:
+        # Unlike Manager.__eq__, never equal to a plain Manager: migrations must keep it.
+        return type(other) is type(self) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return id(self)
+
+
+class Queue(models.Model):
+    """Abstract base of every queue. Subclass it in an app's ``models.py``."""
+
+    payload = models.BinaryField(db_column="Payload", default=bytes)
+    deliver_time = models.DateTimeField(
+        db_column="DeliverTime", db_index=True, default=timezone.now
+    )
+    send_time = models.DateTimeField(default=timezone.now, editable=False)
+    attempts = models.PositiveIntegerField(default=0, editable=False)
+    lease_token = models.CharField(max_length=64, null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+
+    objects = QueueManager()
+
+    class Meta:
+        abstract = True
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
+            raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=type(self).__name__))
+        kwargs["force_insert"] = True
+        super().save(*args, **kwargs)
+
+    # --- sending -------------------------------------------------------------------------
+
+    @classmethod
+    def send(
+        cls,
+        *,
+        payload: Any = b"",
+        deliver_time: datetime | None = None,
+        delay: timedelta | None = None,
+        using: str | None = None,
+        **key: Any,
+    ) -> Message:
+        """Send one message inside the current transaction of the queue's database.
+
+        The row is written through the caller's connection: it commits or rolls back with the
+        caller's other writes. A key that already exists raises ``MessageAlreadyExists``.
+        """
+        from spanner_queues.api import send_many
+
+        return send_many(
+            cls,
+            [dict(key, payload=payload, deliver_time=deliver_time, delay=delay)],
+            using=using,
+        )[0]
+
+    @classmethod
+    def send_many(
+        cls, messages: Iterable[Mapping[str, Any]], *, using: str | None = None
+    ) -> list[Message]:
+        """Send several messages in one statement; each dict holds key fields, ``payload``,
+        optionally ``deliver_time`` or ``delay``."""
+        from spanner_queues.api import send_many
+
+        return send_many(cls, messages, using=using)
+
+    @classmethod
+    def replace(
+        cls,
+        *,
+        payload: Any = b"",
+        deliver_time: datetime | None = None,
+        delay: timedelta | None = None,
+        using: str | None = None,
+        **key: Any,
+    ) -> Message:
+        """Delete any message under this key and send a new one, in one transaction
+        (the heartbeat pattern: queues have no UPDATE)."""
+        from spanner_queues.api import replace
+
+        return replace(
+            cls, key, payload=payload, deliver_time=deliver_time, delay=delay, using=using
+        )
+
+    def as_message(self) -> Message:
+        from spanner_queues.api import row_to_message
+
+        return row_to_message(type(self), self)

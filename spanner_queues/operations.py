@@ -1,0 +1,115 @@
+"""Migration operations for queues. ``makemigrations`` (as extended by this app) writes them in
+place of ``CreateModel``/``DeleteModel`` for ``Queue`` models; the configured engine decides the
+DDL (an ordinary table, or ``CREATE QUEUE`` on Spanner), so one migration serves every engine.
+``sqlmigrate`` prints the statements, as for any operation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.migrations.operations import CreateModel, DeleteModel
+
+from spanner_queues.options import KNOWN_OPTIONS, QueueOptions
+
+
+def _options(raw: dict[str, Any] | None) -> QueueOptions:
+    raw = dict(raw or {})
+    return QueueOptions(**{k: v for k, v in raw.items() if k in KNOWN_OPTIONS})
+
+
+def _engine(options: QueueOptions) -> Any:
+    from spanner_queues.engines import engines
+
+    return engines[options.engine]
+
+
+class CreateQueue(CreateModel):
+    """Create a queue model's storage through its engine."""
+
+    def __init__(
+        self,
+        name: str,
+        fields: Any,
+        options: Any = None,
+        bases: Any = None,
+        managers: Any = None,
+        queue_options: dict | None = None,
+    ) -> None:
+        # An explicit signature: the migration writer serialises only named parameters.
+        self.queue_options = dict(queue_options or {})
+        super().__init__(name, fields, options=options, bases=bases, managers=managers)
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        _name, args, kwargs = super().deconstruct()
+        if self.queue_options:
+            kwargs["queue_options"] = self.queue_options
+        return self.__class__.__name__, args, kwargs
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            options = _options(self.queue_options)
+            _engine(options).create_queue(schema_editor, model, options)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = from_state.apps.get_model(app_label, self.name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            options = _options(self.queue_options)
+            _engine(options).drop_queue(schema_editor, model, options)
+
+    def describe(self) -> str:
+        return f"Create queue {self.name}"
+
+    def reduce(self, operation: Any, app_label: str) -> Any:
+        # Keep CreateQueue a CreateQueue when squashed with later field operations.
+        reduced = super().reduce(operation, app_label)
+        if isinstance(reduced, list) and len(reduced) == 1 and type(reduced[0]) is CreateModel:
+            op = reduced[0]
+            return [
+                CreateQueue(
+                    op.name,
+                    op.fields,
+                    options=op.options,
+                    bases=op.bases,
+                    managers=op.managers,
+                    queue_options=self.queue_options,
+                )
+            ]
+        return reduced
+
+
+class DeleteQueue(DeleteModel):
+    """Drop a queue model's storage through its engine."""
+
+    def __init__(self, name: str, *, queue_options: dict | None = None) -> None:
+        self.queue_options = dict(queue_options or {})
+        super().__init__(name)
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        kwargs: dict[str, Any] = {"name": self.name}
+        if self.queue_options:
+            kwargs["queue_options"] = self.queue_options
+        return self.__class__.__name__, [], kwargs
+
+    def database_forwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = from_state.apps.get_model(app_label, self.name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            options = _options(self.queue_options)
+            _engine(options).drop_queue(schema_editor, model, options)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
+    ) -> None:
+        model = to_state.apps.get_model(app_label, self.name)
+        if self.allow_migrate_model(schema_editor.connection.alias, model):
+            options = _options(self.queue_options)
+            _engine(options).create_queue(schema_editor, model, options)
+
+    def describe(self) -> str:
+        return f"Delete queue {self.name}"

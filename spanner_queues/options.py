@@ -1,0 +1,47 @@
+"""Per-queue declaration options, read from a queue model's ``QueueMeta`` inner class.
+
+class ImageTasks(Queue):
+    upload = models.ForeignKey(ImageUpload, on_delete=models.CASCADE, db_column="id")
+    message_id = models.CharField(max_length=64)
+    pk = models.CompositePrimaryKey("upload", "message_id")
+
+    class QueueMeta:
+        engine = "default"                 # alias in SPANNER_QUEUES
+        interleave_in_parent = "upload"    # INTERLEAVE IN PARENT ... ON DELETE CASCADE
+        native_options = {"receive_mode": "PULL"}   # CREATE QUEUE ... OPTIONS (...)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
+
+if TYPE_CHECKING:
+    from django.db import models
+
+KNOWN_OPTIONS = frozenset({"engine", "interleave_in_parent", "native_options"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueOptions:
+    engine: str = DEFAULT_ENGINE_ALIAS
+    interleave_in_parent: str | None = None
+    native_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def queue_options(model: type[models.Model]) -> QueueOptions:
+    meta = getattr(model, "QueueMeta", None)
+    if meta is None:
+        return QueueOptions()
+    values = {name: getattr(meta, name) for name in dir(meta) if not name.startswith("_")}
+    return QueueOptions(**{k: v for k, v in values.items() if k in KNOWN_OPTIONS})
+
+
+def unknown_options(model: type[models.Model]) -> list[str]:
+    meta = getattr(model, "QueueMeta", None)
+    if meta is None:
+        return []
+    return sorted(n for n in dir(meta) if not n.startswith("_") and n not in KNOWN_OPTIONS)

@@ -1,0 +1,41 @@
+"""Short read-write transactions with retry on the errors a driver calls retryable.
+
+Spanner aborts transactions that lose a race, and SQLite reports "database is locked"; both are
+safe to run again from the start. Inside a caller's ``atomic()`` block nothing can be retried
+(there are no savepoints on Spanner), so the function runs once, in the caller's transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+from django.db import connections, transaction
+
+from spanner_queues.drivers import driver_for
+
+T = TypeVar("T")
+logger = logging.getLogger("spanner_queues.transactions")
+
+
+def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
+    """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors."""
+    if connections[using].in_atomic_block:
+        with transaction.atomic(using=using):
+            return fn()
+    driver = driver_for(using)
+    attempt = 0
+    while True:
+        try:
+            with transaction.atomic(using=using):
+                return fn()
+        except Exception as exc:
+            if attempt >= retries or not driver.is_retryable(exc):
+                raise
+            attempt += 1
+            delay = min(0.2, 0.002 * (2**attempt)) * (0.5 + random.random())
+            logger.debug("transaction retry %d on %s after %r", attempt, using, exc)
+            time.sleep(delay)

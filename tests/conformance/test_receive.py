@@ -1,0 +1,120 @@
+"""Conformance: deliver times, leases, redelivery with back-off, renewal, release."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.exceptions import LeaseLost
+from tests.conftest import wait_until
+from tests.testapp.models import Jobs, UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SHORT = timedelta(seconds=0.6)
+
+
+def test_future_deliver_time_is_not_received_early() -> None:
+    due = timezone.now() + timedelta(seconds=1.5)
+    UserTasks.send(user_id=1, message_id="later", payload="x", deliver_time=due)
+    UserTasks.send(user_id=1, message_id="far", payload="x", delay=timedelta(days=29))
+    assert api.receive(UserTasks) == []
+    [message] = wait_until(lambda: api.receive(UserTasks))
+    assert timezone.now() >= due
+    assert message.key == (1, "later")
+    assert api.receive(UserTasks) == []  # the 29-day one stays put
+
+
+def test_leased_message_is_not_delivered_twice() -> None:
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    [first] = api.receive(UserTasks, max_messages=5)
+    assert api.receive(UserTasks, max_messages=5) == []
+    assert first.attempt == 1
+
+
+def test_lease_expiry_redelivers_with_attempts_and_backoff() -> None:
+    backoff = engines["default"].params.backoff
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    first = api.receive(UserTasks, lease=SHORT)[0]
+    # Not before the lease has expired *and* the first back-off has passed.
+    earliest = first.lease_expires_at + backoff.delay(1, timedelta(0))
+    second = wait_until(lambda: api.receive(UserTasks, lease=SHORT))[0]
+    assert timezone.now() >= earliest
+    assert second.key == first.key
+    assert second.attempt == 2
+    assert second.lease_token != first.lease_token
+    earliest = second.lease_expires_at + backoff.delay(2, timedelta(0))
+    third = wait_until(lambda: api.receive(UserTasks, lease=SHORT))[0]
+    assert timezone.now() >= earliest
+    assert third.attempt == 3
+    assert backoff.delay(2, timedelta(0)) > backoff.delay(1, timedelta(0))
+
+
+def test_backoff_policy_matches_spanner_shape() -> None:
+    from spanner_queues.conf import BackoffPolicy
+
+    policy = BackoffPolicy()
+    delays = [policy.delay(n, timedelta(minutes=1)).total_seconds() for n in range(1, 14)]
+    assert delays[:4] == [1, 2, 4, 8]
+    assert max(delays) == 900  # capped inside the first hour
+    assert policy.delay(3, timedelta(hours=2)) == timedelta(hours=1)  # then hourly
+
+
+def test_renewal_keeps_message_and_rotates_token() -> None:
+    UserTasks.send(user_id=1, message_id="long", payload="x")
+    message = api.receive(UserTasks, lease=SHORT)[0]
+    for _ in range(3):
+        renewed = api.renew(message)
+        assert renewed.lease_token != message.lease_token
+        assert renewed.lease_expires_at >= message.lease_expires_at
+        message = renewed
+        assert api.receive(UserTasks) == []  # still ours
+    # The superseded token is dead.
+    with pytest.raises(LeaseLost):
+        api.renew(
+            api.receive.__globals__["Message"](
+                **{  # rebuild with an old token
+                    **{f: getattr(message, f) for f in message.__dataclass_fields__},
+                    "lease_token": "stale",
+                }
+            )
+        )
+
+
+def test_renewing_an_expired_lease_is_lost() -> None:
+    UserTasks.send(user_id=1, message_id="x", payload="x")
+    message = api.receive(UserTasks, lease=timedelta(seconds=0.2))[0]
+    wait_until(lambda: timezone.now() > message.lease_expires_at)
+    with pytest.raises(LeaseLost, match="lease lost"):
+        api.renew(message)
+    assert api.renew_many([message]) == []
+
+
+def test_release_makes_message_due_again() -> None:
+    Jobs.send(payload="x")
+    message = api.receive(Jobs)[0]
+    api.release(message)
+    again = api.receive(Jobs)[0]
+    assert again.key == message.key and again.attempt == 2
+    with pytest.raises(LeaseLost):
+        api.release(message)  # old token
+
+
+def test_batch_receive_respects_max_messages() -> None:
+    Jobs.send_many([{"payload": str(i)} for i in range(7)])
+    first = api.receive(Jobs, max_messages=5)
+    second = api.receive(Jobs, max_messages=5)
+    assert len(first) == 5 and len(second) == 2
+    assert not {m.key for m in first} & {m.key for m in second}
+    assert api.receive(Jobs, max_messages=5) == []
+
+
+def test_stats_count_states() -> None:
+    Jobs.send_many([{"payload": "r"}, {"payload": "r"}, {"payload": "s", "delay": timedelta(1)}])
+    api.receive(Jobs)
+    stats = engines["default"].stats(Jobs)
+    assert (stats.total, stats.ready, stats.leased, stats.scheduled) == (3, 1, 1, 1)
+    assert stats.oldest_age is not None and stats.max_attempts == 1

@@ -1,0 +1,138 @@
+"""Conformance: sending is transactional, keys are identity, payloads are validated first."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.exceptions import (
+    InvalidMessage,
+    MessageAlreadyExists,
+    PayloadError,
+    PayloadTooLarge,
+    QueueError,
+    UnknownQueue,
+)
+from tests.testapp.models import Account, Jobs, UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_rollback_leaves_no_message() -> None:
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Account.objects.create(name="ada")
+        UserTasks.send(user_id=1, message_id="welcome", payload={"type": "welcome"})
+        raise RuntimeError("boom")
+    assert not Account.objects.exists()
+    assert not UserTasks.objects.exists()
+    assert api.receive(UserTasks) == []
+
+
+def test_commit_makes_message_receivable() -> None:
+    with transaction.atomic():
+        account = Account.objects.create(name="ada")
+        sent = UserTasks.send(user_id=account.pk, message_id="welcome", payload={"type": "w"})
+    assert sent.key == (account.pk, "welcome")
+    [message] = api.receive(UserTasks)
+    assert message.key == (account.pk, "welcome")
+    assert message.key_dict == {"user_id": account.pk, "message_id": "welcome"}
+    assert message.json() == {"type": "w"}
+    assert message.attempt == 1
+    assert message.lease_token
+    assert message.lease_expires_at > timezone.now()
+
+
+def test_payload_kinds_are_stored_as_bytes() -> None:
+    UserTasks.send_many(
+        [
+            {"user_id": 1, "message_id": "b", "payload": b"\x00\xffraw"},
+            {"user_id": 1, "message_id": "s", "payload": "héllo"},
+            {"user_id": 1, "message_id": "j", "payload": {"n": [1, 2], "s": "é"}},
+        ]
+    )
+    got = {m.key[1]: m for m in api.receive(UserTasks, max_messages=10)}
+    assert got["b"].payload == b"\x00\xffraw"
+    assert got["s"].text() == "héllo"
+    assert got["j"].json() == {"n": [1, 2], "s": "é"}
+    assert bytes(UserTasks.objects.get(pk=(1, "j")).payload) == '{"n":[1,2],"s":"é"}'.encode()
+
+
+def test_malformed_payload_writes_nothing_and_says_why() -> None:
+    with pytest.raises(PayloadError, match="not bytes, str or JSON-serialisable"):
+        with transaction.atomic():
+            Account.objects.create(name="x")
+            UserTasks.send(user_id=1, message_id="ok", payload={"when": object()})
+    assert not Account.objects.exists()
+    assert not UserTasks.objects.exists()
+
+
+def test_send_many_is_all_or_nothing_on_bad_input() -> None:
+    with pytest.raises(PayloadError):
+        UserTasks.send_many(
+            [
+                {"user_id": 1, "message_id": "a", "payload": "fine"},
+                {"user_id": 1, "message_id": "b", "payload": {1, 2}},
+            ]
+        )
+    assert not UserTasks.objects.exists()
+
+
+def test_payload_limit() -> None:
+    with pytest.raises(PayloadTooLarge, match="4096"):
+        UserTasks.send(user_id=1, message_id="big", payload=b"x" * 5000)
+    assert isinstance(PayloadTooLarge("x"), QueueError)
+
+
+def test_duplicate_key_fails_cleanly() -> None:
+    UserTasks.send(user_id=1, message_id="once", payload="first")
+    with pytest.raises(MessageAlreadyExists, match="already exists"):
+        with transaction.atomic():
+            Account.objects.create(name="kept?")
+            UserTasks.send(user_id=1, message_id="once", payload="second")
+    assert not Account.objects.exists()
+    assert [bytes(p) for p in UserTasks.objects.values_list("payload", flat=True)] == [b"first"]
+
+
+def test_single_column_key_with_default() -> None:
+    a = Jobs.send(payload="a")
+    b = Jobs.send(payload="b")
+    assert a.key != b.key and len(a.key[0]) == 32
+    assert Jobs.objects.count() == 2
+
+
+def test_bad_keys_and_times_are_rejected() -> None:
+    with pytest.raises(InvalidMessage, match="missing"):
+        UserTasks.send(user_id=1, payload="x")
+    with pytest.raises(InvalidMessage, match="not a key field"):
+        UserTasks.send(user_id=1, message_id="a", colour="red")
+    with pytest.raises(InvalidMessage, match="timezone-aware"):
+        UserTasks.send(user_id=1, message_id="a", deliver_time=timezone.now().replace(tzinfo=None))
+    with pytest.raises(InvalidMessage, match="not both"):
+        UserTasks.send(user_id=1, message_id="a", delay=timedelta(1), deliver_time=timezone.now())
+    assert not UserTasks.objects.exists()
+
+
+def test_unknown_queue_is_a_clear_error() -> None:
+    with pytest.raises(UnknownQueue, match="No queue named 'nope'"):
+        api.send("nope", payload="x")
+    assert api.send("testapp.jobs", payload="x").queue == "testapp.Jobs"
+    assert api.send("testapp_usertasks", user_id=1, message_id="t", payload="x")
+
+
+def test_past_deliver_time_means_now() -> None:
+    before = timezone.now()
+    sent = UserTasks.send(user_id=1, message_id="p", deliver_time=before - timedelta(days=3))
+    assert sent.deliver_time >= before
+    assert len(api.receive(UserTasks)) == 1
+
+
+def test_replace_swaps_the_message_under_one_key() -> None:
+    UserTasks.send(user_id=7, message_id="hb", payload="1", delay=timedelta(seconds=60))
+    UserTasks.replace(user_id=7, message_id="hb", payload="2", delay=timedelta(seconds=60))
+    UserTasks.replace(user_id=7, message_id="fresh", payload="3")  # no previous message: fine
+    rows = {r.message_id: bytes(r.payload) for r in UserTasks.objects.all()}
+    assert rows == {"hb": b"2", "fresh": b"3"}

@@ -1,0 +1,86 @@
+"""Test settings: a SQLite file (WAL, IMMEDIATE), the table engine, fast back-off."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR = Path(os.environ.get("SQ_VAR_DIR", BASE_DIR / "var"))
+VAR.mkdir(parents=True, exist_ok=True)
+
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "spanner_queues",
+    "tests.testapp",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+STATIC_URL = "/static/"
+
+# Child processes (worker tests) are pointed at the parent's test database by SQ_DATABASE_NAME.
+_db_name = os.environ.get("SQ_DATABASE_NAME", str(VAR / "tests.sqlite3"))
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": _db_name,
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+        "TEST": {"NAME": str(VAR / f"test-{os.getpid()}.sqlite3")},
+    }
+}
+
+SPANNER_QUEUES = {
+    "default": {
+        "ENGINE": "spanner_queues.engines.table.TableQueueEngine",
+        "DATABASE": "default",
+        "OPTIONS": {
+            "LEASE_SECONDS": 10,
+            "BACKOFF": {"INITIAL_SECONDS": 0.2, "MULTIPLIER": 2, "MAX_SECONDS": 5},
+        },
+    }
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"spanner_queues": {"handlers": ["console"], "level": "WARNING"}},
+}

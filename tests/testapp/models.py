@@ -1,0 +1,49 @@
+"""Models the test suite uses: queues with composite, single and interleaved keys."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+from spanner_queues.models import Queue
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class Account(models.Model):
+    name = models.CharField(max_length=100)
+    balance = models.IntegerField(default=0)
+
+
+class UserTasks(Queue):
+    """Composite key, as in Google's UserTasks example."""
+
+    user_id = models.BigIntegerField()
+    message_id = models.CharField(max_length=64)
+    pk = models.CompositePrimaryKey("user_id", "message_id")
+
+
+class Jobs(Queue):
+    """Single-column key with a default: ``Jobs.send(payload=...)`` needs no key."""
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+
+class Upload(models.Model):
+    name = models.CharField(max_length=100)
+
+
+class UploadTasks(Queue):
+    """Interleaved in its parent on Spanner; a cascading ForeignKey elsewhere."""
+
+    upload = models.ForeignKey(
+        Upload, on_delete=models.CASCADE, db_column="id", db_constraint=False
+    )
+    message_id = models.CharField(max_length=64)
+    pk = models.CompositePrimaryKey("upload", "message_id")
+
+    class QueueMeta:
+        interleave_in_parent = "upload"
