@@ -12,6 +12,9 @@ from django.db.migrations.operations import CreateModel, DeleteModel
 from spanner_queues.operations import CreateQueue, DeleteQueue
 from spanner_queues.options import QueueOptions, queue_options
 
+#: the QueueMeta options that change DDL, and so are written into migrations.
+SCHEMA_OPTIONS = ("engine", "interleave_in_parent", "native_options")
+
 
 def _is_queue_state(state: Any, app_label: str, name: str) -> bool:
     from spanner_queues.models import QueueManager
@@ -32,7 +35,7 @@ def _declared_options(app_label: str, name: str) -> dict[str, Any]:
     return {
         k: (dict(v) if k == "native_options" else v)
         for k, v in declared.items()
-        if v != defaults[k]
+        if k in SCHEMA_OPTIONS and v != defaults[k]
     }
 
 

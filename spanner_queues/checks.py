@@ -4,6 +4,7 @@ E001 SPANNER_QUEUES is invalid            E002 a queue names an unknown engine a
 E003 SQLite without IMMEDIATE transactions E004 interleave_in_parent is not a usable key field
 E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DATABASES
 E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
+E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 """
 
@@ -15,7 +16,7 @@ from django.conf import settings
 from django.core import checks
 from django.db.models import ForeignKey
 
-from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options, unknown_options
 
@@ -65,6 +66,49 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
     return problems
 
 
+def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
+    from spanner_queues.keys import key_names
+    from spanner_queues.registry import get_queue
+
+    problems: list[checks.CheckMessage] = []
+    if options.max_attempts is not None and (
+        not isinstance(options.max_attempts, int) or options.max_attempts < 1
+    ):
+        problems.append(
+            checks.Error(
+                "QueueMeta.max_attempts must be a positive int.",
+                obj=model,
+                id="spanner_queues.E008",
+            )
+        )
+    if options.dead_letter_queue:
+        try:
+            target = get_queue(options.dead_letter_queue)
+        except QueueError as exc:
+            problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E008"))
+        else:
+            if key_names(target) != key_names(model):
+                problems.append(
+                    checks.Error(
+                        f"Dead-letter queue {target._meta.label} must have the same key fields "
+                        f"as {model._meta.label}: {key_names(model)}.",
+                        obj=model,
+                        id="spanner_queues.E008",
+                    )
+                )
+    elif options.max_attempts and not options.discard_after_max_attempts:
+        problems.append(
+            checks.Error(
+                "QueueMeta.max_attempts is set but there is no dead_letter_queue.",
+                hint="Name a dead_letter_queue, or set discard_after_max_attempts = True to "
+                "drop such messages.",
+                obj=model,
+                id="spanner_queues.E008",
+            )
+        )
+    return problems
+
+
 def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
     problems: list[checks.CheckMessage] = []
     for name in unknown_options(model):
@@ -85,6 +129,7 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
                 id="spanner_queues.E002",
             )
         )
+    problems.extend(_check_dead_letter(model, options))
     parent = options.interleave_in_parent
     if parent:
         keys = key_fields(model)

@@ -22,7 +22,16 @@ from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
 if TYPE_CHECKING:
     from django.db import models
 
-KNOWN_OPTIONS = frozenset({"engine", "interleave_in_parent", "native_options"})
+KNOWN_OPTIONS = frozenset(
+    {
+        "engine",
+        "interleave_in_parent",
+        "native_options",
+        "max_attempts",
+        "dead_letter_queue",
+        "discard_after_max_attempts",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -30,6 +39,12 @@ class QueueOptions:
     engine: str = DEFAULT_ENGINE_ALIAS
     interleave_in_parent: str | None = None
     native_options: Mapping[str, Any] = field(default_factory=dict)
+    #: deliveries after which a failing message leaves the queue (None: never, like Spanner).
+    max_attempts: int | None = None
+    #: label of the queue that receives messages past ``max_attempts``.
+    dead_letter_queue: str | None = None
+    #: with ``max_attempts`` and no dead-letter queue: drop such messages (logged as errors).
+    discard_after_max_attempts: bool = False
 
 
 def queue_options(model: type[models.Model]) -> QueueOptions:

@@ -47,3 +47,17 @@ class UploadTasks(Queue):
 
     class QueueMeta:
         interleave_in_parent = "upload"
+
+
+class Emails(Queue):
+    """A queue with an attempt limit and a dead-letter queue."""
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+    class QueueMeta:
+        max_attempts = 3
+        dead_letter_queue = "testapp.EmailsDead"
+
+
+class EmailsDead(Queue):
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)

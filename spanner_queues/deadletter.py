@@ -1,0 +1,76 @@
+"""Dead-letter queues. Spanner has none; a queue declares one in ``QueueMeta``:
+
+    class UserTasks(Queue):
+        ...
+        class QueueMeta:
+            max_attempts = 5
+            dead_letter_queue = "myapp.UserTasksDead"   # same key field names as UserTasks
+
+``dead_letter(message)`` acks the message and sends it, same key and payload, to the
+dead-letter queue in one transaction; ``replay(message)`` does the reverse.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from spanner_queues.api import _database, ack_many, send_many
+from spanner_queues.exceptions import QueueConfigurationError, UnknownQueue
+from spanner_queues.keys import key_names
+from spanner_queues.message import Message
+from spanner_queues.options import queue_options
+from spanner_queues.registry import engine_for, get_queue, queue_models
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+
+def dead_letter_queue_for(queue: str | type[Queue]) -> type[Queue] | None:
+    """The dead-letter queue declared for ``queue``, or None."""
+    label = queue_options(get_queue(queue)).dead_letter_queue
+    return get_queue(label) if label else None
+
+
+def sources_of(dead_letter_queue: str | type[Queue]) -> list[type[Queue]]:
+    """The queues that declare ``dead_letter_queue`` as theirs."""
+    target = get_queue(dead_letter_queue)._meta.label_lower
+    return [
+        m for m in queue_models() if (queue_options(m).dead_letter_queue or "").lower() == target
+    ]
+
+
+def _move(message: Message, source: type[Queue], target: type[Queue], using: str | None) -> Message:
+    if key_names(source) != key_names(target):
+        raise QueueConfigurationError(
+            f"{target._meta.label} cannot hold messages of {source._meta.label}: key fields "
+            f"{key_names(target)} differ from {key_names(source)}."
+        )
+    db = _database(source, using)
+
+    def move() -> Message:
+        ack_many(source, [message], using=db)
+        return send_many(target, [dict(message.key_dict, payload=message.payload)], using=db)[0]
+
+    return run_in_transaction(move, using=db, retries=engine_for(source).params.transaction_retries)
+
+
+def dead_letter(message: Message, *, using: str | None = None) -> Message:
+    """Move ``message`` to its queue's dead-letter queue (ack + send, one transaction)."""
+    source = get_queue(message.queue)
+    target = dead_letter_queue_for(source)
+    if target is None:
+        raise QueueConfigurationError(f"{source._meta.label} declares no dead_letter_queue.")
+    return _move(message, source, target, using)
+
+
+def replay(message: Message, *, using: str | None = None) -> Message:
+    """Send a dead-lettered message back to the queue it came from (ack + send)."""
+    dead = get_queue(message.queue)
+    sources = sources_of(dead)
+    if len(sources) != 1:
+        raise UnknownQueue(
+            f"{dead._meta.label} is the dead-letter queue of {len(sources)} queues; "
+            "replay needs exactly one."
+        )
+    return _move(message, dead, sources[0], using)

@@ -1,0 +1,52 @@
+"""Conformance: dead-lettering and replay move a message atomically, key and payload intact."""
+
+from __future__ import annotations
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from spanner_queues import api
+from spanner_queues.deadletter import dead_letter, replay
+from spanner_queues.exceptions import QueueConfigurationError
+from tests.testapp.models import Emails, EmailsDead, Jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_dead_letter_and_replay_round_trip() -> None:
+    sent = Emails.send(payload={"to": "ada@example.com"})
+    message = api.receive(Emails)[0]
+    dead = dead_letter(message)
+    assert dead.queue == "testapp.EmailsDead" and dead.key == sent.key
+    assert not Emails.objects.exists()
+    assert EmailsDead.objects.get(pk=sent.key[0]).as_message().json() == {"to": "ada@example.com"}
+    back = replay(dead)
+    assert back.queue == "testapp.Emails" and back.key == sent.key
+    assert not EmailsDead.objects.exists()
+    assert api.receive(Emails)[0].attempt == 1  # a fresh message
+
+
+def test_dead_letter_needs_a_declared_queue() -> None:
+    Jobs.send(payload="x")
+    with pytest.raises(QueueConfigurationError, match="no dead_letter_queue"):
+        dead_letter(api.receive(Jobs)[0])
+    assert Jobs.objects.count() == 1
+
+
+def test_checks_report_bad_dead_letter_settings() -> None:
+    from spanner_queues.checks import _check_dead_letter
+    from spanner_queues.options import QueueOptions
+
+    errors = _check_dead_letter(Jobs, QueueOptions(max_attempts=3))
+    assert [e.id for e in errors] == ["spanner_queues.E008"]
+    errors = _check_dead_letter(
+        Jobs, QueueOptions(max_attempts=3, dead_letter_queue="testapp.UserTasks")
+    )
+    assert "same key fields" in errors[0].msg
+    assert (
+        _check_dead_letter(Jobs, QueueOptions(max_attempts=3, discard_after_max_attempts=True))
+        == []
+    )
+    with override_settings():
+        call_command("check")  # the test app itself is valid
