@@ -6,11 +6,22 @@ retry, what the database must be configured with, and how to emit vendor DDL cla
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from django.core import checks
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the exceptions it was raised from (Django wraps DB-API wraps gRPC)."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
 
 
 class Driver:
@@ -27,6 +38,15 @@ class Driver:
 
     def is_retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` means "the transaction lost a race; run it again"."""
+        return False
+
+    def is_duplicate_key(self, exc: BaseException) -> bool:
+        """True when an INSERT failed because the primary key exists."""
+        text = str(exc).lower()
+        return "unique" in text or "already exists" in text or "duplicate" in text
+
+    def is_missing_parent(self, exc: BaseException) -> bool:
+        """True when an INSERT into an interleaved table found no parent row."""
         return False
 
     def check(self) -> list[checks.CheckMessage]:
@@ -87,17 +107,23 @@ class SpannerDriver(Driver):
         from google.api_core import exceptions as gexc
         from google.cloud.spanner_dbapi.exceptions import RetryAborted
 
-        seen: set[int] = set()
-        current: BaseException | None = exc
-        while current is not None and id(current) not in seen:
-            seen.add(id(current))
+        for current in causes(exc):
             if isinstance(current, (gexc.Aborted, RetryAborted)):
                 return True
             text = str(current)
             if "Transaction not found" in text or "was aborted" in text:
                 return True
-            current = current.__cause__ or current.__context__
         return False
+
+    def is_duplicate_key(self, exc: BaseException) -> bool:
+        from google.api_core import exceptions as gexc
+
+        return any(isinstance(e, gexc.AlreadyExists) for e in causes(exc))
+
+    def is_missing_parent(self, exc: BaseException) -> bool:
+        from google.api_core import exceptions as gexc
+
+        return any(isinstance(e, gexc.NotFound) and "parent table" in str(e) for e in causes(exc))
 
 
 class PostgreSQLDriver(Driver):

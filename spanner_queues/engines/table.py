@@ -24,10 +24,16 @@ from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, MessageAlreadyExists
+from spanner_queues.exceptions import (
+    InvalidMessage,
+    LeaseLost,
+    MessageAlreadyAcked,
+    MessageAlreadyExists,
+)
 from spanner_queues.keys import key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
+from spanner_queues.options import queue_options
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -99,15 +105,45 @@ class TableQueueEngine(BaseQueueEngine):
             )
             for m in messages
         ]
+        driver = driver_for(using)
+        parent_field = queue_options(model).interleave_in_parent
+        if parent_field and not driver.supports_interleave:
+            self._check_parents(model, parent_field, messages, using)
         try:
             rows(model, using).bulk_create(new_rows)
-        except IntegrityError as exc:
-            keys = ", ".join(str(m.key) for m in messages)
-            raise MessageAlreadyExists(
-                f"{model._meta.label}: a message with key {keys} already exists "
-                "(keys are identity; ack it first or use replace())."
-            ) from exc
+        except Exception as exc:
+            keys = ", ".join(str(tuple(m.key.values())) for m in messages)
+            if isinstance(exc, IntegrityError) and driver.is_duplicate_key(exc):
+                raise MessageAlreadyExists(
+                    f"{model._meta.label}: a message with key {keys} already exists "
+                    "(keys are identity; ack it first or use replace())."
+                ) from exc
+            if driver.is_missing_parent(exc):
+                raise InvalidMessage(
+                    f"{model._meta.label}: no parent row for key {keys} (the queue is "
+                    "interleaved in its parent; create the parent first)."
+                ) from exc
+            raise
         return [row_to_message(model, r) for r in new_rows]
+
+    @staticmethod
+    def _check_parents(
+        model: type[Queue], parent_field: str, messages: Sequence[OutgoingMessage], using: str
+    ) -> None:
+        """Where the database has no INTERLEAVE, refuse messages whose parent row is missing,
+        as Spanner does."""
+        field = model._meta.get_field(parent_field)
+        wanted = {m.key[field.attname] for m in messages}
+        parent = field.related_model
+        found = set(
+            parent._base_manager.using(using).filter(pk__in=wanted).values_list("pk", flat=True)
+        )
+        missing = wanted - found
+        if missing:
+            raise InvalidMessage(
+                f"{model._meta.label}: no {parent._meta.label} row with key "
+                f"{sorted(missing)!r} (the queue is interleaved in it; create the parent first)."
+            )
 
     # --- receiving ------------------------------------------------------------------------
     def receive(
@@ -115,6 +151,11 @@ class TableQueueEngine(BaseQueueEngine):
     ) -> list[Message]:
         lease = lease or self.params.lease
         manager = rows(model, self.database)
+
+        if not manager.filter(deliver_time__lte=timezone.now()).exists():
+            # Nothing due: answered by a read outside any write transaction, so idle receivers
+            # take no write lock (SQLite) and no read-write transaction (Spanner).
+            return []
 
         def claim() -> list[Message]:
             now = timezone.now()

@@ -65,3 +65,11 @@ def test_interleaved_cascade_in_the_database_where_supported() -> None:
     with connection.cursor() as cursor:  # bypass Django's collector: the database cascades
         cursor.execute(f"DELETE FROM {Upload._meta.db_table} WHERE id = %s", [parent.pk])
     assert not UploadTasks.objects.filter(upload_id=parent.pk).exists()
+
+
+def test_interleaved_send_without_parent_is_refused() -> None:
+    from spanner_queues.exceptions import InvalidMessage
+
+    with pytest.raises(InvalidMessage, match="create the parent first"):
+        UploadTasks.send(upload=987654321, message_id="orphan", payload="")
+    assert not UploadTasks.objects.exists()
