@@ -8,11 +8,13 @@ from django.core.signals import setting_changed
 
 def _reset_engines(*, setting: str, **kwargs: Any) -> None:
     if setting in ("SPANNER_QUEUES", "DATABASES"):
+        from asgiref.local import Local
+
         from spanner_queues.engines import engines
 
         engines.__dict__.pop("settings", None)
         engines._settings = None
-        engines._connections = type(engines._connections)(engines.thread_critical)
+        engines._connections = Local(engines.thread_critical)
 
 
 class SpannerQueuesConfig(AppConfig):
