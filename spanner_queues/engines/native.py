@@ -1,0 +1,379 @@
+"""The native engine: real Spanner queues (Enterprise and Enterprise Plus editions).
+
+- Schema: ``CREATE QUEUE`` / ``DROP QUEUE`` (``spanner_queues.native.ddl``).
+- Send: ``INSERT`` DML through the caller's Django connection and transaction (the outbox);
+  ``send_mutations`` writes ``Send`` mutations for batches made outside the ORM.
+- Receive: a background ``RECEIVE_<Q>`` stream per queue on a strong single-use snapshot,
+  through google-cloud-spanner directly (``spanner_queues.native.receive``).
+- Renew: one ``RENEWLEASE_<Q>`` call per queue for all tokens; tokens rotate.
+- Ack: ``DELETE ... ASSERT_ROWS_MODIFIED 1`` in the caller's transaction (``OUT_OF_RANGE`` ->
+  ``MessageAlreadyAcked``, the transaction is marked for rollback); ``ack_mutations`` for batches.
+
+Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "postgresql"),
+``RECEIVE_MAX_DURATION_SECONDS`` (1200), ``RECEIVE_BATCH_SIZE`` (10), ``RECEIVE_WAIT_SECONDS``
+(1.0), ``RECEIVE_BUFFER_SIZE`` (100), ``LEASE_MARGIN_SECONDS`` (0.5).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import connections, transaction
+from django.utils import timezone
+
+from spanner_queues.conf import EngineParams
+from spanner_queues.drivers import driver_for
+from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
+from spanner_queues.exceptions import (
+    InvalidQueueEngine,
+    MessageAlreadyAcked,
+    MessageAlreadyExists,
+    NotSupportedByEngine,
+    QueueConfigurationError,
+)
+from spanner_queues.keys import key_names
+from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.native import client
+from spanner_queues.native.ddl import GOOGLESQL, QueueDeclaration, declare, dialect, duration
+from spanner_queues.native.receive import Delivery, Receiver
+from spanner_queues.options import queue_options
+
+if TYPE_CHECKING:
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+    from spanner_queues.models import Queue
+    from spanner_queues.options import QueueOptions
+
+logger = logging.getLogger("spanner_queues.native")
+
+#: Spanner's lease: 10 s from delivery or renewal, not configurable.
+NATIVE_LEASE = timedelta(seconds=10)
+
+
+def _number(options: Any, name: str, default: float, alias: str, *, minimum: float) -> float:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['OPTIONS'][{name!r}] must be a number >= {minimum}, "
+            f"not {value!r}."
+        )
+    return float(value)
+
+
+class NativeQueueEngine(BaseQueueEngine):
+    """Spanner queues proper. Needs a real Spanner database of an Enterprise edition."""
+
+    features = EngineFeatures(
+        supports_native_queues=True,
+        supports_lease_renewal=True,
+        supports_release=False,
+        supports_attempt_count=False,
+        supports_listing=True,
+        rotates_lease_tokens=True,
+        stores_bookkeeping_fields=False,
+    )
+
+    def __init__(self, params: EngineParams) -> None:
+        super().__init__(params)
+        options, alias = params.options, params.alias
+        self.dialect = dialect(options.get("DIALECT", GOOGLESQL))
+        #: the same dialect with ``%s`` placeholders, for statements run by a Django cursor.
+        self.cursor_dialect = dialect(self.dialect.name, paramstyle="format")
+        self.max_duration = duration(
+            _number(options, "RECEIVE_MAX_DURATION_SECONDS", 1200, alias, minimum=0.001)
+        )
+        batch = options.get("RECEIVE_BATCH_SIZE", 10)
+        if batch is not None and (not isinstance(batch, int) or batch < 1):
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES[{alias!r}]['OPTIONS']['RECEIVE_BATCH_SIZE'] must be an int "
+                ">= 1 or None (Spanner's default)."
+            )
+        self.batch_size: int | None = batch
+        self.receive_wait = _number(options, "RECEIVE_WAIT_SECONDS", 1.0, alias, minimum=0)
+        self.buffer_size = int(_number(options, "RECEIVE_BUFFER_SIZE", 100, alias, minimum=1))
+        self.lease_margin = timedelta(
+            seconds=_number(options, "LEASE_MARGIN_SECONDS", 0.5, alias, minimum=0)
+        )
+        self._receivers: dict[str, Receiver] = {}
+        self._lock = threading.Lock()
+        self._declarations: dict[type, QueueDeclaration] = {}
+
+    # --- helpers -------------------------------------------------------------------------
+    def declaration(self, model: type[Queue]) -> QueueDeclaration:
+        decl = self._declarations.get(model)
+        if decl is None:
+            decl = self._declarations[model] = declare(model, queue_options(model))
+        return decl
+
+    def _spanner(self) -> Any:
+        return client.database_for(self.database)
+
+    def _require_googlesql(self, verb: str) -> None:
+        if self.dialect.name != GOOGLESQL:
+            raise NotSupportedByEngine(
+                f"{verb} runs through django_spanner, which speaks GoogleSQL only; the "
+                "PostgreSQL dialect is generated as DDL and SQL text (see sqlmigrate)."
+            )
+
+    # --- schema ---------------------------------------------------------------------------
+    def create_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        self._refuse_unsupported_database(schema_editor)
+        schema_editor.execute(self.dialect.create_queue(declare(model, options)), None)
+
+    def drop_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        self._refuse_unsupported_database(schema_editor)
+        self.stop_receiving(model)
+        schema_editor.execute(self.dialect.drop_queue(declare(model, options)), None)
+
+    def _refuse_unsupported_database(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        if schema_editor.collect_sql:  # sqlmigrate: just print the statements
+            return
+        driver = driver_for(schema_editor.connection.alias)
+        if not driver.supports_native_queues:
+            raise QueueConfigurationError(driver.no_native_queues_reason)
+
+    # --- sending --------------------------------------------------------------------------
+    def send_many(
+        self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
+    ) -> list[Message]:
+        self._require_googlesql("Sending with DML")
+        decl = self.declaration(model)
+        names = key_names(model)
+        now = timezone.now()
+        # A deliver time that is missing or already past means "now": DeliverTime is omitted
+        # and Spanner delivers at once (it replaces past times "with a value closer to now").
+        later = [m for m in messages if m.deliver_time is not None and m.deliver_time > now]
+        at_once = [m for m in messages if m not in later]
+        statements = []
+        for group, timed in ((at_once, False), (later, True)):
+            if not group:
+                continue
+            params: list[Any] = []
+            for m in group:
+                params.extend(m.key[n] for n in names)
+                params.append(client.encode_bytes(m.payload))
+                if timed:
+                    params.append(m.deliver_time)
+            statements.append(
+                (self.cursor_dialect.insert(decl, len(group), with_deliver_time=timed), params)
+            )
+        try:
+            with connections[using].cursor() as cursor:
+                for sql, params in statements:
+                    cursor.execute(sql, params)
+        except Exception as exc:
+            if client.grpc_status(exc) == "ALREADY_EXISTS":
+                keys = ", ".join(str(tuple(m.key.values())) for m in messages)
+                raise MessageAlreadyExists(
+                    f"{model._meta.label}: a message with key {keys} already exists "
+                    "(keys are identity; ack it first or use replace())."
+                ) from exc
+            raise
+        return [
+            Message(
+                queue=model._meta.label,
+                key=tuple(m.key[n] for n in names),
+                key_names=names,
+                payload=m.payload,
+                deliver_time=m.deliver_time if m in later else now,
+                send_time=now,
+            )
+            for m in messages
+        ]
+
+    def send_mutations(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> Any:
+        """Send with ``Send`` mutations in one batch commit, outside any Django transaction.
+        Returns the commit timestamp."""
+        decl = self.declaration(model)
+        names = key_names(model)
+        return client.commit_mutations(
+            self._spanner(),
+            sends=[
+                (decl.name, tuple(m.key[n] for n in names), m.payload, m.deliver_time)
+                for m in messages
+            ],
+        )
+
+    # --- receiving ------------------------------------------------------------------------
+    def receive_sql(self, model: type[Queue]) -> str:
+        return self.dialect.receive(
+            self.declaration(model), max_batch_size=self.batch_size, max_duration=self.max_duration
+        )
+
+    def _receiver(self, model: type[Queue]) -> Receiver:
+        label = model._meta.label
+        with self._lock:
+            receiver = self._receivers.get(label)
+            if receiver is None:
+                database = self._spanner()
+                sql = self.receive_sql(model)
+                n = len(self.declaration(model).keys)
+
+                def open_stream() -> Any:
+                    with database.snapshot() as snapshot:  # strong, single use: never stale
+                        yield from snapshot.execute_sql(sql)
+
+                def parse(row: Sequence[Any]) -> Delivery:
+                    return Delivery(
+                        key=tuple(row[:n]),
+                        payload=client.decode_bytes(row[n]),
+                        deliver_time=row[n + 1],
+                        lease_token=row[n + 2],
+                        lease_expires_at=row[n + 3],
+                        last_in_batch=bool(row[n + 4]),
+                    )
+
+                receiver = self._receivers[label] = Receiver(
+                    label,
+                    open_stream,
+                    parse,
+                    buffer_size=self.buffer_size,
+                    lease_margin=self.lease_margin,
+                )
+            receiver.start()
+            return receiver
+
+    def receive(
+        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+    ) -> list[Message]:
+        # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
+        names = key_names(model)
+        return [
+            Message(
+                queue=model._meta.label,
+                key=d.key,
+                key_names=names,
+                payload=d.payload,
+                deliver_time=d.deliver_time,
+                attempt=1,  # a lower bound: Spanner keeps no delivery count
+                lease_token=d.lease_token,
+                lease_expires_at=d.lease_expires_at,
+            )
+            for d in self._receiver(model).take(max_messages, self.receive_wait)
+        ]
+
+    def stop_receiving(self, model: type[Queue] | None = None) -> None:
+        """Stop the background stream of ``model`` (of every queue when None)."""
+        with self._lock:
+            labels = [model._meta.label] if model is not None else list(self._receivers)
+            receivers = [self._receivers.pop(label) for label in labels if label in self._receivers]
+        for receiver in receivers:
+            receiver.stop()
+
+    def renew_sql(self, model: type[Queue]) -> str:
+        return self.dialect.renew(self.declaration(model))
+
+    def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
+        tokens = [m.lease_token for m in messages if m.lease_token]
+        if not tokens:
+            return []
+        renewed = client.renew(self._spanner(), self.renew_sql(model), tokens)
+        result = []
+        for message in messages:
+            new_token, expires = renewed.get(message.lease_token or "", (None, None))
+            if new_token:  # no row, or a NULL new token: the lease is lost
+                result.append(replace(message, lease_token=new_token, lease_expires_at=expires))
+        return result
+
+    # --- acking ---------------------------------------------------------------------------
+    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+        self._require_googlesql("Acking with DML")
+        sql = self.cursor_dialect.ack(self.declaration(model))
+        # One statement per key, all in one transaction (the caller's, when there is one).
+        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+            for key in keys:
+                try:
+                    cursor.execute(sql, list(key))
+                except Exception as exc:
+                    if client.grpc_status(exc) != "OUT_OF_RANGE":
+                        raise
+                    # Statement-level on Spanner: the transaction would still commit the
+                    # caller's other writes. Never continue it: mark it for rollback.
+                    transaction.set_rollback(True, using=using)
+                    raise MessageAlreadyAcked(
+                        f"{model._meta.label}{tuple(key)!r}: no such message; it was already "
+                        "acked (or deleted). Roll back: the work may have been done by "
+                        "another receiver."
+                    ) from exc
+
+    def ack_mutations(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        ignore_not_found: bool = False,
+    ) -> Any:
+        """Ack with ``Ack`` mutations in one batch commit, outside any Django transaction.
+        ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing is acked,
+        unless ``ignore_not_found``. Returns the commit timestamp."""
+        name = self.declaration(model).name
+        try:
+            return client.commit_mutations(
+                self._spanner(),
+                acks=[(name, tuple(k), True if ignore_not_found else None) for k in keys],
+            )
+        except Exception as exc:
+            if client.grpc_status(exc) == "NOT_FOUND":
+                raise MessageAlreadyAcked(
+                    f"{model._meta.label}: Ack found no message for one of {list(keys)!r}; "
+                    "nothing was acked."
+                ) from exc
+            raise
+
+    def purge(self, model: type[Queue], *, using: str | None = None) -> None:
+        """Delete every message of the queue (tests, maintenance)."""
+        self._require_googlesql("Purging with DML")
+        with connections[using or self.database].cursor() as cursor:
+            cursor.execute(self.cursor_dialect.purge(self.declaration(model)))
+
+    # --- observing ------------------------------------------------------------------------
+    def stats(self, model: type[Queue]) -> QueueStats:
+        """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight
+        messages count as ``ready`` and ``leased`` is always 0."""
+        now = timezone.now()
+        with self._spanner().snapshot() as snapshot:
+            [(total, due, oldest)] = list(
+                snapshot.execute_sql(self.dialect.stats(self.declaration(model)))
+            )
+        total, due = int(total or 0), int(due or 0)
+        return QueueStats(
+            queue=model._meta.label,
+            total=total,
+            ready=due,
+            scheduled=total - due,
+            leased=0,
+            oldest_send_time=oldest if isinstance(oldest, datetime) else None,
+            max_attempts=None,
+            measured_at=now,
+        )
+
+    def check(self) -> list[checks.CheckMessage]:
+        driver = driver_for(self.database)
+        if driver.supports_native_queues:
+            return []
+        return [
+            checks.Error(
+                f"SPANNER_QUEUES[{self.alias!r}] uses the native engine, but database "
+                f"{self.database!r} cannot hold Spanner queues: {driver.no_native_queues_reason}",
+                hint="Use 'ENGINE': 'table' for this database (SQLite, PostgreSQL, the Spanner "
+                "emulator), and 'native' only for a real Spanner database of the Enterprise or "
+                "Enterprise Plus edition.",
+                id="spanner_queues.E007",
+            )
+        ]

@@ -1,0 +1,82 @@
+"""google-cloud-spanner calls that bypass the Django cursor: the ``Database`` of an alias,
+``RENEWLEASE_<Q>`` on a strong single-use snapshot, the ``Send``/``Ack`` mutations, and the
+mapping of gRPC status errors found anywhere in an exception's cause chain."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import connections
+
+
+def database_for(alias: str) -> Any:
+    """The ``google.cloud.spanner_v1.Database`` behind Django database ``alias``."""
+    wrapper = connections[alias]
+    wrapper.ensure_connection()
+    return wrapper.connection.database
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and its ``__cause__``/``__context__`` chain, each once."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def grpc_status(exc: BaseException) -> str | None:
+    """The gRPC status name (``"OUT_OF_RANGE"``...) of the first API error in the chain."""
+    from google.api_core import exceptions as gexc
+
+    for error in causes(exc):
+        if isinstance(error, gexc.GoogleAPICallError) and error.grpc_status_code is not None:
+            return error.grpc_status_code.name
+    return None
+
+
+def encode_bytes(value: bytes) -> bytes:
+    """BYTES values go to the Python client base64-encoded."""
+    return base64.b64encode(value)
+
+
+def decode_bytes(value: Any) -> bytes:
+    """BYTES values come back from the Python client as base64 text."""
+    if value is None:
+        return b""
+    return base64.b64decode(value)
+
+
+def renew(database: Any, sql: str, tokens: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
+    """Run ``RENEWLEASE_<Q>`` once for ``tokens``: old token -> (new token, new expiry)."""
+    from google.cloud.spanner_v1 import param_types
+
+    with database.snapshot() as snapshot:  # strong, single use
+        rows = snapshot.execute_sql(
+            sql,
+            params={"lease_tokens": list(tokens)},
+            param_types={"lease_tokens": param_types.Array(param_types.STRING)},
+        )
+        return {old: (new, expires) for old, new, expires in rows}
+
+
+def commit_mutations(
+    database: Any,
+    *,
+    sends: Sequence[tuple[str, tuple[Any, ...], bytes, datetime | None]] = (),
+    acks: Sequence[tuple[str, tuple[Any, ...], bool | None]] = (),
+) -> Any:
+    """Commit ``Ack`` then ``Send`` mutations in one batch (acks first, as Google requires
+    when a batch replaces a message). Returns the commit timestamp."""
+    with database.batch() as batch:
+        for queue, key, ignore_not_found in acks:
+            batch.ack(queue=queue, key=list(key), ignore_not_found=ignore_not_found)
+        for queue, key, payload, deliver_time in sends:
+            batch.send(
+                queue=queue, key=list(key), payload=encode_bytes(payload), deliver_time=deliver_time
+            )
+    return batch.committed

@@ -1,0 +1,352 @@
+"""DDL and SQL text for native queues, in both Spanner dialects, from one declaration.
+
+``declare(model, options)`` reads a queue model once; ``GoogleSQL`` and ``PostgreSQL`` render
+it. The table-engine bookkeeping fields (``send_time``, ``attempts``, ``lease_token``,
+``lease_expires_at``) and ``DeliverTime`` (Spanner creates it) are never declared.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.keys import key_fields
+
+if TYPE_CHECKING:
+    from django.db import models
+
+    from spanner_queues.options import QueueOptions
+
+GOOGLESQL = "googlesql"
+POSTGRESQL = "postgresql"
+
+# GoogleSQL reserved keywords (lexical structure page); quoted when used as identifiers.
+_GOOGLESQL_RESERVED = frozenset(
+    """ALL AND ANY ARRAY AS ASC ASSERT_ROWS_MODIFIED AT BETWEEN BY CASE CAST COLLATE CONTAINS
+    CREATE CROSS CUBE CURRENT DEFAULT DEFINE DESC DISTINCT ELSE END ENUM ESCAPE EXCEPT EXCLUDE
+    EXISTS EXTRACT FALSE FETCH FOLLOWING FOR FROM FULL GROUP GROUPING GROUPS HASH HAVING IF
+    IGNORE IN INNER INTERSECT INTERVAL INTO IS JOIN LATERAL LEFT LIKE LIMIT LOOKUP MERGE NATURAL
+    NEW NO NOT NULL NULLS OF ON OR ORDER OUTER OVER PARTITION PRECEDING PROTO RANGE RECURSIVE
+    RESPECT RIGHT ROLLUP ROWS SELECT SET SOME STRUCT TABLESAMPLE THEN TO TREAT TRUE UNBOUNDED
+    UNION UNNEST USING WHEN WHERE WINDOW WITH WITHIN""".split()
+)
+_PG_RESERVED = frozenset(
+    """all analyse analyze and any array as asc asymmetric both case cast check collate column
+    constraint create current_catalog current_date current_role current_time current_timestamp
+    current_user default deferrable desc distinct do else end except false fetch for foreign
+    from grant group having in initially intersect into lateral leading limit localtime
+    localtimestamp not null offset on only or order placing primary references returning
+    select session_user some symmetric table then to trailing true union unique user using
+    variadic when where window with""".split()
+)
+_PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_DURATION = re.compile(r"^\d+(ms|s|m|h)$")
+
+#: Django internal type -> (GoogleSQL type, PostgreSQL-dialect type). ``%(n)s`` = max_length.
+_TYPES: dict[str, tuple[str, str]] = {
+    "AutoField": ("INT64", "bigint"),
+    "BigAutoField": ("INT64", "bigint"),
+    "SmallAutoField": ("INT64", "bigint"),
+    "IntegerField": ("INT64", "bigint"),
+    "BigIntegerField": ("INT64", "bigint"),
+    "SmallIntegerField": ("INT64", "bigint"),
+    "PositiveIntegerField": ("INT64", "bigint"),
+    "PositiveBigIntegerField": ("INT64", "bigint"),
+    "PositiveSmallIntegerField": ("INT64", "bigint"),
+    "CharField": ("STRING(%(n)s)", "varchar(%(n)s)"),
+    "SlugField": ("STRING(%(n)s)", "varchar(%(n)s)"),
+    "EmailField": ("STRING(%(n)s)", "varchar(%(n)s)"),
+    "TextField": ("STRING(MAX)", "text"),
+    "UUIDField": ("STRING(32)", "varchar(32)"),
+    "BinaryField": ("BYTES(MAX)", "bytea"),
+    "BooleanField": ("BOOL", "boolean"),
+    "DateField": ("DATE", "date"),
+    "DateTimeField": ("TIMESTAMP", "timestamptz"),
+    "FloatField": ("FLOAT64", "float8"),
+    "DecimalField": ("NUMERIC", "numeric"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KeyColumn:
+    column: str
+    internal_type: str
+    max_length: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueDeclaration:
+    """What a queue model says about its native queue, dialect-free."""
+
+    name: str
+    keys: tuple[KeyColumn, ...]
+    parent: str | None = None
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _key_column(f: Any) -> KeyColumn:
+    target = f.target_field if getattr(f, "remote_field", None) and f.is_relation else f
+    internal = target.get_internal_type()
+    if internal not in _TYPES:
+        raise QueueConfigurationError(
+            f"Key field {f.name!r} ({internal}) has no native-queue column type; use an "
+            "integer, string, bytes, bool, date, timestamp, float or decimal field."
+        )
+    return KeyColumn(f.column, internal, getattr(target, "max_length", None))
+
+
+def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaration:
+    """Read a queue model's key columns, interleave parent and ``native_options``."""
+    parent = None
+    if options.interleave_in_parent:
+        parent = model._meta.get_field(options.interleave_in_parent).related_model._meta.db_table
+    return QueueDeclaration(
+        name=model._meta.db_table,
+        keys=tuple(_key_column(f) for f in key_fields(model)),
+        parent=parent,
+        options=dict(options.native_options or {}),
+    )
+
+
+def duration(seconds: float) -> str:
+    """``max_duration`` text: whole minutes as ``'20m'``, else seconds or milliseconds."""
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise QueueConfigurationError("RECEIVE max_duration must be positive.")
+    if ms % 60000 == 0:
+        return f"{ms // 60000}m"
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
+
+
+class Dialect:
+    """SQL spelling of one Spanner dialect. Placeholders are rendered by ``placeholder``."""
+
+    name: ClassVar[str]
+    payload_column: ClassVar[str]
+    deliver_time_column: ClassVar[str]
+    lease_token: ClassVar[str]
+    lease_expires: ClassVar[str]
+    last_batch_message: ClassVar[str]
+    old_token: ClassVar[str]
+    new_token: ClassVar[str]
+    now: ClassVar[str]
+    true: ClassVar[str] = "true"
+
+    def __init__(self, *, paramstyle: str = "native") -> None:
+        #: "native" (@p / $n, what goes on the wire) or "format" (%s, for a Django cursor).
+        self.paramstyle = paramstyle
+
+    # --- names -------------------------------------------------------------------------
+    def quote(self, name: str) -> str:
+        raise NotImplementedError
+
+    def placeholder(self, index: int, name: str) -> str:
+        raise NotImplementedError
+
+    def column_type(self, key: KeyColumn) -> str:
+        google, pg = _TYPES[key.internal_type]
+        template = google if self.name == GOOGLESQL else pg
+        if "%(n)s" in template:
+            if key.max_length:
+                return template % {"n": key.max_length}
+            return "STRING(MAX)" if self.name == GOOGLESQL else "text"
+        return template
+
+    def receive_function(self, queue: str) -> str:
+        raise NotImplementedError
+
+    def renew_function(self, queue: str) -> str:
+        raise NotImplementedError
+
+    # --- DDL ---------------------------------------------------------------------------
+    def create_queue(self, decl: QueueDeclaration) -> str:
+        raise NotImplementedError
+
+    def drop_queue(self, decl: QueueDeclaration) -> str:
+        return f"DROP QUEUE {self.quote(decl.name)}"
+
+    # --- DML and queries -----------------------------------------------------------------
+    def insert(self, decl: QueueDeclaration, rows: int, *, with_deliver_time: bool) -> str:
+        columns = [self.quote(k.column) for k in decl.keys] + [self.payload_column]
+        if with_deliver_time:
+            columns.append(self.deliver_time_column)
+        width = len(columns)
+        values = ", ".join(
+            "("
+            + ", ".join(self.placeholder(r * width + c, f"p{r * width + c}") for c in range(width))
+            + ")"
+            for r in range(rows)
+        )
+        return f"INSERT INTO {self.quote(decl.name)} ({', '.join(columns)}) VALUES {values}"
+
+    def ack(self, decl: QueueDeclaration) -> str:
+        where = " AND ".join(
+            f"{self.quote(k.column)} = {self.placeholder(i, f'k{i}')}"
+            for i, k in enumerate(decl.keys)
+        )
+        return f"DELETE FROM {self.quote(decl.name)} WHERE {where} ASSERT_ROWS_MODIFIED 1"
+
+    def receive(
+        self, decl: QueueDeclaration, *, max_batch_size: int | None, max_duration: str | None
+    ) -> str:
+        columns = [self.quote(k.column) for k in decl.keys] + [
+            self.payload_column,
+            self.deliver_time_column,
+            self.lease_token,
+            self.lease_expires,
+            self.last_batch_message,
+        ]
+        return (
+            f"SELECT {', '.join(columns)} FROM {self.receive_function(decl.name)}"
+            f"({self._receive_args(max_batch_size, max_duration)})"
+        )
+
+    def _receive_args(self, max_batch_size: int | None, max_duration: str | None) -> str:
+        args = []
+        if max_batch_size is not None:
+            if not isinstance(max_batch_size, int) or max_batch_size < 1:
+                raise QueueConfigurationError("RECEIVE max_batch_size must be an int >= 1.")
+            args.append(f"max_batch_size => {max_batch_size}")
+        if max_duration is not None:
+            if not _DURATION.match(max_duration):
+                raise QueueConfigurationError(
+                    f"RECEIVE max_duration {max_duration!r} is not like '20m', '90s', '500ms'."
+                )
+            args.append(f"max_duration => '{max_duration}'")
+        return ", ".join(args)
+
+    def renew(self, decl: QueueDeclaration) -> str:
+        return (
+            f"SELECT {self.old_token}, {self.new_token}, {self.lease_expires} "
+            f"FROM {self.renew_function(decl.name)}"
+            f"(lease_tokens => {self.placeholder(0, 'lease_tokens')})"
+        )
+
+    def stats(self, decl: QueueDeclaration) -> str:
+        dt = self.deliver_time_column
+        return (
+            f"SELECT COUNT(*), SUM(CASE WHEN {dt} <= {self.now} THEN 1 ELSE 0 END), "
+            f"MIN({dt}) FROM {self.quote(decl.name)}"
+        )
+
+    def purge(self, decl: QueueDeclaration) -> str:
+        return f"DELETE FROM {self.quote(decl.name)} WHERE {self.true}"
+
+
+def _option_value(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return str(value)
+    if isinstance(value, str):
+        return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    raise QueueConfigurationError(f"native_options value {value!r} is not str, bool, int or None.")
+
+
+class GoogleSQL(Dialect):
+    name = GOOGLESQL
+    payload_column = "Payload"
+    deliver_time_column = "DeliverTime"
+    lease_token = "SpannerLeaseToken"
+    lease_expires = "SpannerLeaseExpirationTimestamp"
+    last_batch_message = "SpannerLastBatchMessage"
+    old_token = "SpannerOldLeaseToken"
+    new_token = "SpannerNewLeaseToken"
+    now = "CURRENT_TIMESTAMP()"
+
+    def quote(self, name: str) -> str:
+        if _PLAIN.match(name) and name.upper() not in _GOOGLESQL_RESERVED:
+            return name
+        return "`" + name.replace("`", "\\`") + "`"
+
+    def placeholder(self, index: int, name: str) -> str:
+        return "%s" if self.paramstyle == "format" else f"@{name}"
+
+    def receive_function(self, queue: str) -> str:
+        return f"RECEIVE_{queue}"
+
+    def renew_function(self, queue: str) -> str:
+        return f"RENEWLEASE_{queue}"
+
+    def create_queue(self, decl: QueueDeclaration) -> str:
+        lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
+        lines.append(f"  {self.payload_column} BYTES(MAX) NOT NULL")
+        keys = ", ".join(self.quote(k.column) for k in decl.keys)
+        sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
+        sql += f" PRIMARY KEY ({keys})"
+        if decl.parent:
+            sql += f", INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        if decl.options:
+            opts = ", ".join(f"{k} = {_option_value(v)}" for k, v in decl.options.items())
+            sql += f", OPTIONS ({opts})"
+        return sql
+
+
+class PostgreSQL(Dialect):
+    name = POSTGRESQL
+    payload_column = "payload"
+    deliver_time_column = "deliver_time"
+    lease_token = "spanner_lease_token"
+    lease_expires = "spanner_lease_expiration_timestamp"
+    last_batch_message = "spanner_last_batch_message"
+    old_token = "spanner_old_lease_token"
+    new_token = "spanner_new_lease_token"
+    now = "CURRENT_TIMESTAMP"
+
+    def quote(self, name: str) -> str:
+        if re.match(r"^[a-z_][a-z0-9_]*$", name) and name not in _PG_RESERVED:
+            return name
+        return '"' + name.replace('"', '""') + '"'
+
+    def placeholder(self, index: int, name: str) -> str:
+        return "%s" if self.paramstyle == "format" else f"${index + 1}"
+
+    def _function_suffix(self, queue: str) -> str:
+        if not re.match(r"^[a-z_][a-z0-9_]*$", queue):
+            raise QueueConfigurationError(
+                f"PostgreSQL-dialect queue name {queue!r} must be lower case "
+                "(spanner.receive_<queue> is spelled from it)."
+            )
+        return queue
+
+    def receive_function(self, queue: str) -> str:
+        return f"spanner.receive_{self._function_suffix(queue)}"
+
+    def renew_function(self, queue: str) -> str:
+        return f"spanner.renewlease_{self._function_suffix(queue)}"
+
+    def create_queue(self, decl: QueueDeclaration) -> str:
+        if decl.options:
+            raise QueueConfigurationError(
+                f"{decl.name}: native_options are not rendered for the PostgreSQL dialect "
+                "(Google documents no PostgreSQL spelling of queue OPTIONS); remove them or "
+                "apply them with ALTER QUEUE by hand."
+            )
+        lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
+        lines.append(f"  {self.payload_column} bytea NOT NULL")
+        keys = ", ".join(self.quote(k.column) for k in decl.keys)
+        lines.append(f"  PRIMARY KEY ({keys})")
+        sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
+        if decl.parent:
+            sql += f" INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        return sql
+
+
+DIALECTS: dict[str, type[Dialect]] = {GOOGLESQL: GoogleSQL, POSTGRESQL: PostgreSQL}
+
+
+def dialect(name: str, *, paramstyle: str = "native") -> Dialect:
+    """The dialect called ``name`` (``"googlesql"`` or ``"postgresql"``)."""
+    try:
+        return DIALECTS[str(name).lower()](paramstyle=paramstyle)
+    except KeyError:
+        raise QueueConfigurationError(
+            f"Unknown Spanner dialect {name!r}; use 'googlesql' or 'postgresql'."
+        ) from None

@@ -1,0 +1,154 @@
+"""The ``RECEIVE_<Q>`` loop: one background stream per queue and process, feeding a buffer.
+
+``RECEIVE_<Q>`` is a long-running streaming query on a strong single-use snapshot; rows arrive
+as messages become deliverable, each already leased to this receiver. The stream runs until its
+``max_duration`` and is then started again. ``Receiver.take`` hands buffered rows to callers and
+drops those whose lease has (nearly) expired, since Spanner may deliver them to someone else.
+The buffer is bounded: while it is full the stream is not read, so gRPC flow control holds
+Spanner back instead of leasing messages nobody will process.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.utils import timezone
+
+logger = logging.getLogger("spanner_queues.native.receive")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One row of ``RECEIVE_<Q>``."""
+
+    key: tuple[Any, ...]
+    payload: bytes
+    deliver_time: datetime | None
+    lease_token: str
+    lease_expires_at: datetime
+    last_in_batch: bool
+
+
+class Receiver:
+    """A background ``RECEIVE_<Q>`` stream for one queue.
+
+    ``open_stream()`` returns an iterable of raw rows (it runs the query); ``parse(row)`` turns
+    a row into a ``Delivery``.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        open_stream: Callable[[], Any],
+        parse: Callable[[Any], Delivery],
+        *,
+        buffer_size: int = 100,
+        lease_margin: timedelta = timedelta(seconds=0.5),
+        restart_delay: float = 0.2,
+        max_restart_delay: float = 10.0,
+    ) -> None:
+        self.name = name
+        self._open_stream = open_stream
+        self._parse = parse
+        self._buffer: collections.deque[Delivery] = collections.deque()
+        self._buffer_size = buffer_size
+        self._margin = lease_margin
+        self._restart_delay = restart_delay
+        self._max_restart_delay = max_restart_delay
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._batch_open = False
+        self._thread: threading.Thread | None = None
+        self.streams_started = 0
+        self.skipped_expired = 0
+        self.last_error: BaseException | None = None
+
+    # --- lifecycle -----------------------------------------------------------------------
+    def start(self) -> None:
+        with self._cond:
+            if self._thread is None or not self._thread.is_alive():
+                self._stop.clear()
+                self._thread = threading.Thread(
+                    target=self._run, name=f"spanner-queues-receive-{self.name}", daemon=True
+                )
+                self._thread.start()
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        """Stop reading; rows already leased but not taken are dropped (they are redelivered
+        when their lease expires)."""
+        self._stop.set()
+        with self._cond:
+            self._buffer.clear()
+            self._cond.notify_all()
+        if self._thread is not None and timeout:
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    # --- the stream ----------------------------------------------------------------------
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            try:
+                self.streams_started += 1
+                for row in self._open_stream():
+                    delivery = self._parse(row)
+                    with self._cond:
+                        if self._stop.is_set():
+                            return
+                        self._buffer.append(delivery)
+                        self._batch_open = not delivery.last_in_batch
+                        self._cond.notify_all()
+                        while len(self._buffer) >= self._buffer_size and not self._stop.is_set():
+                            self._cond.wait(0.5)
+                failures = 0  # max_duration elapsed: call RECEIVE again at once
+            except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
+                failures += 1
+                self.last_error = exc
+                delay = min(
+                    self._restart_delay * (2 ** min(failures - 1, 8)), self._max_restart_delay
+                )
+                logger.warning(
+                    "RECEIVE stream for %s failed (%s); restarting in %.1f s",
+                    self.name,
+                    exc,
+                    delay,
+                )
+                self._stop.wait(delay)
+            with self._cond:
+                self._batch_open = False
+                self._cond.notify_all()
+
+    # --- consumers -----------------------------------------------------------------------
+    def _drop_expired(self) -> None:
+        limit = timezone.now() + self._margin
+        kept = [d for d in self._buffer if d.lease_expires_at > limit]
+        self.skipped_expired += len(self._buffer) - len(kept)
+        self._buffer = collections.deque(kept)
+
+    def take(self, max_messages: int, wait: float) -> list[Delivery]:
+        """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first,
+        then for the rest of its batch (``SpannerLastBatchMessage``)."""
+        deadline = time.monotonic() + wait
+        with self._cond:
+            while True:
+                self._drop_expired()
+                enough = len(self._buffer) >= max_messages
+                batch_done = self._buffer and not self._batch_open
+                remaining = deadline - time.monotonic()
+                if enough or batch_done or remaining <= 0:
+                    taken = [
+                        self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))
+                    ]
+                    self._cond.notify_all()
+                    return taken
+                self._cond.wait(remaining)
