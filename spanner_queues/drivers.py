@@ -30,6 +30,8 @@ class Driver:
     vendor = "generic"
     #: whether the database can hold native Spanner queues (``CREATE QUEUE``).
     supports_native_queues = False
+    #: why not, for system check E007.
+    no_native_queues_reason = "only Cloud Spanner has queues."
     #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
     supports_interleave = False
 
@@ -55,6 +57,7 @@ class Driver:
 
 class SQLiteDriver(Driver):
     vendor = "sqlite"
+    no_native_queues_reason = "SQLite has no queues (CREATE QUEUE is Cloud Spanner DDL)."
 
     def is_retryable(self, exc: BaseException) -> bool:
         text = str(exc).lower()
@@ -102,6 +105,10 @@ class SpannerDriver(Driver):
 
         # The emulator cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383).
         self.supports_native_queues = not os.environ.get("SPANNER_EMULATOR_HOST")
+        self.no_native_queues_reason = (
+            "it is the Cloud Spanner emulator (SPANNER_EMULATOR_HOST is set), which cannot "
+            "parse CREATE QUEUE or run RECEIVE_<queue> (cloud-spanner-emulator issue #383)."
+        )
 
     def is_retryable(self, exc: BaseException) -> bool:
         from google.api_core import exceptions as gexc

@@ -31,14 +31,15 @@ def key_filter(model: type[models.Model], key: tuple[Any, ...]) -> Q:
 
 def row_to_message(model: type[models.Model], row: Any) -> Message:
     names = key_names(model)
+    loaded = vars(row)  # bookkeeping fields are deferred (absent) on native queues
     return Message(
         queue=model._meta.label,
         key=tuple(getattr(row, n) for n in names),
         key_names=names,
         payload=bytes(row.payload),
         deliver_time=row.deliver_time,
-        attempt=row.attempts,
-        lease_token=row.lease_token,
-        lease_expires_at=row.lease_expires_at,
-        send_time=row.send_time,
+        attempt=loaded.get("attempts") or 0,
+        lease_token=loaded.get("lease_token"),
+        lease_expires_at=loaded.get("lease_expires_at"),
+        send_time=loaded.get("send_time"),
     )

@@ -31,8 +31,35 @@ _UPDATE_REFUSED = (
 )
 
 
+#: table-engine bookkeeping; engines whose features say ``stores_bookkeeping_fields=False``
+#: (native queues) have no such columns, so the ORM neither selects nor inserts them.
+BOOKKEEPING_FIELDS = ("send_time", "attempts", "lease_token", "lease_expires_at")
+
+
+def stores_bookkeeping(model: type[models.Model]) -> bool:
+    """Whether the engine of queue ``model`` keeps the bookkeeping columns."""
+    try:
+        from spanner_queues.registry import engine_for
+
+        return engine_for(model).features.stores_bookkeeping_fields  # type: ignore[arg-type]
+    except Exception:  # not configured yet, historical migration model...: the default
+        return True
+
+
 class QueueQuerySet(models.QuerySet):
     """A QuerySet that refuses UPDATE; delete (cancel or ack without assert) is allowed."""
+
+    def __init__(self, model: Any = None, query: Any = None, *args: Any, **kwargs: Any) -> None:
+        super().__init__(model, query, *args, **kwargs)
+        if query is None and model is not None and not stores_bookkeeping(model):
+            self.query.add_deferred_loading(BOOKKEEPING_FIELDS)
+
+    def _insert(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
+        if not stores_bookkeeping(self.model):
+            fields = [f for f in fields if f.name not in BOOKKEEPING_FIELDS]
+        return super()._insert(objs, fields, *args, **kwargs)
+
+    _insert.queryset_only = False  # type: ignore[attr-defined]
 
     def update(self, **kwargs: Any) -> int:
         raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))

@@ -33,6 +33,9 @@ class EngineFeatures:
     supports_listing: bool = True
     #: whether ``renew_leases`` rotates the token (Spanner's RENEWLEASE does).
     rotates_lease_tokens: bool = True
+    #: whether the queue stores the bookkeeping fields (``send_time``, ``attempts``,
+    #: ``lease_token``, ``lease_expires_at``); when False the ORM neither reads nor writes them.
+    stores_bookkeeping_fields: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
