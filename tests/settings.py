@@ -26,6 +26,8 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "spanner_queues",
     "tests.testapp",
+    "tests.workerapp",
+    "tests.outboxapp",
 ]
 
 MIDDLEWARE = [

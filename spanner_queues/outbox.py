@@ -1,0 +1,734 @@
+"""The outbox: model changes write queue messages in the same transaction as the change.
+
+Register a model once, for example in ``AppConfig.ready()`` (this works for models you do not
+own, such as ``django.contrib.auth``'s User)::
+
+    from django.apps import AppConfig
+
+
+    class AccountsConfig(AppConfig):
+        name = "accounts"
+
+        def ready(self) -> None:
+            from django.contrib.auth import get_user_model
+
+            from spanner_queues import outbox
+
+            outbox.register(
+                get_user_model(),
+                queue="accounts.UserEvents",
+                on=("created", "updated", "deleted"),
+                fields=("email", "is_active"),  # only these changes count as "updated"
+            )
+
+``register`` also works as a class decorator on your own models:
+``@outbox.register(queue="shop.OrderEvents")``.
+
+Guarantees:
+
+- The message row is written with ``spanner_queues.api.send_many`` through the connection that
+  saves or deletes the instance, inside the same transaction. If that transaction rolls back,
+  neither exists. There is no ``on_commit``, no second connection, no thread and no buffer that
+  outlives the save.
+- A save that could produce a message outside ``transaction.atomic()`` raises
+  ``TransactionRequired`` from ``pre_save``, before anything is written: Django commits an
+  autocommit save before ``post_save`` runs, so the message could not share its transaction.
+  Deletes need nothing: Django runs deletion signals inside its own ``atomic()`` block.
+- Keys and payloads are built and validated before any write whenever the primary key is known
+  before the INSERT (always for updates and deletes; for creates when the key has a default, as
+  on Spanner). A database-assigned key (SQLite ``AutoField``) is only known after the INSERT:
+  then a failure marks the transaction for rollback (``transaction.set_rollback``), so the row
+  cannot commit without its message. Nothing relies on savepoints.
+- Saves with ``raw=True`` (``loaddata``) produce no messages. ``bulk_create``,
+  ``QuerySet.update``, ``bulk_update`` and raw deletes send no signals: call ``send_for`` in the
+  same ``atomic()`` block. ``QuerySet.delete()`` does send signals and is covered.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar, overload
+
+from django.apps import apps
+from django.core.exceptions import FieldDoesNotExist, ValidationError
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import connections, router, transaction
+from django.db.models import CharField, Field, Model, TextField
+from django.db.models.signals import class_prepared, post_save, pre_delete, pre_save
+from django.utils.encoding import is_protected_type
+
+from spanner_queues.exceptions import (
+    InvalidMessage,
+    PayloadError,
+    QueueConfigurationError,
+    QueueError,
+    TransactionRequired,
+)
+from spanner_queues.keys import key_fields
+from spanner_queues.options import queue_options
+
+if TYPE_CHECKING:
+    from spanner_queues.message import Message
+    from spanner_queues.models import Queue
+
+__all__ = [
+    "EVENTS",
+    "Registration",
+    "register",
+    "registrations",
+    "send_for",
+    "unregister",
+]
+
+#: The model events a registration can listen to.
+EVENTS = ("created", "updated", "deleted")
+
+M = TypeVar("M", bound=type[Model])
+#: ``key(instance, event=..., changed=...) -> {queue key field: value}``
+KeyBuilder = Callable[..., Mapping[str, Any]]
+#: ``payload(instance, event=..., changed=...) -> bytes | str | JSON-serialisable``
+PayloadBuilder = Callable[..., Any]
+
+_STASH = "_spanner_queues_outbox"  # per-instance, between pre_save and post_save of one save
+_registry: dict[type[Model], list[Registration]] = {}
+_connected: dict[type[Model], set[type[Model]]] = {}  # concrete model -> senders connected
+
+
+class Registration:
+    """One ``register()`` call: which events of ``model`` send to which queue, and how."""
+
+    def __init__(
+        self,
+        model: type[Model],
+        *,
+        queue: str | type[Queue],
+        on: frozenset[str],
+        fields: tuple[Field, ...] | None,
+        key: KeyBuilder | None,
+        payload: PayloadBuilder | None,
+    ) -> None:
+        self.model = model
+        self.queue = queue
+        self.on = on
+        self.explicit_fields = fields is not None
+        self.fields: tuple[Field, ...] = fields if fields is not None else _trackable(model)
+        self.field_names = frozenset(f.name for f in self.fields)
+        self.key = key
+        self.payload = payload
+        self._queue_model: type[Queue] | None = None
+        self._default_key: Callable[[Model], dict[str, Any]] | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"<outbox.Registration {self.model._meta.label} -> {self.queue_label} "
+            f"on {sorted(self.on)}>"
+        )
+
+    @property
+    def queue_label(self) -> str:
+        if isinstance(self.queue, str):
+            return self.queue
+        return self.queue._meta.label
+
+    def queue_model(self) -> type[Queue]:
+        """The queue model, resolved and checked once (queue labels need the app registry)."""
+        if self._queue_model is None:
+            from spanner_queues.registry import get_queue
+
+            model = get_queue(self.queue)
+            self._default_key = None if self.key else _default_key_builder(self, model)
+            self._queue_model = model
+        return self._queue_model
+
+    def fires(self, event: str, changed: frozenset[str] | None) -> bool:
+        """Whether this registration sends a message for ``event``. ``changed`` holds the
+        names of the fields an update changed (``None``: unknown, counts as a change)."""
+        if event not in self.on:
+            return False
+        if event != "updated" or changed is None:
+            return True
+        return bool(changed & self.field_names)
+
+    def build(self, instance: Model, event: str, changed: frozenset[str]) -> dict[str, Any]:
+        """The ``send_many`` spec for one message, validated and with its payload encoded.
+
+        Raises ``PayloadError`` or ``InvalidMessage`` naming the registration; nothing is
+        written here.
+        """
+        from spanner_queues.api import build_message
+
+        queue = self.queue_model()
+        changed = changed & self.field_names
+        where = f"outbox {self.model._meta.label} {event} -> {queue._meta.label}"
+        try:
+            if self.key is not None:
+                key = dict(self.key(instance, event=event, changed=changed))
+            else:
+                assert self._default_key is not None
+                key = self._default_key(instance)
+        except Exception as exc:
+            raise InvalidMessage(
+                f"{where}: the key builder raised {type(exc).__name__}: {exc}. "
+                "The save or delete was aborted."
+            ) from exc
+        try:
+            if self.payload is not None:
+                payload = self.payload(instance, event=event, changed=changed)
+            else:
+                payload = self.default_payload(instance, event, changed)
+        except Exception as exc:
+            raise PayloadError(
+                f"{where}: the payload builder raised {type(exc).__name__}: {exc}. "
+                "The save or delete was aborted."
+            ) from exc
+        if "payload" in key or "deliver_time" in key or "delay" in key:
+            raise InvalidMessage(f"{where}: the key builder returned non-key entries.")
+        try:
+            outgoing = build_message(queue, {**key, "payload": payload})
+        except QueueError as exc:
+            raise type(exc)(f"{where}: {exc} The save or delete was aborted.") from exc
+        return {**outgoing.key, "payload": outgoing.payload}
+
+    def default_payload(self, instance: Model, event: str, changed: frozenset[str]) -> str:
+        """``{"model", "pk", "event"}``, plus ``"changed"`` (field names) for updates and, for
+        deletes of a registration with explicit ``fields``, ``"data"``: those fields' values
+        (the row is gone when the receiver runs)."""
+        document: dict[str, Any] = {
+            "model": self.model._meta.label_lower,
+            "pk": _jsonable(instance.pk),
+            "event": event,
+        }
+        if event == "updated":
+            document["changed"] = sorted(changed)
+        if event == "deleted" and self.explicit_fields:
+            document["data"] = {f.name: _field_value(f, instance) for f in self.fields}
+        return json.dumps(document, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+# --- registering -------------------------------------------------------------------------
+
+
+@overload
+def register(
+    model: M,
+    *,
+    queue: str | type[Queue],
+    on: str | Iterable[str] = EVENTS,
+    fields: Iterable[str] | None = None,
+    key: KeyBuilder | None = None,
+    payload: PayloadBuilder | None = None,
+) -> M: ...
+
+
+@overload
+def register(
+    model: None = None,
+    *,
+    queue: str | type[Queue],
+    on: str | Iterable[str] = EVENTS,
+    fields: Iterable[str] | None = None,
+    key: KeyBuilder | None = None,
+    payload: PayloadBuilder | None = None,
+) -> Callable[[M], M]: ...
+
+
+def register(
+    model: M | None = None,
+    *,
+    queue: str | type[Queue],
+    on: str | Iterable[str] = EVENTS,
+    fields: Iterable[str] | None = None,
+    key: KeyBuilder | None = None,
+    payload: PayloadBuilder | None = None,
+) -> M | Callable[[M], M]:
+    """Send a message to ``queue`` whenever ``model`` is created, updated or deleted.
+
+    - ``on``: any of ``"created"``, ``"updated"``, ``"deleted"`` (default: all three).
+    - ``fields``: the field names whose change counts as an update (default: every concrete
+      field). With explicit ``fields``, the default delete payload carries their values.
+    - ``key(instance, event=, changed=)``: the message key as ``{field: value}``. Default: the
+      model's primary key in the queue's leading key field(s) and a fresh ``uuid4().hex`` in the
+      last one (so a queue interleaved in the model works), or the default of a single-column
+      key.
+    - ``payload(instance, event=, changed=)``: bytes, str or JSON-serialisable. Default: a small
+      JSON document, see ``Registration.default_payload``.
+
+    Registering a proxy registers its concrete model; saves through any proxy count. The call
+    returns ``model``; without ``model`` it returns a class decorator. Raises
+    ``QueueConfigurationError`` for unknown events or fields and for queues the default key
+    cannot fill.
+    """
+    if model is None:
+
+        def decorator(cls: M) -> M:
+            return register(cls, queue=queue, on=on, fields=fields, key=key, payload=payload)
+
+        return decorator
+
+    concrete: type[Model] = model._meta.concrete_model or model
+    events = frozenset([on] if isinstance(on, str) else on)
+    if not events or events - set(EVENTS):
+        raise QueueConfigurationError(
+            f"outbox.register({concrete._meta.label}): on={sorted(events)!r}; "
+            f"events are {', '.join(EVENTS)}."
+        )
+    if key is not None and not callable(key):
+        raise QueueConfigurationError("outbox.register: key must be a callable.")
+    if payload is not None and not callable(payload):
+        raise QueueConfigurationError("outbox.register: payload must be a callable.")
+    registration = Registration(
+        concrete,
+        queue=queue,
+        on=events,
+        fields=None if fields is None else _resolve_fields(concrete, fields),
+        key=key,
+        payload=payload,
+    )
+    existing = _registry.get(concrete, [])
+    if any(r.queue_label.lower() == registration.queue_label.lower() for r in existing):
+        raise QueueConfigurationError(
+            f"{concrete._meta.label} is already registered with the outbox for queue "
+            f"{registration.queue_label}; unregister it first or use another queue."
+        )
+    if apps.ready or not isinstance(queue, str):
+        registration.queue_model()  # resolve and check now; later on first use otherwise
+    _registry[concrete] = [*existing, registration]
+    _connect(concrete)
+    return model
+
+
+def unregister(model: type[Model], queue: str | type[Queue] | None = None) -> None:
+    """Forget the registrations of ``model`` (only the one for ``queue`` if given)."""
+    concrete: type[Model] = model._meta.concrete_model or model
+    if queue is None:
+        _registry.pop(concrete, None)
+    else:
+        label = queue if isinstance(queue, str) else queue._meta.label
+        kept = [r for r in _registry.get(concrete, []) if r.queue_label.lower() != label.lower()]
+        if kept:
+            _registry[concrete] = kept
+        else:
+            _registry.pop(concrete, None)
+    _connect(concrete)
+
+
+def registrations(model: type[Model] | None = None) -> list[Registration]:
+    """The registrations of ``model`` (its concrete model), or all of them."""
+    if model is None:
+        return [r for regs in _registry.values() for r in regs]
+    return list(_registry.get(model._meta.concrete_model or model, []))
+
+
+# --- paths that send no signals ----------------------------------------------------------
+
+
+def send_for(
+    objs: Iterable[Model],
+    *,
+    event: str,
+    changed: Iterable[str] | None = None,
+    using: str | None = None,
+) -> list[Message]:
+    """Send the outbox messages for ``objs`` as if each had been saved or deleted: for paths
+    that send no model signals (``bulk_create``, ``QuerySet.update``, ``bulk_update``,
+    ``_raw_delete``).
+
+    Call it inside the ``atomic()`` block that makes the change (before a raw delete, while the
+    rows exist). ``changed`` names the updated fields (default: every field counts). One
+    ``send_many`` per queue; every message is built and validated before the first is written.
+    Raises ``TransactionRequired`` outside ``atomic()``.
+    """
+    if event not in EVENTS:
+        raise ValueError(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
+    names = None if changed is None else frozenset(changed)
+    batches: dict[str, tuple[type[Queue], list[dict[str, Any]]]] = {}
+    db = using
+    for instance in objs:
+        concrete = instance._meta.concrete_model or type(instance)
+        db = using or instance._state.db or router.db_for_write(concrete, instance=instance)
+        for registration in _registry.get(concrete, []):
+            if not registration.fires(event, names):
+                continue
+            _require_transaction(registration, db, f"outbox.send_for(..., event={event!r})")
+            own = registration.field_names if names is None else names
+            spec = registration.build(instance, event, own)
+            queue = registration.queue_model()
+            batches.setdefault(queue._meta.label, (queue, []))[1].append(spec)
+    from spanner_queues.api import send_many
+
+    sent: list[Message] = []
+    for queue, specs in batches.values():
+        sent.extend(send_many(queue, specs, using=db))
+    return sent
+
+
+# --- signal receivers --------------------------------------------------------------------
+
+
+class _Planned:
+    """What ``pre_save`` decided for one save; consumed by the matching ``post_save``."""
+
+    __slots__ = ("changed", "event", "specs")
+
+    def __init__(
+        self,
+        event: str,
+        changed: frozenset[str] | None,
+        specs: list[tuple[Registration, dict[str, Any]]] | None,
+    ) -> None:
+        self.event = event
+        self.changed = changed
+        self.specs = specs  # None: not built yet (the primary key is assigned by the INSERT)
+
+
+def _pre_save(
+    sender: type[Model],
+    instance: Model,
+    raw: bool,
+    using: str,
+    update_fields: frozenset[str] | None,
+    **kwargs: Any,
+) -> None:
+    regs = _registry.get(sender._meta.concrete_model or sender)
+    if not regs or raw:
+        return
+    possible = _possible_events(instance, update_fields)
+    firing = [r for r in regs for e in possible if r.fires(e, _restrict(None, update_fields, r))]
+    if not firing:
+        return
+    for registration in firing:
+        _require_transaction(registration, using, f"{sender._meta.label}.save()")
+    event, changed = _classify(regs, instance, possible, using, update_fields)
+    specs = None
+    if instance.pk is not None:  # build and validate before the row is written
+        specs = _build_all(regs, instance, event, changed, update_fields)
+    instance.__dict__.setdefault(_STASH, []).append(_Planned(event, changed, specs))
+
+
+def _post_save(
+    sender: type[Model],
+    instance: Model,
+    created: bool,
+    raw: bool,
+    using: str,
+    update_fields: frozenset[str] | None,
+    **kwargs: Any,
+) -> None:
+    stack = instance.__dict__.get(_STASH)
+    if raw or not stack:
+        return
+    planned: _Planned = stack.pop()
+    if not stack:
+        del instance.__dict__[_STASH]
+    try:
+        event = "created" if created else "updated"
+        specs = planned.specs
+        if specs is None or event != planned.event:
+            # The INSERT assigned the key, or the save turned out to be the other event (an
+            # added instance whose explicit key existed, an UPDATE that found no row). A
+            # failure from here on poisons the transaction, so the row cannot commit alone.
+            changed = planned.changed if event == planned.event else None
+            regs = _registry.get(sender._meta.concrete_model or sender, [])
+            specs = _build_all(regs, instance, event, changed, update_fields)
+        _send(specs, using)
+    except BaseException:
+        _poison(using)
+        raise
+
+
+def _build_all(
+    regs: list[Registration],
+    instance: Model,
+    event: str,
+    changed: frozenset[str] | None,
+    update_fields: frozenset[str] | None,
+) -> list[tuple[Registration, dict[str, Any]]]:
+    specs = []
+    for registration in regs:
+        names = _restrict(changed, update_fields, registration)
+        if registration.fires(event, names):
+            if event != "updated":
+                names = frozenset()
+            elif names is None:
+                names = registration.field_names
+            specs.append((registration, registration.build(instance, event, names)))
+    return specs
+
+
+def _pre_delete(sender: type[Model], instance: Model, using: str, **kwargs: Any) -> None:
+    regs = [
+        r for r in _registry.get(sender._meta.concrete_model or sender, []) if "deleted" in r.on
+    ]
+    if not regs:
+        return
+    for registration in regs:
+        # Django's Collector runs pre_delete inside atomic(); this guards manual sends.
+        _require_transaction(registration, using, f"{sender._meta.label}.delete()")
+    try:
+        specs = [(r, r.build(instance, "deleted", frozenset())) for r in regs]
+        _send(specs, using)  # before the row's DELETE, in the Collector's transaction
+    except BaseException:
+        _poison(using)
+        raise
+
+
+def _send(specs: list[tuple[Registration, Any]], using: str) -> None:
+    from spanner_queues.api import send_many
+
+    by_queue: dict[str, tuple[type[Queue], list[Any]]] = {}
+    for registration, spec in specs:
+        queue = registration.queue_model()
+        by_queue.setdefault(queue._meta.label, (queue, []))[1].append(spec)
+    for queue, batch in by_queue.values():
+        send_many(queue, batch, using=using)
+
+
+def _poison(using: str) -> None:
+    """Mark the caller's transaction for rollback: part of it (the row) may be written."""
+    if connections[using].in_atomic_block:
+        transaction.set_rollback(True, using=using)
+
+
+def _require_transaction(registration: Registration, using: str, what: str) -> None:
+    """Raise ``TransactionRequired`` (before anything is written) unless ``using`` is in a
+    transaction, and refuse a queue that lives on another database."""
+    from spanner_queues.registry import engine_for
+
+    queue = registration.queue_model()
+    queue_db = engine_for(queue).database or router.db_for_write(queue)
+    if queue_db != using:
+        raise QueueConfigurationError(
+            f"outbox: {registration.model._meta.label} is written to database {using!r} but "
+            f"queue {queue._meta.label} lives in {queue_db!r}; a message can only share the "
+            "transaction of a row in the same database."
+        )
+    connection = connections[using]
+    if connection.in_atomic_block or not connection.get_autocommit():
+        return
+    raise TransactionRequired(
+        f"{what} outside transaction.atomic(using={using!r}) would commit the row before its "
+        f"outbox message for queue {queue._meta.label} could be written in the same "
+        f"transaction. Wrap it: `with transaction.atomic(using={using!r}): ...` (admin views "
+        "and loaddata already do; ATOMIC_REQUESTS=True covers views). Nothing was written."
+    )
+
+
+def _possible_events(instance: Model, update_fields: frozenset[str] | None) -> tuple[str, ...]:
+    """What Django's save can turn out to be, decided before any query."""
+    if update_fields is not None:
+        return ("updated",)  # Django raises if an update_fields save finds no row
+    if instance._state.adding and (instance.pk is None or _pk_has_default(instance)):
+        return ("created",)  # Django forces the INSERT
+    return ("created", "updated")
+
+
+def _pk_has_default(instance: Model) -> bool:
+    return all(f.has_default() or f.has_db_default() for f in instance._meta.pk_fields)
+
+
+def _classify(
+    regs: list[Registration],
+    instance: Model,
+    possible: tuple[str, ...],
+    using: str,
+    update_fields: frozenset[str] | None,
+) -> tuple[str, frozenset[str] | None]:
+    """The expected event and, for an update, the names of the fields it changes.
+
+    Updates compare the instance with its row, read by primary key inside the caller's
+    transaction (one SELECT of the tracked fields): the truth at write time, even for an
+    instance loaded long ago. ``None`` means "unknown; counts as changed".
+    """
+    if possible == ("created",):
+        return "created", None
+    if instance._state.adding:
+        return "created", None  # an explicit key: Django tries UPDATE first; post_save knows
+    tracked: dict[str, Field] = {}
+    for registration in regs:
+        if "updated" in registration.on:
+            for field in registration.fields:
+                if (
+                    update_fields is None
+                    or field.name in update_fields
+                    or (field.attname in update_fields)
+                ):
+                    tracked[field.attname] = field
+    if not tracked:
+        return "updated", frozenset()
+    model = instance._meta.concrete_model or type(instance)
+    row = model._base_manager.db_manager(using).filter(pk=instance.pk).values(*tracked).first()
+    if row is None:
+        return "created", None  # Django's UPDATE will find no row and INSERT
+    return "updated", frozenset(
+        field.name
+        for attname, field in tracked.items()
+        if _differs(field, getattr(instance, attname), row[attname])
+    )
+
+
+def _restrict(
+    changed: frozenset[str] | None, update_fields: frozenset[str] | None, reg: Registration
+) -> frozenset[str] | None:
+    """Before the read: the fields a save may change, as far as ``update_fields`` tells."""
+    if changed is not None:
+        return changed
+    if update_fields is None:
+        return None
+    return frozenset(
+        f.name for f in reg.fields if f.name in update_fields or f.attname in update_fields
+    )
+
+
+def _differs(field: Field, new: Any, old: Any) -> bool:
+    if new is old:
+        return False
+    try:
+        return bool(field.to_python(new) != field.to_python(old))
+    except (ValidationError, TypeError, ValueError):
+        return bool(new != old)
+
+
+# --- wiring ------------------------------------------------------------------------------
+
+
+def _connect(concrete: type[Model]) -> None:
+    """(Re)connect the receivers for ``concrete`` and its proxies to match the registry."""
+    for sender in _connected.pop(concrete, set()):
+        uid = _uid(sender)
+        pre_save.disconnect(sender=sender, dispatch_uid=uid)
+        post_save.disconnect(sender=sender, dispatch_uid=uid)
+        pre_delete.disconnect(sender=sender, dispatch_uid=uid)
+    regs = _registry.get(concrete)
+    if not regs:
+        return
+    senders = {concrete} | {
+        m
+        for models in apps.all_models.values()
+        for m in models.values()
+        if m._meta.proxy and m._meta.concrete_model is concrete
+    }
+    saves = any(r.on & {"created", "updated"} for r in regs)
+    deletes = any("deleted" in r.on for r in regs)
+    for sender in senders:
+        uid = _uid(sender)
+        if saves:
+            pre_save.connect(_pre_save, sender=sender, weak=False, dispatch_uid=uid)
+            post_save.connect(_post_save, sender=sender, weak=False, dispatch_uid=uid)
+        if deletes:
+            # Only registered models lose Django's fast delete (which sends no signals).
+            pre_delete.connect(_pre_delete, sender=sender, weak=False, dispatch_uid=uid)
+    _connected[concrete] = senders
+
+
+def _uid(sender: type[Model]) -> str:
+    return f"spanner_queues.outbox:{sender.__module__}.{sender.__qualname__}"
+
+
+def _proxy_prepared(sender: type[Model], **kwargs: Any) -> None:
+    """A proxy defined after its concrete model was registered is connected too."""
+    if sender._meta.proxy and sender._meta.concrete_model in _registry:
+        _connect(sender._meta.concrete_model)
+
+
+class_prepared.connect(_proxy_prepared, weak=False, dispatch_uid="spanner_queues.outbox.proxy")
+
+
+# --- helpers -----------------------------------------------------------------------------
+
+
+def _trackable(model: type[Model]) -> tuple[Field, ...]:
+    return tuple(f for f in model._meta.concrete_fields if not f.primary_key)
+
+
+def _resolve_fields(model: type[Model], names: Iterable[str]) -> tuple[Field, ...]:
+    if isinstance(names, str):
+        names = [names]
+    resolved: list[Field] = []
+    by_attname = {f.attname: f for f in model._meta.concrete_fields}
+    for name in names:
+        try:
+            field = model._meta.get_field(name)
+        except FieldDoesNotExist:
+            field = by_attname.get(name)  # type: ignore[assignment]
+        if field is None or not getattr(field, "concrete", False) or field.many_to_many:
+            trackable = ", ".join(f.name for f in _trackable(model))
+            raise QueueConfigurationError(
+                f"outbox.register({model._meta.label}): {name!r} is not a concrete field; "
+                f"fields are {trackable}."
+            )
+        if field not in resolved:
+            resolved.append(field)
+    return tuple(resolved)
+
+
+def _default_key_builder(
+    registration: Registration, queue: type[Queue]
+) -> Callable[[Model], dict[str, Any]]:
+    """Key = the model's primary key in the queue's leading key fields + a fresh message id."""
+    model = registration.model
+    queue_key = key_fields(queue)
+    model_key = key_fields(model)
+    label = f"outbox.register({model._meta.label}, queue={queue._meta.label!r})"
+    if "deleted" in registration.on:
+        parent = queue_options(queue).interleave_in_parent
+        for field in queue_key:
+            if field.is_relation and field.related_model._meta.concrete_model is model:
+                raise QueueConfigurationError(
+                    f"{label}: the queue's key {field.name!r} references {model._meta.label}"
+                    f"{' (interleaved)' if field.name == parent else ''}, so a 'deleted' "
+                    "message would be deleted with its row (or refused by the database). "
+                    "Send 'deleted' events to a queue that does not reference the model."
+                )
+    last = queue_key[-1]
+    if not last.has_default() and not (
+        isinstance(last, (CharField, TextField))
+        and (last.max_length is None or last.max_length >= 32)
+    ):
+        raise QueueConfigurationError(
+            f"{label}: the default key builder puts a uuid4 hex in {last.name!r}, which needs "
+            "a default or a CharField of max_length >= 32. Pass key=."
+        )
+
+    def message_id() -> Any:
+        return last.get_default() if last.has_default() else uuid.uuid4().hex
+
+    if len(queue_key) == 1:
+        return lambda instance: {last.attname: message_id()}
+    if len(queue_key) != len(model_key) + 1:
+        raise QueueConfigurationError(
+            f"{label}: the default key builder needs {len(model_key) + 1} queue key field(s) "
+            f"(the model's key, then a message id); the queue has {len(queue_key)}. Pass key=."
+        )
+    for field in queue_key[:-1]:
+        if field.is_relation and field.related_model._meta.concrete_model is not model:
+            raise QueueConfigurationError(
+                f"{label}: the queue's key field {field.name!r} references "
+                f"{field.related_model._meta.label}, not {model._meta.label}. Pass key=."
+            )
+    targets = [f.attname for f in queue_key[:-1]]
+    sources = [f.attname for f in model_key]
+
+    def build(instance: Model) -> dict[str, Any]:
+        key = {t: getattr(instance, s) for t, s in zip(targets, sources, strict=True)}
+        key[last.attname] = message_id()
+        return key
+
+    return build
+
+
+def _field_value(field: Field, instance: Model) -> Any:
+    """A field's value as Django's serializers write it (JSON-friendly)."""
+    value = field.value_from_object(instance)
+    if value is None or is_protected_type(value):
+        return value
+    if isinstance(value, (str, bool, list, dict)):
+        return value
+    return field.value_to_string(instance)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    return value
