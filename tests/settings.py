@@ -26,7 +26,6 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "spanner_queues",
     "tests.testapp",
-    "tests.workerapp",
     "tests.outboxapp",
 ]
 
