@@ -286,14 +286,14 @@ def register(
         key=key,
         payload=payload,
     )
+    if apps.ready or not isinstance(queue, str):
+        registration.queue_model()  # resolve and check now; later on first use otherwise
     existing = _registry.get(concrete, [])
     if any(r.queue_label.lower() == registration.queue_label.lower() for r in existing):
         raise QueueConfigurationError(
             f"{concrete._meta.label} is already registered with the outbox for queue "
             f"{registration.queue_label}; unregister it first or use another queue."
         )
-    if apps.ready or not isinstance(queue, str):
-        registration.queue_model()  # resolve and check now; later on first use otherwise
     _registry[concrete] = [*existing, registration]
     _connect(concrete)
     return model

@@ -1,0 +1,45 @@
+"""The package never defers a write past commit: no ``on_commit`` anywhere in its source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import spanner_queues
+
+PACKAGE = Path(spanner_queues.__file__).resolve().parent
+
+
+def test_package_source_never_calls_on_commit() -> None:
+    offenders = []
+    sources = sorted(PACKAGE.rglob("*.py"))
+    assert any(p.name == "outbox.py" for p in sources)
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            name = None
+            if isinstance(node, ast.Attribute):
+                name = node.attr
+            elif isinstance(node, ast.Name):
+                name = node.id
+            elif isinstance(node, ast.alias):
+                name = node.name.rsplit(".", 1)[-1]
+            if name in {"on_commit", "run_on_commit"}:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{getattr(node, 'lineno', '?')}")
+    assert offenders == []
+
+
+def test_outbox_uses_no_thread_or_second_connection() -> None:
+    tree = ast.parse((PACKAGE / "outbox.py").read_text())
+    imported = {
+        alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    } | {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert not imported & {"threading", "concurrent.futures", "asyncio", "multiprocessing"}
+    calls = {
+        node.func.attr
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+    }
+    assert not calls & {"create_connection", "connect_db", "get_new_connection"}
