@@ -85,9 +85,10 @@ class NativeQueueEngine(BaseQueueEngine):
         self.dialect = dialect(options.get("DIALECT", GOOGLESQL))
         #: the same dialect with ``%s`` placeholders, for statements run by a Django cursor.
         self.cursor_dialect = dialect(self.dialect.name, paramstyle="format")
-        self.max_duration = duration(
-            _number(options, "RECEIVE_MAX_DURATION_SECONDS", 1200, alias, minimum=0.001)
+        self.max_duration_seconds = _number(
+            options, "RECEIVE_MAX_DURATION_SECONDS", 1200, alias, minimum=0.001
         )
+        self.max_duration = duration(self.max_duration_seconds)
         batch = options.get("RECEIVE_BATCH_SIZE", 10)
         if batch is not None and (not isinstance(batch, int) or batch < 1):
             raise InvalidQueueEngine(
@@ -225,9 +226,11 @@ class NativeQueueEngine(BaseQueueEngine):
                 sql = self.receive_sql(model)
                 n = len(self.declaration(model).keys)
 
+                deadline = self.max_duration_seconds + 30  # the call's own gRPC deadline
+
                 def open_stream() -> Any:
                     with database.snapshot() as snapshot:  # strong, single use: never stale
-                        yield from snapshot.execute_sql(sql)
+                        yield from snapshot.execute_sql(sql, timeout=deadline)
 
                 def parse(row: Sequence[Any]) -> Delivery:
                     return Delivery(
@@ -268,13 +271,16 @@ class NativeQueueEngine(BaseQueueEngine):
             for d in self._receiver(model).take(max_messages, self.receive_wait)
         ]
 
-    def stop_receiving(self, model: type[Queue] | None = None) -> None:
-        """Stop the background stream of ``model`` (of every queue when None)."""
+    def stop_receiving(
+        self, model: type[Queue] | None = None, *, wait: float | None = None
+    ) -> None:
+        """Stop the background stream of ``model`` (of every queue when None); ``wait``
+        seconds for each stream's thread to end."""
         with self._lock:
             labels = [model._meta.label] if model is not None else list(self._receivers)
             receivers = [self._receivers.pop(label) for label in labels if label in self._receivers]
         for receiver in receivers:
-            receiver.stop()
+            receiver.stop(wait)
 
     def renew_sql(self, model: type[Queue]) -> str:
         return self.dialect.renew(self.declaration(model))

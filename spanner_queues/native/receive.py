@@ -80,9 +80,10 @@ class Receiver:
                 )
                 self._thread.start()
 
-    def stop(self, timeout: float | None = 5.0) -> None:
+    def stop(self, timeout: float | None = None) -> None:
         """Stop reading; rows already leased but not taken are dropped (they are redelivered
-        when their lease expires)."""
+        when their lease expires). The stream cannot be cancelled from outside, so the thread
+        ends when the next row arrives or ``max_duration`` elapses; ``timeout`` waits for it."""
         self._stop.set()
         with self._cond:
             self._buffer.clear()
