@@ -310,8 +310,13 @@ def main() -> None:
         child(args.child, args.seconds, args.depth or DEPTH[args.child])
         return
     backends = ["sqlite"] if args.sqlite_only else ["sqlite", "emulator"]
+    load_before = os.getloadavg()[0]
     results = [run_child(b, args.seconds, args.depth) for b in backends]
     print(report(results, args.seconds))
+    print(
+        f"load average (1 min) before / after: {load_before:.2f} / {os.getloadavg()[0]:.2f} "
+        "(other processes sharing the CPUs raise it)"
+    )
     if args.json:
         print(json.dumps(results, indent=2))
 
