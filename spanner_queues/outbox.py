@@ -142,6 +142,11 @@ class Registration:
             self._queue_model = model
         return self._queue_model
 
+    def names_of(self, names: Iterable[str]) -> frozenset[str]:
+        """Field names for ``names``, which may use attnames (``author_id``)."""
+        by_attname = {f.attname: f.name for f in self.model._meta.concrete_fields}
+        return frozenset(by_attname.get(n, n) for n in names)
+
     def fires(self, event: str, changed: frozenset[str] | None) -> bool:
         """Whether this registration sends a message for ``event``. ``changed`` holds the
         names of the fields an update changed (``None``: unknown, counts as a change)."""
@@ -343,23 +348,26 @@ def send_for(
     if event not in EVENTS:
         raise ValueError(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
     names = None if changed is None else frozenset(changed)
-    batches: dict[str, tuple[type[Queue], list[dict[str, Any]]]] = {}
-    db = using
+    batches: dict[tuple[str, str], tuple[type[Queue], list[dict[str, Any]]]] = {}
     for instance in objs:
         concrete = instance._meta.concrete_model or type(instance)
         db = using or instance._state.db or router.db_for_write(concrete, instance=instance)
         for registration in _registry.get(concrete, []):
-            if not registration.fires(event, names):
+            own = None if names is None else registration.names_of(names)
+            if not registration.fires(event, own):
                 continue
             _require_transaction(registration, db, f"outbox.send_for(..., event={event!r})")
-            own = registration.field_names if names is None else names
-            spec = registration.build(instance, event, own)
+            if event != "updated":
+                own = frozenset()
+            spec = registration.build(
+                instance, event, registration.field_names if own is None else own
+            )
             queue = registration.queue_model()
-            batches.setdefault(queue._meta.label, (queue, []))[1].append(spec)
+            batches.setdefault((queue._meta.label, db), (queue, []))[1].append(spec)
     from spanner_queues.api import send_many
 
     sent: list[Message] = []
-    for queue, specs in batches.values():
+    for (_, db), (queue, specs) in batches.items():
         sent.extend(send_many(queue, specs, using=db))
     return sent
 
