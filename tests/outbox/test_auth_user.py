@@ -39,7 +39,12 @@ def test_user_events(user_outbox: Any) -> None:
 def test_createsuperuser_needs_an_atomic_block(user_outbox: Any) -> None:
     """``createsuperuser`` saves in autocommit: refused, with nothing written. Run it inside
     ``transaction.atomic()`` (e.g. from ``manage.py shell``) to get its 'created' message."""
-    options = {"interactive": False, "username": "root", "email": "root@example.com", "verbosity": 0}
+    options = {
+        "interactive": False,
+        "username": "root",
+        "email": "root@example.com",
+        "verbosity": 0,
+    }
     with pytest.raises(TransactionRequired, match=r"auth.User.save\(\) outside"):
         call_command("createsuperuser", **options)
     assert not user_outbox.objects.exists() and not UserEvents.objects.exists()
