@@ -1,0 +1,113 @@
+"""What the admin keeps about queues: its permissions and samples of queue depth over time.
+
+``record_depth_samples()`` stores one ``QueueDepthSample`` per declared queue from
+``engine.stats()``. The admin overview calls it when viewed (at most every
+``VIEW_SAMPLE_INTERVAL``); a worker or a cron job may call it on its own schedule so that the
+depth chart shows a backlog growing while nobody looks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+from django.db import models
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import QueueStats
+    from spanner_queues.models import Queue
+
+#: samples older than this are deleted when new ones are recorded.
+SAMPLE_RETENTION = timedelta(days=7)
+#: the overview records a sample per queue at most this often.
+VIEW_SAMPLE_INTERVAL = timedelta(seconds=30)
+
+
+class Queues(models.Model):
+    """No table: carries the admin's permissions and its entry on the admin index.
+
+    ``view_queues`` lets staff see the queue pages; each kind of action has its own permission.
+    """
+
+    class Meta:
+        managed = False
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        default_permissions = ("view",)
+        permissions = [
+            ("ack_message", "Can ack (delete) queue messages"),
+            ("reschedule_message", "Can deliver queue messages now or reschedule them"),
+            ("dead_letter_message", "Can move messages to and replay them from dead-letter queues"),
+        ]
+
+    def __str__(self) -> str:
+        return "queues"
+
+
+class QueueDepthSample(models.Model):
+    """The counts of one queue at one moment, for the admin's depth chart."""
+
+    queue = models.CharField(max_length=200)
+    measured_at = models.DateTimeField()
+    total = models.PositiveIntegerField()
+    ready = models.PositiveIntegerField()
+    scheduled = models.PositiveIntegerField()
+    leased = models.PositiveIntegerField()
+
+    class Meta:
+        verbose_name = "queue depth sample"
+        indexes = [models.Index(fields=["queue", "measured_at"], name="sq_depth_queue_time")]
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.measured_at:%Y-%m-%d %H:%M:%S}: {self.total}"
+
+    @classmethod
+    def from_stats(cls, stats: QueueStats) -> QueueDepthSample:
+        return cls(
+            queue=stats.queue,
+            measured_at=stats.measured_at,
+            total=stats.total,
+            ready=stats.ready,
+            scheduled=stats.scheduled,
+            leased=stats.leased,
+        )
+
+
+def _due(queue: str, now: datetime, min_interval: timedelta | None) -> bool:
+    if not min_interval:
+        return True
+    return not QueueDepthSample.objects.filter(
+        queue=queue, measured_at__gt=now - min_interval
+    ).exists()
+
+
+def record_depth_samples(
+    queues: Iterable[type[Queue]] | None = None,
+    *,
+    min_interval: timedelta | None = None,
+    stats: Iterable[QueueStats] = (),
+) -> list[QueueDepthSample]:
+    """Store a depth sample for each queue (default: every declared queue).
+
+    With ``min_interval``, skip queues sampled more recently than that. ``stats`` already
+    measured (by the overview) are used instead of asking the engine again. Samples older than
+    ``SAMPLE_RETENTION`` are deleted.
+    """
+    from spanner_queues.registry import engine_for, queue_models
+
+    now = timezone.now()
+    known = {s.queue: s for s in stats}
+    samples = []
+    for model in queue_models() if queues is None else queues:
+        label = model._meta.label
+        if not _due(label, now, min_interval):
+            continue
+        measured = known.get(label) or engine_for(model).stats(model)
+        samples.append(QueueDepthSample.from_stats(measured))
+    if samples:
+        QueueDepthSample.objects.bulk_create(samples)
+        QueueDepthSample.objects.filter(measured_at__lt=now - SAMPLE_RETENTION).delete()
+    return samples
