@@ -1,0 +1,10 @@
+"""Registers the queue pages on the default admin site (see ``spanner_queues.adminsite``)."""
+
+from __future__ import annotations
+
+from django.contrib import admin
+
+from spanner_queues.adminsite.views import QueuesAdmin
+from spanner_queues.monitoring import Queues
+
+admin.site.register(Queues, QueuesAdmin)

@@ -1,0 +1,197 @@
+"""What an operator can do to messages, each through the send API or the dead-letter verbs.
+
+Every action runs in one transaction on the queue's database, together with its admin history
+(``LogEntry``): for a selection, all messages change or none does. Nothing here updates a row.
+"Deliver now" and "reschedule" ack each message and send it again, same key and payload, at the
+new time; unlike ``api.replace`` the ack insists the message still exists, so a message acked by
+a receiver since the page was shown is not resurrected (the action fails and changes nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.contrib.admin.models import CHANGE, DELETION, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.utils import timezone
+
+from spanner_queues import api, deadletter
+from spanner_queues.adminsite.browse import database, key_token
+from spanner_queues.message import Message
+from spanner_queues.models import Queue
+from spanner_queues.registry import engine_for
+from spanner_queues.transactions import run_in_transaction
+
+VIEW_PERMISSION = "spanner_queues.view_queues"
+
+Apply = Callable[[type[Queue], Sequence[Message], datetime | None, str], None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QueueAction:
+    """One action of the message browser; ``name`` is the form value."""
+
+    name: str
+    label: str
+    button: str
+    done: str
+    explanation: str
+    permission: str
+    log_flag: int
+    apply: Apply
+    available: Callable[[type[Queue]], bool]
+    needs_time: bool = False
+
+    def allowed(self, user: object) -> bool:
+        return bool(getattr(user, "has_perm", lambda _: False)(self.permission))
+
+    def change_message(self, model: type[Queue], deliver_time: datetime | None) -> str:
+        when = timezone.localtime(deliver_time).isoformat() if deliver_time else ""
+        target = dead_letter_target(model)
+        return self.done.format(when=when, target=target or "", source=replay_target(model) or "")
+
+
+def dead_letter_target(model: type[Queue]) -> str | None:
+    target = deadletter.dead_letter_queue_for(model)
+    return target._meta.label if target else None
+
+
+def replay_target(model: type[Queue]) -> str | None:
+    sources = deadletter.sources_of(model)
+    return sources[0]._meta.label if len(sources) == 1 else None
+
+
+def _ack(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+    api.ack_many(model, messages, using=db)
+
+
+def _resend(
+    model: type[Queue], messages: Sequence[Message], when: datetime | None, db: str
+) -> None:
+    api.ack_many(model, messages, using=db)
+    specs = [dict(m.key_dict, payload=m.payload, deliver_time=when) for m in messages]
+    api.send_many(model, specs, using=db)
+
+
+def _dead_letter(
+    model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str
+) -> None:
+    for message in messages:
+        deadletter.dead_letter(message, using=db)
+
+
+def _replay(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+    for message in messages:
+        deadletter.replay(message, using=db)
+
+
+def _always(model: type[Queue]) -> bool:
+    return True
+
+
+ACTIONS: dict[str, QueueAction] = {
+    a.name: a
+    for a in (
+        QueueAction(
+            name="ack",
+            label="Ack (delete) selected messages",
+            button="Ack (delete)",
+            done="Acked (deleted)",
+            explanation="Each message is acked: deleted from the queue, as a receiver's ack "
+            "does. A receiver holding a lease on it will fail to ack it.",
+            permission="spanner_queues.ack_message",
+            log_flag=DELETION,
+            apply=_ack,
+            available=_always,
+        ),
+        QueueAction(
+            name="deliver_now",
+            label="Deliver selected messages now",
+            button="Deliver now",
+            done="Delivered now (acked and sent again)",
+            explanation="Each message is acked and sent again with the same key and payload, "
+            "due now, in one transaction. Its attempt count starts again from zero; a lease on "
+            "it is cancelled.",
+            permission="spanner_queues.reschedule_message",
+            log_flag=CHANGE,
+            apply=_resend,
+            available=_always,
+        ),
+        QueueAction(
+            name="reschedule",
+            label="Reschedule selected messages…",
+            button="Reschedule…",
+            done="Rescheduled to {when} (acked and sent again)",
+            explanation="Each message is acked and sent again with the same key and payload, "
+            "due at the time you choose, in one transaction. Its attempt count starts again "
+            "from zero; a lease on it is cancelled. A time in the past means now.",
+            permission="spanner_queues.reschedule_message",
+            log_flag=CHANGE,
+            apply=_resend,
+            available=_always,
+            needs_time=True,
+        ),
+        QueueAction(
+            name="dead_letter",
+            label="Move selected messages to the dead-letter queue",
+            button="Move to the dead-letter queue",
+            done="Moved to the dead-letter queue {target}",
+            explanation="Each message is acked and sent, same key and payload, to this queue's "
+            "dead-letter queue, in one transaction.",
+            permission="spanner_queues.dead_letter_message",
+            log_flag=CHANGE,
+            apply=_dead_letter,
+            available=lambda model: dead_letter_target(model) is not None,
+        ),
+        QueueAction(
+            name="replay",
+            label="Replay selected messages to their queue",
+            button="Replay to its queue",
+            done="Replayed to {source}",
+            explanation="Each message is acked from this dead-letter queue and sent again, same "
+            "key and payload, to the queue it came from, in one transaction.",
+            permission="spanner_queues.dead_letter_message",
+            log_flag=CHANGE,
+            apply=_replay,
+            available=lambda model: replay_target(model) is not None,
+        ),
+    )
+}
+
+
+def actions_for(model: type[Queue], user: object) -> list[QueueAction]:
+    """The actions that apply to ``model`` and that ``user`` may run."""
+    return [a for a in ACTIONS.values() if a.available(model) and a.allowed(user)]
+
+
+def perform(
+    action: QueueAction,
+    model: type[Queue],
+    messages: Sequence[Message],
+    *,
+    user_id: int,
+    deliver_time: datetime | None = None,
+) -> None:
+    """Run ``action`` on ``messages`` and record it in the admin history, in one transaction.
+    A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
+    db = database(model)
+    content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
+    change_message = action.change_message(model, deliver_time) + "."
+
+    def run() -> None:
+        action.apply(model, messages, deliver_time, db)
+        LogEntry.objects.bulk_create(
+            LogEntry(
+                user_id=user_id,
+                content_type_id=content_type.pk,
+                object_id=key_token(m.key),
+                object_repr=str(m)[:200],
+                action_flag=action.log_flag,
+                change_message=change_message,
+            )
+            for m in messages
+        )
+
+    run_in_transaction(run, using=db, retries=engine_for(model).params.transaction_retries)

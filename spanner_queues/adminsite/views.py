@@ -1,0 +1,439 @@
+"""``QueuesAdmin``: the overview, message browser, detail and action pages on the admin site.
+
+URLs (under ``admin/spanner_queues/queues/``):
+
+- ``""``: every declared queue with its counts and depth chart (the admin index links here);
+- ``<queue label>/``: the queue's messages, filtered by state, searched by key, paginated;
+- ``<queue label>/messages/<key>/``: one message;
+- ``<queue label>/actions/``: POST only; asks for confirmation, then performs the action.
+
+Staff need ``spanner_queues.view_queues`` to see any page, and each action's own permission.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlencode
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.db import DatabaseError
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
+
+from spanner_queues.adminsite.actions import (
+    ACTIONS,
+    VIEW_PERMISSION,
+    QueueAction,
+    actions_for,
+    dead_letter_target,
+    perform,
+    replay_target,
+)
+from spanner_queues.adminsite.browse import (
+    STATES,
+    Payload,
+    get_messages,
+    has_bookkeeping,
+    key_token,
+    messages_queryset,
+    ordering,
+    parse_key_token,
+    render_payload,
+    search_filter,
+    state_filter,
+    state_of,
+)
+from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_samples
+from spanner_queues.deadletter import sources_of
+from spanner_queues.exceptions import QueueError, UnknownQueue
+from spanner_queues.keys import key_names, row_to_message
+from spanner_queues.monitoring import VIEW_SAMPLE_INTERVAL, record_depth_samples
+from spanner_queues.options import queue_options
+from spanner_queues.registry import engine_for, get_queue, queue_models
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import QueueStats
+    from spanner_queues.message import Message
+    from spanner_queues.models import Queue
+
+PER_PAGE = 50
+SELECTED = "_selected_key"
+
+
+def format_age(age: timedelta | None) -> str:
+    """``2d 3h``, ``3h 05m``, ``4m 10s``, ``12s``; an em dash for None."""
+    if age is None:
+        return "—"
+    seconds = int(age.total_seconds())
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    if days:
+        return f"{days}d {hours}h"
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {seconds:02d}s"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One line of the overview."""
+
+    model: type[Queue]
+    label: str
+    url: str
+    engine: str
+    stats: QueueStats | None
+    error: str
+    oldest_age: str
+    attempts: bool
+    max_attempts_limit: int | None
+    dead_letter_queue: str | None
+    dead_letter_url: str
+    dead_letter_count: int | None
+    dead_letter_of: list[str]
+    chart: DepthChart | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRow:
+    """One message as the browser and the confirmation page show it."""
+
+    message: Message
+    token: str
+    url: str
+    state: str
+    payload: Payload
+
+
+class RescheduleForm(forms.Form):
+    deliver_time = forms.DateTimeField(
+        label="Deliver at",
+        widget=forms.DateTimeInput(
+            attrs={"type": "datetime-local", "step": 1}, format="%Y-%m-%dT%H:%M:%S"
+        ),
+        help_text="In the server's time zone.",
+    )
+
+
+class QueuesAdmin(admin.ModelAdmin):
+    """Mounts the queue pages on an admin site; registered for the table-less ``Queues``."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return request.user.has_perm(VIEW_PERMISSION)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[URLPattern]:
+        site = self.admin_site
+        name = f"{self.opts.app_label}_{self.opts.model_name}"
+        return [
+            path("", site.admin_view(self.overview_view), name=f"{name}_changelist"),
+            path("<str:queue>/", site.admin_view(self.messages_view), name=f"{name}_messages"),
+            path(
+                "<str:queue>/actions/", site.admin_view(self.action_view), name=f"{name}_action"
+            ),
+            path(
+                "<str:queue>/messages/<str:key>/",
+                site.admin_view(self.message_view),
+                name=f"{name}_message",
+            ),
+        ]
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _url(self, view: str, *args: str) -> str:
+        name = f"{self.opts.app_label}_{self.opts.model_name}_{view}"
+        return reverse(f"{self.admin_site.name}:{name}", args=args)
+
+    def _require_view(self, request: HttpRequest) -> None:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+
+    def _queue(self, label: str) -> type[Queue]:
+        try:
+            return get_queue(label)
+        except UnknownQueue as exc:
+            raise Http404(str(exc)) from exc
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "title": title,
+            "overview_url": self._url("changelist"),
+            **extra,
+        }
+
+    def _queue_context(self, model: type[Queue]) -> dict[str, Any]:
+        engine = engine_for(model)
+        return {
+            "queue": model,
+            "queue_label": model._meta.label,
+            "queue_name": model._meta.verbose_name_plural,
+            "queue_url": self._url("messages", model._meta.label_lower),
+            "action_url": self._url("action", model._meta.label_lower),
+            "engine": engine,
+            "engine_class": type(engine).__name__,
+            "bookkeeping": has_bookkeeping(engine),
+            "key_names": key_names(model),
+        }
+
+    def _row(self, model: type[Queue], message: Message, now: datetime) -> MessageRow:
+        return MessageRow(
+            message=message,
+            token=key_token(message.key),
+            url=self._url("message", model._meta.label_lower, key_token(message.key)),
+            state=state_of(message, now),
+            payload=render_payload(message.payload, pretty=False),
+        )
+
+    # --- overview ---------------------------------------------------------------------------
+    def overview_view(self, request: HttpRequest) -> HttpResponse:
+        self._require_view(request)
+        models = queue_models()
+        measured: dict[str, QueueStats] = {}
+        errors: dict[str, str] = {}
+        for model in models:
+            try:
+                measured[model._meta.label] = engine_for(model).stats(model)
+            except (DatabaseError, QueueError) as exc:
+                errors[model._meta.label] = f"{type(exc).__name__}: {exc}"
+        record_depth_samples(
+            [m for m in models if m._meta.label in measured],
+            min_interval=VIEW_SAMPLE_INTERVAL,
+            stats=measured.values(),
+        )
+        rows = []
+        for model in models:
+            label = model._meta.label
+            stats = measured.get(label)
+            engine = engine_for(model)
+            target = dead_letter_target(model)
+            target_stats = measured.get(target) if target else None
+            rows.append(
+                QueueRow(
+                    model=model,
+                    label=label,
+                    url=self._url("messages", model._meta.label_lower),
+                    engine=engine.alias,
+                    stats=stats,
+                    error=errors.get(label, ""),
+                    oldest_age=format_age(stats.oldest_age if stats else None),
+                    attempts=engine.features.supports_attempt_count,
+                    max_attempts_limit=queue_options(model).max_attempts,
+                    dead_letter_queue=target,
+                    dead_letter_url=self._url("messages", target.lower()) if target else "",
+                    dead_letter_count=target_stats.total if target_stats else None,
+                    dead_letter_of=[m._meta.label for m in sources_of(model)],
+                    chart=depth_chart(recent_samples(label)),
+                )
+            )
+        context = self._context(
+            request,
+            "Queues",
+            rows=rows,
+            now=timezone.now(),
+        )
+        return TemplateResponse(request, "spanner_queues/admin/overview.html", context)
+
+    # --- one queue --------------------------------------------------------------------------
+    def messages_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        self._require_view(request)
+        model = self._queue(queue)
+        engine = engine_for(model)
+        bookkeeping = has_bookkeeping(engine)
+        now = timezone.now()
+        state = request.GET.get("state", "")
+        state = state if state in STATES else ""
+        term = request.GET.get("q", "").strip()
+        descending = request.GET.get("o", "") == "-deliver_time"
+        page = None
+        if engine.features.supports_listing:
+            rows = messages_queryset(model)
+            if state:
+                rows = rows.filter(state_filter(state, now, bookkeeping=bookkeeping))
+            if term:
+                rows = rows.filter(search_filter(model, term))
+            paginator = Paginator(rows.order_by(*ordering(model, descending)), PER_PAGE)
+            page = paginator.get_page(request.GET.get("p"))
+            page.object_list = [
+                self._row(model, row_to_message(model, row), now) for row in page.object_list
+            ]
+        params = {"state": state, "q": term, "o": "-deliver_time" if descending else ""}
+
+        def query(**changes: str) -> str:
+            merged = {k: v for k, v in (params | changes).items() if v}
+            return "?" + urlencode(merged) if merged else "?"
+
+        state_choices = [
+            {"display": "All", "selected": not state, "query": query(state="", p="")},
+            *(
+                {"display": s.capitalize(), "selected": state == s, "query": query(state=s)}
+                for s in STATES
+                if s != "leased" or bookkeeping
+            ),
+        ]
+        stats = _try_stats(model)
+        context = self._context(
+            request,
+            f"Messages in {model._meta.label}",
+            **self._queue_context(model),
+            page=page,
+            state=state,
+            term=term,
+            descending=descending,
+            order_query=query(o="" if descending else "-deliver_time"),
+            page_links=_page_links(page, query),
+            state_choices=state_choices,
+            actions=actions_for(model, request.user),
+            selected_name=SELECTED,
+            stats=stats,
+            oldest_age=format_age(stats.oldest_age if stats else None),
+            chart=depth_chart(
+                recent_samples(model._meta.label),
+                width=640,
+                height=120,
+                series=("total", "ready", "scheduled", "leased") if bookkeeping else ("total",),
+            ),
+            dead_letter_queue=dead_letter_target(model),
+            replays_to=replay_target(model),
+        )
+        return TemplateResponse(request, "spanner_queues/admin/messages.html", context)
+
+    def message_view(self, request: HttpRequest, queue: str, key: str) -> HttpResponse:
+        self._require_view(request)
+        model = self._queue(queue)
+        try:
+            found = get_messages(model, [parse_key_token(model, key)])
+        except ValueError as exc:
+            raise Http404(f"Not a key of {model._meta.label}: {exc}") from exc
+        if not found:
+            raise Http404(f"No message with this key in {model._meta.label} (acked or moved?).")
+        message = found[0]
+        context = self._context(
+            request,
+            str(message),
+            **self._queue_context(model),
+            row=self._row(model, message, timezone.now()),
+            key_items=list(message.key_dict.items()),
+            payload=render_payload(message.payload),
+            actions=actions_for(model, request.user),
+            selected_name=SELECTED,
+        )
+        return TemplateResponse(request, "spanner_queues/admin/message.html", context)
+
+    # --- actions ----------------------------------------------------------------------------
+    def action_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        model = self._queue(queue)
+        back = HttpResponseRedirect(self._url("messages", model._meta.label_lower))
+        if request.method != "POST":
+            return back
+        self._require_view(request)
+        action = ACTIONS.get(request.POST.get("action", ""))
+        if action is None or not action.available(model):
+            messages.warning(request, "No action selected.")
+            return back
+        if not action.allowed(request.user):
+            raise PermissionDenied
+        try:
+            keys = [parse_key_token(model, t) for t in request.POST.getlist(SELECTED)]
+        except ValueError as exc:
+            messages.error(request, f"Not a key of {model._meta.label}: {exc}")
+            return back
+        if not keys:
+            messages.warning(
+                request,
+                "Items must be selected in order to perform actions on them. "
+                "No items have been changed.",
+            )
+            return back
+        found = get_messages(model, keys)
+        confirmed = request.POST.get("post") == "yes"
+        form = RescheduleForm(request.POST if confirmed else None, initial=_initial_time())
+        if confirmed and (form.is_valid() or not action.needs_time):
+            return self._perform(request, model, action, keys, found, form)
+        now = timezone.now()
+        context = self._context(
+            request,
+            "Are you sure?",
+            **self._queue_context(model),
+            action=action,
+            rows=[self._row(model, m, now) for m in found],
+            missing=len(keys) - len(found),
+            form=form if action.needs_time else None,
+            selected_name=SELECTED,
+        )
+        return TemplateResponse(request, "spanner_queues/admin/confirm.html", context)
+
+    def _perform(
+        self,
+        request: HttpRequest,
+        model: type[Queue],
+        action: QueueAction,
+        keys: list[tuple[Any, ...]],
+        found: list[Message],
+        form: RescheduleForm,
+    ) -> HttpResponse:
+        back = HttpResponseRedirect(self._url("messages", model._meta.label_lower))
+        if len(found) < len(keys):
+            messages.error(
+                request,
+                f"{len(keys) - len(found)} of the selected messages no longer exist (acked or "
+                "moved meanwhile). Nothing was changed.",
+            )
+            return back
+        when = form.cleaned_data["deliver_time"] if action.needs_time else None
+        try:
+            perform(action, model, found, user_id=request.user.pk, deliver_time=when)
+        except QueueError as exc:
+            messages.error(request, f"Nothing was changed: {exc}")
+            return back
+        n = len(found)
+        messages.success(
+            request,
+            f"{action.change_message(model, when)}: {n} message{'s' if n != 1 else ''} of "
+            f"{model._meta.label}.",
+        )
+        return back
+
+
+def _page_links(page: Any, query: Callable[..., str]) -> list[tuple[str, str]]:
+    """(label, query string) for each page link; "" for the current page and for ellipses."""
+    if page is None or page.paginator.num_pages < 2:
+        return []
+    links = []
+    for number in page.paginator.get_elided_page_range(page.number, on_each_side=2, on_ends=1):
+        current = number == page.number or number == page.paginator.ELLIPSIS
+        links.append((str(number), "" if current else query(p=str(number))))
+    return links
+
+
+def _try_stats(model: type[Queue]) -> QueueStats | None:
+    try:
+        return engine_for(model).stats(model)
+    except (DatabaseError, QueueError):
+        return None
+
+
+def _initial_time() -> dict[str, datetime]:
+    return {"deliver_time": timezone.localtime().replace(microsecond=0) + timedelta(hours=1)}
