@@ -2,7 +2,7 @@
 
 Messages are rows of the queue model on every engine, so listing reads them with the ORM (gated
 on ``engine.features.supports_listing``). The bookkeeping columns (attempts, lease expiry) are
-read only from engines that keep them (``supports_attempt_count``).
+shown and filtered on only for engines that keep them (``stores_bookkeeping_fields``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ _NOTHING = Q(deliver_time__in=[])
 
 
 def has_bookkeeping(engine: BaseQueueEngine) -> bool:
-    """Whether rows carry attempts and lease expiry (engines that count attempts keep both)."""
-    return engine.features.supports_attempt_count
+    """Whether rows carry attempts, send time and lease expiry (the table engine's columns)."""
+    return engine.features.stores_bookkeeping_fields
 
 
 def database(model: type[Queue]) -> str:

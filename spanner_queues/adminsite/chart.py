@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
 from spanner_queues.monitoring import QueueDepthSample
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import QueueStats
 
 CHART_WINDOW = timedelta(hours=24)
 MAX_POINTS = 300
@@ -40,9 +44,10 @@ class DepthChart:
         return self.series[0]
 
 
-def recent_samples(queue: str, *, now: datetime | None = None) -> list[QueueDepthSample]:
-    """The queue's samples within ``CHART_WINDOW``, oldest first, thinned to ``MAX_POINTS``."""
-    now = now or timezone.now()
+def recent_samples(queue: str, live: QueueStats | None = None) -> list[QueueDepthSample]:
+    """The queue's samples within ``CHART_WINDOW``, oldest first, thinned to ``MAX_POINTS``,
+    ending with ``live`` counts (not stored) so that the chart ends at what the page shows."""
+    now = live.measured_at if live else timezone.now()
     samples = list(
         QueueDepthSample.objects.filter(queue=queue, measured_at__gte=now - CHART_WINDOW).order_by(
             "measured_at"
@@ -51,6 +56,8 @@ def recent_samples(queue: str, *, now: datetime | None = None) -> list[QueueDept
     if len(samples) > MAX_POINTS:
         step = len(samples) / MAX_POINTS
         samples = [samples[int(i * step)] for i in range(MAX_POINTS - 1)] + [samples[-1]]
+    if live and not (samples and samples[-1].measured_at >= live.measured_at):
+        samples.append(QueueDepthSample.from_stats(live))
     return samples
 
 

@@ -245,7 +245,7 @@ class QueuesAdmin(admin.ModelAdmin):
                     dead_letter_url=self._url("messages", target.lower()) if target else "",
                     dead_letter_count=target_stats.total if target_stats else None,
                     dead_letter_of=[m._meta.label for m in sources_of(model)],
-                    chart=depth_chart(recent_samples(label)),
+                    chart=depth_chart(recent_samples(label, stats)),
                 )
             )
         context = self._context(
@@ -268,7 +268,8 @@ class QueuesAdmin(admin.ModelAdmin):
         term = request.GET.get("q", "").strip()
         descending = request.GET.get("o", "") == "-deliver_time"
         page = None
-        if engine.features.supports_listing:
+        listing = engine.features.supports_listing
+        if listing:
             rows = messages_queryset(model)
             if state:
                 rows = rows.filter(state_filter(state, now, bookkeeping=bookkeeping))
@@ -299,6 +300,7 @@ class QueuesAdmin(admin.ModelAdmin):
             f"Messages in {model._meta.label}",
             **self._queue_context(model),
             page=page,
+            listing=listing,
             state=state,
             term=term,
             descending=descending,
@@ -310,7 +312,7 @@ class QueuesAdmin(admin.ModelAdmin):
             stats=stats,
             oldest_age=format_age(stats.oldest_age if stats else None),
             chart=depth_chart(
-                recent_samples(model._meta.label),
+                recent_samples(model._meta.label, stats),
                 width=640,
                 height=120,
                 series=("total", "ready", "scheduled", "leased") if bookkeeping else ("total",),
