@@ -1,0 +1,149 @@
+"""One real browser: Debian's chromium, headless, through selenium and the system chromedriver.
+
+Logs in, opens the overview, opens a queue and a message, delivers a message now through the
+confirmation page, and saves a screenshot of each page under ``artifacts/screenshots/<vendor>/``
+(``SQ_ARTIFACTS_DIR`` moves ``artifacts``). Skipped when chromium is missing, unless
+``SQ_REQUIRE_BROWSER=1`` (CI), where a missing browser fails the test.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from spanner_queues.monitoring import QueueDepthSample
+from tests.testapp.models import Emails, Jobs
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = Path(os.environ.get("SQ_ARTIFACTS_DIR", ROOT / "artifacts"))
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+def browser(tmp_path: Path) -> Iterator[Any]:
+    chromium = _chromium()
+    if not (chromium and CHROMEDRIVER.is_file()):
+        reason = (
+            "Debian chromium and chromium-driver are not installed (/usr/bin/chromedriver is "
+            "missing); bin/test installs them when run as root: apt-get install -y chromium "
+            "chromium-driver"
+        )
+        if os.environ.get("SQ_REQUIRE_BROWSER"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1000",
+        f"--user-data-dir={tmp_path / 'profile'}",
+    ):
+        options.add_argument(arg)
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _seed() -> None:
+    """A backlog that grew over the last half hour, and messages in every state."""
+    now = timezone.now()
+    for i, depth in enumerate([0, 0, 1, 1, 2, 3, 3, 4, 5, 6]):
+        QueueDepthSample.objects.create(
+            queue="testapp.Jobs",
+            measured_at=now - timedelta(minutes=30 - 3 * i),
+            total=depth,
+            ready=max(depth - 1, 0),
+            scheduled=min(depth, 1),
+            leased=0,
+        )
+    Jobs.send_many(
+        [{"id": f"job-{i:02d}", "payload": {"order": i, "note": "<b>inert</b>"}} for i in range(6)]
+    )
+    Jobs.send(id="job-later", payload="plain text", delay=timedelta(hours=2))
+    Emails.send(id="welcome", payload={"to": "ada@example.com"})
+
+
+def test_operator_delivers_a_message_now(
+    browser: Any, live_server: Any, django_user_model: Any
+) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "secret-pw")
+    _seed()
+    shots = ARTIFACTS / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    wait = WebDriverWait(browser, 30)
+
+    def shot(name: str) -> None:
+        assert browser.save_screenshot(str(shots / f"{name}.png"))
+
+    def click(by: str, value: str) -> None:
+        old = browser.find_element(By.TAG_NAME, "html")
+        browser.find_element(by, value).click()
+        wait.until(ec.staleness_of(old))
+
+    browser.get(f"{live_server.url}/admin/login/?next=/admin/")
+    browser.find_element(By.ID, "id_username").send_keys("admin")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    shot("01-login")
+    click(By.CSS_SELECTOR, "input[type=submit]")
+    shot("02-admin-index")
+
+    click(By.CSS_SELECTOR, "a[href='/admin/spanner_queues/queues/']")
+    jobs = browser.find_element(By.CSS_SELECTOR, "tr[data-queue='testapp.Jobs']")
+    assert jobs.find_element(By.CSS_SELECTOR, ".sq-total").text == "7"
+    assert jobs.find_elements(By.CSS_SELECTOR, "svg polyline")  # the depth chart
+    shot("03-overview")
+
+    click(By.LINK_TEXT, "testapp.Jobs")
+    assert "Messages in testapp.Jobs" in browser.title
+    shot("04-queue")
+
+    click(By.PARTIAL_LINK_TEXT, "id=job-later")
+    assert "plain text" in browser.find_element(By.ID, "sq-payload").text
+    shot("05-message")
+    browser.back()
+    wait.until(ec.presence_of_element_located((By.ID, "result_list")))
+
+    for key in ("job-later", "job-00"):
+        browser.find_element(By.CSS_SELECTOR, f"input.action-select[value='{key}']").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("deliver_now")
+    click(By.CSS_SELECTOR, "button[name=index]")
+    assert "Are you sure" in browser.find_element(By.ID, "content").text
+    shot("06-confirm")
+
+    click(By.CSS_SELECTOR, "input[type=submit][value^='Yes']")
+    note = browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text
+    assert note == "Delivered now (acked and sent again): 2 messages of testapp.Jobs."
+    shot("07-done")
+    assert Jobs.objects.get(id="job-later").deliver_time <= timezone.now()
