@@ -1,9 +1,9 @@
 """One real browser: Debian's chromium, headless, through selenium and the system chromedriver.
 
-Logs in, opens the overview, opens a queue and a message, delivers a message now through the
-confirmation page, and saves a screenshot of each page under ``artifacts/screenshots/<vendor>/``
-(``SQ_ARTIFACTS_DIR`` moves ``artifacts``). Skipped when chromium is missing, unless
-``SQ_REQUIRE_BROWSER=1`` (CI), where a missing browser fails the test.
+Logs in, opens the overview, opens a queue and a message, delivers messages now and reschedules
+one through the confirmation page, and saves a screenshot of each page under
+``artifacts/screenshots/<vendor>/`` (``SQ_ARTIFACTS_DIR`` moves ``artifacts``). Skipped when
+chromium is missing, unless ``SQ_REQUIRE_BROWSER=1`` (CI), where a missing browser fails.
 """
 
 from __future__ import annotations
@@ -147,3 +147,16 @@ def test_operator_delivers_a_message_now(
     assert note == "Delivered now (acked and sent again): 2 messages of testapp.Jobs."
     shot("07-done")
     assert Jobs.objects.get(id="job-later").deliver_time <= timezone.now()
+
+    # Reschedule through the browser's own datetime-local input (prefilled: in an hour).
+    browser.find_element(By.CSS_SELECTOR, "input.action-select[value='job-01']").click()
+    Select(browser.find_element(By.NAME, "action")).select_by_value("reschedule")
+    click(By.CSS_SELECTOR, "button[name=index]")
+    assert browser.find_element(By.ID, "id_deliver_time").get_attribute("type") == "datetime-local"
+    shot("08-reschedule")
+    click(By.CSS_SELECTOR, "input[type=submit][value^='Yes']")
+    assert browser.find_element(By.CSS_SELECTOR, "ul.messagelist li.success").text.startswith(
+        "Rescheduled to "
+    )
+    later = Jobs.objects.get(id="job-01").deliver_time - timezone.now()
+    assert timedelta(minutes=50) < later <= timedelta(hours=1)
