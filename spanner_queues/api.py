@@ -7,7 +7,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import router
 from django.db.models import Model
 from django.utils import timezone
 
@@ -39,8 +38,9 @@ _RESERVED = {"payload", "deliver_time", "delay"}
 
 
 def _database(model: type[Queue], using: str | None) -> str:
-    engine = engine_for(model)
-    return using or engine.database or router.db_for_write(model)
+    """A queue lives in its engine's database; ``using`` may only name that database (or an
+    alias of the same connection settings, e.g. in tests)."""
+    return using or engine_for(model).database
 
 
 def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> datetime | None:
@@ -183,4 +183,4 @@ def renew(message: Message) -> Message:
 def release(message: Message, *, deliver_time: datetime | None = None) -> None:
     """Give a leased message back before its lease ends, due at ``deliver_time`` (or now)."""
     model = get_queue(message.queue)
-    engine_for(model).release(model, message, deliver_time=deliver_time)
+    engine_for(model).release(model, message, deliver_time=_deliver_time(deliver_time, None))

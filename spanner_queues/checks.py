@@ -5,6 +5,7 @@ E003 SQLite without IMMEDIATE transactions E004 interleave_in_parent is not a us
 E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DATABASES
 E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
 E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
+E009 USE_TZ is False (deliver times, leases and back-off are aware datetimes)
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 """
 
@@ -18,7 +19,7 @@ from django.db.models import ForeignKey
 
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
-from spanner_queues.options import queue_options, unknown_options
+from spanner_queues.options import KNOWN_OPTIONS, queue_options, unknown_options
 
 
 @checks.register(checks.Tags.models, checks.Tags.database)
@@ -46,6 +47,15 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         usable[alias] = engine
     for engine in usable.values():
         problems.extend(engine.check())
+
+    if not settings.USE_TZ:
+        problems.append(
+            checks.Error(
+                "spanner_queues needs USE_TZ = True.",
+                hint="Deliver times, leases and back-off are compared as aware UTC datetimes.",
+                id="spanner_queues.E009",
+            )
+        )
 
     installed = list(settings.INSTALLED_APPS)
     spanner_dbs = [a for a, d in settings.DATABASES.items() if d.get("ENGINE") == "django_spanner"]
@@ -115,7 +125,7 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
         problems.append(
             checks.Error(
                 f"QueueMeta.{name} is not a queue option.",
-                hint="Known options: engine, interleave_in_parent, native_options.",
+                hint=f"Known options: {', '.join(sorted(KNOWN_OPTIONS))}.",
                 obj=model,
                 id="spanner_queues.E005",
             )

@@ -9,6 +9,7 @@ from typing import Any
 
 from django.db.migrations.operations import CreateModel, DeleteModel
 
+from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
 from spanner_queues.options import KNOWN_OPTIONS, QueueOptions
 
 
@@ -17,13 +18,36 @@ def _options(raw: dict[str, Any] | None) -> QueueOptions:
     return QueueOptions(**{k: v for k, v in raw.items() if k in KNOWN_OPTIONS})
 
 
-def _engine(options: QueueOptions) -> Any:
+def _engine(raw: dict[str, Any], database: str, *, by_database: bool) -> Any:
+    """The engine of a queue operation: the ``engine`` option, else ``default``. With
+    ``by_database`` (``DeleteQueue``, which makemigrations writes without options because the
+    model is gone), an engine whose DATABASE is the migrated one, preferring ``default``."""
     from spanner_queues.engines import engines
 
-    return engines[options.engine]
+    if "engine" in raw or not by_database:
+        return engines[raw.get("engine", DEFAULT_ENGINE_ALIAS)]
+    aliases = sorted(engines.settings, key=lambda a: a != DEFAULT_ENGINE_ALIAS)
+    for alias in aliases:
+        if engines[alias].database == database:
+            return engines[alias]
+    return engines[aliases[0]]
 
 
-class CreateQueue(CreateModel):
+class _QueueOperation:
+    """Runs an engine's DDL verb for a queue, only in the engine's own database."""
+
+    queue_options: dict[str, Any]
+    by_database = False
+
+    def _run(self, verb: str, app_label: str, schema_editor: Any, state: Any) -> None:
+        model = state.apps.get_model(app_label, self.name)  # type: ignore[attr-defined]
+        alias = schema_editor.connection.alias
+        engine = _engine(self.queue_options, alias, by_database=self.by_database)
+        if engine.database == alias and self.allow_migrate_model(alias, model):  # type: ignore[attr-defined]
+            getattr(engine, verb)(schema_editor, model, _options(self.queue_options))
+
+
+class CreateQueue(_QueueOperation, CreateModel):
     """Create a queue model's storage through its engine."""
 
     def __init__(
@@ -48,18 +72,12 @@ class CreateQueue(CreateModel):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            options = _options(self.queue_options)
-            _engine(options).create_queue(schema_editor, model, options)
+        self._run("create_queue", app_label, schema_editor, to_state)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = from_state.apps.get_model(app_label, self.name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            options = _options(self.queue_options)
-            _engine(options).drop_queue(schema_editor, model, options)
+        self._run("drop_queue", app_label, schema_editor, from_state)
 
     def describe(self) -> str:
         return f"Create queue {self.name}"
@@ -82,8 +100,10 @@ class CreateQueue(CreateModel):
         return reduced
 
 
-class DeleteQueue(DeleteModel):
+class DeleteQueue(_QueueOperation, DeleteModel):
     """Drop a queue model's storage through its engine."""
+
+    by_database = True
 
     def __init__(self, name: str, *, queue_options: dict | None = None) -> None:
         self.queue_options = dict(queue_options or {})
@@ -98,18 +118,12 @@ class DeleteQueue(DeleteModel):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = from_state.apps.get_model(app_label, self.name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            options = _options(self.queue_options)
-            _engine(options).drop_queue(schema_editor, model, options)
+        self._run("drop_queue", app_label, schema_editor, from_state)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
-        model = to_state.apps.get_model(app_label, self.name)
-        if self.allow_migrate_model(schema_editor.connection.alias, model):
-            options = _options(self.queue_options)
-            _engine(options).create_queue(schema_editor, model, options)
+        self._run("create_queue", app_label, schema_editor, to_state)
 
     def describe(self) -> str:
         return f"Delete queue {self.name}"

@@ -13,6 +13,7 @@ class ImageTasks(Queue):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -47,7 +48,9 @@ class QueueOptions:
     discard_after_max_attempts: bool = False
 
 
+@functools.cache
 def queue_options(model: type[models.Model]) -> QueueOptions:
+    """The model's ``QueueMeta`` options (cached per class: declarations do not change)."""
     meta = getattr(model, "QueueMeta", None)
     if meta is None:
         return QueueOptions()

@@ -128,3 +128,28 @@ def test_run_in_transaction_retries_from_a_clean_slate(monkeypatch: pytest.Monke
     with pytest.raises(Flaky):
         transactions.run_in_transaction(work, using="default", retries=1)
     assert Account.objects.count() == 1
+
+
+def test_use_tz_false_is_an_error() -> None:
+    with override_settings(USE_TZ=False):
+        assert "spanner_queues.E009" in _ids(check_queues())
+
+
+def test_unknown_queue_meta_option_lists_the_known_ones() -> None:
+    from spanner_queues.checks import _check_queue_model
+
+    class Meta:
+        colour = "red"
+
+    class Fake:
+        QueueMeta = Meta
+        _meta = Account._meta
+
+    from spanner_queues.options import queue_options
+
+    queue_options.cache_clear()
+    try:
+        errors = [e for e in _check_queue_model(Fake, {}, {"default": {}}) if e.id.endswith("E005")]
+    finally:
+        queue_options.cache_clear()
+    assert "dead_letter_queue" in errors[0].hint and "max_attempts" in errors[0].hint
