@@ -118,6 +118,12 @@ class Queue(models.Model):
         kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
+    def _do_insert(self, manager: Any, using: Any, fields: Any, *args: Any) -> Any:
+        # save() inserts through the plain base manager: skip unstored bookkeeping here too.
+        if not stores_bookkeeping(type(self)):
+            fields = [f for f in fields if f.name not in BOOKKEEPING_FIELDS]
+        return super()._do_insert(manager, using, fields, *args)  # type: ignore[misc]
+
     # --- sending -------------------------------------------------------------------------
 
     @classmethod

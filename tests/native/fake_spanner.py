@@ -96,6 +96,7 @@ class Lease:
     queue: str
     key: tuple[Any, ...]
     expires: datetime
+    message: str  # the row's hidden incarnation id: a re-sent key is a new message
 
 
 @dataclass
@@ -113,10 +114,10 @@ class FakeDatabase:
         conn.create_function("fake_now", 0, now_ts)
         return conn
 
-    def live_lease(self, queue: str, key: tuple[Any, ...]) -> str | None:
+    def live_lease(self, queue: str, message: str) -> str | None:
         now = datetime.now(UTC)
         for token, lease in self.leases.items():
-            if lease.queue == queue and lease.key == key and lease.expires > now:
+            if lease.queue == queue and lease.message == message and lease.expires > now:
                 return token
         return None
 
@@ -442,6 +443,7 @@ def apply_ddl(db: FakeDatabase, statement: str, queue_table_type: str) -> None:
                         grpc.StatusCode.INVALID_ARGUMENT, "a queue has key columns and Payload"
                     )
                 defs.append('"DeliverTime" TIMESTAMP NOT NULL DEFAULT (fake_now())')
+                defs.append('"_message" TEXT NOT NULL DEFAULT (lower(hex(randomblob(8))))')
                 columns["delivertime"], names["delivertime"] = "TIMESTAMP", "DeliverTime"
             defs.append("PRIMARY KEY (" + ", ".join(f'"{c}"' for c in pk_cols) + ")")
             parent = re.search(r"INTERLEAVE\s+IN\s+(?:PARENT\s+)?" + _IDENT, tail, re.I)
@@ -589,7 +591,8 @@ def run_query(
     names = [d[0] for d in cursor.description or []]
     col_types = []
     for i, name in enumerate(names):
-        type_name = types.get(name.lower())
+        inner = re.fullmatch(r"(?:MIN|MAX)\(`?(\w+)`?\)", name, re.I)
+        type_name = types.get((inner.group(1) if inner else name).lower())
         if type_name is None:
             sample = next((r[i] for r in rows if r[i] is not None), None)
             type_name = infer_type(sample) if sample is not None else "STRING"
@@ -610,7 +613,7 @@ def receive_rows(
         try:
             due = conn.execute(
                 f'SELECT {", ".join(f"{chr(34)}{c}{chr(34)}" for c in key_cols)}, "Payload", '
-                f'"DeliverTime" FROM "{table.name}" WHERE "DeliverTime" <= ? ORDER BY '
+                f'"DeliverTime", "_message" FROM "{table.name}" WHERE "DeliverTime" <= ? ORDER BY '
                 '"DeliverTime"',
                 [ts(now)],
             ).fetchall()
@@ -619,7 +622,7 @@ def receive_rows(
         picked = []
         for row in due:
             key = tuple(row[: len(key_cols)])
-            if db.live_lease(table.name, key) is None:
+            if db.live_lease(table.name, row[-1]) is None:
                 picked.append(row)
             if len(picked) >= batch:
                 break
@@ -628,11 +631,11 @@ def receive_rows(
             key = tuple(row[: len(key_cols)])
             token = secrets.token_urlsafe(12)
             expires = now + timedelta(seconds=fake.lease_seconds)
-            db.leases[token] = Lease(table.name, key, expires)
+            db.leases[token] = Lease(table.name, key, expires, row[-1])
             values = dict(zip([c.lower() for c in key_cols], key, strict=True))
             values.update(
-                payload=row[-2],
-                delivertime=row[-1],
+                payload=row[-3],
+                delivertime=row[-2],
                 spannerleasetoken=token,
                 spannerleaseexpirationtimestamp=ts(expires),
                 spannerlastbatchmessage=i == len(picked) - 1,
@@ -662,15 +665,16 @@ def renew_rows(fake: FakeSpanner, db: FakeDatabase, tokens: list[str]) -> list[l
                 table = db.tables[lease.queue.lower()]
                 where = " AND ".join(f'"{table.names[c.lower()]}" = ?' for c in table.pk)
                 exists = conn.execute(
-                    f'SELECT 1 FROM "{table.name}" WHERE {where}', list(lease.key)
+                    f'SELECT 1 FROM "{table.name}" WHERE {where} AND "_message" = ?',
+                    [*lease.key, lease.message],
                 ).fetchone()
-                if not exists or db.live_lease(lease.queue, lease.key) != token:
+                if not exists or db.live_lease(lease.queue, lease.message) != token:
                     out.append([token, None, None])
                     continue
                 del db.leases[token]
                 new = secrets.token_urlsafe(12)
                 expires = now + timedelta(seconds=fake.lease_seconds)
-                db.leases[new] = Lease(lease.queue, lease.key, expires)
+                db.leases[new] = Lease(lease.queue, lease.key, expires, lease.message)
                 out.append([token, new, ts(expires)])
         finally:
             conn.close()
@@ -846,7 +850,12 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
             ]
             return cols, rows, None, new_id
         if txn is not None and txn.conn is not None:
-            cols, rows, count = run_query(self.fake, db, txn.conn, request)
+            try:
+                cols, rows, count = run_query(self.fake, db, txn.conn, request)
+            except FakeError:
+                if new_id is not None:  # a failed inline begin returns no transaction
+                    self.fake.finish(new_id, commit=False)
+                raise
         else:
             if re.match(r"^\s*(INSERT|UPDATE|DELETE)", request.sql, re.I):
                 raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, "DML needs a read-write txn")
