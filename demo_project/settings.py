@@ -29,8 +29,17 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    # ops first: its runqueueworker (the app's, plus a heartbeat) replaces spanner_queues' one.
+    "demo_project.ops",
     "spanner_queues",
+    "demo_project.accounts",
+    "demo_project.search",
+    "demo_project.images",
     "demo_project.shop",
+    "demo_project.notifications",
+    "demo_project.analytics",
+    "demo_project.reports",
+    "demo_project.traffic",
 ]
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
@@ -62,7 +71,7 @@ if DEMO_DATABASE == "sqlite":
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": env.str("DEMO_SQLITE_PATH", default=str(VAR / "demo.sqlite3")),
+            "NAME": env.str("DEMO_SQLITE_PATH", default=str(VAR / "demo-project.sqlite3")),
             # WAL and BEGIN IMMEDIATE: what concurrent receivers need (check spanner_queues.E003).
             "OPTIONS": {
                 "init_command": "PRAGMA journal_mode=WAL;",
@@ -98,11 +107,19 @@ SPANNER_QUEUES = {
     "default": {
         "ENGINE": env.str("SPANNER_QUEUES_ENGINE", default="table"),
         "DATABASE": "default",
+        # Spanner's lease is 10 s; the worker renews leases halfway through.
+        "OPTIONS": {"LEASE_SECONDS": env.float("DEMO_LEASE_SECONDS", default=10)},
     }
 }
 
+#: simulated cost of one row of the sales export (reports app): 300 rows outlive a lease
+DEMO_REPORT_ROW_SECONDS = env.float("DEMO_REPORT_ROW_SECONDS", default=0.05)
+
+# Every email the demo sends is a file here: one file per connection, readable as text.
 EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
 EMAIL_FILE_PATH = VAR / "sent-emails"
+DEFAULT_FROM_EMAIL = "shop@example.com"
+ADMINS = [("Ops", "ops@example.com")]
 
 LOGGING = {
     "version": 1,

@@ -1,3 +1,5 @@
+"""Orders: inventory, payment, shipment, and the join that waits for both halves."""
+
 from __future__ import annotations
 
 from django.apps import AppConfig
