@@ -21,7 +21,9 @@ class WorkerAlert(models.Model):
     worker_id = models.CharField(max_length=100)
     last_beat_at = models.DateTimeField(null=True, blank=True)
     detected_at = models.DateTimeField(auto_now_add=True)
-    info = models.JSONField(default=dict, blank=True)
+    #: the last heartbeat's payload (JSON text: django-google-spanner cannot insert into JSON
+    #: columns on the emulator)
+    info = models.TextField(blank=True)
 
     def __str__(self) -> str:
         return f"{self.worker_id} stopped beating"

@@ -16,10 +16,10 @@ def worker_timed_out(message: Message) -> None:
     """Pattern 10: alert by email and record it (an alert may repeat after a crash here:
     at-least-once)."""
     worker_id = message.key_dict["worker_id"]
-    info = message.json() if message.payload else {}
+    info = message.text() if message.payload else ""
     send_mail(
         f"Worker {worker_id} stopped",
-        f"No heartbeat from {worker_id} since {message.send_time}. Last seen: {info}.",
+        f"No heartbeat from {worker_id} since {message.send_time}. Last beat: {info or '-'}.",
         None,
         [OPS_EMAIL],
     )

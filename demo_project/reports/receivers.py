@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import timedelta
 
@@ -51,7 +52,9 @@ def build_sales_export(message: Message) -> None:
     with transaction.atomic():
         Report.objects.filter(pk=report_id).update(
             status="done",
-            state={"orders": totals["orders"], "revenue_cents": totals["revenue"] or 0},
+            state_json=json.dumps(
+                {"orders": totals["orders"], "revenue_cents": totals["revenue"] or 0}
+            ),
             finished_at=timezone.now(),
         )
     # returning acks the message (the worker's own transaction)

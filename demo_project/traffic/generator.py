@@ -130,7 +130,10 @@ class TrafficGenerator:
         try:
             self.setup()
             while not stop.is_set():
-                self.start_wave()
+                try:
+                    self.start_wave()
+                except Exception:  # a failed action must not stop the demo
+                    logger.exception("traffic action failed")
                 end = time.monotonic() + self.busy
                 while not stop.is_set() and time.monotonic() < end:
                     try:

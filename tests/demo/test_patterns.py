@@ -4,6 +4,7 @@ burst mode (or in a thread where a pattern needs time to pass). Numbers follow
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -212,7 +213,7 @@ def test_10_a_delivered_heartbeat_raises_an_alert(drain: Drain) -> None:
     send_beat("worker-dead", timeout=timedelta(0), pid=1234)  # it beats no more
     drain(WorkerHeartbeats)
     alert = WorkerAlert.objects.get()
-    assert alert.worker_id == "worker-dead" and alert.info == {"pid": 1234}
+    assert alert.worker_id == "worker-dead" and json.loads(alert.info) == {"pid": 1234}
     assert mail.outbox[0].subject == "Worker worker-dead stopped"
 
 
