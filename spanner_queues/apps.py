@@ -4,6 +4,7 @@ from typing import Any
 
 from django.apps import AppConfig
 from django.core.signals import setting_changed
+from django.utils.module_loading import autodiscover_modules
 
 
 def _reset_engines(*, setting: str, **kwargs: Any) -> None:
@@ -29,3 +30,4 @@ class SpannerQueuesConfig(AppConfig):
         from spanner_queues.native import introspection
 
         introspection.connect()  # native queues are not tables to flush or inspectdb
+        autodiscover_modules("receivers")  # @receiver declarations, like admin.py

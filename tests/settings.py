@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "spanner_queues",
     "tests.testapp",
+    "tests.workerapp",
     "tests.outboxapp",
 ]
 

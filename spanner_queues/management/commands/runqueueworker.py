@@ -1,0 +1,181 @@
+"""``manage.py runqueueworker [QUEUE ...]``: a thin adapter over ``spanner_queues.worker.Worker``.
+
+Configuration errors (unknown queue, receiver for an undeclared queue, no receivers) end the
+command with a clear message and exit status 1 before any message is received.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from argparse import ArgumentParser, ArgumentTypeError
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from spanner_queues.exceptions import QueueError
+from spanner_queues.worker import FINAL_EVENTS, Worker, WorkerEvent, WorkerStats
+
+
+def positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ArgumentTypeError(f"{value!r} is not an integer") from None
+    if number < 1:
+        raise ArgumentTypeError(f"must be at least 1, not {number}")
+    return number
+
+
+def positive_seconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+    if not math.isfinite(number) or number <= 0:
+        raise ArgumentTypeError(f"must be a positive number of seconds, not {value}")
+    return number
+
+
+def non_negative_seconds(value: str) -> float:
+    if value.strip() in ("0", "0.0"):
+        return 0.0
+    return positive_seconds(value)
+
+
+def worker_id(value: str) -> str:
+    if not value or len(value) > 64 or not value.isprintable() or " " in value:
+        raise ArgumentTypeError("must be 1-64 printable characters without spaces")
+    return value
+
+
+class Command(BaseCommand):
+    help = (
+        "Receive messages from queues and run their receivers. With no QUEUE, every queue that "
+        "has a receiver. First SIGTERM/SIGINT: finish in-flight messages and exit 0; a second "
+        "one exits at once (unacked messages are delivered again after their lease)."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "queues",
+            nargs="*",
+            metavar="QUEUE",
+            help="Queue labels (app_label.ModelName) or names; default: all with receivers.",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            help="Receiver threads in this process (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--batch-size",
+            type=positive_int,
+            default=10,
+            help="Most messages one receive asks for (never more than free threads, except "
+            "for batch receivers, which take up to this many in one thread) "
+            "(default: %(default)s).",
+        )
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Process every message that is due now, then exit 0 (cron, tests).",
+        )
+        parser.add_argument(
+            "--max-messages",
+            type=positive_int,
+            default=None,
+            help="Exit 0 after receiving this many messages (and finishing them).",
+        )
+        parser.add_argument(
+            "--lease",
+            type=positive_seconds,
+            default=None,
+            help="Lease in seconds on each received message (default: the engine's, "
+            "LEASE_SECONDS). Leases are renewed in the background while receivers run.",
+        )
+        parser.add_argument(
+            "--poll-interval",
+            type=non_negative_seconds,
+            default=0.05,
+            help="Seconds between receives when nothing is due, jittered down to half "
+            "(default: %(default)s).",
+        )
+        parser.add_argument(
+            "--summary-interval",
+            type=positive_seconds,
+            default=10.0,
+            help="Seconds between summary lines at -v1 and above (default: %(default)s).",
+        )
+        parser.add_argument(
+            "--worker-id",
+            type=worker_id,
+            default=None,
+            help="Name of this worker in logs (default: host-pid-random).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        verbosity: int = options["verbosity"]
+        self._verbosity = verbosity
+        self._last: tuple[float, int] = (time.monotonic(), 0)
+        lease = options["lease"]
+        try:
+            worker = Worker(
+                options["queues"] or None,
+                concurrency=options["concurrency"],
+                batch_size=options["batch_size"],
+                burst=options["burst"],
+                max_messages=options["max_messages"],
+                lease=timedelta(seconds=lease) if lease else None,
+                poll_interval=options["poll_interval"],
+                worker_id=options["worker_id"],
+                listeners=[self._on_event],
+                summary_interval=options["summary_interval"] if verbosity >= 1 else None,
+            )
+        except (QueueError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        self._worker = worker
+        if verbosity >= 1:
+            mode = " (burst)" if options["burst"] else ""
+            self.stdout.write(
+                f"runqueueworker {worker.worker_id}: queues {', '.join(worker.queue_labels)}; "
+                f"concurrency {worker.concurrency}{mode}"
+            )
+        worker.run()
+
+    # --- output -----------------------------------------------------------------------------
+    def _on_event(self, event: WorkerEvent) -> None:
+        if event.name in FINAL_EVENTS and self._verbosity >= 2 and event.message is not None:
+            m = event.message
+            took = f" {event.duration * 1000:.1f} ms" if event.duration is not None else ""
+            error = f" {type(event.error).__name__}: {event.error}" if event.error else ""
+            self.stdout.write(f"{event.name:<13} {m} attempt={m.attempt}{took}{error}")
+        elif event.name == "summary" and self._verbosity >= 1 and event.stats is not None:
+            self.stdout.write(self._summary(event.stats))
+        elif event.name == "stopping" and self._verbosity >= 1:
+            self.stdout.write("stopping: finishing in-flight messages")
+        sys.stdout.flush()
+
+    def _summary(self, stats: WorkerStats) -> str:
+        now = time.monotonic()
+        since, before = self._last
+        self._last = (now, stats.processed)
+        rate = (stats.processed - before) / max(now - since, 1e-9)
+        depth = []
+        for plan in self._worker.plans:
+            from spanner_queues.registry import engine_for
+
+            try:
+                s = engine_for(plan.model).stats(plan.model)
+            except Exception as exc:  # the summary must never stop the worker
+                depth.append(f"{plan.label}=? ({type(exc).__name__})")
+            else:
+                depth.append(f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased})")
+        return (
+            f"processed={stats.processed} failed={stats.failed} retried={stats.retried} "
+            f"dead_lettered={stats.dead_lettered} rate={rate:.1f}/s "
+            f"depth: {'; '.join(depth)}"
+        )

@@ -1,0 +1,258 @@
+"""Helpers for the documented Spanner queue patterns. Each is a few lines over ``api``.
+
+- ``resend_later`` / ``checkpoint``: ack a message and send it again under the same key, due
+  later (optionally with a new payload), in one transaction (long work, checkpoints, R2/R3).
+- ``periodic``: a receiver that runs every ``every`` and, in the same transaction, acks its
+  message and sends the next run; ``seed`` sends the first run once (R4).
+- ``beat`` / ``cancel``: replace the message under a key (heartbeat, R6) or delete it.
+- ``window_deliver_time``: a deliver time rounded up to a window, with an optional stable
+  per-entity offset (temporal batching).
+
+Inside a receiver run by the worker, ``resend_later``/``checkpoint`` join the receiver's
+transaction (when the receiver is ``atomic``) and tell the worker not to ack the message again.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.exceptions import MessageAlreadyExists
+from spanner_queues.message import Message
+from spanner_queues.models import rows
+from spanner_queues.receivers import ReceiverRegistry, mark_acked, receiver, receivers
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+__all__ = [
+    "Schedule",
+    "beat",
+    "cancel",
+    "checkpoint",
+    "next_run",
+    "periodic",
+    "resend_later",
+    "schedules",
+    "seed",
+    "seed_schedules",
+    "window_deliver_time",
+]
+
+_SAME: Any = object()
+
+
+def _db(model: type[Queue], using: str | None) -> str:
+    return api._database(model, using)
+
+
+def _retries(model: type[Queue]) -> int:
+    return engine_for(model).params.transaction_retries
+
+
+def resend_later(
+    message: Message,
+    *,
+    after: timedelta | None = None,
+    deliver_time: datetime | None = None,
+    payload: Any = _SAME,
+    using: str | None = None,
+) -> Message:
+    """Ack ``message`` and send it again under the same key, due at ``deliver_time`` (or
+    ``after`` from now), in one transaction; the payload is kept unless given.
+
+    ``MessageAlreadyAcked`` if the message is gone (then nothing is sent).
+    """
+    if (after is None) == (deliver_time is None):
+        raise ValueError("Pass exactly one of after= or deliver_time=.")
+    model = get_queue(message.queue)
+    db = _db(model, using)
+    spec = dict(
+        message.key_dict,
+        payload=message.payload if payload is _SAME else payload,
+        deliver_time=deliver_time,
+        delay=after,
+    )
+
+    def run() -> Message:
+        api.ack_many(model, [message], using=db)
+        mark_acked(message)
+        return api.send_many(model, [spec], using=db)[0]
+
+    return run_in_transaction(run, using=db, retries=_retries(model))
+
+
+def checkpoint(
+    message: Message, payload: Any, *, after: timedelta, using: str | None = None
+) -> Message:
+    """Record progress: ack ``message`` and send ``payload`` (the latest state, or a pointer to
+    it) under the same key, due ``after`` from now, in one transaction. If the process dies,
+    the job resumes from this checkpoint when the new message is delivered."""
+    return resend_later(message, after=after, payload=payload, using=using)
+
+
+# --- heartbeats ------------------------------------------------------------------------------
+def beat(
+    queue: str | type[Queue],
+    key: Mapping[str, Any],
+    *,
+    timeout: timedelta,
+    payload: Any = b"",
+    using: str | None = None,
+) -> Message:
+    """Replace the message under ``key`` with one due ``timeout`` from now (delete + insert in
+    one transaction). Call it more often than ``timeout``: the message is delivered (to an
+    alerting receiver) only when the beats stop."""
+    return api.replace(queue, key, payload=payload, delay=timeout, using=using)
+
+
+def cancel(queue: str | type[Queue], key: Mapping[str, Any], *, using: str | None = None) -> int:
+    """Delete the message under ``key`` if there is one (a clean shutdown ends its heartbeat);
+    returns the number of messages deleted (0 or 1). Runs in the caller's transaction if any."""
+    model = get_queue(queue)
+    db = _db(model, using)
+    columns = api.build_message(model, dict(key)).key
+
+    def run() -> int:
+        return rows(model, db).filter(**columns).delete()[0]
+
+    return run_in_transaction(run, using=db, retries=_retries(model))
+
+
+# --- temporal batching -----------------------------------------------------------------------
+def window_deliver_time(
+    window: timedelta,
+    *,
+    now: datetime | None = None,
+    entity: Any = None,
+    spread: timedelta | None = None,
+) -> datetime:
+    """``RoundDown(now, window) + window``: every message sent within one window is due at the
+    same instant, so a batch receiver gets them together. With ``entity``, add a stable offset
+    in ``[0, spread)`` (default ``spread = window``) derived from it, so that entities spread
+    over the window instead of all arriving on the boundary."""
+    if window <= timedelta(0):
+        raise ValueError("window must be positive.")
+    now = now or timezone.now()
+    step = window.total_seconds()
+    epoch = datetime(1970, 1, 1, tzinfo=now.tzinfo or timezone.get_current_timezone())
+    elapsed = (now - epoch).total_seconds()
+    due = epoch + timedelta(seconds=(elapsed // step) * step) + window
+    if entity is not None:
+        span = (spread or window).total_seconds()
+        fraction = zlib.crc32(str(entity).encode("utf-8")) / 2**32
+        due += timedelta(seconds=fraction * span)
+    return due
+
+
+# --- periodic work ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A periodic job: the message under ``key`` in ``queue`` is due every ``every``."""
+
+    queue: str | type[Queue]
+    key: Mapping[str, Any]
+    every: timedelta
+    payload: Any = b""
+
+
+def schedules(registry: ReceiverRegistry | None = None) -> list[Schedule]:
+    """The schedules registered with ``periodic`` (in the default registry)."""
+    return list((registry if registry is not None else receivers).schedules.values())
+
+
+def next_run(message: Message, every: timedelta, *, now: datetime | None = None) -> datetime:
+    """The next due time after ``message``'s: its deliver time plus ``every``, skipping runs
+    missed while no worker was up (so a schedule never fires twice to catch up)."""
+    now = now or timezone.now()
+    due = (message.deliver_time or now) + every
+    if due <= now:
+        missed = (now - due) // every + 1
+        due += every * missed
+    return due
+
+
+def seed(
+    queue: str | type[Queue],
+    key: Mapping[str, Any],
+    *,
+    payload: Any = b"",
+    deliver_time: datetime | None = None,
+    using: str | None = None,
+) -> Message | None:
+    """Send the first message of a schedule unless one already exists under ``key``; safe to
+    call from every worker at start (returns None when it was already there)."""
+    model = get_queue(queue)
+    db = _db(model, using)
+    columns = api.build_message(model, dict(key)).key
+
+    def run() -> Message | None:
+        if rows(model, db).filter(**columns).exists():
+            return None
+        return api.send_many(
+            model, [dict(key, payload=payload, deliver_time=deliver_time)], using=db
+        )[0]
+
+    try:
+        return run_in_transaction(run, using=db, retries=_retries(model))
+    except MessageAlreadyExists:
+        return None
+
+
+def seed_schedules(
+    queues: list[str] | None = None, *, registry: ReceiverRegistry | None = None
+) -> list[Message]:
+    """Seed every ``periodic`` schedule of ``registry`` (of ``queues``, if given); what the
+    worker runs at start. Returns the messages it sent."""
+    sent = []
+    for schedule in schedules(registry):
+        label = get_queue(schedule.queue)._meta.label
+        if queues is not None and label not in queues:
+            continue
+        message = seed(schedule.queue, schedule.key, payload=schedule.payload)
+        if message is not None:
+            sent.append(message)
+    return sent
+
+
+def periodic(
+    queue: str | type[Queue],
+    *,
+    every: timedelta,
+    key: Mapping[str, Any],
+    payload: Any = b"",
+    atomic: bool = True,
+    registry: ReceiverRegistry | None = None,
+) -> Callable[[Callable[[Message], Any]], Callable[[Message], Any]]:
+    """Register a receiver for the message under ``key`` that runs the function, then acks the
+    message and sends the next run (due ``every`` after this one), in one transaction when
+    ``atomic``. The worker seeds the first run at start (``seed_schedules``).
+
+    Several schedules can share a queue: each receiver matches its own ``key``.
+    """
+    if every <= timedelta(0):
+        raise ValueError("every must be positive.")
+
+    def decorator(func: Callable[[Message], Any]) -> Callable[[Message], Any]:
+        def run_periodic(message: Message) -> None:
+            func(message)
+            resend_later(message, deliver_time=next_run(message, every))
+
+        run_periodic.__module__ = func.__module__
+        run_periodic.__qualname__ = f"{func.__qualname__}[periodic]"
+        receiver(queue, atomic=atomic, match=dict(key), registry=registry)(run_periodic)
+        identity = (str(queue), repr(sorted(dict(key).items())))
+        (registry if registry is not None else receivers).schedules[identity] = Schedule(
+            queue=queue, key=dict(key), every=every, payload=payload
+        )
+        return func
+
+    return decorator

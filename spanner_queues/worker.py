@@ -1,0 +1,828 @@
+"""The worker: receive messages, run receivers, ack, retry, renew leases, stop gracefully.
+
+``Worker`` is a plain class; ``manage.py runqueueworker`` is a thin adapter over it. Guarantees:
+
+- It never holds more messages than it has free slots (``concurrency`` threads): a receive asks
+  for at most the free slots (a batch queue fills one slot with up to ``batch_size`` messages).
+- An ``atomic`` receiver's writes and the ack of its message commit in one transaction.
+- ``raise Retry(after=...)``: the receiver's writes roll back; the message is acked and sent
+  again under the same key, due ``after`` later, in one transaction.
+- Any other exception: the transaction rolls back, the error is logged with queue, key and
+  attempt, and the message is released due after the engine's back-off (or, if the engine
+  cannot release, left to its lease expiry). Past ``QueueMeta.max_attempts`` the message moves to
+  the queue's dead-letter queue, or is dropped (logged) with ``discard_after_max_attempts``.
+- Leases are renewed in the background halfway through each lease. If a renewal loses a lease,
+  the worker no longer treats the message as its own: it does not ack, retry or release it.
+- ``stop()`` (first SIGTERM/SIGINT): receive nothing more, finish and ack in-flight messages,
+  return. A second signal ends the process at once with exit status 1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import random
+import signal
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.deadletter import dead_letter
+from spanner_queues.exceptions import (
+    LeaseLost,
+    MessageAlreadyAcked,
+    QueueConfigurationError,
+    Retry,
+)
+from spanner_queues.message import Message
+from spanner_queues.options import queue_options
+from spanner_queues.receivers import (
+    NoReceiver,
+    ReceiverRegistry,
+    ReceiverSpec,
+    acked_by_receiver,
+    receivers,
+    set_pending,
+)
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+logger = logging.getLogger("spanner_queues.worker")
+
+__all__ = ["Worker", "WorkerEvent", "WorkerEvents", "WorkerStats", "on_stop"]
+
+#: events after which a message has left the worker's hands
+FINAL_EVENTS = frozenset(
+    {"acked", "failed", "retried", "dead_lettered", "discarded", "lease_lost", "already_acked"}
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerEvent:
+    """Something the worker did. ``message`` is set for per-message events."""
+
+    name: str
+    worker_id: str
+    message: Message | None = None
+    receiver: str | None = None
+    duration: float | None = None
+    error: BaseException | None = None
+    stats: WorkerStats | None = None
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters since the worker started (a snapshot when carried by an event)."""
+
+    received: int = 0
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    discarded: int = 0
+    lease_lost: int = 0
+    already_acked: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def copy(self) -> WorkerStats:
+        return WorkerStats(**{name: getattr(self, name) for name in self.__slots__})
+
+
+class WorkerEvents:
+    """A listener that records events and lets tests wait for them (no sleeps)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.counts: Counter[str] = Counter()
+        self.history: list[WorkerEvent] = []
+
+    def __call__(self, event: WorkerEvent) -> None:
+        with self._cond:
+            self.counts[event.name] += 1
+            self.history.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = 30.0) -> bool:
+        """Block until ``name`` happened ``count`` times; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.counts[name] >= count, timeout)
+
+    def messages(self, name: str) -> list[Message]:
+        with self._cond:
+            return [e.message for e in self.history if e.name == name and e.message]
+
+
+@dataclass(eq=False, slots=True)
+class _Delivery:
+    """A message this worker holds, with its current (possibly renewed) lease."""
+
+    message: Message
+    model: type[Queue]
+    renew_at: datetime | None
+    lease_lost: bool = False
+    done: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    model: type[Queue]
+    specs: tuple[ReceiverSpec, ...]
+    batch: bool
+    batch_size: int
+
+    @property
+    def label(self) -> str:
+        return self.model._meta.label
+
+
+@contextlib.contextmanager
+def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
+    """Call ``callback(signum)`` on SIGINT/SIGTERM inside the block; restore the previous
+    handlers afterwards (procrastinate's ``on_stop``)."""
+    signums = [signal.SIGINT, signal.SIGTERM]
+    previous = {s: signal.getsignal(s) for s in signums}
+    for s in signums:
+        signal.signal(s, lambda signum, frame: callback(signum))
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+def _abort_process() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
+
+
+class Worker:
+    """Runs the receivers of ``queues`` (default: every queue that has receivers).
+
+    Configuration errors (unknown queue, receiver for an undeclared queue, no receivers) raise
+    ``QueueConfigurationError`` from the constructor, before any message is received.
+    """
+
+    def __init__(
+        self,
+        queues: Sequence[str | type[Queue]] | None = None,
+        *,
+        concurrency: int = 1,
+        batch_size: int = 10,
+        burst: bool = False,
+        max_messages: int | None = None,
+        lease: timedelta | None = None,
+        poll_interval: float = 0.05,
+        worker_id: str | None = None,
+        registry: ReceiverRegistry | None = None,
+        listeners: Sequence[Callable[[WorkerEvent], None]] = (),
+        install_signal_handlers: bool = True,
+        summary_interval: float | None = None,
+        abort: Callable[[], None] = _abort_process,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1.")
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1.")
+        if max_messages is not None and max_messages < 1:
+            raise ValueError("max_messages must be at least 1.")
+        if poll_interval < 0:
+            raise ValueError("poll_interval must be >= 0.")
+        self.concurrency = concurrency
+        self.batch_size = batch_size
+        self.burst = burst
+        self.max_messages = max_messages
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.worker_id = worker_id or _default_worker_id()
+        self.registry = registry if registry is not None else receivers
+        self.listeners = list(listeners)
+        self.install_signal_handlers = install_signal_handlers
+        self.summary_interval = summary_interval
+        self._abort = abort
+        self.plans = self._plan(queues)
+        self.stats = WorkerStats()
+
+        self._cond = threading.Condition(threading.RLock())
+        self._renew_lock = threading.RLock()
+        self._stopping = False
+        self._in_flight = 0  # units (slots) taken
+        self._deliveries: list[_Delivery] = []
+        self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
+
+    # --- configuration ----------------------------------------------------------------------
+    def _plan(self, queues: Sequence[str | type[Queue]] | None) -> list[_Plan]:
+        by_queue = self.registry.by_queue()  # raises for receivers of undeclared queues
+        if not by_queue:
+            raise QueueConfigurationError(
+                "No receivers are registered. Declare them with @receiver(Queue) in a "
+                "'receivers' module of an installed app."
+            )
+        if queues:
+            labels = []
+            for queue in queues:
+                label = get_queue(queue)._meta.label  # UnknownQueue for undeclared names
+                if label not in by_queue:
+                    raise QueueConfigurationError(
+                        f"Queue {label} has no receiver. Queues with receivers: "
+                        f"{', '.join(sorted(by_queue))}."
+                    )
+                if label not in labels:
+                    labels.append(label)
+        else:
+            labels = list(by_queue)
+        plans = []
+        for label in labels:
+            specs = tuple(by_queue[label])
+            batch = specs[0].batch
+            size = max((s.max_batch_size or self.batch_size) for s in specs) if batch else 1
+            plans.append(_Plan(get_queue(label), specs, batch, size))
+        return plans
+
+    @property
+    def queue_labels(self) -> list[str]:
+        return [p.label for p in self.plans]
+
+    # --- events -----------------------------------------------------------------------------
+    def _emit(self, name: str, **info: Any) -> None:
+        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("worker event listener failed on %s", name)
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._cond:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    # --- control ----------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop receiving; in-flight messages are finished and acked; ``run()`` returns."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    def _on_signal(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if not self._stopping:
+            logger.warning(
+                "%s received: finishing in-flight messages, then exiting (send it again to "
+                "exit at once).",
+                name,
+                extra={"action": "stopping"},
+            )
+            self._emit("stopping")
+            self.stop()
+        else:
+            logger.warning(
+                "%s received again: exiting now; unacked messages are redelivered after "
+                "their lease.",
+                name,
+                extra={"action": "abort"},
+            )
+            self._abort()
+
+    # --- main loop --------------------------------------------------------------------------
+    def run(self) -> WorkerStats:
+        """Run until stopped (or, with ``burst``, until nothing is due; or after
+        ``max_messages``). Returns the final counters."""
+        use_signals = (
+            self.install_signal_handlers and threading.current_thread() is threading.main_thread()
+        )
+        guard = on_stop(self._on_signal) if use_signals else contextlib.nullcontext()
+        with guard:
+            threads = [
+                threading.Thread(target=self._executor, name=f"sq-worker-{i}", daemon=True)
+                for i in range(self.concurrency)
+            ]
+            renewer = threading.Thread(target=self._renewer, name="sq-renewer", daemon=True)
+            for t in threads:
+                t.start()
+            renewer.start()
+            logger.info(
+                "worker %s started: queues=%s concurrency=%d",
+                self.worker_id,
+                ",".join(self.queue_labels),
+                self.concurrency,
+                extra={"action": "started"},
+            )
+            self._emit("worker_started")
+            try:
+                self._seed()
+                self._loop()
+            finally:
+                self.stop()
+                with self._cond:
+                    self._cond.wait_for(lambda: self._in_flight == 0)
+                for _ in threads:
+                    self._units.put(None)
+                for t in threads:
+                    t.join()
+                with self._cond:
+                    self._cond.notify_all()
+                renewer.join()
+            self._emit("summary", stats=self.stats.copy())
+            self._emit("stopped", stats=self.stats.copy())
+            logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
+        return self.stats.copy()
+
+    def _seed(self) -> None:
+        from spanner_queues.patterns import seed_schedules
+
+        try:
+            for message in seed_schedules(self.queue_labels, registry=self.registry):
+                logger.info("seeded periodic schedule %s", message, extra={"action": "seeded"})
+        except Exception:
+            logger.exception("seeding periodic schedules failed", extra={"action": "error"})
+
+    def _free_slots(self) -> int:
+        return self.concurrency - self._in_flight
+
+    def _loop(self) -> None:
+        start = 0
+        errors = 0
+        next_summary = time.monotonic() + self.summary_interval if self.summary_interval else None
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopping or self._free_slots() > 0)
+                if self._stopping:
+                    return
+                idle_before = self._in_flight == 0
+            if next_summary is not None and time.monotonic() >= next_summary:
+                self._emit("summary", stats=self.stats.copy())
+                next_summary = time.monotonic() + (self.summary_interval or 0)
+            got = 0
+            try:
+                for offset in range(len(self.plans)):
+                    plan = self.plans[(start + offset) % len(self.plans)]
+                    with self._cond:
+                        free = self._free_slots()
+                    if free <= 0 or self._stopping:
+                        break
+                    want = plan.batch_size if plan.batch else min(free, self.batch_size)
+                    if self.max_messages is not None:
+                        want = min(want, self.max_messages - self.stats.received)
+                    if want <= 0:
+                        break
+                    got += self._receive(plan, want)
+                errors = 0
+            except Exception:
+                errors += 1
+                logger.exception("receive failed (%d in a row)", errors, extra={"action": "error"})
+                self._idle_wait(min(5.0, max(self.poll_interval, 0.1) * 2**errors))
+                continue
+            start += 1
+            if self.max_messages is not None and self.stats.received >= self.max_messages:
+                return
+            if got:
+                continue
+            if self.burst:
+                if idle_before:
+                    return  # a whole round found nothing due while nothing was in flight
+                with self._cond:  # wait for in-flight work to finish, then look again
+                    busy = self._in_flight
+                    self._cond.wait_for(
+                        lambda busy=busy: self._stopping or self._in_flight < busy, timeout=1.0
+                    )
+                continue
+            self._emit("idle")
+            self._idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
+            recycle_connections()
+
+    def _idle_wait(self, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait_for(lambda: self._stopping, timeout=seconds)
+
+    def _receive(self, plan: _Plan, want: int) -> int:
+        messages = api.receive(plan.model, max_messages=want, lease=self.lease)
+        if not messages:
+            return 0
+        now = timezone.now()
+        fresh = [m for m in messages if m.lease_expires_at is None or m.lease_expires_at > now]
+        if len(fresh) < len(messages):  # sat too long in a buffer: someone else's now
+            logger.warning(
+                "%d received message(s) of %s had an expired lease; skipped",
+                len(messages) - len(fresh),
+                plan.label,
+            )
+        deliveries = [
+            _Delivery(message=m, model=plan.model, renew_at=_renew_at(m, now)) for m in fresh
+        ]
+        units = [deliveries] if plan.batch else [[d] for d in deliveries]
+        with self._cond:
+            self.stats.received += len(messages)
+            self._deliveries.extend(deliveries)
+            self._in_flight += len([u for u in units if u])
+            self._cond.notify_all()  # wakes the renewer
+        for unit in units:
+            if unit:
+                for d in unit:
+                    self._emit("received", message=d.message)
+                self._units.put(unit)
+        return len(messages)
+
+    # --- executing --------------------------------------------------------------------------
+    def _executor(self) -> None:
+        try:
+            while True:
+                unit = self._units.get()
+                if unit is None:
+                    return
+                try:
+                    plan = next(p for p in self.plans if p.model is unit[0].model)
+                    if plan.batch:
+                        self._run_batch(plan, unit)
+                    else:
+                        self._run_single(plan, unit[0])
+                except Exception:
+                    logger.exception("worker error; message(s) left to lease expiry")
+                finally:
+                    with self._cond:
+                        for d in unit:
+                            d.done = True
+                        self._deliveries = [d for d in self._deliveries if not d.done]
+                        self._in_flight -= 1
+                        self._cond.notify_all()
+                    recycle_connections()
+        finally:
+            connections.close_all()
+
+    def _database(self, model: type[Queue]) -> str:
+        return api._database(model, None)
+
+    def _run_single(self, plan: _Plan, delivery: _Delivery) -> None:
+        message = delivery.message
+        if self._over_limit(message):
+            self._give_up([delivery], None)
+            return
+        try:
+            spec = self.registry.route(plan.specs, message)
+        except NoReceiver as exc:
+            self._failed([delivery], exc, None)
+            return
+        self._execute(spec, [delivery])
+
+    def _run_batch(self, plan: _Plan, deliveries: list[_Delivery]) -> None:
+        todo = []
+        for d in deliveries:
+            if self._over_limit(d.message):
+                self._give_up([d], None)
+            else:
+                todo.append(d)
+        groups: dict[str, tuple[ReceiverSpec, list[_Delivery]]] = {}
+        for d in todo:
+            try:
+                spec = self.registry.route(plan.specs, d.message)
+            except NoReceiver as exc:
+                self._failed([d], exc, None)
+                continue
+            groups.setdefault(spec.name, (spec, []))[1].append(d)
+        for spec, group in groups.values():
+            size = spec.max_batch_size or self.batch_size
+            for i in range(0, len(group), size):
+                self._execute(spec, group[i : i + size])
+
+    def _execute(self, spec: ReceiverSpec, deliveries: list[_Delivery]) -> None:
+        model = deliveries[0].model
+        db = self._database(model)
+        retries = engine_for(model).params.transaction_retries
+        started = time.monotonic()
+        for d in deliveries:
+            self._emit("started", message=d.message, receiver=spec.name)
+
+        def body() -> None:
+            messages = [d.message for d in deliveries]
+            set_pending(messages)  # (again on a retried transaction: its acks rolled back)
+            spec.func(messages if spec.batch else messages[0])
+            if spec.atomic:
+                self._ack(deliveries, db)
+
+        try:
+            try:
+                if spec.atomic:
+                    run_in_transaction(body, using=db, retries=retries)
+                else:
+                    body()  # outside any transaction: external side effects, then ack
+                    run_in_transaction(lambda: self._ack(deliveries, db), using=db, retries=retries)
+            finally:
+                set_pending(None)
+        except Retry as exc:
+            self._retry(deliveries, exc, spec, time.monotonic() - started)
+        except LeaseLost as exc:
+            self._lease_lost(deliveries, exc)
+        except MessageAlreadyAcked as exc:
+            self._count("already_acked", len(deliveries))
+            for d in deliveries:
+                logger.warning(
+                    "%s: already acked by someone else (its lease had expired); this "
+                    "delivery's transaction was rolled back",
+                    d.message,
+                    extra=_extra("already_acked", d.message),
+                )
+                self._emit("already_acked", message=d.message, receiver=spec.name, error=exc)
+        except Exception as exc:
+            self._failed(deliveries, exc, spec, time.monotonic() - started)
+        else:
+            duration = time.monotonic() - started
+            self._count("processed", len(deliveries))
+            for d in deliveries:
+                logger.debug(
+                    "%s attempt %d acked (%s, %.3f s)",
+                    d.message,
+                    d.message.attempt,
+                    spec.name,
+                    duration,
+                    extra=_extra("acked", d.message),
+                )
+                self._emit("acked", message=d.message, receiver=spec.name, duration=duration)
+
+    def _ack(self, deliveries: list[_Delivery], db: str) -> None:
+        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost)."""
+        lost = [d for d in deliveries if d.lease_lost]
+        if lost:
+            raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
+        pending = [d.message for d in deliveries if not acked_by_receiver(d.message)]
+        if pending:
+            api.ack_many(deliveries[0].model, pending, using=db)
+
+    def _retry(
+        self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
+    ) -> None:
+        mine = [d for d in deliveries if not d.lease_lost]
+        if len(mine) < len(deliveries):
+            self._lease_lost([d for d in deliveries if d.lease_lost], exc)
+        if not mine:
+            return
+        model = mine[0].model
+        db = self._database(model)
+        engine = engine_for(model)
+
+        def move() -> None:
+            now = timezone.now()
+            api.ack_many(model, [d.message for d in mine], using=db)
+            api.send_many(
+                model,
+                [
+                    dict(
+                        d.message.key_dict,
+                        payload=d.message.payload,
+                        deliver_time=now + (exc.after or _backoff(d.message, engine)),
+                    )
+                    for d in mine
+                ],
+                using=db,
+            )
+
+        try:
+            run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
+        except MessageAlreadyAcked as err:
+            for d in mine:
+                logger.warning("%s: already acked; not retried", d.message)
+                self._emit("already_acked", message=d.message, error=err)
+            return
+        self._count("retried", len(mine))
+        for d in mine:
+            logger.info(
+                "%s attempt %d: retry after %s%s",
+                d.message,
+                d.message.attempt,
+                exc.after,
+                f" ({exc.reason})" if exc.reason else "",
+                extra=_extra("retried", d.message),
+            )
+            self._emit("retried", message=d.message, receiver=spec.name, duration=duration)
+
+    def _lease_lost(self, deliveries: list[_Delivery], exc: BaseException) -> None:
+        self._count("lease_lost", len(deliveries))
+        for d in deliveries:
+            logger.warning(
+                "%s attempt %d: lease lost; not acked (it will be delivered again)",
+                d.message,
+                d.message.attempt,
+                extra=_extra("lease_lost", d.message),
+            )
+            self._emit("lease_lost", message=d.message, error=exc)
+
+    def _over_limit(self, message: Message) -> bool:
+        limit = queue_options(get_queue(message.queue)).max_attempts
+        features = engine_for(get_queue(message.queue)).features
+        return bool(limit and features.supports_attempt_count and message.attempt > limit)
+
+    def _failed(
+        self,
+        deliveries: list[_Delivery],
+        exc: BaseException,
+        spec: ReceiverSpec | None,
+        duration: float | None = None,
+    ) -> None:
+        self._count("failed", len(deliveries))
+        for d in deliveries:
+            m = d.message
+            logger.error(
+                "%s attempt %d failed in %s: %s: %s",
+                m,
+                m.attempt,
+                spec.name if spec else "(no receiver)",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra=_extra("failed", m),
+            )
+            self._emit(
+                "failed",
+                message=m,
+                receiver=spec.name if spec else None,
+                duration=duration,
+                error=exc,
+            )
+            if d.lease_lost:
+                continue
+            options = queue_options(d.model)
+            features = engine_for(d.model).features
+            if (
+                options.max_attempts
+                and features.supports_attempt_count
+                and m.attempt >= options.max_attempts
+            ):
+                self._give_up([d], exc)
+            elif features.supports_release:
+                self._release(d)
+
+    def _release(self, d: _Delivery) -> None:
+        engine = engine_for(d.model)
+        with self._renew_lock:
+            if d.lease_lost:
+                return
+            try:
+                api.release(d.message, deliver_time=timezone.now() + _backoff(d.message, engine))
+            except LeaseLost:
+                logger.warning("%s: lease lost before release", d.message)
+            except Exception:
+                logger.exception("%s: release failed; left to lease expiry", d.message)
+            else:
+                self._emit("released", message=d.message)
+
+    def _give_up(self, deliveries: list[_Delivery], exc: BaseException | None) -> None:
+        for d in deliveries:
+            m = d.message
+            options = queue_options(d.model)
+            try:
+                if options.dead_letter_queue:
+                    dead_letter(m)
+                    self._count("dead_lettered")
+                    logger.error(
+                        "%s: %d attempts, moved to dead-letter queue %s",
+                        m,
+                        m.attempt,
+                        options.dead_letter_queue,
+                        extra=_extra("dead_lettered", m),
+                    )
+                    self._emit("dead_lettered", message=m, error=exc)
+                elif options.discard_after_max_attempts:
+                    db = self._database(d.model)
+                    run_in_transaction(
+                        lambda m=m, db=db, model=d.model: api.ack_many(model, [m], using=db),
+                        using=db,
+                    )
+                    self._count("discarded")
+                    logger.error(
+                        "%s: %d attempts, discarded (discard_after_max_attempts); payload=%r",
+                        m,
+                        m.attempt,
+                        m.payload[:200],
+                        extra=_extra("discarded", m),
+                    )
+                    self._emit("discarded", message=m, error=exc)
+                elif engine_for(d.model).features.supports_release:
+                    self._release(d)
+            except MessageAlreadyAcked:
+                logger.warning("%s: already acked; nothing to dead-letter", m)
+
+    # --- lease renewal ----------------------------------------------------------------------
+    def _renewer(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if self._stopping and self._in_flight == 0:
+                        return
+                    now = timezone.now()
+                    live = [d for d in self._deliveries if not d.done and not d.lease_lost]
+                    due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
+                    if not due:
+                        upcoming = [d.renew_at for d in live if d.renew_at is not None]
+                        wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
+                        self._cond.wait(timeout=max(0.01, min(wait, 1.0)))
+                        continue
+                self._renew(due)
+        finally:
+            connections.close_all()
+
+    def _renew(self, due: list[_Delivery]) -> None:
+        by_model: dict[Any, list[_Delivery]] = {}
+        for d in due:
+            by_model.setdefault(d.model, []).append(d)
+        for model, group in by_model.items():
+            if not engine_for(model).features.supports_lease_renewal:
+                for d in group:
+                    d.renew_at = None
+                continue
+            with self._renew_lock:
+                group = [d for d in group if not d.done and not d.lease_lost]
+                if not group:
+                    continue
+                try:
+                    renewed = api.renew_many([d.message for d in group])
+                except Exception:
+                    logger.exception("lease renewal failed; trying again")
+                    now = timezone.now()
+                    for d in group:
+                        expires = d.message.lease_expires_at
+                        if expires is not None and expires <= now:
+                            self._mark_lost(d)
+                        else:
+                            d.renew_at = now + timedelta(milliseconds=200)
+                    continue
+                by_key = {m.key: m for m in renewed}
+                now = timezone.now()
+                for d in group:
+                    new = by_key.get(d.message.key)
+                    if new is None:
+                        self._mark_lost(d)
+                    else:
+                        d.message = new
+                        d.renew_at = _renew_at(new, now)
+                        self._emit("renewed", message=new)
+
+    def _mark_lost(self, d: _Delivery) -> None:
+        d.lease_lost = True
+        logger.warning(
+            "%s attempt %d: lease renewal failed; the message is no longer this worker's",
+            d.message,
+            d.message.attempt,
+            extra=_extra("lease_lost", d.message),
+        )
+        self._emit("renewal_failed", message=d.message)
+
+
+def recycle_connections() -> None:
+    """Between messages: Django's ``close_old_connections()`` (close connections that are
+    broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
+    ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
+    thread's life: a message is not a request, and reconnecting per message costs a new
+    client per message (on Spanner a new client, session and maintenance thread each time)."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
+            close_at, conn.close_at = conn.close_at, None
+            try:
+                conn.close_if_unusable_or_obsolete()
+            finally:
+                if conn.connection is not None:
+                    conn.close_at = close_at
+        else:
+            conn.close_if_unusable_or_obsolete()
+
+
+def _renew_at(message: Message, now: datetime) -> datetime | None:
+    """Halfway through the remaining lease (Spanner extends by 10 s: renew every ~5 s)."""
+    if message.lease_expires_at is None:
+        return None
+    return now + (message.lease_expires_at - now) / 2
+
+
+def _backoff(message: Message, engine: Any) -> timedelta:
+    age = timezone.now() - (message.send_time or timezone.now())
+    return engine.params.backoff.delay(max(message.attempt, 1), age)
+
+
+def _extra(action: str, message: Message) -> dict[str, Any]:
+    return {
+        "action": action,
+        "queue": message.queue,
+        "message_key": message.key,
+        "attempt": message.attempt,
+    }

@@ -1,0 +1,134 @@
+"""Receivers of the worker tests (autodiscovered). ``work`` obeys its JSON payload:
+
+- ``trace``: a file to append ``{"key", "attempt", "pid", "at", "deliver_time"}`` to on start;
+- ``block``: wait until this file exists before going on;
+- ``fail``: raise on every attempt; ``fail_below``: raise while attempt < this;
+- ``retry_after``: raise ``Retry(after=...)`` on the first run of this key (per ``trace``);
+- ``outlive_lease``: keep running until well past the lease the message arrived with.
+Then it writes a ``WorkLog`` row in the ack transaction. With ``"mode": "external"`` in the
+payload, ``work_external`` (``atomic=False``) does the same outside any transaction and the worker
+acks afterwards: on SQLite an atomic receiver holds the database's single write lock while it
+runs, so a long receiver that must keep its lease by renewal there is not atomic.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from datetime import timedelta
+from pathlib import Path
+
+from django.utils import timezone
+
+from spanner_queues import Retry, receiver
+from spanner_queues.message import Message
+from spanner_queues.patterns import periodic, resend_later
+from tests.workerapp.models import Dirty, Events, Pings, Tasks, Ticks, WorkItems, WorkLog
+
+
+def _wait_for_file(path: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not Path(path).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} never appeared")
+        time.sleep(0.02)
+
+
+def _trace(path: str, message: Message) -> None:
+    """Append a start line (one short write: lines of concurrent processes do not mix)."""
+    line = {
+        "key": list(message.key),
+        "attempt": message.attempt,
+        "pid": os.getpid(),
+        "at": timezone.now().isoformat(),
+        "deliver_time": message.deliver_time.isoformat() if message.deliver_time else None,
+    }
+    with open(path, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def _runs(path: str, message: Message) -> int:
+    """How many start lines ``message``'s key has in the trace file."""
+    with open(path) as f:
+        return sum(1 for raw in f if json.loads(raw)["key"] == list(message.key))
+
+
+@receiver(WorkItems)
+def work(message: Message) -> None:
+    _obey(message, note="work")
+
+
+@receiver(WorkItems, match={"mode": "external"}, atomic=False)
+def work_external(message: Message) -> None:
+    _obey(message, note="external")
+
+
+def _obey(message: Message, note: str) -> None:
+    spec = message.json() if message.payload else {}
+    if "trace" in spec:
+        _trace(spec["trace"], message)
+    if "block" in spec:
+        _wait_for_file(spec["block"])
+    if spec.get("fail") or message.attempt < spec.get("fail_below", 0):
+        raise RuntimeError(f"asked to fail (attempt {message.attempt})")
+    if "retry_after" in spec and _runs(spec["trace"], message) == 1:
+        raise Retry(after=timedelta(seconds=spec["retry_after"]), reason="asked to retry")
+    if spec.get("outlive_lease"):
+        # Past the lease it came with, plus the first back-off: without renewal another
+        # receiver could have it by now.
+        until = message.lease_expires_at + timedelta(seconds=spec["outlive_lease"])
+        while timezone.now() < until:
+            time.sleep(0.05)
+    WorkLog.objects.create(
+        key=message.key[0], attempt=message.attempt, worker=str(os.getpid()), note=note
+    )
+
+
+@receiver(Pings)
+def ping(message: Message) -> None:
+    raise RuntimeError("pings always fail")
+
+
+@receiver(Tasks, match={"kind": "email"})
+def send_email(message: Message) -> None:
+    WorkLog.objects.create(key=message.key[1], note="email")
+
+
+@receiver(Tasks, match={"kind": "report"})
+def build_report(message: Message) -> None:
+    WorkLog.objects.create(key=message.key[1], note="report")
+
+
+@receiver(Events, match={"type": "signup"})
+def on_signup(message: Message) -> None:
+    WorkLog.objects.create(key=message.key[0], note="signup")
+
+
+@receiver(Events, match={"type": "webhook"}, atomic=False)
+def on_webhook(message: Message) -> None:
+    # An external side effect, outside any transaction; the worker acks afterwards.
+    spec = message.json()
+    with open(spec["trace"], "a") as f:
+        f.write(message.key[0] + "\n")
+
+
+@receiver(Events)
+def on_other_event(message: Message) -> None:
+    spec = message.json()
+    if spec.get("type") == "resend" and spec.get("times", 0) > 0:
+        resend_later(message, after=timedelta(0.0), payload=dict(spec, times=spec["times"] - 1))
+        return
+    WorkLog.objects.create(key=message.key[0], note=f"other:{spec.get('type')}")
+
+
+@receiver(Dirty, batch=True, max_batch_size=25)
+def recompute(messages: list[Message]) -> None:
+    WorkLog.objects.bulk_create(
+        [WorkLog(key=m.key[0], attempt=len(messages), note="batch") for m in messages]
+    )
+
+
+@periodic(Ticks, every=timedelta(seconds=0.5), key={"name": "tick"})
+def tick(message: Message) -> None:
+    WorkLog.objects.create(key="tick", note="tick")
