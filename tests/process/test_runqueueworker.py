@@ -1,0 +1,216 @@
+"""``manage.py runqueueworker`` as real child processes, on whichever database the suite runs
+(SQLite or the Spanner emulator): burst, SIGTERM, a second signal, SIGKILL, two workers on one
+queue, lease renewal, Retry(after=), the dead-letter queue, configuration errors.
+
+Children use the test's database through ``child_env``; tests wait on files the receivers write
+or on database state, never on fixed sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import Callable, Iterator
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from spanner_queues import api
+from tests.conftest import wait_until
+from tests.workerapp.models import Tasks, WorkItems, WorkItemsDead, WorkLog
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+ROOT = Path(__file__).resolve().parents[2]
+TIMEOUT = 180
+# The emulator runs one read-write transaction at a time (every claim and ack): fewer there.
+MANY = int(
+    os.environ.get("SQ_PROCESS_MESSAGES", 150 if os.environ.get("SPANNER_EMULATOR_HOST") else 500)
+)
+
+
+class Child:
+    """A ``runqueueworker`` child process with its output in files."""
+
+    def __init__(self, env: dict[str, str], tmp: Path, *args: str, name: str = "w") -> None:
+        self.out = tmp / f"{name}.out"
+        self.err = tmp / f"{name}.err"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "django", "runqueueworker", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=out,
+                stderr=err,
+                text=True,
+            )
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(TIMEOUT)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            raise
+
+    def output(self) -> str:
+        return self.out.read_text() + self.err.read_text()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+Start = Callable[..., Child]
+
+
+@pytest.fixture
+def children(child_env: dict[str, str], tmp_path: Path) -> Iterator[Start]:
+    started: list[Child] = []
+
+    def start(*args: str, name: str = "w") -> Child:
+        child = Child(child_env, tmp_path, *args, name=name)
+        started.append(child)
+        return child
+
+    yield start
+    for child in started:
+        child.kill()
+
+
+def _lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_burst_drains_then_exits_0(children: Start) -> None:
+    sent = WorkItems.send_many([{"payload": {}} for _ in range(30)])
+    Tasks.send(kind="email", id="e1")
+    child = children("workerapp.WorkItems", "workerapp.Tasks", "--burst", "--concurrency", "2")
+    assert child.wait() == 0, child.output()
+    keys = sorted(WorkLog.objects.values_list("key", flat=True))
+    assert keys == sorted([m.key[0] for m in sent] + ["e1"])
+    assert not WorkItems.objects.exists() and not Tasks.objects.exists()
+    assert "processed=31" in child.output()  # the -v1 summary line
+
+
+def test_sigterm_finishes_in_flight_work_and_exits_0(children: Start, tmp_path: Path) -> None:
+    go, trace = tmp_path / "go", tmp_path / "trace"
+    WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace)})
+    WorkItems.send(id="b", payload={})
+    child = children("workerapp.WorkItems", "--concurrency", "1", "-v2")
+    wait_until(trace.exists, timeout=TIMEOUT)  # "a" is in flight
+    child.proc.send_signal(signal.SIGTERM)
+    wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
+    go.touch()
+    assert child.wait() == 0, child.output()
+    assert list(WorkLog.objects.values_list("key", flat=True)) == ["a"]  # finished and acked
+    assert list(WorkItems.objects.values_list("id", flat=True)) == ["b"]  # never received
+
+
+def test_second_signal_exits_at_once_non_zero(children: Start, tmp_path: Path) -> None:
+    go, trace = tmp_path / "go", tmp_path / "trace"
+    WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace)})
+    child = children("workerapp.WorkItems", "-v1")
+    wait_until(trace.exists, timeout=TIMEOUT)
+    child.proc.send_signal(signal.SIGINT)
+    wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
+    child.proc.send_signal(signal.SIGTERM)
+    assert child.wait() != 0
+    assert not WorkLog.objects.exists()
+    assert WorkItems.objects.count() == 1  # unacked: delivered again after its lease
+
+
+def test_sigkill_during_a_receiver_redelivers_after_the_lease(
+    children: Start, tmp_path: Path
+) -> None:
+    go, trace = tmp_path / "go", tmp_path / "trace"
+    sent = WorkItems.send(payload={"block": str(go), "trace": str(trace)})
+    first = children("workerapp.WorkItems", "--lease", "1", name="first")
+    wait_until(trace.exists, timeout=TIMEOUT)
+    first.proc.kill()
+    first.wait()
+    go.touch()
+    second = children("workerapp.WorkItems", "--max-messages", "1", name="second")
+    assert second.wait() == 0, second.output()
+    assert [line["attempt"] for line in _lines(trace)] == [1, 2]  # processed once more
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
+    assert not WorkItems.objects.exists()  # nothing lost, nothing left
+
+
+def test_two_workers_share_a_queue_without_doing_anything_twice(
+    children: Start, tmp_path: Path
+) -> None:
+    trace = tmp_path / "trace"
+    sent = WorkItems.send_many([{"payload": {"trace": str(trace)}} for _ in range(MANY)])
+    workers = [
+        children("workerapp.WorkItems", "--burst", "--concurrency", "2", name=f"w{i}")
+        for i in range(2)
+    ]
+    for child in workers:
+        assert child.wait() == 0, child.output()
+    committed = Counter(WorkLog.objects.values_list("key", flat=True))
+    assert sorted(committed) == sorted(m.key[0] for m in sent)
+    assert set(committed.values()) == {1}  # every message's work committed exactly once
+    runs: dict[str, list[int]] = {}
+    for line in _lines(trace):
+        runs.setdefault(line["key"][0], []).append(line["attempt"])
+    again = {key: attempts for key, attempts in runs.items() if len(attempts) > 1}
+    assert all(sorted(a) == list(range(1, len(a) + 1)) for a in again.values()), again
+    assert not WorkItems.objects.exists()
+
+
+def test_a_receiver_past_its_lease_keeps_it_by_renewal(children: Start, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    WorkItems.send(payload={"outlive_lease": 1.5, "mode": "external", "trace": str(trace)})
+    child = children("workerapp.WorkItems", "--lease", "1", "--max-messages", "1")
+    wait_until(trace.exists, timeout=TIMEOUT)  # the child's receiver is running
+    seen: list = []
+
+    def done() -> bool:
+        seen.extend(api.receive(WorkItems))  # would get it if the lease had lapsed
+        return WorkLog.objects.exists() or child.proc.poll() is not None
+
+    wait_until(done, timeout=TIMEOUT, interval=0.1)
+    assert child.wait() == 0, child.output()
+    assert seen == []
+    assert list(WorkLog.objects.values_list("attempt", flat=True)) == [1]
+    assert not WorkItems.objects.exists()
+
+
+def test_retry_after_is_not_delivered_before_its_time(children: Start, tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    WorkItems.send(payload={"retry_after": 1.0, "trace": str(trace)})
+    child = children("workerapp.WorkItems", "--max-messages", "2", "-v2")
+    assert child.wait() == 0, child.output()
+    first, second = _lines(trace)
+    retried_at = datetime.fromisoformat(first["at"])
+    assert datetime.fromisoformat(second["deliver_time"]) >= retried_at + timedelta(seconds=1)
+    assert datetime.fromisoformat(second["at"]) >= datetime.fromisoformat(second["deliver_time"])
+    assert "retried" in child.output()
+    assert WorkLog.objects.count() == 1
+
+
+def test_attempt_limit_moves_the_message_to_the_dead_letter_queue(children: Start) -> None:
+    sent = WorkItems.send(payload={"fail": True})
+    child = children("workerapp.WorkItems", "--max-messages", "3")
+    assert child.wait() == 0, child.output()
+    assert not WorkItems.objects.exists()
+    assert WorkItemsDead.objects.get(pk=sent.key[0]).as_message().json() == {"fail": True}
+    log = child.output()
+    assert f"workerapp.WorkItems(id='{sent.key[0]}') attempt 1 failed" in log
+    assert "dead-letter queue workerapp.WorkItemsDead" in log
+
+
+def test_configuration_errors_exit_non_zero_before_receiving(children: Start) -> None:
+    WorkItems.send(payload={})
+    unknown = children("workerapp.Nope", "--burst", name="unknown")
+    no_receiver = children("testapp.Jobs", "--burst", name="noreceiver")
+    bad_option = children("--concurrency", "0", name="badoption")
+    assert unknown.wait() == 1 and "No queue named 'workerapp.Nope'" in unknown.output()
+    assert no_receiver.wait() == 1 and "has no receiver" in no_receiver.output()
+    assert bad_option.wait() == 2 and "must be at least 1" in bad_option.output()
+    assert WorkItems.objects.count() == 1 and not WorkLog.objects.exists()
