@@ -26,6 +26,19 @@ def fake() -> Any:
     return settings.FAKE_SPANNER
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _stop_fake_at_exit() -> Iterator[None]:
+    yield
+    from django.conf import settings
+
+    from spanner_queues.engines import engines
+
+    if settings.FAKE_SPANNER is not None:
+        settings.FAKE_SPANNER.streams_end.set()
+        engines["default"].stop_receiving(wait=5)
+        settings.FAKE_SPANNER.stop()
+
+
 @pytest.fixture(autouse=True)
 def _native_isolation(django_db_blocker: Any) -> Iterator[None]:
     """Each test starts with no receive stream, no recorded request and empty queues."""

@@ -169,7 +169,7 @@ class FakeSpanner:
 
     # --- lifecycle and test helpers ------------------------------------------------------
     def start(self) -> FakeSpanner:
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=32))
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
         spanner_grpc.add_SpannerServicer_to_server(SpannerServicer(self), self.server)
         admin_grpc.add_DatabaseAdminServicer_to_server(AdminServicer(self), self.server)
         self.port = self.server.add_insecure_port("127.0.0.1:0")
@@ -250,6 +250,8 @@ class FakeSpanner:
                     item.times -= 1
                     if item.times <= 0:
                         self.injected.remove(item)
+                    if method == "Commit" and request.transaction_id:
+                        self.finish(request.transaction_id, commit=False)  # Spanner drops it
                     context.abort(item.code, item.message)
 
     def take_script(self, sql: str) -> tuple[list[list[Any]] | None, FakeError | None] | None:

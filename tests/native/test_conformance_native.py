@@ -17,9 +17,9 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost
-from tests.conftest import wait_until
 from tests.conformance import test_ack, test_concurrency, test_dead_letter, test_orm, test_send
 from tests.conformance import test_receive as conf_receive
+from tests.conftest import wait_until
 from tests.testapp.models import Jobs, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -1,0 +1,85 @@
+"""DDL and SQL text in both dialects from one declaration, and the E007 check."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
+
+DECL = QueueDeclaration(
+    name="usertasks",
+    keys=(KeyColumn("userid", "BigIntegerField"), KeyColumn("messageid", "CharField", 36)),
+    parent="users",
+)
+
+
+def test_googlesql_create_queue_with_options() -> None:
+    decl = QueueDeclaration(
+        name="Q1",
+        keys=(KeyColumn("Id", "IntegerField"),),
+        options={"receive_mode": "PULL", "disable_send": False},
+    )
+    assert GoogleSQL().create_queue(decl) == (
+        "CREATE QUEUE Q1 (\n  Id INT64 NOT NULL,\n  Payload BYTES(MAX) NOT NULL\n) "
+        "PRIMARY KEY (Id), OPTIONS (receive_mode = 'PULL', disable_send = false)"
+    )
+
+
+def test_postgresql_spelling() -> None:
+    pg = PostgreSQL()
+    assert pg.create_queue(DECL) == (
+        "CREATE QUEUE usertasks (\n  userid bigint NOT NULL,\n  messageid varchar(36) NOT NULL,"
+        "\n  payload bytea NOT NULL,\n  PRIMARY KEY (userid, messageid)\n) "
+        "INTERLEAVE IN PARENT users ON DELETE CASCADE"
+    )
+    assert pg.receive(DECL, max_batch_size=50, max_duration="20m") == (
+        "SELECT userid, messageid, payload, deliver_time, spanner_lease_token, "
+        "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
+        "spanner.receive_usertasks(max_batch_size => 50, max_duration => '20m')"
+    )
+    assert pg.renew(DECL) == (
+        "SELECT spanner_old_lease_token, spanner_new_lease_token, "
+        "spanner_lease_expiration_timestamp FROM spanner.renewlease_usertasks(lease_tokens => $1)"
+    )
+    assert pg.ack(DECL) == (
+        "DELETE FROM usertasks WHERE userid = $1 AND messageid = $2 ASSERT_ROWS_MODIFIED 1"
+    )
+    assert pg.insert(DECL, 1, with_deliver_time=True) == (
+        "INSERT INTO usertasks (userid, messageid, payload, deliver_time) VALUES ($1, $2, $3, $4)"
+    )
+    assert pg.drop_queue(DECL) == "DROP QUEUE usertasks"
+    with pytest.raises(QueueConfigurationError, match="OPTIONS"):
+        pg.create_queue(QueueDeclaration("q", DECL.keys, options={"receive_mode": "PULL"}))
+
+
+def test_googlesql_interleave_and_quoting() -> None:
+    decl = QueueDeclaration("Order", (KeyColumn("select", "IntegerField"),), parent="Users")
+    assert GoogleSQL().create_queue(decl) == (
+        "CREATE QUEUE `Order` (\n  `select` INT64 NOT NULL,\n  Payload BYTES(MAX) NOT NULL\n) "
+        "PRIMARY KEY (`select`), INTERLEAVE IN PARENT Users ON DELETE CASCADE"
+    )
+
+
+def test_bad_receive_arguments_are_refused() -> None:
+    with pytest.raises(QueueConfigurationError):
+        GoogleSQL().receive(DECL, max_batch_size=0, max_duration="20m")
+    with pytest.raises(QueueConfigurationError):
+        GoogleSQL().receive(DECL, max_batch_size=1, max_duration="20 minutes; DROP")
+
+
+def test_e007_explains_sqlite_and_the_emulator(monkeypatch) -> None:
+    from django.db import connections
+
+    from spanner_queues.drivers import SpannerDriver, SQLiteDriver
+    from spanner_queues.engines import engines, native
+
+    engine = engines["default"]
+    assert engine.check() == []  # django_spanner on a (fake) real Spanner: fine
+    monkeypatch.setattr(native, "driver_for", lambda alias: SQLiteDriver(connections[alias]))
+    [error] = engine.check()
+    assert error.id == "spanner_queues.E007" and "SQLite has no queues" in error.msg
+    monkeypatch.setenv("SPANNER_EMULATOR_HOST", "localhost:9010")
+    monkeypatch.setattr(native, "driver_for", lambda alias: SpannerDriver(connections[alias]))
+    [error] = engine.check()
+    assert "emulator" in error.msg and "#383" in error.msg and "'table'" in error.hint

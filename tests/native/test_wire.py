@@ -1,0 +1,322 @@
+"""Wire-level tests: the exact SQL, parameters, transactions and mutations the native engine
+sends, and how it reacts to the documented errors. Each documented statement or mutation has a
+test here (see docs/howto/spanner.md)."""
+
+from __future__ import annotations
+
+import base64
+from datetime import timedelta
+
+import grpc
+import pytest
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked
+from tests.conftest import wait_until
+from tests.testapp.models import Account, Jobs, UploadTasks, UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+RECEIVE_USERTASKS = (
+    "SELECT user_id, message_id, Payload, DeliverTime, SpannerLeaseToken, "
+    "SpannerLeaseExpirationTimestamp, SpannerLastBatchMessage FROM "
+    "RECEIVE_testapp_usertasks(max_batch_size => 10, max_duration => '5s')"
+)
+
+
+def engine():
+    return engines["default"]
+
+
+def params(request) -> dict:
+    return dict(request.params)
+
+
+def test_create_queue_ddl_on_the_wire(fake) -> None:
+    ddl = fake.databases["fakedbtest"].ddl
+    assert (
+        "CREATE QUEUE testapp_usertasks (\n"
+        "  user_id INT64 NOT NULL,\n"
+        "  message_id STRING(64) NOT NULL,\n"
+        "  Payload BYTES(MAX) NOT NULL\n"
+        ") PRIMARY KEY (user_id, message_id)"
+    ) in ddl
+    assert (
+        "CREATE QUEUE testapp_uploadtasks (\n"
+        "  id INT64 NOT NULL,\n"
+        "  message_id STRING(64) NOT NULL,\n"
+        "  Payload BYTES(MAX) NOT NULL\n"
+        ") PRIMARY KEY (id, message_id), INTERLEAVE IN PARENT testapp_upload ON DELETE CASCADE"
+    ) in ddl
+    queue_ddl = [s for s in ddl if "QUEUE" in s]
+    assert not any(
+        f in s for s in queue_ddl for f in ("send_time", "attempts", "lease_", "DeliverTime")
+    )
+    assert not any(",\n)" in s for s in queue_ddl)  # no trailing commas
+
+
+def test_drop_queue_through_the_schema_editor(fake) -> None:
+    from spanner_queues.options import queue_options
+
+    with connection.schema_editor() as editor:
+        engine().drop_queue(editor, Jobs, queue_options(Jobs))
+    assert fake.databases["fakedbtest"].ddl[-1] == "DROP QUEUE testapp_jobs"
+    with connection.schema_editor() as editor:
+        engine().create_queue(editor, Jobs, queue_options(Jobs))
+    assert fake.databases["fakedbtest"].ddl[-1].startswith("CREATE QUEUE testapp_jobs (")
+
+
+def test_send_is_insert_dml_in_the_callers_transaction(fake) -> None:
+    later = timezone.now() + timedelta(hours=1)
+    with transaction.atomic():
+        Account.objects.create(name="ada")
+        UserTasks.send(user_id=7, message_id="now", payload=b"\x00hi")
+        UserTasks.send(user_id=7, message_id="later", payload="x", deliver_time=later)
+    [now_insert] = fake.sql("INSERT INTO testapp_usertasks (user_id, message_id, Payload) ")
+    assert now_insert.sql == (
+        "INSERT INTO testapp_usertasks (user_id, message_id, Payload) VALUES (@a0, @a1, @a2)"
+    )
+    assert params(now_insert.request) == {
+        "a0": "7",
+        "a1": "now",
+        "a2": base64.b64encode(b"\x00hi").decode(),
+    }
+    [later_insert] = fake.sql("DeliverTime) VALUES")
+    assert later_insert.sql == (
+        "INSERT INTO testapp_usertasks (user_id, message_id, Payload, DeliverTime) "
+        "VALUES (@a0, @a1, @a2, @a3)"
+    )
+    # One read-write transaction: the account insert began it, the sends joined it.
+    account = fake.sql("INSERT INTO testapp_account")[0].request
+    assert "begin" in account.transaction
+    assert now_insert.request.transaction.id == later_insert.request.transaction.id
+    assert len(fake.commits()) == 1 and not fake.commits()[0].mutations
+
+
+def test_send_many_is_one_multi_row_insert(fake) -> None:
+    UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "ab"])
+    [insert] = fake.sql("INSERT INTO testapp_usertasks")
+    assert insert.sql.endswith("VALUES (@a0, @a1, @a2), (@a3, @a4, @a5)")
+
+
+def test_receive_is_a_strong_single_use_streaming_query(fake) -> None:
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    [message] = api.receive(UserTasks)
+    [call] = [r for r in fake.sql("RECEIVE_") if r.method == "ExecuteStreamingSql"]
+    assert call.sql == RECEIVE_USERTASKS
+    single = call.request.transaction.single_use
+    assert single.read_only.strong and "read_write" not in single
+    assert message.key == (1, "a") and message.lease_token
+    assert message.lease_expires_at > timezone.now()
+
+
+def test_receive_returns_promptly_when_nothing_is_due(fake) -> None:
+    started = timezone.now()
+    assert api.receive(UserTasks, max_messages=3) == []
+    assert timezone.now() - started < timedelta(seconds=5)
+
+
+def test_receive_restarts_the_stream_when_it_ends(fake) -> None:
+    api.receive(UserTasks)
+    fake.end_streams()  # as when max_duration elapses
+    wait_until(lambda: len(fake.sql("RECEIVE_")) >= 2)
+    UserTasks.send(user_id=1, message_id="after", payload="")
+    assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "after")
+
+
+@pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED])
+def test_receive_survives_stream_errors(fake, code) -> None:
+    fake.fail("ExecuteStreamingSql", code, "injected", sql_contains="RECEIVE_", times=2)
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")
+    assert len(fake.sql("RECEIVE_")) >= 3
+
+
+def test_receive_skips_rows_whose_lease_already_expired(fake) -> None:
+    past = (timezone.now() - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    future = (timezone.now() + timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    payload = base64.b64encode(b"p").decode()
+    fake.script(
+        "RECEIVE_testapp_usertasks",
+        [
+            ["1", "stale", payload, past, "t-old", past, False],
+            ["1", "fresh", payload, past, "t-new", future, True],
+        ],
+    )
+    got = api.receive(UserTasks, max_messages=5)
+    assert [(m.key, m.lease_token) for m in got] == [((1, "fresh"), "t-new")]
+
+
+def test_renew_is_one_renewlease_call_with_all_tokens(fake) -> None:
+    UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "ab"])
+    batch = wait_until(lambda: api.receive(UserTasks, max_messages=2))
+    renewed = api.renew_many(batch)
+    [call] = fake.sql("RENEWLEASE_")
+    assert call.sql == (
+        "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken, SpannerLeaseExpirationTimestamp "
+        "FROM RENEWLEASE_testapp_usertasks(lease_tokens => @lease_tokens)"
+    )
+    assert list(call.request.params["lease_tokens"]) == [m.lease_token for m in batch]
+    assert call.request.param_types["lease_tokens"].array_element_type.code.name == "STRING"
+    assert call.request.transaction.single_use.read_only.strong
+    assert {m.key for m in renewed} == {m.key for m in batch}
+    assert not {m.lease_token for m in renewed} & {m.lease_token for m in batch}  # rotated
+
+
+def test_renew_null_new_token_or_missing_row_means_lease_lost(fake) -> None:
+    UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "abc"])
+    a, b, c = sorted(wait_until(lambda: api.receive(UserTasks, max_messages=3)), key=str)
+    later = (timezone.now() + timedelta(seconds=10)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    fake.script(
+        "RENEWLEASE_",
+        [[a.lease_token, "a2", later], [b.lease_token, None, None]],  # c: no row
+    )
+    renewed = api.renew_many([a, b, c])
+    assert [(m.key, m.lease_token) for m in renewed] == [(a.key, "a2")]
+    fake.script("RENEWLEASE_", [])
+    with pytest.raises(LeaseLost):
+        api.renew(a)
+
+
+def test_renew_of_an_acked_message_returns_a_null_token(fake) -> None:
+    UserTasks.send(user_id=1, message_id="a", payload="")
+    [message] = api.receive(UserTasks)
+    api.ack(message)
+    assert api.renew_many([message]) == []
+
+
+def test_ack_is_delete_assert_rows_modified_in_the_callers_transaction(fake) -> None:
+    UserTasks.send(user_id=3, message_id="m", payload="")
+    [message] = api.receive(UserTasks)
+    fake.clear()
+    with transaction.atomic():
+        Account.objects.create(name="work")
+        api.ack(message)
+    [delete] = fake.sql("DELETE FROM testapp_usertasks")
+    assert delete.sql == (
+        "DELETE FROM testapp_usertasks WHERE user_id = @a0 AND message_id = @a1 "
+        "ASSERT_ROWS_MODIFIED 1"
+    )
+    assert params(delete.request) == {"a0": "3", "a1": "m"}
+    assert delete.request.transaction.id  # inside the read-write transaction, not begun by it
+    assert [r.method for r in fake.requests if r.method in ("Commit", "Rollback")] == ["Commit"]
+
+
+def test_out_of_range_ack_rolls_back_and_is_not_retried(fake) -> None:
+    UserTasks.send(user_id=1, message_id="gone", payload="")
+    [message] = api.receive(UserTasks)
+    api.ack(message)
+    fake.clear()
+    with pytest.raises(MessageAlreadyAcked), transaction.atomic():
+        Account.objects.create(name="duplicate")
+        api.ack(message)
+    assert len(fake.sql("DELETE FROM testapp_usertasks")) == 1  # no retry
+    assert [r.method for r in fake.requests if r.method in ("Commit", "Rollback")] == ["Rollback"]
+    assert not Account.objects.exists()
+
+
+def test_out_of_range_cannot_be_caught_and_continued(fake) -> None:
+    UserTasks.send(user_id=1, message_id="gone", payload="")
+    [message] = api.receive(UserTasks)
+    api.ack(message)
+    with transaction.atomic():
+        Account.objects.create(name="must not commit")
+        with pytest.raises(MessageAlreadyAcked):
+            api.ack(message)
+        assert transaction.get_rollback()
+    assert not Account.objects.exists()
+
+
+def test_send_mutations(fake) -> None:
+    later = timezone.now() + timedelta(minutes=5)
+    messages = [
+        api.build_message(UserTasks, {"user_id": 1, "message_id": "m1", "payload": b"\x01"}),
+        api.build_message(
+            UserTasks, {"user_id": 1, "message_id": "m2", "payload": "t", "deliver_time": later}
+        ),
+    ]
+    engine().send_mutations(UserTasks, messages)
+    [commit] = fake.commits()
+    assert "single_use_transaction" in commit
+    first, second = (m.send for m in commit.mutations)
+    assert first.queue == "testapp_usertasks" and list(first.key) == ["1", "m1"]
+    assert first.payload == base64.b64encode(b"\x01").decode()
+    assert "deliver_time" not in first
+    assert second.deliver_time.timestamp() == pytest.approx(later.timestamp(), abs=1e-3)
+    assert UserTasks.objects.count() == 2
+
+
+def test_ack_mutations_not_found_and_ignore_not_found(fake) -> None:
+    UserTasks.send(user_id=1, message_id="a", payload="")
+    engine().ack_mutations(UserTasks, [(1, "a")])
+    [commit] = fake.commits()[-1:]
+    [ack] = [m.ack for m in commit.mutations]
+    assert ack.queue == "testapp_usertasks" and list(ack.key) == ["1", "a"]
+    assert not ack.ignore_not_found
+    with pytest.raises(MessageAlreadyAcked):
+        engine().ack_mutations(UserTasks, [(1, "a")])  # NOT_FOUND: Message not found
+    engine().ack_mutations(UserTasks, [(1, "a")], ignore_not_found=True)
+    assert fake.commits()[-1].mutations[0].ack.ignore_not_found
+
+
+def test_aborted_commit_is_retried_by_the_transaction_runner(fake) -> None:
+    from spanner_queues.transactions import run_in_transaction
+
+    fake.fail("Commit", grpc.StatusCode.ABORTED, "Transaction was aborted")
+    run_in_transaction(
+        lambda: UserTasks.send(user_id=5, message_id="x", payload=""), using="default"
+    )
+    assert UserTasks.objects.filter(user_id=5).count() == 1
+
+
+def test_orm_reads_never_select_bookkeeping_columns(fake) -> None:
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    row = UserTasks.objects.get(pk=(1, "a"))
+    assert row.as_message().key == (1, "a")
+    selects = [r.sql for r in fake.sql("FROM testapp_usertasks") if r.sql.startswith("SELECT")]
+    assert selects and not any("send_time" in s or "lease_token" in s for s in selects)
+
+
+def test_stats_query(fake) -> None:
+    engine().stats(UserTasks)
+    [call] = fake.sql("COUNT(*)")
+    assert call.sql == (
+        "SELECT COUNT(*), SUM(CASE WHEN DeliverTime <= CURRENT_TIMESTAMP() THEN 1 ELSE 0 END), "
+        "MIN(DeliverTime) FROM testapp_usertasks"
+    )
+    assert call.request.transaction.single_use.read_only.strong
+
+
+@pytest.mark.parametrize("table_type", ["QUEUE", "BASE TABLE"])
+def test_introspection_reports_queues_as_non_tables(fake, table_type) -> None:
+    fake.queue_table_type = table_type  # Spanner's TABLE_TYPE for queues is undocumented
+    try:
+        names = connection.introspection.table_names()
+        assert "testapp_account" in names
+        assert not {"testapp_usertasks", "testapp_uploadtasks"} & set(names)
+        with connection.cursor() as cursor:
+            infos = {i.name: i.type for i in connection.introspection.get_table_list(cursor)}
+        assert infos["testapp_usertasks"] == "q"
+    finally:
+        fake.queue_table_type = "QUEUE"
+
+
+def test_flush_does_not_touch_queues(fake) -> None:
+    UserTasks.send(user_id=1, message_id="kept", payload="")
+    fake.clear()
+    call_command("flush", interactive=False, verbosity=0)
+    assert not fake.sql("DELETE FROM testapp_usertasks")
+    assert fake.sql("DELETE FROM testapp_account")
+    assert UserTasks.objects.count() == 1
+
+
+def test_interleaved_queue_needs_its_parent(fake) -> None:
+    from tests.testapp.models import Upload
+
+    upload = Upload.objects.create(name="u")
+    UploadTasks.send(upload=upload.pk, message_id="m", payload="")
+    [insert] = fake.sql("INSERT INTO testapp_uploadtasks")
+    assert insert.sql.startswith("INSERT INTO testapp_uploadtasks (id, message_id, Payload)")
