@@ -229,6 +229,7 @@ class Worker:
         self._in_flight = 0  # units (slots) taken
         self._deliveries: list[_Delivery] = []
         self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
+        self._per_queue: dict[type[Queue], tuple[str, Any, Any]] = {}
 
     # --- configuration ----------------------------------------------------------------------
     def _plan(self, queues: Sequence[str | type[Queue]] | None) -> list[_Plan]:
@@ -473,11 +474,19 @@ class Worker:
             connections.close_all()
 
     def _database(self, model: type[Queue]) -> str:
-        return api._database(model, None)
+        return self._cached(model)[0]
+
+    def _cached(self, model: type[Queue]) -> tuple[str, Any, Any]:
+        """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
+        cached = self._per_queue.get(model)
+        if cached is None:
+            cached = (api._database(model, None), engine_for(model), queue_options(model))
+            self._per_queue[model] = cached
+        return cached
 
     def _run_single(self, plan: _Plan, delivery: _Delivery) -> None:
         message = delivery.message
-        if self._over_limit(message):
+        if self._over_limit(delivery):
             self._give_up([delivery], None)
             return
         try:
@@ -490,7 +499,7 @@ class Worker:
     def _run_batch(self, plan: _Plan, deliveries: list[_Delivery]) -> None:
         todo = []
         for d in deliveries:
-            if self._over_limit(d.message):
+            if self._over_limit(d):
                 self._give_up([d], None)
             else:
                 todo.append(d)
@@ -509,8 +518,8 @@ class Worker:
 
     def _execute(self, spec: ReceiverSpec, deliveries: list[_Delivery]) -> None:
         model = deliveries[0].model
-        db = self._database(model)
-        retries = engine_for(model).params.transaction_retries
+        db, engine, _ = self._cached(model)
+        retries = engine.params.transaction_retries
         started = time.monotonic()
         for d in deliveries:
             self._emit("started", message=d.message, receiver=spec.name)
@@ -579,8 +588,7 @@ class Worker:
         if not mine:
             return
         model = mine[0].model
-        db = self._database(model)
-        engine = engine_for(model)
+        db, engine, _ = self._cached(model)
 
         def move() -> None:
             now = timezone.now()
@@ -628,10 +636,10 @@ class Worker:
             )
             self._emit("lease_lost", message=d.message, error=exc)
 
-    def _over_limit(self, message: Message) -> bool:
-        limit = queue_options(get_queue(message.queue)).max_attempts
-        features = engine_for(get_queue(message.queue)).features
-        return bool(limit and features.supports_attempt_count and message.attempt > limit)
+    def _over_limit(self, d: _Delivery) -> bool:
+        _, engine, options = self._cached(d.model)
+        limit = options.max_attempts
+        return bool(limit and engine.features.supports_attempt_count and d.message.attempt > limit)
 
     def _failed(
         self,
@@ -662,8 +670,8 @@ class Worker:
             )
             if d.lease_lost:
                 continue
-            options = queue_options(d.model)
-            features = engine_for(d.model).features
+            _, engine, options = self._cached(d.model)
+            features = engine.features
             if (
                 options.max_attempts
                 and features.supports_attempt_count
@@ -674,7 +682,7 @@ class Worker:
                 self._release(d)
 
     def _release(self, d: _Delivery) -> None:
-        engine = engine_for(d.model)
+        engine = self._cached(d.model)[1]
         with self._renew_lock:
             if d.lease_lost:
                 return
@@ -690,7 +698,7 @@ class Worker:
     def _give_up(self, deliveries: list[_Delivery], exc: BaseException | None) -> None:
         for d in deliveries:
             m = d.message
-            options = queue_options(d.model)
+            options = self._cached(d.model)[2]
             try:
                 if options.dead_letter_queue:
                     dead_letter(m)
@@ -718,7 +726,7 @@ class Worker:
                         extra=_extra("discarded", m),
                     )
                     self._emit("discarded", message=m, error=exc)
-                elif engine_for(d.model).features.supports_release:
+                elif self._cached(d.model)[1].features.supports_release:
                     self._release(d)
             except MessageAlreadyAcked:
                 logger.warning("%s: already acked; nothing to dead-letter", m)
@@ -747,7 +755,7 @@ class Worker:
         for d in due:
             by_model.setdefault(d.model, []).append(d)
         for model, group in by_model.items():
-            if not engine_for(model).features.supports_lease_renewal:
+            if not self._cached(model)[1].features.supports_lease_renewal:
                 for d in group:
                     d.renew_at = None
                 continue
