@@ -19,3 +19,9 @@ class Order(models.Model):
 
 class OrderTasks(Queue):
     id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+
+class OrderBatches(Queue):
+    """The same messages for a batch receiver (one ack transaction per batch)."""
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)
