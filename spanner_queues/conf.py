@@ -26,6 +26,9 @@ TABLE_ENGINE = "spanner_queues.engines.table.TableQueueEngine"
 NATIVE_ENGINE = "spanner_queues.engines.native.NativeQueueEngine"
 ENGINE_SHORTCUTS = {"table": TABLE_ENGINE, "native": NATIVE_ENGINE}
 
+#: OPTIONS keys every engine understands; engines add their own (``accepted_options``).
+COMMON_OPTIONS = frozenset({"LEASE_SECONDS", "BACKOFF", "MAX_PAYLOAD_BYTES", "TRANSACTION_RETRIES"})
+
 DEFAULT_SETTING: dict[str, dict[str, Any]] = {
     DEFAULT_ENGINE_ALIAS: {"ENGINE": TABLE_ENGINE, "DATABASE": "default"}
 }
@@ -94,7 +97,7 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
     engine = raw.get("ENGINE", TABLE_ENGINE)
     engine = ENGINE_SHORTCUTS.get(engine, engine)
     options = dict(raw.get("OPTIONS") or {})
-    known = {"LEASE_SECONDS", "BACKOFF", "MAX_PAYLOAD_BYTES", "TRANSACTION_RETRIES"}
+    known = COMMON_OPTIONS
     backoff_raw = dict(options.get("BACKOFF") or {})
     backoff_known = {
         "INITIAL_SECONDS",

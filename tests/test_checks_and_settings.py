@@ -153,3 +153,11 @@ def test_unknown_queue_meta_option_lists_the_known_ones() -> None:
     finally:
         queue_options.cache_clear()
     assert "dead_letter_queue" in errors[0].hint and "max_attempts" in errors[0].hint
+
+
+def test_misspelt_engine_options_are_errors() -> None:
+    setting = {"default": {"ENGINE": "table", "OPTIONS": {"LEASE_SECOND": 5}}}
+    with override_settings(SPANNER_QUEUES=setting):
+        errors = [m for m in check_queues() if m.id == "spanner_queues.E001"]
+    assert "unknown keys for TableQueueEngine: LEASE_SECOND" in errors[0].msg
+    assert "LEASE_SECONDS" in errors[0].msg

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core import checks
 
-from spanner_queues.conf import EngineParams
-from spanner_queues.exceptions import NotSupportedByEngine
+from spanner_queues.conf import COMMON_OPTIONS, EngineParams
+from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -70,8 +70,18 @@ class BaseQueueEngine(ABC):
     """
 
     features: ClassVar[EngineFeatures] = EngineFeatures()
+    #: engine-specific keys accepted in ``SPANNER_QUEUES[alias]["OPTIONS"]`` besides the common
+    #: ones (LEASE_SECONDS, BACKOFF, MAX_PAYLOAD_BYTES, TRANSACTION_RETRIES).
+    accepted_options: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: EngineParams) -> None:
+        unknown = sorted(set(params.options) - self.accepted_options)
+        if unknown:
+            known = sorted(self.accepted_options | COMMON_OPTIONS)
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES[{params.alias!r}]['OPTIONS'] has unknown keys for "
+                f"{type(self).__name__}: {', '.join(unknown)}. Known: {', '.join(known)}."
+            )
         self.params = params
 
     @property

@@ -79,6 +79,17 @@ class NativeQueueEngine(BaseQueueEngine):
         stores_bookkeeping_fields=False,
     )
 
+    accepted_options = frozenset(
+        {
+            "DIALECT",
+            "RECEIVE_MAX_DURATION_SECONDS",
+            "RECEIVE_BATCH_SIZE",
+            "RECEIVE_WAIT_SECONDS",
+            "RECEIVE_BUFFER_SIZE",
+            "LEASE_MARGIN_SECONDS",
+        }
+    )
+
     def __init__(self, params: EngineParams) -> None:
         super().__init__(params)
         options, alias = params.options, params.alias
