@@ -30,6 +30,11 @@ def _declared_options(app_label: str, name: str) -> dict[str, Any]:
         model = global_apps.get_model(app_label, name)
     except LookupError:
         return {}
+    return declared_schema_options(model)
+
+
+def declared_schema_options(model: Any) -> dict[str, Any]:
+    """The model's ``QueueMeta`` options that change DDL, leaving out defaults."""
     defaults = asdict(QueueOptions())
     declared = asdict(queue_options(model))
     return {

@@ -7,6 +7,8 @@ E007 the engine cannot run on its database (e.g. native queues on SQLite or the 
 E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
 E009 USE_TZ is False (deliver times, leases and back-off are aware datetimes)
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
+W003 a queue's schema options (engine, interleave_in_parent, native_options) differ from its
+     migrations: there is no AlterQueue, so the change needs a migration written by hand
 """
 
 from __future__ import annotations
@@ -69,11 +71,61 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             )
         )
 
+    recorded = _recorded_schema_options()
     for model in queue_models():
         if app_configs is not None and model._meta.app_config not in app_configs:
             continue
         problems.extend(_check_queue_model(model, usable, engines.settings))
+        problems.extend(_check_schema_options(model, recorded))
     return problems
+
+
+def _recorded_schema_options() -> dict[tuple[str, str], dict[str, Any]]:
+    """The ``queue_options`` of the last ``CreateQueue`` of each queue, in migration order."""
+    from django.db.migrations.loader import MigrationLoader
+
+    from spanner_queues.operations import CreateQueue, DeleteQueue
+
+    try:
+        loader = MigrationLoader(None, ignore_no_migrations=True)
+    except Exception:  # broken migration files are reported by Django itself
+        return {}
+    recorded: dict[tuple[str, str], dict[str, Any]] = {}
+    plan: list[tuple[str, str]] = []
+    for leaf in loader.graph.leaf_nodes():
+        plan.extend(n for n in loader.graph.forwards_plan(leaf) if n not in plan)
+    for node in plan:
+        for op in loader.graph.nodes[node].operations:
+            key = (node[0], op.name_lower) if hasattr(op, "name_lower") else None
+            if isinstance(op, CreateQueue):
+                recorded[key] = dict(op.queue_options)  # type: ignore[index]
+            elif isinstance(op, DeleteQueue):
+                recorded.pop(key, None)  # type: ignore[arg-type]
+    return recorded
+
+
+def _check_schema_options(
+    model: Any, recorded: dict[tuple[str, str], dict[str, Any]]
+) -> list[checks.CheckMessage]:
+    from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
+
+    key = (model._meta.app_label, model._meta.model_name)
+    if key not in recorded:
+        return []  # not migrated yet: makemigrations writes CreateQueue with the options
+    declared = declared_schema_options(model)
+    before = {k: v for k, v in recorded[key].items() if k in SCHEMA_OPTIONS}
+    if declared == before:
+        return []
+    return [
+        checks.Warning(
+            f"QueueMeta schema options {declared!r} differ from the migrations' {before!r}.",
+            hint="Spanner cannot alter a queue's engine, parent or options in place and there "
+            "is no AlterQueue operation: write a migration that drops and recreates the queue "
+            "(DeleteQueue + CreateQueue, moving its messages), or revert the change.",
+            obj=model,
+            id="spanner_queues.W003",
+        )
+    ]
 
 
 def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:

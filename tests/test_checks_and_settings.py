@@ -161,3 +161,16 @@ def test_misspelt_engine_options_are_errors() -> None:
         errors = [m for m in check_queues() if m.id == "spanner_queues.E001"]
     assert "unknown keys for TableQueueEngine: LEASE_SECOND" in errors[0].msg
     assert "LEASE_SECONDS" in errors[0].msg
+
+
+def test_schema_option_drift_from_migrations_is_a_warning() -> None:
+    from spanner_queues.checks import _check_schema_options, _recorded_schema_options
+    from tests.testapp.models import Jobs, UploadTasks
+
+    recorded = _recorded_schema_options()
+    assert recorded[("testapp", "uploadtasks")] == {"interleave_in_parent": "upload"}
+    assert _check_schema_options(UploadTasks, recorded) == []
+    drifted = {**recorded, ("testapp", "uploadtasks"): {}}
+    [warning] = _check_schema_options(UploadTasks, drifted)
+    assert warning.id == "spanner_queues.W003" and "AlterQueue" in warning.hint
+    assert _check_schema_options(Jobs, {}) == []  # not migrated yet: nothing to compare
