@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
+from django.core.exceptions import ValidationError
 from django.db.models import Model
 from django.utils import timezone
 
@@ -56,6 +57,26 @@ def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> dat
     return deliver_time
 
 
+def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
+    """Convert a key value as the field would, or raise ``InvalidMessage`` saying why."""
+    target = getattr(field, "target_field", field)  # a ForeignKey validates as its target
+    if value is None:
+        raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} cannot be None.")
+    try:
+        value = target.to_python(value)
+    except ValidationError as exc:
+        raise InvalidMessage(
+            f"{model._meta.label}: bad value {value!r} for key field {field.name!r}: "
+            f"{'; '.join(exc.messages)}"
+        ) from exc
+    max_length = getattr(target, "max_length", None)
+    if max_length is not None and isinstance(value, str) and len(value) > max_length:
+        raise InvalidMessage(
+            f"{model._meta.label}: key field {field.name!r} is longer than {max_length} characters."
+        )
+    return value
+
+
 def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessage:
     """Validate one message before anything is written: key fields, payload, deliver time."""
     engine = engine_for(model)
@@ -71,12 +92,12 @@ def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessag
             )
         if isinstance(value, Model):  # a related object given for a ForeignKey key field
             value = value.pk
-        key[fields[name].attname] = value
+        key[fields[name].attname] = _key_value(model, fields[name], value)
     for field in key_fields(model):
         if field.attname not in key:
             if not field.has_default():
                 raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} is missing.")
-            key[field.attname] = field.get_default()
+            key[field.attname] = _key_value(model, field, field.get_default())
     return OutgoingMessage(
         key=key,
         payload=encode_payload(spec.get("payload", b""), max_bytes=engine.params.max_payload_bytes),

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.exceptions import MessageAlreadyExists
+from spanner_queues.exceptions import InvalidMessage, MessageAlreadyExists
 from spanner_queues.message import Message
 from spanner_queues.models import rows
 from spanner_queues.receivers import ReceiverRegistry, mark_acked, receiver, receivers
@@ -114,12 +114,27 @@ def beat(
     return api.replace(queue, key, payload=payload, delay=timeout, using=using)
 
 
+def _whole_key(model: type[Queue], key: Mapping[str, Any]) -> dict[str, Any]:
+    """The key's columns; every key field must be given (a default such as a fresh uuid would
+    name a different message each time, so ``seed`` would start a new chain on every call and
+    ``cancel`` would delete nothing)."""
+    from spanner_queues.keys import key_fields
+
+    missing = [f.name for f in key_fields(model) if f.name not in key and f.attname not in key]
+    if missing:
+        raise InvalidMessage(
+            f"{model._meta.label}: give every key field (missing {', '.join(missing)}); a "
+            "schedule or heartbeat needs a stable key."
+        )
+    return api.build_message(model, dict(key)).key
+
+
 def cancel(queue: str | type[Queue], key: Mapping[str, Any], *, using: str | None = None) -> int:
     """Delete the message under ``key`` if there is one (a clean shutdown ends its heartbeat);
     returns the number of messages deleted (0 or 1). Runs in the caller's transaction if any."""
     model = get_queue(queue)
     db = _db(model, using)
-    columns = api.build_message(model, dict(key)).key
+    columns = _whole_key(model, key)
 
     def run() -> int:
         return rows(model, db).filter(**columns).delete()[0]
@@ -192,7 +207,7 @@ def seed(
     call from every worker at start (returns None when it was already there)."""
     model = get_queue(queue)
     db = _db(model, using)
-    columns = api.build_message(model, dict(key)).key
+    columns = _whole_key(model, key)
 
     def run() -> Message | None:
         if rows(model, db).filter(**columns).exists():

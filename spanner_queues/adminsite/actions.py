@@ -3,8 +3,10 @@
 Every action runs in one transaction on the queue's database, together with its admin history
 (``LogEntry``): for a selection, all messages change or none does. Nothing here updates a row.
 "Deliver now" and "reschedule" ack each message and send it again, same key and payload, at the
-new time; unlike ``api.replace`` the ack insists the message still exists, so a message acked by
-a receiver since the page was shown is not resurrected (the action fails and changes nothing).
+new time; unlike ``api.replace`` they first check, in the same transaction, that each message is
+still the one shown (same payload and send time), so a message acked or replaced by a receiver
+since the page was shown is neither resurrected nor overwritten (the action fails, changes
+nothing).
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ from django.utils import timezone
 
 from spanner_queues import api, deadletter
 from spanner_queues.adminsite.browse import database, key_token
+from spanner_queues.exceptions import MessageAlreadyAcked
+from spanner_queues.keys import key_filter, row_to_message
 from spanner_queues.message import Message
-from spanner_queues.models import Queue
+from spanner_queues.models import Queue, rows
 from spanner_queues.registry import engine_for
 from spanner_queues.transactions import run_in_transaction
 
@@ -63,6 +67,24 @@ def replay_target(model: type[Queue]) -> str | None:
     return sources[0]._meta.label if len(sources) == 1 else None
 
 
+def _unchanged(model: type[Queue], messages: Sequence[Message], db: str) -> None:
+    """Inside the action's transaction: each message is still the one the operator saw. A
+    receiver may have acked it and sent a new one under the same key since (checkpoint, Retry,
+    a periodic run): acting on the shown payload would then overwrite newer state."""
+    for message in messages:
+        row = rows(model, db).filter(key_filter(model, message.key)).first()
+        current = row_to_message(model, row) if row is not None else None
+        if (
+            current is None
+            or current.payload != message.payload
+            or (message.send_time is not None and current.send_time != message.send_time)
+        ):
+            raise MessageAlreadyAcked(
+                f"{message} changed since the page was shown (acked, or replaced by a newer "
+                "message under the same key); nothing was done. Reload and try again."
+            )
+
+
 def _ack(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
     api.ack_many(model, messages, using=db)
 
@@ -70,6 +92,7 @@ def _ack(model: type[Queue], messages: Sequence[Message], _: datetime | None, db
 def _resend(
     model: type[Queue], messages: Sequence[Message], when: datetime | None, db: str
 ) -> None:
+    _unchanged(model, messages, db)
     api.ack_many(model, messages, using=db)
     specs = [dict(m.key_dict, payload=m.payload, deliver_time=when) for m in messages]
     api.send_many(model, specs, using=db)
@@ -78,11 +101,13 @@ def _resend(
 def _dead_letter(
     model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str
 ) -> None:
+    _unchanged(model, messages, db)
     for message in messages:
         deadletter.dead_letter(message, using=db)
 
 
 def _replay(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+    _unchanged(model, messages, db)
     for message in messages:
         deadletter.replay(message, using=db)
 
