@@ -6,6 +6,9 @@ retry, what the database must be configured with, and how to emit vendor DDL cla
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,6 +57,31 @@ class Driver:
     def check(self) -> list[checks.CheckMessage]:
         return []
 
+    def write_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """A context held around the outermost read-write transaction spanner_queues opens
+        itself (``run_in_transaction``), never around a caller's ``atomic()`` block. A null
+        context unless the database has a single write lock that threads of one process would
+        otherwise queue on by sleeping."""
+        return contextlib.nullcontext()
+
+
+#: one re-entrant lock per SQLite database file, for every thread of this process
+_sqlite_write_locks: dict[str, threading.RLock] = {}
+_sqlite_write_locks_guard = threading.Lock()
+
+
+@contextlib.contextmanager
+def _acquired(lock: threading.RLock, timeout: float) -> Iterator[None]:
+    # Bounded by the connection's busy timeout: if the lock is not had by then (e.g. a receiver
+    # waits on another thread that needs it), go on without it; SQLite's own locking still
+    # applies, exactly as without this lock.
+    got = lock.acquire(timeout=timeout)
+    try:
+        yield
+    finally:
+        if got:
+            lock.release()
+
 
 class SQLiteDriver(Driver):
     vendor = "sqlite"
@@ -62,6 +90,25 @@ class SQLiteDriver(Driver):
     def is_retryable(self, exc: BaseException) -> bool:
         text = str(exc).lower()
         return "database is locked" in text or "database table is locked" in text
+
+    def write_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """SQLite has one write lock per database file. Threads of one process that collide
+        on it are parked by SQLite's busy handler, which sleeps (1, 2, 5, 10 ms...) and so
+        wastes most of the time of short transactions; queuing them on a process-wide
+        re-entrant lock per file hands the write lock over at once. Other processes still
+        meet SQLite's own locking."""
+        settings = self.connection.settings_dict
+        name = str(settings.get("NAME") or "")
+        if name in ("", ":memory:") or name.startswith("file:"):
+            key = name  # in-memory (or URI) databases: one per name
+        else:
+            key = os.path.realpath(name)
+        lock = _sqlite_write_locks.get(key)
+        if lock is None:
+            with _sqlite_write_locks_guard:
+                lock = _sqlite_write_locks.setdefault(key, threading.RLock())
+        timeout = float((settings.get("OPTIONS") or {}).get("timeout", 5))
+        return _acquired(lock, timeout)
 
     def check(self) -> list[checks.CheckMessage]:
         alias = self.connection.alias

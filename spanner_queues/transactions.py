@@ -3,6 +3,10 @@
 Spanner aborts transactions that lose a race, and SQLite reports "database is locked"; both are
 safe to run again from the start. Inside a caller's ``atomic()`` block nothing can be retried
 (there are no savepoints on Spanner), so the function runs once, in the caller's transaction.
+
+Outside one, each attempt runs under the driver's ``write_lock()`` (SQLite: threads of this
+process queue for the database file's single write lock in Python instead of sleeping in
+SQLite's busy handler; elsewhere nothing).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) ->
     attempt = 0
     while True:
         try:
-            with transaction.atomic(using=using):
+            # The driver's write lock (SQLite: one per database file, per process) is held for
+            # one attempt, never across the back-off sleep nor around a caller's atomic block.
+            with driver.write_lock(), transaction.atomic(using=using):
                 return fn()
         except Exception as exc:
             if attempt >= retries or not driver.is_retryable(exc):
