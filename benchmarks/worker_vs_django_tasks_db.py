@@ -11,7 +11,9 @@ connections) shared by both, ``benchmarks/worker_settings.py``:
     (``OrderTasks.send(...)``) or one task (``noop.enqueue(...)``); alternating rounds of 100.
 (b) drain: a backlog of N messages / tasks processed by a no-op receiver / task, in-process:
     ``Worker(burst=True)`` (each message acked in its own transaction, the receiver's) against
-    ``db_worker --batch --no-startup-delay``; and, for reference (not a per-message ack), a batch
+    ``db_worker --batch --no-startup-delay``; the same with ``prefetch`` (one claim transaction
+    for up to concurrency x prefetch messages, each still acked in its own transaction); and,
+    for reference (not a per-message ack), a batch
     receiver acking up to 100 messages per transaction.
 (c) latency from commit to receiver start, p50/p99, at a fixed offered rate, each worker a child
     process at its default settings (``runqueueworker``; ``db_worker``, whose default interval
@@ -105,7 +107,7 @@ def bench_enqueue(n: int) -> dict[str, Any]:
 
 
 # --- (b) drain -------------------------------------------------------------------------------
-def bench_drain(n: int, concurrency: list[int]) -> dict[str, Any]:
+def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import transaction
     from django_tasks_db.models import DBTaskResult
@@ -115,16 +117,22 @@ def bench_drain(n: int, concurrency: list[int]) -> dict[str, Any]:
     from spanner_queues.worker import Worker
 
     results: dict[str, Any] = {}
-    for c in concurrency:
+    variants = [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
+    for c, p in variants:
         for start in range(0, n, 500):
             OrderTasks.send_many([{"payload": ""} for _ in range(min(500, n - start))])
         t0 = time.perf_counter()
         stats = Worker(
-            ["workerbench.OrderTasks"], burst=True, concurrency=c, install_signal_handlers=False
+            ["workerbench.OrderTasks"],
+            burst=True,
+            concurrency=c,
+            prefetch=p,
+            install_signal_handlers=False,
         ).run()
         elapsed = time.perf_counter() - t0
         assert stats.processed == n and not OrderTasks.objects.exists(), stats
-        results[f"spanner_queues (concurrency {c})"] = {"msg_per_s": n / elapsed, "n": n}
+        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p > 1 else ")")
+        results[name] = {"msg_per_s": n / elapsed, "n": n}
 
     # Not a per-message ack: a batch receiver acks each batch of up to 100 in one transaction.
     for start in range(0, n, 500):
@@ -235,6 +243,13 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[1, 4], help="worker threads in (b)"
     )
+    parser.add_argument(
+        "--prefetch",
+        type=int,
+        nargs="*",
+        default=[10, 100],
+        help="prefetch variants in (b), at each concurrency (each message still acked alone)",
+    )
     parser.add_argument("--rate", type=float, default=20.0, help="messages per second in (c)")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of (c)")
     parser.add_argument("--json", action="store_true", help="also print the raw figures")
@@ -253,7 +268,7 @@ def main() -> None:
             f"load {os.getloadavg()[0]:.1f}"
         )
         enqueue = bench_enqueue(args.enqueue)
-        drain = bench_drain(args.drain, args.concurrency)
+        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
         latency = bench_latency(args.rate, args.seconds, workdir)
         print(f"load after {os.getloadavg()[0]:.1f}")
 

@@ -4,6 +4,13 @@
 
 - It never holds more messages than it has free slots (``concurrency`` threads): a receive asks
   for at most the free slots (a batch queue fills one slot with up to ``batch_size`` messages).
+  With ``prefetch=N`` (opt-in, default 1) it holds up to ``N`` units per thread: one receive
+  claims up to ``concurrency * N`` minus those held, and claims again only when fewer than
+  ``concurrency`` are left waiting. Each message is still processed on its own, in its own
+  transaction with its ack; waiting messages' leases are renewed like running ones; a waiting
+  message whose lease was lost or has expired is not run. On ``stop()`` messages that were
+  prefetched but not started are released (due now) where the engine can release, else left to
+  their lease expiry.
 - An ``atomic`` receiver's writes and the ack of its message commit in one transaction.
 - ``raise Retry(after=...)``: the receiver's writes roll back; the message is acked and sent
   again under the same key, due ``after`` later, in one transaction.
@@ -69,7 +76,16 @@ __all__ = ["Worker", "WorkerEvent", "WorkerEvents", "WorkerStats", "on_stop"]
 
 #: events after which a message has left the worker's hands
 FINAL_EVENTS = frozenset(
-    {"acked", "failed", "retried", "dead_lettered", "discarded", "lease_lost", "already_acked"}
+    {
+        "acked",
+        "failed",
+        "retried",
+        "dead_lettered",
+        "discarded",
+        "lease_lost",
+        "already_acked",
+        "returned",
+    }
 )
 
 
@@ -98,6 +114,8 @@ class WorkerStats:
     discarded: int = 0
     lease_lost: int = 0
     already_acked: int = 0
+    #: prefetched messages given back unstarted at stop
+    returned: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:
@@ -188,6 +206,7 @@ class Worker:
         queues: Sequence[str | type[Queue]] | None = None,
         *,
         concurrency: int = 1,
+        prefetch: int = 1,
         batch_size: int = 10,
         burst: bool = False,
         max_messages: int | None = None,
@@ -202,6 +221,8 @@ class Worker:
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1.")
+        if prefetch < 1:
+            raise ValueError("prefetch must be at least 1.")
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1.")
         if max_messages is not None and max_messages < 1:
@@ -209,6 +230,7 @@ class Worker:
         if poll_interval < 0:
             raise ValueError("poll_interval must be >= 0.")
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.batch_size = batch_size
         self.burst = burst
         self.max_messages = max_messages
@@ -226,7 +248,8 @@ class Worker:
         self._cond = threading.Condition(threading.RLock())
         self._renew_lock = threading.RLock()
         self._stopping = False
-        self._in_flight = 0  # units (slots) taken
+        self._in_flight = 0  # units (slots) taken, running or waiting
+        self._waiting = 0  # units received and not yet taken by an executor
         self._deliveries: list[_Delivery] = []
         self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
         self._per_queue: dict[type[Queue], tuple[str, Any, Any]] = {}
@@ -336,6 +359,10 @@ class Worker:
             try:
                 self._seed()
                 self._loop()
+                # Ended by burst or max_messages: finish what is held, prefetched included
+                # (a stop() meanwhile releases the messages not yet started).
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or self._in_flight == 0)
             finally:
                 self.stop()
                 with self._cond:
@@ -362,7 +389,12 @@ class Worker:
             logger.exception("seeding periodic schedules failed", extra={"action": "error"})
 
     def _free_slots(self) -> int:
-        return self.concurrency - self._in_flight
+        return self.concurrency * self.prefetch - self._in_flight
+
+    def _wants_more(self) -> bool:
+        # prefetch=1: a free thread. Otherwise also fewer units waiting than threads, so that
+        # a claim takes many messages at once rather than one each time one finishes.
+        return self._free_slots() > 0 and self._waiting < self.concurrency
 
     def _loop(self) -> None:
         start = 0
@@ -370,7 +402,7 @@ class Worker:
         next_summary = time.monotonic() + self.summary_interval if self.summary_interval else None
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._stopping or self._free_slots() > 0)
+                self._cond.wait_for(lambda: self._stopping or self._wants_more())
                 if self._stopping:
                     return
                 idle_before = self._in_flight == 0
@@ -385,7 +417,12 @@ class Worker:
                         free = self._free_slots()
                     if free <= 0 or self._stopping:
                         break
-                    want = plan.batch_size if plan.batch else min(free, self.batch_size)
+                    if plan.batch:
+                        want = plan.batch_size
+                    elif self.prefetch == 1:
+                        want = min(free, self.batch_size)
+                    else:
+                        want = free
                     if self.max_messages is not None:
                         want = min(want, self.max_messages - self.stats.received)
                     if want <= 0:
@@ -438,7 +475,9 @@ class Worker:
         with self._cond:
             self.stats.received += len(messages)
             self._deliveries.extend(deliveries)
-            self._in_flight += len([u for u in units if u])
+            taken = len([u for u in units if u])
+            self._in_flight += taken
+            self._waiting += taken
             self._cond.notify_all()  # wakes the renewer
         for unit in units:
             if unit:
@@ -454,9 +493,16 @@ class Worker:
                 unit = self._units.get()
                 if unit is None:
                     return
+                with self._cond:
+                    self._waiting -= 1
+                    unstarted = self._stopping and self.prefetch > 1
+                    if self._waiting < self.concurrency:
+                        self._cond.notify_all()  # the loop may claim more
                 try:
                     plan = next(p for p in self.plans if p.model is unit[0].model)
-                    if plan.batch:
+                    if unstarted:
+                        self._return_unstarted(unit)
+                    elif plan.batch:
                         self._run_batch(plan, unit)
                     else:
                         self._run_single(plan, unit[0])
@@ -484,7 +530,47 @@ class Worker:
             self._per_queue[model] = cached
         return cached
 
+    def _still_mine(self, deliveries: list[_Delivery]) -> list[_Delivery]:
+        """The deliveries whose lease is still held; the others (lost by renewal, or expired
+        while waiting in the prefetch buffer) are reported and not run."""
+        now = timezone.now()
+        mine, lost = [], []
+        for d in deliveries:
+            expires = d.message.lease_expires_at
+            if d.lease_lost or (expires is not None and expires <= now):
+                lost.append(d)
+            else:
+                mine.append(d)
+        if lost:
+            self._lease_lost(lost, LeaseLost("lease lost or expired before the receiver ran"))
+        return mine
+
+    def _return_unstarted(self, unit: list[_Delivery]) -> None:
+        """At stop: give back prefetched messages that were not started (due now)."""
+        for d in unit:
+            engine = self._cached(d.model)[1]
+            with self._renew_lock:
+                if d.lease_lost or not engine.features.supports_release:
+                    continue  # left to its lease expiry
+                try:
+                    api.release(d.message)
+                except LeaseLost:
+                    logger.warning("%s: lease lost before release", d.message)
+                    continue
+                except Exception:
+                    logger.exception("%s: release failed; left to lease expiry", d.message)
+                    continue
+            self._count("returned")
+            logger.debug(
+                "%s: prefetched, not started; released at stop",
+                d.message,
+                extra=_extra("returned", d.message),
+            )
+            self._emit("returned", message=d.message)
+
     def _run_single(self, plan: _Plan, delivery: _Delivery) -> None:
+        if not self._still_mine([delivery]):
+            return
         message = delivery.message
         if self._over_limit(delivery):
             self._give_up([delivery], None)
@@ -498,7 +584,7 @@ class Worker:
 
     def _run_batch(self, plan: _Plan, deliveries: list[_Delivery]) -> None:
         todo = []
-        for d in deliveries:
+        for d in self._still_mine(deliveries):
             if self._over_limit(d):
                 self._give_up([d], None)
             else:

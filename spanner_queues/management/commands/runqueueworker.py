@@ -72,6 +72,15 @@ class Command(BaseCommand):
             help="Receiver threads in this process (default: %(default)s).",
         )
         parser.add_argument(
+            "--prefetch",
+            type=positive_int,
+            default=1,
+            help="Messages each thread may hold: one receive claims up to CONCURRENCY x "
+            "PREFETCH minus those held, each then processed and acked in its own "
+            "transaction; unstarted ones are released at stop. For short receivers and "
+            "backlogs; 1 claims only for free threads (default: %(default)s).",
+        )
+        parser.add_argument(
             "--batch-size",
             type=positive_int,
             default=10,
@@ -126,6 +135,7 @@ class Command(BaseCommand):
             worker = Worker(
                 options["queues"] or None,
                 concurrency=options["concurrency"],
+                prefetch=options["prefetch"],
                 batch_size=options["batch_size"],
                 burst=options["burst"],
                 max_messages=options["max_messages"],
@@ -142,7 +152,9 @@ class Command(BaseCommand):
             mode = " (burst)" if options["burst"] else ""
             self.stdout.write(
                 f"runqueueworker {worker.worker_id}: queues {', '.join(worker.queue_labels)}; "
-                f"concurrency {worker.concurrency}{mode}"
+                f"concurrency {worker.concurrency}"
+                + (f", prefetch {worker.prefetch}" if worker.prefetch > 1 else "")
+                + mode
             )
         worker.run()
 
