@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
-from django.db import IntegrityError
+from django.db import IntegrityError, connections
 from django.db.models import Max, Min, Q
 from django.utils import timezone
 
@@ -30,7 +30,7 @@ from spanner_queues.exceptions import (
     MessageAlreadyAcked,
     MessageAlreadyExists,
 )
-from spanner_queues.keys import key_filter, key_names, row_to_message
+from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
 from spanner_queues.options import queue_options
@@ -43,11 +43,83 @@ if TYPE_CHECKING:
     from spanner_queues.options import QueueOptions
 
 
+class _RowStatements:
+    """The two per-message statements of the hot path, written once per queue and database
+    in the backend's own quoting, with parameters prepared by the fields as the ORM prepares
+    them (``get_db_prep_save`` for SET, ``get_prep_value``/``get_db_prep_value`` for ``=``):
+    the same SQL as ``filter(<key>, deliver_time=...).update(...)`` and
+    ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
+
+    __slots__ = ("claim_sql", "delete_sql", "fields", "key", "using")
+
+    def __init__(self, model: type[Queue], using: str) -> None:
+        quote = connections[using].ops.quote_name
+        meta = model._meta
+        self.using = using
+        self.key = key_fields(model)
+        self.fields = {
+            name: meta.get_field(name)
+            for name in ("lease_token", "lease_expires_at", "attempts", "deliver_time")
+        }
+        table = quote(meta.db_table)
+        where = " AND ".join(f"{quote(f.column)} = %s" for f in self.key)
+        sets = ", ".join(f"{quote(f.column)} = %s" for f in self.fields.values())
+        deliver = quote(self.fields["deliver_time"].column)
+        self.claim_sql = f"UPDATE {table} SET {sets} WHERE {where} AND {deliver} = %s"
+        self.delete_sql = f"DELETE FROM {table} WHERE {where}"
+
+    @staticmethod
+    def _lookup(field: Any, value: Any, connection: Any) -> Any:
+        return field.get_db_prep_value(field.get_prep_value(value), connection, prepared=True)
+
+    def _key(self, key: Sequence[Any], connection: Any) -> list[Any]:
+        return [self._lookup(f, v, connection) for f, v in zip(self.key, key, strict=True)]
+
+    def claim(
+        self,
+        key: Sequence[Any],
+        was_due: datetime,
+        *,
+        lease_token: str,
+        lease_expires_at: datetime,
+        attempts: int,
+        deliver_time: datetime,
+    ) -> int:
+        f = self.fields
+        connection = connections[self.using]  # this thread's
+        params = [
+            f["lease_token"].get_db_prep_save(lease_token, connection),
+            f["lease_expires_at"].get_db_prep_save(lease_expires_at, connection),
+            f["attempts"].get_db_prep_save(attempts, connection),
+            f["deliver_time"].get_db_prep_save(deliver_time, connection),
+            *self._key(key, connection),
+            self._lookup(f["deliver_time"], was_due, connection),
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(self.claim_sql, params)
+            return cursor.rowcount
+
+    def delete(self, key: Sequence[Any]) -> int:
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            cursor.execute(self.delete_sql, self._key(key, connection))
+            return cursor.rowcount
+
+
 class TableQueueEngine(BaseQueueEngine):
     """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
     Spanner or PostgreSQL database."""
 
     features = EngineFeatures(supports_native_queues=False)
+
+    def _statements(self, model: type[Queue], using: str) -> _RowStatements:
+        cache: dict[tuple[type[Queue], str], _RowStatements] = self.__dict__.setdefault(
+            "_row_statements", {}
+        )
+        statements = cache.get((model, using))
+        if statements is None:  # (the SQL is the same for every thread's connection)
+            statements = cache[(model, using)] = _RowStatements(model, using)
+        return statements
 
     # --- schema ---------------------------------------------------------------------------
     def create_queue(
@@ -157,6 +229,8 @@ class TableQueueEngine(BaseQueueEngine):
             # take no write lock (SQLite) and no read-write transaction (Spanner).
             return []
 
+        statements = self._statements(model, self.database)
+
         def claim() -> list[Message]:
             now = timezone.now()
             due = list(
@@ -169,9 +243,10 @@ class TableQueueEngine(BaseQueueEngine):
                 expires = now + lease
                 age = now - (row.send_time or now)
                 message = row_to_message(model, row)
-                updated = manager.filter(
-                    key_filter(model, message.key), deliver_time=row.deliver_time
-                )._update_bookkeeping(
+                # compare-and-set on the deliver time just read
+                updated = statements.claim(
+                    message.key,
+                    row.deliver_time,
                     lease_token=token,
                     lease_expires_at=expires,
                     attempts=attempt,
@@ -242,15 +317,15 @@ class TableQueueEngine(BaseQueueEngine):
 
     # --- acking ---------------------------------------------------------------------------
     def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
-        manager = rows(model, using)
         if len(keys) == 1:
-            deleted = manager.filter(key_filter(model, keys[0]))._raw_delete(using)
+            deleted = self._statements(model, using).delete(keys[0])
             if deleted != 1:
                 raise MessageAlreadyAcked(
                     f"{model._meta.label}{keys[0]!r}: no such message; it was already acked "
                     "(or deleted). Roll back: the work may have been done by another receiver."
                 )
             return
+        manager = rows(model, using)
         condition = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
         names = key_names(model)
         present = set(manager.filter(condition).values_list(*names))
