@@ -65,7 +65,8 @@ class Driver:
         return contextlib.nullcontext()
 
 
-#: one re-entrant lock per SQLite database file, for every thread of this process
+#: one re-entrant lock per SQLite database file (by real path, and by each name it was seen
+#: under), for every thread of this process
 _sqlite_write_locks: dict[str, threading.RLock] = {}
 _sqlite_write_locks_guard = threading.Lock()
 
@@ -99,14 +100,15 @@ class SQLiteDriver(Driver):
         meet SQLite's own locking."""
         settings = self.connection.settings_dict
         name = str(settings.get("NAME") or "")
-        if name in ("", ":memory:") or name.startswith("file:"):
-            key = name  # in-memory (or URI) databases: one per name
-        else:
-            key = os.path.realpath(name)
-        lock = _sqlite_write_locks.get(key)
+        lock = _sqlite_write_locks.get(name)
         if lock is None:
+            if name in ("", ":memory:") or name.startswith("file:"):
+                key = name  # in-memory (or URI) databases: one per name
+            else:
+                key = os.path.realpath(name)  # one lock per file, however it is named
             with _sqlite_write_locks_guard:
                 lock = _sqlite_write_locks.setdefault(key, threading.RLock())
+                _sqlite_write_locks[name] = lock
         timeout = float((settings.get("OPTIONS") or {}).get("timeout", 5))
         return _acquired(lock, timeout)
 

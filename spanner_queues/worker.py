@@ -245,12 +245,15 @@ class Worker:
         self.plans = self._plan(queues)
         self.stats = WorkerStats()
 
-        self._cond = threading.Condition(threading.RLock())
+        lock = threading.RLock()
+        self._cond = threading.Condition(lock)
+        # the renewer's own wake-ups (new deliveries, stop), not one per finished message
+        self._renew_cond = threading.Condition(lock)
         self._renew_lock = threading.RLock()
         self._stopping = False
         self._in_flight = 0  # units (slots) taken, running or waiting
         self._waiting = 0  # units received and not yet taken by an executor
-        self._deliveries: list[_Delivery] = []
+        self._deliveries: set[_Delivery] = set()  # held: running or waiting
         self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
         self._per_queue: dict[type[Queue], tuple[str, Any, Any]] = {}
 
@@ -289,6 +292,8 @@ class Worker:
 
     # --- events -----------------------------------------------------------------------------
     def _emit(self, name: str, **info: Any) -> None:
+        if not self.listeners:
+            return
         event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
         for listener in self.listeners:
             try:
@@ -306,6 +311,7 @@ class Worker:
         with self._cond:
             self._stopping = True
             self._cond.notify_all()
+            self._renew_cond.notify_all()
 
     @property
     def stopping(self) -> bool:
@@ -372,7 +378,7 @@ class Worker:
                 for t in threads:
                     t.join()
                 with self._cond:
-                    self._cond.notify_all()
+                    self._renew_cond.notify_all()
                 renewer.join()
             self._emit("summary", stats=self.stats.copy())
             self._emit("stopped", stats=self.stats.copy())
@@ -474,11 +480,11 @@ class Worker:
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         with self._cond:
             self.stats.received += len(messages)
-            self._deliveries.extend(deliveries)
+            self._deliveries.update(deliveries)
             taken = len([u for u in units if u])
             self._in_flight += taken
             self._waiting += taken
-            self._cond.notify_all()  # wakes the renewer
+            self._renew_cond.notify_all()
         for unit in units:
             if unit:
                 for d in unit:
@@ -496,8 +502,8 @@ class Worker:
                 with self._cond:
                     self._waiting -= 1
                     unstarted = self._stopping and self.prefetch > 1
-                    if self._waiting < self.concurrency:
-                        self._cond.notify_all()  # the loop may claim more
+                    if self.prefetch > 1 and self._waiting == self.concurrency - 1:
+                        self._cond.notify_all()  # below the low-water mark: claim more
                 try:
                     plan = next(p for p in self.plans if p.model is unit[0].model)
                     if unstarted:
@@ -512,9 +518,11 @@ class Worker:
                     with self._cond:
                         for d in unit:
                             d.done = True
-                        self._deliveries = [d for d in self._deliveries if not d.done]
+                        self._deliveries.difference_update(unit)
                         self._in_flight -= 1
                         self._cond.notify_all()
+                        if self._stopping and self._in_flight == 0:
+                            self._renew_cond.notify_all()
                     recycle_connections()
         finally:
             connections.close_all()
@@ -661,9 +669,10 @@ class Worker:
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        pending = [d.message for d in deliveries if not acked_by_receiver(d.message)]
-        if pending:
-            api.ack_many(deliveries[0].model, pending, using=db)
+        pending = [d.message.key for d in deliveries if not acked_by_receiver(d.message)]
+        if pending:  # (api.ack_many, with the queue's engine already looked up)
+            model = deliveries[0].model
+            self._cached(model)[1].ack_many(model, pending, using=db)
 
     def _retry(
         self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
@@ -830,7 +839,7 @@ class Worker:
                     if not due:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
-                        self._cond.wait(timeout=max(0.01, min(wait, 1.0)))
+                        self._renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
                         continue
                 self._renew(due)
         finally:
