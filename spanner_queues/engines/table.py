@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError, connections
-from django.db.models import Max, Min, Q
+from django.db.models import BinaryField, Max, Min, Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
@@ -50,7 +50,7 @@ class _RowStatements:
     the same SQL as ``filter(<key>, deliver_time=...).update(...)`` and
     ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
 
-    __slots__ = ("claim_sql", "delete_sql", "fields", "key", "using")
+    __slots__ = ("claim_sql", "delete_sql", "fields", "insert_fields", "insert_sql", "key", "using")
 
     def __init__(self, model: type[Queue], using: str) -> None:
         quote = connections[using].ops.quote_name
@@ -67,6 +67,25 @@ class _RowStatements:
         deliver = quote(self.fields["deliver_time"].column)
         self.claim_sql = f"UPDATE {table} SET {sets} WHERE {where} AND {deliver} = %s"
         self.delete_sql = f"DELETE FROM {table} WHERE {where}"
+        # One message's INSERT, as bulk_create writes it, unless a column is filled by the
+        # database (auto-increment keys, db_default) or needs a custom placeholder: then
+        # bulk_create it stays.
+        connection = connections[using]
+        fields = list(meta.local_concrete_fields)
+        plain = all(
+            not getattr(f, "db_returning", False)
+            and not (hasattr(f, "has_db_default") and f.has_db_default())
+            and (not hasattr(f, "get_placeholder") or isinstance(f, BinaryField))
+            for f in fields
+        )
+        self.insert_fields = fields if plain else None
+        columns = ", ".join(quote(f.column) for f in fields)
+        values = ", ".join(
+            # the payload: bytes, never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
+            f.get_placeholder(b"", None, connection) if isinstance(f, BinaryField) else "%s"
+            for f in fields
+        )
+        self.insert_sql = f"INSERT INTO {table} ({columns}) VALUES ({values})"
 
     @staticmethod
     def _lookup(field: Any, value: Any, connection: Any) -> Any:
@@ -98,6 +117,16 @@ class _RowStatements:
         with connection.cursor() as cursor:
             cursor.execute(self.claim_sql, params)
             return cursor.rowcount
+
+    def insert(self, row: Queue) -> None:
+        connection = connections[self.using]
+        params = [
+            f.get_db_prep_save(f.pre_save(row, True), connection) for f in self.insert_fields or ()
+        ]
+        with connection.cursor() as cursor:
+            cursor.execute(self.insert_sql, params)
+        row._state.adding = False
+        row._state.db = self.using
 
     def delete(self, key: Sequence[Any]) -> int:
         connection = connections[self.using]
@@ -181,8 +210,12 @@ class TableQueueEngine(BaseQueueEngine):
         parent_field = queue_options(model).interleave_in_parent
         if parent_field and not driver.supports_interleave:
             self._check_parents(model, parent_field, messages, using)
+        statements = self._statements(model, using) if len(new_rows) == 1 else None
         try:
-            rows(model, using).bulk_create(new_rows)
+            if statements is not None and statements.insert_fields is not None:
+                statements.insert(new_rows[0])  # one message (an outbox send): no ORM compile
+            else:
+                rows(model, using).bulk_create(new_rows)
         except Exception as exc:
             keys = ", ".join(str(tuple(m.key.values())) for m in messages)
             if isinstance(exc, IntegrityError) and driver.is_duplicate_key(exc):
