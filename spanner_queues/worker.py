@@ -9,8 +9,8 @@
   ``concurrency`` are left waiting. Each message is still processed on its own, in its own
   transaction with its ack; waiting messages' leases are renewed like running ones; a waiting
   message whose lease was lost or has expired is not run. On ``stop()`` messages that were
-  prefetched but not started are released (due now) where the engine can release, else left to
-  their lease expiry.
+  prefetched but not started are given back due now without spending an attempt (first
+  delivery: ack and re-send in one transaction) or, if they had failed before, run first.
 - An ``atomic`` receiver's writes and the ack of its message commit in one transaction.
 - ``raise Retry(after=...)``: the receiver's writes roll back; the message is acked and sent
   again under the same key, due ``after`` later, in one transaction.
@@ -507,7 +507,7 @@ class Worker:
                 try:
                     plan = next(p for p in self.plans if p.model is unit[0].model)
                     if unstarted:
-                        self._return_unstarted(unit)
+                        self._return_unstarted(plan, unit)
                     elif plan.batch:
                         self._run_batch(plan, unit)
                     else:
@@ -553,28 +553,64 @@ class Worker:
             self._lease_lost(lost, LeaseLost("lease lost or expired before the receiver ran"))
         return mine
 
-    def _return_unstarted(self, unit: list[_Delivery]) -> None:
-        """At stop: give back prefetched messages that were not started (due now)."""
+    def _return_unstarted(self, plan: _Plan, unit: list[_Delivery]) -> None:
+        """At stop: give back prefetched messages that were not started, due now, without
+        spending one of their attempts (the claim counted one; a release would keep it, and
+        enough graceful stops would then dead-letter a message that never ran):
+
+        - first delivery (attempt 1): ack and send it again under its key in one transaction,
+          as if it had never been received (attempts back to 0; its send time restarts);
+        - a later delivery (it failed before): run it now, like in-flight work, so that its
+          attempt is one that ran;
+        - engines that count no attempts: release it where the engine can release, else leave
+          it to its lease expiry.
+        """
+        run_now = []
         for d in unit:
-            engine = self._cached(d.model)[1]
+            db, engine, _ = self._cached(d.model)
+            features = engine.features
+            if features.supports_attempt_count and d.message.attempt > 1:
+                run_now.append(d)
+                continue
             with self._renew_lock:
-                if d.lease_lost or not engine.features.supports_release:
-                    continue  # left to its lease expiry
+                if d.lease_lost:
+                    continue
+                m = d.message
                 try:
-                    api.release(d.message)
-                except LeaseLost:
-                    logger.warning("%s: lease lost before release", d.message)
+                    if features.supports_attempt_count:
+                        run_in_transaction(
+                            lambda m=m, db=db, model=d.model: (
+                                api.ack_many(model, [m], using=db),
+                                api.send_many(
+                                    model, [dict(m.key_dict, payload=m.payload)], using=db
+                                ),
+                            ),
+                            using=db,
+                            retries=engine.params.transaction_retries,
+                        )
+                    elif features.supports_release:
+                        api.release(m)
+                    else:
+                        continue  # left to its lease expiry
+                except (LeaseLost, MessageAlreadyAcked):
+                    logger.warning("%s: lease lost before it was given back", m)
                     continue
                 except Exception:
-                    logger.exception("%s: release failed; left to lease expiry", d.message)
+                    logger.exception("%s: giving it back failed; left to lease expiry", m)
                     continue
             self._count("returned")
             logger.debug(
-                "%s: prefetched, not started; released at stop",
+                "%s: prefetched, not started; given back at stop",
                 d.message,
                 extra=_extra("returned", d.message),
             )
             self._emit("returned", message=d.message)
+        if run_now:
+            if plan.batch:
+                self._run_batch(plan, run_now)
+            else:
+                for d in run_now:
+                    self._run_single(plan, d)
 
     def _run_single(self, plan: _Plan, delivery: _Delivery) -> None:
         if not self._still_mine([delivery]):

@@ -101,9 +101,49 @@ def test_stop_releases_prefetched_messages_not_started(
     assert worker.stats.returned == 4 and events.counts["returned"] == 4
     returned = {m.key for m in events.messages("returned")}
     assert returned == {m.key for m in sent} - {first.key}
-    # released due now: anyone can receive them at once
+    # given back due now, without spending an attempt: anyone can receive them at once, and
+    # it is their first delivery again
     again = api.receive(WorkItems, max_messages=10)
     assert {m.key for m in again} == returned
+    assert {m.attempt for m in again} == {1}
+
+
+def _stop_before_start(worker: Worker, claim: int) -> None:
+    """What run() does when stop() comes between a claim and an executor taking the messages:
+    claim into the buffer, stop, then let one executor drain the buffer."""
+    assert worker._receive(worker.plans[0], claim) >= 1
+    worker.stop()
+    worker._units.put(None)
+    executor = threading.Thread(target=worker._executor)
+    executor.start()
+    executor.join(60)
+    assert not executor.is_alive()
+
+
+def test_graceful_stops_do_not_spend_attempts_of_unstarted_messages(
+    make_worker: MakeWorker,
+) -> None:
+    require("supports_attempt_count")
+    sent = WorkItems.send(id="never-ran", payload={})
+    for _ in range(4):  # more stops than WorkItems' max_attempts
+        worker = make_worker(WorkItems, concurrency=1, prefetch=2)
+        _stop_before_start(worker, 2)
+        assert worker.stats.returned == 1 and worker.stats.processed == 0
+    stats = make_worker(WorkItems, burst=True).run()
+    assert stats.processed == 1 and stats.dead_lettered == 0
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 1)]
+
+
+def test_at_stop_an_unstarted_message_that_failed_before_is_run(make_worker: MakeWorker) -> None:
+    require("supports_attempt_count")
+    require("supports_release")
+    sent = WorkItems.send(id="failed-once", payload={})
+    (first,) = api.receive(WorkItems)
+    api.release(first)  # as after a failure: its first attempt is spent
+    worker = make_worker(WorkItems, concurrency=1, prefetch=2)
+    _stop_before_start(worker, 2)
+    assert worker.stats.returned == 0 and worker.stats.processed == 1
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
 
 
 def test_prefetched_message_whose_lease_was_lost_is_not_run(
