@@ -77,7 +77,7 @@ class Command(BaseCommand):
             default=1,
             help="Messages each thread may hold: one receive claims up to CONCURRENCY x "
             "PREFETCH minus those held, each then processed and acked in its own "
-            "transaction; unstarted ones are released at stop. For short receivers and "
+            "transaction; unstarted ones are given back at stop. For short receivers and "
             "backlogs; 1 claims only for free threads (default: %(default)s).",
         )
         parser.add_argument(
