@@ -37,7 +37,7 @@ from spanner_queues.exceptions import (
     NotSupportedByEngine,
     QueueConfigurationError,
 )
-from spanner_queues.keys import key_names
+from spanner_queues.keys import key_fields, key_names
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.native import client
 from spanner_queues.native.ddl import GOOGLESQL, QueueDeclaration, declare, dialect, duration
@@ -54,6 +54,27 @@ logger = logging.getLogger("spanner_queues.native")
 
 #: Spanner's lease: 10 s from delivery or renewal, not configurable.
 NATIVE_LEASE = timedelta(seconds=10)
+
+
+def _prep_key(model: type[Queue], key: Sequence[Any], connection: Any) -> list[Any]:
+    """Key values as the ORM writes and filters them (``UUIDField`` -> 32-char hex,
+    ``BinaryField`` -> base64 for the client): the same values for DML and mutations."""
+    return [
+        f.get_db_prep_value(v, connection, prepared=False)
+        for f, v in zip(key_fields(model), key, strict=True)
+    ]
+
+
+def _key_from_row(model: type[Queue], values: Sequence[Any]) -> tuple[Any, ...]:
+    """RECEIVE key columns back to Python values, as the ORM reads them."""
+    out = []
+    for f, v in zip(key_fields(model), values, strict=True):
+        if v is not None and f.get_internal_type() == "BinaryField":
+            v = client.decode_bytes(v)
+        elif v is not None:
+            v = f.to_python(v)
+        out.append(v)
+    return tuple(out)
 
 
 def _number(options: Any, name: str, default: float, alias: str, *, minimum: float) -> float:
@@ -173,12 +194,13 @@ class NativeQueueEngine(BaseQueueEngine):
         later = [m for m in messages if m.deliver_time is not None and m.deliver_time > now]
         at_once = [m for m in messages if m not in later]
         statements = []
+        conn = connections[using]
         for group, timed in ((at_once, False), (later, True)):
             if not group:
                 continue
             params: list[Any] = []
             for m in group:
-                params.extend(m.key[n] for n in names)
+                params.extend(_prep_key(model, [m.key[n] for n in names], conn))
                 params.append(client.encode_bytes(m.payload))
                 if timed:
                     params.append(m.deliver_time)
@@ -186,7 +208,9 @@ class NativeQueueEngine(BaseQueueEngine):
                 (self.cursor_dialect.insert(decl, len(group), with_deliver_time=timed), params)
             )
         try:
-            with connections[using].cursor() as cursor:
+            # One transaction for all statements (immediate and delayed messages are two
+            # INSERTs): all or nothing even outside the caller's ``atomic``.
+            with transaction.atomic(using=using), conn.cursor() as cursor:
                 for sql, params in statements:
                     cursor.execute(sql, params)
         except Exception as exc:
@@ -214,13 +238,28 @@ class NativeQueueEngine(BaseQueueEngine):
         Returns the commit timestamp."""
         decl = self.declaration(model)
         names = key_names(model)
-        return client.commit_mutations(
-            self._spanner(),
-            sends=[
-                (decl.name, tuple(m.key[n] for n in names), m.payload, m.deliver_time)
-                for m in messages
-            ],
-        )
+        connection = connections[self.database]
+        try:
+            return client.commit_mutations(
+                self._spanner(),
+                sends=[
+                    (
+                        decl.name,
+                        tuple(_prep_key(model, [m.key[n] for n in names], connection)),
+                        m.payload,
+                        m.deliver_time,
+                    )
+                    for m in messages
+                ],
+            )
+        except Exception as exc:
+            if client.grpc_status(exc) == "ALREADY_EXISTS":
+                raise MessageAlreadyExists(
+                    f"{model._meta.label}: a message with one of the keys "
+                    f"{[tuple(m.key.values()) for m in messages]!r} already exists; nothing "
+                    "was sent."
+                ) from exc
+            raise
 
     # --- receiving ------------------------------------------------------------------------
     def receive_sql(self, model: type[Queue]) -> str:
@@ -245,7 +284,7 @@ class NativeQueueEngine(BaseQueueEngine):
 
                 def parse(row: Sequence[Any]) -> Delivery:
                     return Delivery(
-                        key=tuple(row[:n]),
+                        key=_key_from_row(model, row[:n]),
                         payload=client.decode_bytes(row[n]),
                         deliver_time=row[n + 1],
                         lease_token=row[n + 2],
@@ -313,10 +352,11 @@ class NativeQueueEngine(BaseQueueEngine):
         self._require_googlesql("Acking with DML")
         sql = self.cursor_dialect.ack(self.declaration(model))
         # One statement per key, all in one transaction (the caller's, when there is one).
-        with transaction.atomic(using=using), connections[using].cursor() as cursor:
+        conn = connections[using]
+        with transaction.atomic(using=using), conn.cursor() as cursor:
             for key in keys:
                 try:
-                    cursor.execute(sql, list(key))
+                    cursor.execute(sql, _prep_key(model, key, conn))
                 except Exception as exc:
                     if client.grpc_status(exc) != "OUT_OF_RANGE":
                         raise
@@ -340,10 +380,14 @@ class NativeQueueEngine(BaseQueueEngine):
         ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing is acked,
         unless ``ignore_not_found``. Returns the commit timestamp."""
         name = self.declaration(model).name
+        connection = connections[self.database]
         try:
             return client.commit_mutations(
                 self._spanner(),
-                acks=[(name, tuple(k), True if ignore_not_found else None) for k in keys],
+                acks=[
+                    (name, tuple(_prep_key(model, k, connection)), ignore_not_found or None)
+                    for k in keys
+                ],
             )
         except Exception as exc:
             if client.grpc_status(exc) == "NOT_FOUND":

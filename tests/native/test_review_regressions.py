@@ -1,0 +1,115 @@
+"""Regressions for the native-engine review: key conversion, all-or-nothing send_many."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, models
+from django.test.utils import isolate_apps
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.exceptions import MessageAlreadyExists
+from spanner_queues.message import OutgoingMessage
+from spanner_queues.models import Queue
+from spanner_queues.options import queue_options
+from tests.conftest import wait_until
+from tests.testapp.models import UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_send_many_outside_a_transaction_is_all_or_nothing(fake) -> None:
+    """An immediate and a delayed message are two INSERTs: one transaction for both."""
+    later = timezone.now() + timedelta(hours=1)
+    UserTasks.send(user_id=1, message_id="dup", payload="")
+    with pytest.raises(MessageAlreadyExists):
+        api.send_many(
+            UserTasks,
+            [
+                {"user_id": 1, "message_id": "new", "payload": ""},
+                {"user_id": 1, "message_id": "dup", "payload": "", "deliver_time": later},
+            ],
+        )
+    assert not UserTasks.objects.filter(user_id=1, message_id="new").exists()
+
+
+def test_uuid_key_is_sent_as_the_32_char_hex_the_column_holds(monkeypatch) -> None:
+    """UUIDField keys get STRING(32) and the ORM writes ``.hex``: so must send_many."""
+    with isolate_apps("tests.testapp"):
+
+        class UuidTasks(Queue):
+            id = models.UUIDField(primary_key=True)
+
+            class Meta:
+                app_label = "testapp"
+
+    engine = engines["default"]
+    assert "id STRING(32) NOT NULL" in engine.dialect.create_queue(engine.declaration(UuidTasks))
+    sent: list = []
+
+    class Cursor:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def execute(self, sql, params=None):
+            sent.append(params)
+
+    monkeypatch.setattr(connections["default"], "cursor", lambda: Cursor())
+    key = uuid.uuid4()
+    engine.send_many(UuidTasks, [OutgoingMessage(key={"id": key}, payload=b"")], using="default")
+    from google.cloud.spanner_v1._helpers import _make_value_pb
+
+    wire = _make_value_pb(sent[0][0]).string_value
+    assert wire == key.hex, f"{wire!r} ({len(wire)} chars) goes into a STRING(32) column"
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "wire"),
+    [
+        (models.UUIDField, uuid.UUID(int=0xABC), uuid.UUID(int=0xABC).hex),
+        (models.BinaryField, b"\x00\xffk", "AP9r"),
+    ],
+    ids=["uuid", "bytes"],
+)
+def test_key_round_trip_send_receive_ack(fake, field, value, wire) -> None:
+    with isolate_apps("tests.testapp"):
+
+        class OddKeyTasks(Queue):
+            id = field(primary_key=True, max_length=16)
+
+            class Meta:
+                app_label = "testapp"
+
+    engine = engines["default"]
+    with connection.schema_editor() as editor:
+        engine.create_queue(editor, OddKeyTasks, queue_options(OddKeyTasks))
+    try:
+        out = OutgoingMessage(key={"id": value}, payload=b"p")
+        engine.send_many(OddKeyTasks, [out], using="default")
+        [insert] = fake.sql("INSERT INTO testapp_oddkeytasks")
+        assert insert.request.params["a0"] == wire
+        [message] = wait_until(lambda: engine.receive(OddKeyTasks))
+        assert message.key == (value,) and message.payload == b"p"
+        fake.clear()
+        engine.ack_many(OddKeyTasks, [message.key], using="default")
+        [delete] = fake.sql("DELETE FROM testapp_oddkeytasks")
+        assert delete.request.params["a0"] == wire
+        engine.send_mutations(OddKeyTasks, [out])
+        assert list(fake.commits()[-1].mutations[0].send.key) == [wire]
+        engine.ack_mutations(OddKeyTasks, [(value,)])
+        assert list(fake.commits()[-1].mutations[0].ack.key) == [wire]
+        with pytest.raises(MessageAlreadyExists):
+            engine.send_mutations(OddKeyTasks, [out, out])
+    finally:
+        fake.streams_end.set()  # end the stream so the receiver's thread finishes now
+        engine.stop_receiving(OddKeyTasks, wait=5)
+        fake.streams_end.clear()
+        with connection.schema_editor() as editor:
+            engine.drop_queue(editor, OddKeyTasks, queue_options(OddKeyTasks))
