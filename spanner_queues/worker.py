@@ -51,6 +51,7 @@ from spanner_queues.deadletter import dead_letter
 from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyAcked,
+    MessageAlreadyExists,
     QueueConfigurationError,
     Retry,
 )
@@ -730,7 +731,8 @@ class Worker:
                     dict(
                         d.message.key_dict,
                         payload=d.message.payload,
-                        deliver_time=now + (exc.after or _backoff(d.message, engine)),
+                        deliver_time=now
+                        + (exc.after if exc.after is not None else _backoff(d.message, engine)),
                     )
                     for d in mine
                 ],
@@ -861,6 +863,21 @@ class Worker:
                     self._release(d)
             except MessageAlreadyAcked:
                 logger.warning("%s: already acked; nothing to dead-letter", m)
+            except MessageAlreadyExists:
+                # The dead-letter queue already holds this key (an earlier dead letter, a
+                # periodic or heartbeat key): say so, and give the message back with back-off
+                # so it is neither lost nor overwritten; an operator resolves the clash.
+                logger.error(
+                    "%s: %d attempts, but dead-letter queue %s already holds key %r; left in "
+                    "its queue (resolve the clash in the admin)",
+                    m,
+                    m.attempt,
+                    options.dead_letter_queue,
+                    m.key,
+                    extra=_extra("dead_letter_clash", m),
+                )
+                if self._cached(d.model)[1].features.supports_release:
+                    self._release(d)
 
     # --- lease renewal ----------------------------------------------------------------------
     def _renewer(self) -> None:

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core import checks
-from django.db import IntegrityError, connections
+from django.db import IntegrityError, connections, transaction
 from django.db.models import BinaryField, Max, Min, Q
 from django.utils import timezone
 
@@ -358,17 +358,30 @@ class TableQueueEngine(BaseQueueEngine):
                     "(or deleted). Roll back: the work may have been done by another receiver."
                 )
             return
+        duplicates = {tuple(k) for k in keys if list(map(tuple, keys)).count(tuple(k)) > 1}
+        if duplicates:
+            raise MessageAlreadyAcked(
+                f"{model._meta.label}: key(s) {sorted(duplicates)!r} given twice; a message is "
+                "acked at most once."
+            )
         manager = rows(model, using)
         condition = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
         names = key_names(model)
-        present = set(manager.filter(condition).values_list(*names))
-        missing = [k for k in keys if tuple(k) not in present]
-        if missing:
+
+        def delete_all() -> None:
+            # All or nothing even in autocommit: the count of the DELETE itself decides, so a
+            # concurrent ack between reading and deleting cannot make both callers succeed.
+            present = set(manager.filter(condition).values_list(*names))
+            missing = [k for k in keys if tuple(k) not in present]
+            if not missing and manager.filter(condition)._raw_delete(using) == len(keys):
+                return
             raise MessageAlreadyAcked(
-                f"{model._meta.label}: no message with key(s) {missing!r}; already acked "
-                "(or deleted). Roll back the transaction."
+                f"{model._meta.label}: no message with key(s) {missing or list(keys)!r}; already "
+                "acked (or deleted). Roll back the transaction."
             )
-        manager.filter(condition)._raw_delete(using)
+
+        with transaction.atomic(using=using):
+            delete_all()
 
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
