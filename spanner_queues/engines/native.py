@@ -271,6 +271,11 @@ class NativeQueueEngine(BaseQueueEngine):
         label = model._meta.label
         with self._lock:
             receiver = self._receivers.get(label)
+            if receiver is not None and receiver.fatal is not None:
+                # A permanent error stopped it (``take`` raised it): start afresh, the queue
+                # may have been created or the permission granted since.
+                del self._receivers[label]
+                receiver = None
             if receiver is None:
                 database = self._spanner()
                 sql = self.receive_sql(model)
@@ -278,9 +283,21 @@ class NativeQueueEngine(BaseQueueEngine):
 
                 deadline = self.max_duration_seconds + 30  # the call's own gRPC deadline
 
+                current: dict[str, Any] = {}
+
                 def open_stream() -> Any:
-                    with database.snapshot() as snapshot:  # strong, single use: never stale
-                        yield from snapshot.execute_sql(sql, timeout=deadline)
+                    with database.snapshot() as snapshot:  # a pooled session, as the client
+                        call = client.receive_stream(database, snapshot._session, sql, deadline)
+                        current["call"] = call
+                        try:
+                            yield from client.rows_of(call)
+                        finally:
+                            current.pop("call", None)
+
+                def cancel() -> None:
+                    call = current.get("call")
+                    if call is not None:
+                        call.cancel()
 
                 def parse(row: Sequence[Any]) -> Delivery:
                     return Delivery(
@@ -298,6 +315,7 @@ class NativeQueueEngine(BaseQueueEngine):
                     parse,
                     buffer_size=self.buffer_size,
                     lease_margin=self.lease_margin,
+                    cancel=cancel,
                 )
             receiver.start()
             return receiver

@@ -64,6 +64,40 @@ def renew(database: Any, sql: str, tokens: Sequence[str]) -> dict[str, tuple[str
         return {old: (new, expires) for old, new, expires in rows}
 
 
+def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any:
+    """Start ``RECEIVE_<Q>`` one level below ``Snapshot.execute_sql``: the raw
+    ``ExecuteStreamingSql`` call on a strong single-use read-only transaction. Its
+    ``_restart_on_unavailable`` would hold rows back until a PartialResultSet carries a resume
+    token, retry UNAVAILABLE without back-off and resume RECEIVE with a token; here restarts are
+    the ``Receiver``'s, and the returned call can be ``cancel()``ed."""
+    from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
+    from google.cloud.spanner_v1._helpers import _merge_query_options, _metadata_with_prefix
+    from google.cloud.spanner_v1.types import TransactionOptions
+
+    request = ExecuteSqlRequest(
+        session=session.name,
+        sql=sql,
+        transaction=TransactionSelector(
+            single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+        ),
+        query_options=_merge_query_options(database._instance._client._query_options, None),
+        request_options=RequestOptions(),
+    )
+    return database.spanner_api.execute_streaming_sql(
+        request=request,
+        metadata=_metadata_with_prefix(database.name),
+        retry=None,
+        timeout=timeout,
+    )
+
+
+def rows_of(call: Any) -> Iterator[Any]:
+    """Decoded rows of a streaming call, each as soon as its PartialResultSet arrives."""
+    from google.cloud.spanner_v1.streamed import StreamedResultSet
+
+    yield from StreamedResultSet(call)
+
+
 def commit_mutations(
     database: Any,
     *,

@@ -21,7 +21,37 @@ from typing import Any
 
 from django.utils import timezone
 
+from spanner_queues.exceptions import (
+    NotSupportedByEngine,
+    QueueConfigurationError,
+    QueueError,
+    UnknownQueue,
+)
+from spanner_queues.native.client import grpc_status
+
 logger = logging.getLogger("spanner_queues.native.receive")
+
+#: Errors that no restart can cure: the stream stops and ``take`` raises them.
+PERMANENT = frozenset(
+    {"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "UNIMPLEMENTED", "FAILED_PRECONDITION"}
+)
+
+
+def permanent_error(name: str, exc: BaseException) -> QueueError | None:
+    """The ``QueueError`` for a permanent gRPC error of the stream, None when transient
+    (UNAVAILABLE, ABORTED, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, INTERNAL...: restarted)."""
+    status = grpc_status(exc)
+    if status not in PERMANENT:
+        return None
+    text = f"RECEIVE for {name} failed with {status}: {getattr(exc, 'message', exc)}"
+    if status == "UNIMPLEMENTED":
+        error: QueueError = NotSupportedByEngine(text)
+    elif status == "NOT_FOUND":
+        error = UnknownQueue(text)
+    else:
+        error = QueueConfigurationError(text)
+    error.grpc_status = status  # type: ignore[attr-defined]
+    return error
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,10 +83,12 @@ class Receiver:
         lease_margin: timedelta = timedelta(seconds=0.5),
         restart_delay: float = 0.2,
         max_restart_delay: float = 10.0,
+        cancel: Callable[[], None] | None = None,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
         self._parse = parse
+        self._cancel = cancel
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._buffer_size = buffer_size
         self._margin = lease_margin
@@ -69,11 +101,13 @@ class Receiver:
         self.streams_started = 0
         self.skipped_expired = 0
         self.last_error: BaseException | None = None
+        #: a permanent error: the stream has stopped and ``take`` raises it.
+        self.fatal: QueueError | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
     def start(self) -> None:
         with self._cond:
-            if self._thread is None or not self._thread.is_alive():
+            if (self._thread is None or not self._thread.is_alive()) and self.fatal is None:
                 self._stop.clear()
                 self._thread = threading.Thread(
                     target=self._run, name=f"spanner-queues-receive-{self.name}", daemon=True
@@ -82,9 +116,14 @@ class Receiver:
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop reading; rows already leased but not taken are dropped (they are redelivered
-        when their lease expires). The stream cannot be cancelled from outside, so the thread
-        ends when the next row arrives or ``max_duration`` elapses; ``timeout`` waits for it."""
+        when their lease expires). The stream's gRPC call is cancelled, so the thread ends
+        promptly; ``timeout`` waits for it."""
         self._stop.set()
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:  # already finished
+                logger.debug("cancelling the RECEIVE stream of %s failed", self.name, exc_info=True)
         with self._cond:
             self._buffer.clear()
             self._cond.notify_all()
@@ -113,8 +152,18 @@ class Receiver:
                             self._cond.wait(0.5)
                 failures = 0  # max_duration elapsed: call RECEIVE again at once
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
-                failures += 1
+                if self._stop.is_set():  # cancelled by stop()
+                    return
                 self.last_error = exc
+                fatal = permanent_error(self.name, exc)
+                if fatal is not None:
+                    logger.error("%s; not restarting", fatal)
+                    with self._cond:
+                        self.fatal = fatal
+                        self._batch_open = False
+                        self._cond.notify_all()
+                    return
+                failures += 1
                 delay = min(
                     self._restart_delay * (2 ** min(failures - 1, 8)), self._max_restart_delay
                 )
@@ -142,6 +191,8 @@ class Receiver:
         deadline = time.monotonic() + wait
         with self._cond:
             while True:
+                if self.fatal is not None and not self._buffer:
+                    raise self.fatal
                 self._drop_expired()
                 enough = len(self._buffer) >= max_messages
                 batch_done = self._buffer and not self._batch_open

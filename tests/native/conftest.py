@@ -56,6 +56,7 @@ def _native_isolation(django_db_blocker: Any) -> Iterator[None]:
         engine.stop_receiving(wait=5)
         fake.streams_end.clear()
         fake.lease_seconds = 10.0
+        fake.resume_tokens = True
         fake.clear()
     else:  # real Spanner: a stream ends at max_duration; wait, or it leases the next test's
         engine.stop_receiving(wait=engine.max_duration_seconds + 5)

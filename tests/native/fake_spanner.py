@@ -162,6 +162,8 @@ class FakeSpanner:
         #: TABLE_TYPE that information_schema.tables gives queues (Spanner's value is unknown).
         self.queue_table_type = "QUEUE"
         self.streams_end = threading.Event()
+        #: whether RECEIVE batches carry resume tokens (Spanner's behaviour is undocumented).
+        self.resume_tokens = True
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self.server: grpc.Server | None = None
@@ -925,7 +927,8 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
         # until one arrives (snapshot._restart_on_unavailable).
         tokens = itertools.count(1)
         first = result_set.PartialResultSet(metadata=meta)
-        first.resume_token = b"r0"
+        if self.fake.resume_tokens:
+            first.resume_token = b"r0"
         yield first
         deadline = time.monotonic() + duration
         while (
@@ -936,7 +939,8 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
             rows = receive_rows(self.fake, db, table.name, columns, batch)
             if rows:
                 out = partial(rows)
-                out.resume_token = f"r{next(tokens)}".encode()
+                if self.fake.resume_tokens:
+                    out.resume_token = f"r{next(tokens)}".encode()
                 yield out
             else:
                 self.fake.streams_end.wait(0.02)

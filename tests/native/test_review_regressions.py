@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from datetime import timedelta
 
+import grpc
 import pytest
 from django.db import connection, connections, models
 from django.test.utils import isolate_apps
@@ -12,7 +15,12 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
-from spanner_queues.exceptions import MessageAlreadyExists
+from spanner_queues.exceptions import (
+    MessageAlreadyExists,
+    NotSupportedByEngine,
+    QueueConfigurationError,
+    UnknownQueue,
+)
 from spanner_queues.message import OutgoingMessage
 from spanner_queues.models import Queue
 from spanner_queues.options import queue_options
@@ -113,3 +121,66 @@ def test_key_round_trip_send_receive_ack(fake, field, value, wire) -> None:
         fake.streams_end.clear()
         with connection.schema_editor() as editor:
             engine.drop_queue(editor, OddKeyTasks, queue_options(OddKeyTasks))
+
+
+@pytest.mark.parametrize(
+    ("code", "error"),
+    [
+        (grpc.StatusCode.INVALID_ARGUMENT, QueueConfigurationError),
+        (grpc.StatusCode.NOT_FOUND, UnknownQueue),
+        (grpc.StatusCode.PERMISSION_DENIED, QueueConfigurationError),
+        (grpc.StatusCode.UNIMPLEMENTED, NotSupportedByEngine),
+        (grpc.StatusCode.FAILED_PRECONDITION, QueueConfigurationError),
+    ],
+)
+def test_permanent_receive_errors_surface(fake, code, error) -> None:
+    fake.fail("ExecuteStreamingSql", code, "no such thing", sql_contains="RECEIVE_")
+    with pytest.raises(error, match="no such thing") as raised:
+        api.receive(UserTasks)
+    assert raised.value.grpc_status == code.name
+    assert len(fake.sql("RECEIVE_")) == 1  # not retried
+    UserTasks.send(user_id=1, message_id="a", payload="x")  # the next call starts afresh
+    assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.ABORTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.INTERNAL,
+    ],
+)
+def test_transient_receive_errors_are_retried_and_logged(fake, code, caplog) -> None:
+    caplog.set_level(logging.WARNING, logger="spanner_queues.native.receive")
+    fake.fail("ExecuteStreamingSql", code, "try again", sql_contains="RECEIVE_", times=2)
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")
+    assert len(fake.sql("RECEIVE_")) >= 2
+    assert "try again" in caplog.text
+
+
+def test_rows_without_resume_tokens_are_not_held_until_the_stream_ends(fake) -> None:
+    """RECEIVE runs below Snapshot.execute_sql, whose _restart_on_unavailable would buffer
+    PartialResultSets until one carries a resume token (here: never, until max_duration)."""
+    fake.resume_tokens = False
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    deadline = time.monotonic() + 3.0  # the stream's max_duration is 5 s
+    got: list = []
+    while not got and time.monotonic() < deadline:
+        got = api.receive(UserTasks)
+    assert got, "the leased row sat in the client's buffer until the stream ended"
+
+
+def test_stop_cancels_the_stream(fake) -> None:
+    """stop() cancels the gRPC call: the receiver's thread ends without the stream ending."""
+    engine = engines["default"]
+    api.receive(UserTasks)
+    receiver = engine._receivers[UserTasks._meta.label]
+    assert receiver.running
+    thread = receiver._thread
+    engine.stop_receiving(UserTasks)
+    thread.join(4.0)  # well within the stream's max_duration (5 s): only cancel() ends it
+    assert not thread.is_alive() and not fake.streams_end.is_set()
