@@ -3,7 +3,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from django.db import connection
@@ -21,6 +21,21 @@ def wait_until(condition: Callable[[], T], timeout: float = 20.0, interval: floa
         if time.monotonic() > deadline:
             pytest.fail(f"condition not met within {timeout} s")
         time.sleep(interval)
+
+
+def receive_due(queue: Any, count: int = 1, timeout: float = 20.0, **kwargs: Any) -> list[Any]:
+    """Receive until ``count`` messages that are due have arrived (a streaming engine may hand
+    them over a moment after they are due); fail the test on timeout."""
+    from spanner_queues import api
+
+    got: list[Any] = []
+
+    def enough() -> bool:
+        got.extend(api.receive(queue, **kwargs))
+        return len(got) >= count
+
+    wait_until(enough, timeout=timeout)
+    return got
 
 
 @pytest.fixture

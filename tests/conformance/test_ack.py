@@ -7,6 +7,7 @@ from django.db import transaction
 
 from spanner_queues import api
 from spanner_queues.exceptions import MessageAlreadyAcked
+from tests.conftest import receive_due
 from tests.testapp.models import Account, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -14,7 +15,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_ack_deletes_with_business_writes() -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    message = api.receive(UserTasks)[0]
+    message = receive_due(UserTasks)[0]
     with transaction.atomic():
         Account.objects.create(name="done")
         api.ack(message)
@@ -24,7 +25,7 @@ def test_ack_deletes_with_business_writes() -> None:
 
 def test_ack_in_rolled_back_transaction_leaves_message() -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    message = api.receive(UserTasks)[0]
+    message = receive_due(UserTasks)[0]
     with pytest.raises(RuntimeError), transaction.atomic():
         api.ack(message)
         Account.objects.create(name="work")
@@ -35,7 +36,7 @@ def test_ack_in_rolled_back_transaction_leaves_message() -> None:
 
 def test_second_ack_is_detected() -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    message = api.receive(UserTasks)[0]
+    message = receive_due(UserTasks)[0]
     api.ack(message)
     with pytest.raises(MessageAlreadyAcked, match="already acked"), transaction.atomic():
         Account.objects.create(name="duplicate work")
@@ -45,7 +46,7 @@ def test_second_ack_is_detected() -> None:
 
 def test_ack_many_is_all_or_nothing() -> None:
     UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "abc"])
-    batch = api.receive(UserTasks, max_messages=3)
+    batch = receive_due(UserTasks, 3, max_messages=3)
     api.ack(batch[0])
     with pytest.raises(MessageAlreadyAcked), transaction.atomic():
         api.ack_many(UserTasks, batch)

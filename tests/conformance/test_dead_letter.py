@@ -6,9 +6,9 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from spanner_queues import api
 from spanner_queues.deadletter import dead_letter, replay
 from spanner_queues.exceptions import QueueConfigurationError
+from tests.conftest import receive_due
 from tests.testapp.models import Emails, EmailsDead, Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_dead_letter_and_replay_round_trip() -> None:
     sent = Emails.send(payload={"to": "ada@example.com"})
-    message = api.receive(Emails)[0]
+    message = receive_due(Emails)[0]
     dead = dead_letter(message)
     assert dead.queue == "testapp.EmailsDead" and dead.key == sent.key
     assert not Emails.objects.exists()
@@ -24,13 +24,13 @@ def test_dead_letter_and_replay_round_trip() -> None:
     back = replay(dead)
     assert back.queue == "testapp.Emails" and back.key == sent.key
     assert not EmailsDead.objects.exists()
-    assert api.receive(Emails)[0].attempt == 1  # a fresh message
+    assert receive_due(Emails)[0].attempt == 1  # a fresh message
 
 
 def test_dead_letter_needs_a_declared_queue() -> None:
     Jobs.send(payload="x")
     with pytest.raises(QueueConfigurationError, match="no dead_letter_queue"):
-        dead_letter(api.receive(Jobs)[0])
+        dead_letter(receive_due(Jobs)[0])
     assert Jobs.objects.count() == 1
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from spanner_queues import api
 from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import MessageUpdateRefused
+from tests.conftest import receive_due
 from tests.testapp.models import Upload, UploadTasks, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -41,7 +41,7 @@ def test_orm_update_is_refused() -> None:
 
 def test_orm_create_and_delete_work() -> None:
     UserTasks.objects.create(user_id=3, message_id="orm", payload=b"direct")
-    assert [m.key for m in api.receive(UserTasks)] == [(3, "orm")]
+    assert [m.key for m in receive_due(UserTasks)] == [(3, "orm")]
     assert UserTasks.objects.filter(user_id=3).delete()[0] == 1
 
 

@@ -10,7 +10,7 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost
-from tests.conftest import wait_until
+from tests.conftest import receive_due, wait_until
 from tests.testapp.models import Jobs, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +30,7 @@ def test_future_deliver_time_is_not_received_early() -> None:
 
 def test_leased_message_is_not_delivered_twice() -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    [first] = api.receive(UserTasks, max_messages=5)
+    [first] = receive_due(UserTasks, max_messages=5)
     assert api.receive(UserTasks, max_messages=5) == []
     assert first.attempt == 1
 
@@ -38,7 +38,7 @@ def test_leased_message_is_not_delivered_twice() -> None:
 def test_lease_expiry_redelivers_with_attempts_and_backoff() -> None:
     backoff = engines["default"].params.backoff
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    first = api.receive(UserTasks, lease=SHORT)[0]
+    first = receive_due(UserTasks, lease=SHORT)[0]
     # Not before the lease has expired *and* the first back-off has passed.
     earliest = first.lease_expires_at + backoff.delay(1, timedelta(0))
     second = wait_until(lambda: api.receive(UserTasks, lease=SHORT))[0]
@@ -65,7 +65,7 @@ def test_backoff_policy_matches_spanner_shape() -> None:
 
 def test_renewal_keeps_message_and_rotates_token() -> None:
     UserTasks.send(user_id=1, message_id="long", payload="x")
-    message = api.receive(UserTasks, lease=SHORT)[0]
+    message = receive_due(UserTasks, lease=SHORT)[0]
     for _ in range(3):
         renewed = api.renew(message)
         assert renewed.lease_token != message.lease_token
@@ -86,7 +86,7 @@ def test_renewal_keeps_message_and_rotates_token() -> None:
 
 def test_renewing_an_expired_lease_is_lost() -> None:
     UserTasks.send(user_id=1, message_id="x", payload="x")
-    message = api.receive(UserTasks, lease=timedelta(seconds=0.2))[0]
+    message = receive_due(UserTasks, lease=timedelta(seconds=0.2))[0]
     wait_until(lambda: timezone.now() > message.lease_expires_at)
     with pytest.raises(LeaseLost, match="lease lost"):
         api.renew(message)
@@ -95,9 +95,9 @@ def test_renewing_an_expired_lease_is_lost() -> None:
 
 def test_release_makes_message_due_again() -> None:
     Jobs.send(payload="x")
-    message = api.receive(Jobs)[0]
+    message = receive_due(Jobs)[0]
     api.release(message)
-    again = api.receive(Jobs)[0]
+    again = receive_due(Jobs)[0]
     assert again.key == message.key and again.attempt == 2
     with pytest.raises(LeaseLost):
         api.release(message)  # old token
@@ -114,7 +114,7 @@ def test_batch_receive_respects_max_messages() -> None:
 
 def test_stats_count_states() -> None:
     Jobs.send_many([{"payload": "r"}, {"payload": "r"}, {"payload": "s", "delay": timedelta(1)}])
-    api.receive(Jobs)
+    receive_due(Jobs)
     stats = engines["default"].stats(Jobs)
     assert (stats.total, stats.ready, stats.leased, stats.scheduled) == (3, 1, 1, 1)
     assert stats.oldest_age is not None and stats.max_attempts == 1

@@ -17,6 +17,7 @@ from spanner_queues.exceptions import (
     QueueError,
     UnknownQueue,
 )
+from tests.conftest import receive_due
 from tests.testapp.models import Account, Jobs, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -37,7 +38,7 @@ def test_commit_makes_message_receivable() -> None:
         account = Account.objects.create(name="ada")
         sent = UserTasks.send(user_id=account.pk, message_id="welcome", payload={"type": "w"})
     assert sent.key == (account.pk, "welcome")
-    [message] = api.receive(UserTasks)
+    [message] = receive_due(UserTasks)
     assert message.key == (account.pk, "welcome")
     assert message.key_dict == {"user_id": account.pk, "message_id": "welcome"}
     assert message.json() == {"type": "w"}
@@ -54,7 +55,7 @@ def test_payload_kinds_are_stored_as_bytes() -> None:
             {"user_id": 1, "message_id": "j", "payload": {"n": [1, 2], "s": "é"}},
         ]
     )
-    got = {m.key[1]: m for m in api.receive(UserTasks, max_messages=10)}
+    got = {m.key[1]: m for m in receive_due(UserTasks, 3, max_messages=10)}
     assert got["b"].payload == b"\x00\xffraw"
     assert got["s"].text() == "héllo"
     assert got["j"].json() == {"n": [1, 2], "s": "é"}
@@ -127,7 +128,7 @@ def test_past_deliver_time_means_now() -> None:
     before = timezone.now()
     sent = UserTasks.send(user_id=1, message_id="p", deliver_time=before - timedelta(days=3))
     assert sent.deliver_time >= before
-    assert len(api.receive(UserTasks)) == 1
+    assert len(receive_due(UserTasks)) == 1
 
 
 def test_replace_swaps_the_message_under_one_key() -> None:

@@ -19,7 +19,7 @@ from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost
 from tests.conformance import test_ack, test_concurrency, test_dead_letter, test_orm, test_send
 from tests.conformance import test_receive as conf_receive
-from tests.conftest import wait_until
+from tests.conftest import receive_due, wait_until
 from tests.testapp.models import Jobs, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +78,7 @@ def test_lease_expiry_redelivers_with_a_new_token(fake) -> None:
     if fake is not None:
         fake.lease_seconds = 1.0  # real Spanner: 10 s
     UserTasks.send(user_id=1, message_id="a", payload="x")
-    [first] = api.receive(UserTasks)
+    [first] = receive_due(UserTasks)
     second = wait_until(lambda: api.receive(UserTasks), timeout=60)[0]
     assert timezone.now() >= first.lease_expires_at
     assert second.key == first.key and second.lease_token != first.lease_token
@@ -88,7 +88,7 @@ def test_renewing_an_expired_lease_is_lost(fake) -> None:
     if fake is not None:
         fake.lease_seconds = 1.0
     UserTasks.send(user_id=1, message_id="x", payload="x")
-    [message] = api.receive(UserTasks)
+    [message] = receive_due(UserTasks)
     wait_until(lambda: timezone.now() > message.lease_expires_at, timeout=30)
     with pytest.raises(LeaseLost, match="lease lost"):
         api.renew(message)
@@ -99,7 +99,7 @@ def test_release_is_not_supported() -> None:
     from spanner_queues.exceptions import NotSupportedByEngine
 
     Jobs.send(payload="x")
-    [message] = api.receive(Jobs)
+    [message] = receive_due(Jobs)
     assert not engines["default"].features.supports_release
     with pytest.raises(NotSupportedByEngine):
         api.release(message)
@@ -107,7 +107,7 @@ def test_release_is_not_supported() -> None:
 
 def test_stats_count_by_deliver_time() -> None:
     Jobs.send_many([{"payload": "r"}, {"payload": "r"}, {"payload": "s", "delay": timedelta(1)}])
-    api.receive(Jobs)
+    receive_due(Jobs)
     stats = engines["default"].stats(Jobs)
     # Spanner does not expose leases: the in-flight message still counts as ready.
     assert (stats.total, stats.ready, stats.leased, stats.scheduled) == (3, 2, 0, 1)
@@ -119,9 +119,9 @@ def test_dead_letter_round_trip_keeps_key_and_payload() -> None:
     from tests.testapp.models import Emails, EmailsDead
 
     sent = Emails.send(payload={"to": "ada@example.com"})
-    dead = dead_letter(api.receive(Emails)[0])
+    dead = dead_letter(receive_due(Emails)[0])
     assert dead.key == sent.key and not Emails.objects.exists()
     assert EmailsDead.objects.get(pk=sent.key[0]).as_message().json() == {"to": "ada@example.com"}
     back = replay(dead)
     assert back.queue == "testapp.Emails" and not EmailsDead.objects.exists()
-    assert api.receive(Emails)[0].key == sent.key
+    assert receive_due(Emails)[0].key == sent.key
