@@ -11,22 +11,14 @@ from typing import Any
 
 from django.db import connections
 
+from spanner_queues.drivers import causes
+
 
 def database_for(alias: str) -> Any:
     """The ``google.cloud.spanner_v1.Database`` behind Django database ``alias``."""
     wrapper = connections[alias]
     wrapper.ensure_connection()
     return wrapper.connection.database
-
-
-def causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and its ``__cause__``/``__context__`` chain, each once."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
 
 
 def grpc_status(exc: BaseException) -> str | None:
