@@ -23,9 +23,11 @@ def wait_until(condition: Callable[[], T], timeout: float = 20.0, interval: floa
         time.sleep(interval)
 
 
-def receive_due(queue: Any, count: int = 1, timeout: float = 20.0, **kwargs: Any) -> list[Any]:
+def receive_due(queue: Any, count: int = 1, timeout: float = 60.0, **kwargs: Any) -> list[Any]:
     """Receive until ``count`` messages that are due have arrived (a streaming engine may hand
-    them over a moment after they are due); fail the test on timeout."""
+    them over a moment after they are due, or, if a stream of an earlier test leased them as it
+    was being cancelled, after that 10 s lease); fail the test on timeout. Returns at once in
+    the usual case."""
     from spanner_queues import api
 
     got: list[Any] = []
