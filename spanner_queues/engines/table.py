@@ -12,6 +12,7 @@ ABORTED) that reads the due rows and updates each with a compare-and-set on its 
 from __future__ import annotations
 
 import secrets
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -358,7 +359,7 @@ class TableQueueEngine(BaseQueueEngine):
                     "(or deleted). Roll back: the work may have been done by another receiver."
                 )
             return
-        duplicates = {tuple(k) for k in keys if list(map(tuple, keys)).count(tuple(k)) > 1}
+        duplicates = {k for k, n in Counter(map(tuple, keys)).items() if n > 1}
         if duplicates:
             raise MessageAlreadyAcked(
                 f"{model._meta.label}: key(s) {sorted(duplicates)!r} given twice; a message is "
