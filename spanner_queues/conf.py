@@ -20,6 +20,9 @@ from datetime import timedelta
 from typing import Any
 
 from spanner_queues.exceptions import InvalidQueueEngine
+from spanner_queues.semantics import LEASE, BackoffPolicy
+
+__all__ = ["BackoffPolicy", "EngineParams", "parse_engine"]
 
 DEFAULT_ENGINE_ALIAS = "default"
 TABLE_ENGINE = "spanner_queues.engines.table.TableQueueEngine"
@@ -35,35 +38,13 @@ DEFAULT_SETTING: dict[str, dict[str, Any]] = {
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BackoffPolicy:
-    """Redelivery delay after a lease expires without an ack.
-
-    Like Spanner: exponential back-off while the message is younger than ``hourly_after``, then
-    one attempt per ``hourly``. ``delay(attempt, age)`` is the wait after delivery ``attempt``.
-    """
-
-    initial: timedelta = timedelta(seconds=1)
-    multiplier: float = 2.0
-    maximum: timedelta = timedelta(minutes=15)
-    hourly_after: timedelta = timedelta(hours=1)
-    hourly: timedelta = timedelta(hours=1)
-
-    def delay(self, attempt: int, age: timedelta) -> timedelta:
-        if age >= self.hourly_after:
-            return self.hourly
-        exponent = max(attempt - 1, 0)
-        seconds = self.initial.total_seconds() * (self.multiplier**exponent)
-        return min(timedelta(seconds=seconds), self.maximum)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
 class EngineParams:
     """One engine alias, validated."""
 
     alias: str
     engine: str
     database: str = "default"
-    lease: timedelta = timedelta(seconds=10)
+    lease: timedelta = LEASE
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     max_payload_bytes: int | None = 4096
     transaction_retries: int = 20

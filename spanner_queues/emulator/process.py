@@ -1,8 +1,9 @@
-"""Start a private Cloud Spanner emulator for tests and local development.
+"""Private Cloud Spanner emulator processes for tests and local development.
 
-``ensure_emulator()`` reuses ``SPANNER_EMULATOR_HOST`` when it is set (so child processes share
-their parent's emulator); otherwise it starts ``emulator_main`` on a free loopback port, sets the
-variable, and stops the process when the interpreter exits (or when the parent dies, on Linux).
+``start_emulator()`` runs Google's ``emulator_main`` on a free loopback port;
+``start_queue_emulator()`` runs ``python -m spanner_queues.emulator`` (the emulator behind the
+queue-aware front) and waits for its ready line. Both stop when this interpreter exits, and
+with their parent on Linux.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -70,6 +72,18 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
+def _stop_at_exit(proc: subprocess.Popen[bytes]) -> None:
+    def stop() -> None:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    atexit.register(stop)
+
+
 def start_emulator() -> tuple[str, subprocess.Popen[bytes]]:
     """Start ``emulator_main`` on a free loopback port; return (host:port, process)."""
     binary = find_emulator()
@@ -93,17 +107,27 @@ def start_emulator() -> tuple[str, subprocess.Popen[bytes]]:
     else:
         proc.kill()
         raise RuntimeError("emulator_main did not open its port within 30 s")
-
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-    atexit.register(stop)
+    _stop_at_exit(proc)
     return host, proc
+
+
+def start_queue_emulator() -> tuple[str, subprocess.Popen[bytes]]:
+    """Start ``python -m spanner_queues.emulator`` on a free loopback port (the emulator behind
+    the queue-aware front); return (host:port, process) once it says it is ready."""
+    find_emulator()  # fail here, with the clear error, when the binary is missing
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "spanner_queues.emulator", "--host-port", "127.0.0.1:0"],
+        stdout=subprocess.PIPE,
+        stderr=None,
+        preexec_fn=_die_with_parent,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().decode()
+    if not line.startswith("ready "):
+        proc.kill()
+        raise RuntimeError(f"the queue emulator did not start: {line!r}")
+    _stop_at_exit(proc)
+    return line.split()[1], proc
 
 
 def ensure_instance(instance_id: str, project: str = "test-project") -> None:
@@ -134,11 +158,14 @@ def ensure_database(instance_id: str, database_id: str, project: str = "test-pro
         pass
 
 
-def ensure_emulator(instance_id: str, project: str = "test-project") -> str:
-    """Return the emulator address, starting one if ``SPANNER_EMULATOR_HOST`` is unset."""
+def ensure_emulator(
+    instance_id: str, project: str = "test-project", *, queues: bool = False
+) -> str:
+    """Return the emulator address, starting one if ``SPANNER_EMULATOR_HOST`` is unset: Google's
+    plain emulator, or with ``queues`` the emulator behind the queue-aware front."""
     host = os.environ.get("SPANNER_EMULATOR_HOST")
     if not host:
-        host, _ = start_emulator()
+        host, _ = start_queue_emulator() if queues else start_emulator()
         os.environ["SPANNER_EMULATOR_HOST"] = host
     os.environ.setdefault("GOOGLE_CLOUD_PROJECT", project)
     ensure_instance(instance_id, project)

@@ -1,0 +1,105 @@
+"""Spanner queues on a laptop: Google's Cloud Spanner emulator behind a queue-aware front.
+
+    python -m spanner_queues.emulator --host-port 127.0.0.1:9010
+    export SPANNER_EMULATOR_HOST=127.0.0.1:9010
+
+or, in Python (tests)::
+
+    with QueueEmulator() as emulator:
+        os.environ["SPANNER_EMULATOR_HOST"] = emulator.host
+
+The front serves the whole Spanner gRPC API on one port; queue DDL, ``RECEIVE_<Q>``,
+``RENEWLEASE_<Q>`` and the ``Send``/``Ack`` mutations are its own, everything else is the
+emulator's (``spanner_queues.emulator.front``). Nothing here is on the runtime path of the app.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from types import TracebackType
+from typing import Any
+
+from spanner_queues.emulator.process import (
+    EmulatorNotFound,
+    ensure_database,
+    ensure_emulator,
+    ensure_instance,
+    find_emulator,
+    free_port,
+    start_emulator,
+    start_queue_emulator,
+)
+
+__all__ = [
+    "EmulatorNotFound",
+    "QueueEmulator",
+    "ensure_database",
+    "ensure_emulator",
+    "ensure_instance",
+    "find_emulator",
+    "free_port",
+    "start_emulator",
+    "start_queue_emulator",
+]
+
+
+class QueueEmulator:
+    """A private ``emulator_main`` and the queue-aware front before it, in this process.
+
+    ``host`` is the front's ``host:port`` (use it as ``SPANNER_EMULATOR_HOST``). ``stop()``
+    ends open RECEIVE streams, the front and the emulator; nothing is left running.
+    """
+
+    def __init__(self, host_port: str = "127.0.0.1:0") -> None:
+        self.host_port = host_port
+        self.host = ""
+        self._server: Any = None
+        self._front: Any = None
+        self._emulator: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> QueueEmulator:
+        from spanner_queues.emulator.front import serve
+
+        backend, self._emulator = start_emulator()
+        try:
+            self._server, self._front = serve(backend, self.host_port)
+        except BaseException:
+            self._stop_emulator()
+            raise
+        host = self.host_port.rsplit(":", 1)[0]
+        self.host = f"{host}:{self._server.bound_port}"
+        return self
+
+    def stop(self, grace: float = 1.0) -> None:
+        if self._front is not None:
+            self._front.stopping.set()
+            with self._front._commits:
+                self._front._commits.notify_all()
+        if self._server is not None:
+            self._server.stop(grace).wait(grace + 5)
+            self._server = None
+        if self._front is not None:
+            self._front.channel.close()
+            self._front = None
+        self._stop_emulator()
+
+    def _stop_emulator(self) -> None:
+        proc, self._emulator = self._emulator, None
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def __enter__(self) -> QueueEmulator:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

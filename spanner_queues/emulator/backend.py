@@ -1,0 +1,242 @@
+"""The front's own calls to the emulator behind it, in raw protobuf over one gRPC channel.
+
+Queue work that no Spanner API call expresses (a claim, a renewal) runs here as ordinary
+read-write transactions on sessions the front creates for itself. The emulator allows one
+read-write transaction at a time and aborts the loser; ``run_in_transaction`` retries.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import grpc
+from google.cloud.spanner_admin_database_v1.types import spanner_database_admin as admin_types
+from google.cloud.spanner_v1.types import (
+    commit_response,
+    keys,
+    mutation,
+    result_set,
+    spanner,
+    transaction,
+)
+from google.cloud.spanner_v1.types import type as spanner_type
+from google.protobuf import empty_pb2, struct_pb2
+
+SPANNER = "/google.spanner.v1.Spanner/"
+ADMIN = "/google.spanner.admin.database.v1.DatabaseAdmin/"
+
+ExecuteSqlRequest = spanner.ExecuteSqlRequest.pb()
+CommitRequest = spanner.CommitRequest.pb()
+ExecuteBatchDmlRequest = spanner.ExecuteBatchDmlRequest.pb()
+CommitResponse = commit_response.CommitResponse.pb()
+BeginTransactionRequest = spanner.BeginTransactionRequest.pb()
+RollbackRequest = spanner.RollbackRequest.pb()
+ReadRequest = spanner.ReadRequest.pb()
+CreateSessionRequest = spanner.CreateSessionRequest.pb()
+Session = spanner.Session.pb()
+ResultSet = result_set.ResultSet.pb()
+PartialResultSet = result_set.PartialResultSet.pb()
+ResultSetMetadata = result_set.ResultSetMetadata.pb()
+Transaction = transaction.Transaction.pb()
+TransactionOptions = transaction.TransactionOptions.pb()
+TransactionSelector = transaction.TransactionSelector.pb()
+Mutation = mutation.Mutation.pb()
+KeySet = keys.KeySet.pb()
+Type = spanner_type.Type.pb()
+StructType = spanner_type.StructType.pb()
+TypeCode = spanner_type.TypeCode
+GetDatabaseDdlRequest = admin_types.GetDatabaseDdlRequest.pb()
+GetDatabaseDdlResponse = admin_types.GetDatabaseDdlResponse.pb()
+Empty = empty_pb2.Empty
+ListValue = struct_pb2.ListValue
+Value = struct_pb2.Value
+
+T = TypeVar("T")
+
+
+def _call(channel: grpc.Channel, path: str, response: Any) -> Callable[..., Any]:
+    return channel.unary_unary(
+        path,
+        request_serializer=lambda m: m.SerializeToString(),
+        response_deserializer=response.FromString,
+    )
+
+
+class Backend:
+    """Calls to the emulator the front stands before."""
+
+    def __init__(self, channel: grpc.Channel) -> None:
+        self.channel = channel
+        self._create_session = _call(channel, SPANNER + "CreateSession", Session)
+        self._begin = _call(channel, SPANNER + "BeginTransaction", Transaction)
+        self._execute = _call(channel, SPANNER + "ExecuteSql", ResultSet)
+        self._read = _call(channel, SPANNER + "Read", ResultSet)
+        self._commit = _call(channel, SPANNER + "Commit", CommitResponse)
+        self._rollback = _call(channel, SPANNER + "Rollback", Empty)
+        self._ddl = _call(channel, ADMIN + "GetDatabaseDdl", GetDatabaseDdlResponse)
+        self._sessions: dict[str, queue.SimpleQueue[str]] = {}
+        self._lock = threading.Lock()
+
+    # --- sessions ------------------------------------------------------------------------
+    @contextmanager
+    def session(self, database: str) -> Iterator[str]:
+        """A session of the front's own on ``database``, returned to a pool afterwards."""
+        with self._lock:
+            pool = self._sessions.setdefault(database, queue.SimpleQueue())
+        try:
+            name = pool.get_nowait()
+        except queue.Empty:
+            name = self._create_session(CreateSessionRequest(database=database)).name
+        try:
+            yield name
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.NOT_FOUND:  # a lost session is not pooled
+                pool.put(name)
+            raise
+        else:
+            pool.put(name)
+
+    def forget(self, database: str) -> None:
+        with self._lock:
+            self._sessions.pop(database, None)
+
+    # --- calls ---------------------------------------------------------------------------
+    def database_ddl(self, database: str) -> list[str]:
+        return list(self._ddl(GetDatabaseDdlRequest(database=database)).statements)
+
+    def begin(self, session: str) -> bytes:
+        options = TransactionOptions(read_write=TransactionOptions.ReadWrite())
+        return self._begin(BeginTransactionRequest(session=session, options=options)).id
+
+    def query(
+        self,
+        session: str,
+        sql: str,
+        *,
+        transaction_id: bytes | None = None,
+        params: dict[str, tuple[Any, int]] | None = None,
+        seqno: int = 0,
+    ) -> Any:
+        """Run ``sql``; in ``transaction_id`` or a strong single-use read. ``params`` maps a
+        name to (protobuf ``Value``, ``TypeCode``)."""
+        if transaction_id is not None:
+            selector = TransactionSelector(id=transaction_id)
+        else:
+            selector = TransactionSelector(
+                single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+            )
+        request = ExecuteSqlRequest(session=session, sql=sql, transaction=selector, seqno=seqno)
+        for name, (value, code) in (params or {}).items():
+            request.params.fields[name].CopyFrom(value)
+            request.param_types[name].CopyFrom(_type(code))
+        return self._execute(request)
+
+    def read(
+        self,
+        session: str,
+        table: str,
+        columns: Sequence[str],
+        key_values: Sequence[Any],
+        *,
+        transaction_id: bytes | None = None,
+    ) -> Any:
+        """Read ``columns`` of the rows whose keys are ``key_values`` (``ListValue`` each)."""
+        if transaction_id is not None:
+            selector = TransactionSelector(id=transaction_id)
+        else:
+            selector = TransactionSelector(
+                single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+            )
+        key_set = KeySet()
+        for key in key_values:
+            key_set.keys.add().CopyFrom(key)
+        return self._read(
+            ReadRequest(
+                session=session,
+                table=table,
+                columns=list(columns),
+                key_set=key_set,
+                transaction=selector,
+            )
+        )
+
+    def commit(self, session: str, transaction_id: bytes, mutations: Sequence[Any]) -> Any:
+        request = CommitRequest(session=session, transaction_id=transaction_id)
+        request.mutations.extend(mutations)
+        return self._commit(request)
+
+    def rollback(self, session: str, transaction_id: bytes) -> None:
+        try:
+            self._rollback(RollbackRequest(session=session, transaction_id=transaction_id))
+        except grpc.RpcError:
+            pass  # already finished or aborted: nothing to undo
+
+    def run_in_transaction(
+        self,
+        database: str,
+        work: Callable[[str, bytes], tuple[T, Sequence[Any]]],
+        *,
+        attempts: int = 100,
+    ) -> T:
+        """Run ``work(session, txn)`` -> (result, mutations) and commit the mutations; again
+        on ABORTED (the emulator aborts one of two concurrent read-write transactions)."""
+        return self.transact(database, work, attempts=attempts)[0]
+
+    def transact(
+        self,
+        database: str,
+        work: Callable[[str, bytes], tuple[T, Sequence[Any]]],
+        *,
+        attempts: int = 100,
+    ) -> tuple[T, Any]:
+        """``run_in_transaction`` that also returns the ``CommitResponse``."""
+        delay = 0.002
+        for attempt in range(attempts):
+            with self.session(database) as session:
+                txn = self.begin(session)
+                try:
+                    result, mutations = work(session, txn)
+                    return result, self.commit(session, txn, mutations)
+                except grpc.RpcError as exc:
+                    self.rollback(session, txn)
+                    if exc.code() != grpc.StatusCode.ABORTED or attempt == attempts - 1:
+                        raise
+                except BaseException:
+                    self.rollback(session, txn)
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.1)
+        raise AssertionError("unreachable")
+
+
+def _type(code: int) -> Any:
+    return Type(code=code)
+
+
+def rows(result: Any) -> list[list[Any]]:
+    """The rows of a ``ResultSet`` as lists of protobuf ``Value``."""
+    return [list(row.values) for row in result.rows]
+
+
+def string_value(text: str | None) -> Any:
+    return Value(null_value=0) if text is None else Value(string_value=text)
+
+
+def bool_value(flag: bool) -> Any:
+    return Value(bool_value=flag)
+
+
+def field_type(code: int) -> Any:
+    return Type(code=code)
+
+
+def update_mutation(table: str, columns: Sequence[str], values: Sequence[Sequence[Any]]) -> Any:
+    write = mutation.Mutation.Write.pb()(table=table, columns=list(columns))
+    for row in values:
+        write.values.add().values.extend(row)
+    return Mutation(update=write)

@@ -1,0 +1,573 @@
+"""The queue-aware front: a gRPC server that speaks the whole Cloud Spanner API on one port and
+stands before a private emulator.
+
+Every call goes to the emulator byte for byte, except the few that queues change:
+
+- ``DatabaseAdmin.UpdateDatabaseDdl`` / ``CreateDatabase``: ``CREATE QUEUE``, ``DROP QUEUE`` and
+  ``ALTER QUEUE`` become table DDL (``schema``); ``GetDatabaseDdl`` shows queues as declared.
+- ``Spanner.ExecuteStreamingSql``: ``RECEIVE_<Q>(...)`` is served by the front as a
+  long-running stream of batches on a strong single-use read (``queues.claim``);
+  ``ExecuteSql``/``ExecuteStreamingSql``: ``RENEWLEASE_<Q>(...)`` (``queues.renew``); ``UPDATE``
+  of a queue is refused, as Spanner does.
+- ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
+  ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
+- ``Spanner.BeginTransaction``: read-only strong transactions are remembered, so RECEIVE can
+  tell a strong read from a stale one or a read-write transaction.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from typing import Any, NoReturn
+
+import grpc
+from google.cloud.spanner_admin_database_v1.types import spanner_database_admin as admin_types
+from google.longrunning import operations_pb2
+from google.protobuf import empty_pb2
+
+from spanner_queues.emulator import backend as b
+from spanner_queues.emulator import queues as q
+from spanner_queues.emulator import schema as s
+from spanner_queues.emulator import statements as st
+from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+
+logger = logging.getLogger("spanner_queues.emulator")
+
+UpdateDatabaseDdlRequest = admin_types.UpdateDatabaseDdlRequest.pb()
+CreateDatabaseRequest = admin_types.CreateDatabaseRequest.pb()
+DropDatabaseRequest = admin_types.DropDatabaseRequest.pb()
+Operation = operations_pb2.Operation
+
+#: server-streaming methods of the Spanner API (every other method is unary-unary).
+STREAMING = frozenset(
+    {b.SPANNER + "ExecuteStreamingSql", b.SPANNER + "StreamingRead", b.SPANNER + "BatchWrite"}
+)
+#: headers not forwarded to the emulator (gRPC sets its own).
+_SKIP_HEADERS = ("user-agent", "grpc-", ":")
+#: how long an idle RECEIVE sleeps at most between looks at its queue.
+IDLE_POLL_SECONDS = 0.5
+
+
+def _status(name: str) -> grpc.StatusCode:
+    return getattr(grpc.StatusCode, name)
+
+
+class _Aborted(Exception):
+    """The call was ended with a status (``context.abort``); nothing more to do."""
+
+
+def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
+    try:
+        context.abort(code, details)
+    except Exception:
+        pass
+    raise _Aborted(details)
+
+
+def _database_of(session_or_db: str) -> str:
+    parts = session_or_db.split("/")
+    return "/".join(parts[:6])
+
+
+class Front:
+    """The front's request handling; ``serve()`` puts it on a port."""
+
+    def __init__(self, backend_address: str) -> None:
+        self.backend_address = backend_address
+        self.channel = grpc.insecure_channel(
+            backend_address,
+            options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+        )
+        self.backend = b.Backend(self.channel)
+        self._catalogs: dict[str, dict[str, s.QueueSchema]] = {}
+        #: what this front saw declared (CREATE QUEUE text, OPTIONS), by database and queue.
+        self._declared: dict[str, dict[str, s.QueueSchema]] = collections.defaultdict(dict)
+        self._lock = threading.Lock()
+        self._commits = threading.Condition()
+        self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self.stopping = threading.Event()
+
+    # --- catalog -------------------------------------------------------------------------
+    def catalog(self, database: str) -> dict[str, s.QueueSchema]:
+        with self._lock:
+            known = self._catalogs.get(database)
+        if known is None:
+            known = s.catalog_from_ddl(self.backend.database_ddl(database))
+            with self._lock:
+                self._catalogs[database] = known
+        return known
+
+    def _forget(self, database: str) -> None:
+        with self._lock:
+            self._catalogs.pop(database, None)
+
+    # --- routing -------------------------------------------------------------------------
+    def handler(self, method: str) -> grpc.RpcMethodHandler:
+        own: dict[str, Callable[..., Any]] = {
+            b.ADMIN + "UpdateDatabaseDdl": self.update_ddl,
+            b.ADMIN + "CreateDatabase": self.create_database,
+            b.ADMIN + "GetDatabaseDdl": self.get_ddl,
+            b.ADMIN + "DropDatabase": self.drop_database,
+            b.SPANNER + "ExecuteSql": self.execute_sql,
+            b.SPANNER + "ExecuteBatchDml": self.execute_batch_dml,
+            b.SPANNER + "Commit": self.commit,
+            b.SPANNER + "BeginTransaction": self.begin_transaction,
+        }
+        if method == b.SPANNER + "ExecuteStreamingSql":
+            return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
+        if method in own:
+            return grpc.unary_unary_rpc_method_handler(self._guarded(method, own[method]))
+        if method in STREAMING:
+            return grpc.unary_stream_rpc_method_handler(
+                lambda request, context: self.forward_stream(method, request, context)
+            )
+        return grpc.unary_unary_rpc_method_handler(
+            lambda request, context: self.forward(method, request, context)
+        )
+
+    @staticmethod
+    def _logged(fn: Callable[[bytes, Any], Iterator[bytes]]) -> Callable[..., Iterator[bytes]]:
+        def call(request: bytes, context: Any) -> Iterator[bytes]:
+            try:
+                yield from fn(request, context)
+            except _Aborted:
+                raise
+            except Exception as exc:
+                if isinstance(exc, grpc.RpcError) or not context.is_active():
+                    raise
+                logger.exception("the emulator front failed on a streaming call")
+                _abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
+
+        return call
+
+    def _guarded(self, method: str, fn: Callable[[bytes, Any], bytes]) -> Callable[..., bytes]:
+        def call(request: bytes, context: Any) -> bytes:
+            try:
+                return fn(request, context)
+            except _Aborted:
+                raise
+            except q.QueueRefusal as refusal:
+                _abort(context, _status(refusal.code), str(refusal))
+            except (st.StatementError, s.QueueDdlError, ValueError) as exc:
+                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except grpc.RpcError as exc:
+                self._abort_with(context, exc)
+            except Exception as exc:
+                if not context.is_active():
+                    raise
+                logger.exception("the emulator front failed on %s", method)
+                _abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
+            raise AssertionError("unreachable")
+
+        return call
+
+    # --- pass-through --------------------------------------------------------------------
+    @staticmethod
+    def _metadata(context: Any) -> list[tuple[str, str]]:
+        return [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_SKIP_HEADERS)]
+
+    @staticmethod
+    def _timeout(context: Any) -> float | None:
+        remaining = context.time_remaining()
+        return remaining if remaining is not None and remaining < 10**8 else None
+
+    @staticmethod
+    def _abort_with(context: Any, exc: grpc.RpcError) -> None:
+        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
+        if trailing:
+            context.set_trailing_metadata(
+                [(k, v) for k, v in trailing if not k.startswith(_SKIP_HEADERS)]
+            )
+        _abort(context, exc.code(), exc.details() or "")
+
+    def forward(self, method: str, request: bytes, context: Any) -> bytes:
+        call = self.channel.unary_unary(method)
+        try:
+            return call(request, metadata=self._metadata(context), timeout=self._timeout(context))
+        except grpc.RpcError as exc:
+            self._abort_with(context, exc)
+            raise
+
+    def forward_stream(self, method: str, request: bytes, context: Any) -> Iterator[bytes]:
+        call = self.channel.unary_stream(method)(
+            request, metadata=self._metadata(context), timeout=self._timeout(context)
+        )
+        context.add_callback(call.cancel)
+        try:
+            yield from call
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
+                self._abort_with(context, exc)
+
+    # --- DDL -----------------------------------------------------------------------------
+    def _translate_ddl(self, database: str, statements: list[str]) -> list[str]:
+        out = []
+        for statement in statements:
+            if not s.is_queue_statement(statement):
+                out.append(statement)
+                continue
+            text = s.strip_comments(statement).lstrip().upper()
+            if text.startswith("CREATE"):
+                queue, table = s.parse_create_queue(statement)
+                self._declared[database][queue.name.upper()] = queue
+                out.append(table)
+            elif text.startswith("DROP"):
+                name, table = s.parse_drop_queue(statement)
+                self._declared[database].pop(name.upper(), None)
+                out.append(table)
+            else:
+                name, table_stmt, options = s.parse_alter_queue(statement)
+                if options is not None:
+                    seen = self._declared[database].get(name.upper())
+                    base = seen or self.catalog(database).get(name.upper())
+                    if base is None:
+                        raise q.QueueRefusal("NOT_FOUND", f"Queue not found: {name}")
+                    self._declared[database][name.upper()] = s.QueueSchema(
+                        base.name,
+                        base.keys,
+                        base.key_types,
+                        base.payload_type,
+                        declared=None,
+                        options=options,
+                    )
+                if table_stmt is not None:
+                    out.append(table_stmt)
+        return out
+
+    def update_ddl(self, request: bytes, context: Any) -> bytes:
+        req = UpdateDatabaseDdlRequest.FromString(request)
+        if not any(s.is_queue_statement(x) for x in req.statements):
+            response = self.forward(b.ADMIN + "UpdateDatabaseDdl", request, context)
+            self._forget(req.database)
+            return response
+        translated = self._translate_ddl(req.database, list(req.statements))
+        self._forget(req.database)
+        if not translated:  # only ALTER QUEUE ... SET OPTIONS: nothing for the emulator
+            done = Operation(
+                name=f"{req.database}/operations/front{int(time.time() * 1e6)}", done=True
+            )
+            done.response.Pack(empty_pb2.Empty())
+            return done.SerializeToString()
+        del req.statements[:]
+        req.statements.extend(translated)
+        try:
+            return self.forward(b.ADMIN + "UpdateDatabaseDdl", req.SerializeToString(), context)
+        finally:
+            self._forget(req.database)
+
+    def create_database(self, request: bytes, context: Any) -> bytes:
+        req = CreateDatabaseRequest.FromString(request)
+        if any(s.is_queue_statement(x) for x in req.extra_statements):
+            name = s.unquote(req.create_statement.split()[-1])
+            database = f"{req.parent}/databases/{name}"
+            translated = self._translate_ddl(database, list(req.extra_statements))
+            del req.extra_statements[:]
+            req.extra_statements.extend(translated)
+            request = req.SerializeToString()
+        return self.forward(b.ADMIN + "CreateDatabase", request, context)
+
+    def get_ddl(self, request: bytes, context: Any) -> bytes:
+        response = b.GetDatabaseDdlResponse.FromString(
+            self.forward(b.ADMIN + "GetDatabaseDdl", request, context)
+        )
+        database = b.GetDatabaseDdlRequest.FromString(request).database
+        shown = list(s.present_ddl(response.statements, self._declared.get(database, {})))
+        del response.statements[:]
+        response.statements.extend(shown)
+        return response.SerializeToString()
+
+    def drop_database(self, request: bytes, context: Any) -> bytes:
+        database = DropDatabaseRequest.FromString(request).database
+        response = self.forward(b.ADMIN + "DropDatabase", request, context)
+        self._forget(database)
+        self._declared.pop(database, None)
+        self.backend.forget(database)
+        return response
+
+    # --- transactions --------------------------------------------------------------------
+    def begin_transaction(self, request: bytes, context: Any) -> bytes:
+        response = self.forward(b.SPANNER + "BeginTransaction", request, context)
+        options = b.BeginTransactionRequest.FromString(request).options
+        if _is_strong_read(options):
+            with self._lock:
+                self._strong_reads[b.Transaction.FromString(response).id] = None
+                while len(self._strong_reads) > 10000:
+                    self._strong_reads.popitem(last=False)
+        return response
+
+    def commit(self, request: bytes, context: Any) -> bytes:
+        req = b.CommitRequest.FromString(request)
+        ops = {m.WhichOneof("operation") for m in req.mutations}
+        if not ops & {"send", "ack", "insert", "update", "insert_or_update", "replace"}:
+            return self._committed(self.forward(b.SPANNER + "Commit", request, context))
+        database = _database_of(req.session)
+        translated = q.translate_mutations(req.mutations, self.catalog(database))
+        del req.mutations[:]
+        req.mutations.extend(translated.mutations)
+        if not translated.must_exist:
+            return self._committed(
+                self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
+            )
+        if req.HasField("single_use_transaction"):
+            return self._committed(self._checked_blind_commit(database, translated))
+        missing = q.missing_acks(
+            self.backend, req.session, req.transaction_id, translated.must_exist
+        )
+        if missing:
+            self.backend.rollback(req.session, req.transaction_id)
+            raise _ack_not_found(missing)
+        return self._committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
+
+    def _checked_blind_commit(self, database: str, translated: q.Translated) -> bytes:
+        """A blind batch whose Acks must find their messages, as one read-write transaction
+        on the front's own session."""
+
+        def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
+            missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
+            if missing:
+                raise _ack_not_found(missing)
+            return None, translated.mutations
+
+        _, response = self.backend.transact(database, work)
+        return response.SerializeToString()
+
+    def _committed(self, response: bytes) -> bytes:
+        with self._commits:
+            self._commits.notify_all()  # wake RECEIVE streams: something may be due now
+        return response
+
+    # --- SQL -----------------------------------------------------------------------------
+    def _queue_call(self, req: Any) -> tuple[st.QueueCall, s.QueueSchema] | None:
+        mention = st.mentioned_function(req.sql)
+        if mention is None:
+            return None
+        catalog = self.catalog(_database_of(req.session))
+        queue = catalog.get(mention[1].upper())
+        if queue is None:
+            return None  # not a queue: the emulator says "Table-valued function not found"
+        call = st.parse_call(req.sql, _param_values(req))
+        return call, queue
+
+    def _refuse_update(self, database: str, sql: str) -> None:
+        table = st.updated_table(sql)
+        if table is not None and table.upper() in self.catalog(database):
+            raise q.QueueRefusal(
+                "INVALID_ARGUMENT",
+                f"UPDATE is not supported on queue {table}: replace a message with "
+                "DELETE then INSERT (or Ack then Send) in one transaction",
+            )
+
+    def execute_sql(self, request: bytes, context: Any) -> bytes:
+        req = b.ExecuteSqlRequest.FromString(request)
+        found = self._queue_call(req)
+        if found is None:
+            self._refuse_update(_database_of(req.session), req.sql)
+            return self.forward(b.SPANNER + "ExecuteSql", request, context)
+        call, queue = found
+        if call.kind == "RECEIVE":
+            raise q.QueueRefusal(
+                "INVALID_ARGUMENT",
+                f"RECEIVE_{queue.name} is a long-running query: run it with "
+                "ExecuteStreamingSql in a strong single-use read-only transaction",
+            )
+        fields, rows = self._renew(req, call, queue)
+        result = b.ResultSet(metadata=q.metadata(fields))
+        for row in rows:
+            result.rows.add().values.extend(row)
+        return result.SerializeToString()
+
+    def execute_batch_dml(self, request: bytes, context: Any) -> bytes:
+        req = b.ExecuteBatchDmlRequest.FromString(request)
+        database = _database_of(req.session)
+        for statement in req.statements:
+            if st.mentioned_function(statement.sql):
+                raise q.QueueRefusal(
+                    "INVALID_ARGUMENT", "RECEIVE and RENEWLEASE are queries, not DML"
+                )
+            self._refuse_update(database, statement.sql)
+        return self.forward(b.SPANNER + "ExecuteBatchDml", request, context)
+
+    def execute_streaming_sql(self, request: bytes, context: Any) -> Iterator[bytes]:
+        found = None
+        try:
+            req = b.ExecuteSqlRequest.FromString(request)
+            found = self._queue_call(req)
+            if found is None:
+                self._refuse_update(_database_of(req.session), req.sql)
+            elif found[0].kind == "RENEWLEASE":
+                fields, rows = self._renew(req, *found)
+                partial = b.PartialResultSet(metadata=q.metadata(fields), last=True)
+                for row in rows:
+                    partial.values.extend(row)
+                yield partial.SerializeToString()
+                return
+        except q.QueueRefusal as refusal:
+            _abort(context, _status(refusal.code), str(refusal))
+        except (st.StatementError, ValueError) as exc:
+            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except grpc.RpcError as exc:
+            self._abort_with(context, exc)
+        if found is None:
+            yield from self.forward_stream(b.SPANNER + "ExecuteStreamingSql", request, context)
+            return
+        yield from self._receive(req, *found, context)
+
+    def _renew(
+        self, req: Any, call: st.QueueCall, queue: s.QueueSchema
+    ) -> tuple[list[tuple[str, Any]], list[list[Any]]]:
+        tokens = call.args["lease_tokens"]
+        rows = q.renew(self.backend, _database_of(req.session), queue, tokens)
+        return q.project(q.renew_fields(), rows, call.columns)
+
+    # --- RECEIVE -------------------------------------------------------------------------
+    def _receive(
+        self, req: Any, call: st.QueueCall, queue: s.QueueSchema, context: Any
+    ) -> Iterator[bytes]:
+        try:
+            self._check_receive_mode(req.transaction, queue)
+            batch, duration = _receive_args(call.args)
+        except q.QueueRefusal as refusal:
+            _abort(context, _status(refusal.code), str(refusal))
+        database = _database_of(req.session)
+        deadline = time.monotonic() + duration
+        done = threading.Event()
+        context.add_callback(done.set)
+        sent_metadata = False
+        while not (done.is_set() or self.stopping.is_set()) and time.monotonic() < deadline:
+            try:
+                earliest = q.has_due(self.backend, database, queue)
+                claimed = None
+                if earliest is not None and earliest <= q.now():
+                    claimed = q.claim(self.backend, database, queue, batch)
+            except grpc.RpcError as exc:
+                self._abort_with(context, exc)
+                return
+            if claimed is not None and claimed.rows:
+                fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
+                partial = b.PartialResultSet()
+                if not sent_metadata:
+                    partial.metadata.CopyFrom(q.metadata(fields))
+                    sent_metadata = True
+                for row in rows:
+                    partial.values.extend(row)
+                yield partial.SerializeToString()
+                continue
+            wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
+            if earliest is not None:
+                wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
+            with self._commits:
+                self._commits.wait(wait)
+        if not sent_metadata:
+            fields, _ = q.project(_receive_fields(self, database, queue), [], call.columns)
+            yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
+
+    def _check_receive_mode(self, selector: Any, queue: s.QueueSchema) -> None:
+        kind = selector.WhichOneof("selector")
+        if kind == "single_use" and _is_strong_read(selector.single_use):
+            return
+        if kind == "id":
+            with self._lock:
+                if selector.id in self._strong_reads:
+                    return
+        if kind is None:  # no selector: a strong single-use read by default
+            return
+        raise q.QueueRefusal(
+            "INVALID_ARGUMENT",
+            f"RECEIVE_{queue.name} must run in a strong read-only transaction; stale reads "
+            "and read-write transactions are not supported",
+        )
+
+
+def _is_strong_read(options: Any) -> bool:
+    if options.WhichOneof("mode") != "read_only":
+        return False
+    bound = options.read_only.WhichOneof("timestamp_bound")
+    return bound in (None, "strong")
+
+
+def _receive_args(args: dict[str, Any]) -> tuple[int, float]:
+    batch = args.get("max_batch_size")
+    if batch is None:
+        batch = DEFAULT_MAX_BATCH_SIZE
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise q.QueueRefusal("INVALID_ARGUMENT", f"max_batch_size must be >= 1, not {batch!r}")
+    raw = args.get("max_duration")
+    try:
+        duration = DEFAULT_MAX_DURATION if raw is None else parse_duration(raw)
+    except ValueError as exc:
+        raise q.QueueRefusal("INVALID_ARGUMENT", str(exc)) from None
+    return batch, duration.total_seconds()
+
+
+def _receive_fields(front: Front, database: str, queue: s.QueueSchema) -> list[tuple[str, Any]]:
+    """RECEIVE's columns when no row came (the metadata still names and types them)."""
+    keys = ", ".join(q.quote(k) for k in queue.keys)
+    with front.backend.session(database) as session:
+        result = front.backend.query(
+            session,
+            f"SELECT {keys}, {s.PAYLOAD}, {s.DELIVER_TIME} FROM {q.quote(queue.name)} LIMIT 0",
+        )
+    fields = [(f.name, f.type_) for f in result.metadata.row_type.fields]
+    return [
+        *fields,
+        (q.RECEIVE_SYSTEM[0], b.field_type(b.TypeCode.TIMESTAMP)),
+        (q.RECEIVE_SYSTEM[1], b.field_type(b.TypeCode.STRING)),
+        (q.RECEIVE_SYSTEM[2], b.field_type(b.TypeCode.BOOL)),
+    ]
+
+
+def _param_values(req: Any) -> dict[str, Any]:
+    """The request's parameters as Python values (INT64 -> int, arrays -> lists)."""
+    out: dict[str, Any] = {}
+    for name, value in req.params.fields.items():
+        out[name] = _python(value, req.param_types.get(name))
+    return out
+
+
+def _python(value: Any, type_: Any) -> Any:
+    kind = value.WhichOneof("kind")
+    if kind == "null_value" or kind is None:
+        return None
+    if kind == "list_value":
+        element = type_.array_element_type if type_ is not None else None
+        return [_python(v, element) for v in value.list_value.values]
+    if kind == "string_value":
+        if type_ is not None and type_.code == b.TypeCode.INT64:
+            return int(value.string_value)
+        return value.string_value
+    if kind == "bool_value":
+        return value.bool_value
+    if kind == "number_value":
+        return int(value.number_value) if value.number_value.is_integer() else value.number_value
+    return None
+
+
+def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:
+    queue, key = missing[0]
+    values = [q.json_format.MessageToDict(v) for v in key.values]
+    return q.QueueRefusal("NOT_FOUND", f"Message not found: queue {queue.name}, key {values}")
+
+
+def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tuple[Any, Front]:
+    """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
+    (server, front). ``server.bound_port`` is the port."""
+    front = Front(backend_address)
+
+    class Handler(grpc.GenericRpcHandler):
+        def service(self, details: Any) -> grpc.RpcMethodHandler:
+            return front.handler(details.method)
+
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sq-front"),
+        options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+    )
+    server.add_generic_rpc_handlers((Handler(),))
+    port = server.add_insecure_port(host_port)
+    server.bound_port = port  # type: ignore[attr-defined]
+    server.start()
+    return server, front

@@ -1,0 +1,377 @@
+"""What a queue does, on the table that stores it: claim (RECEIVE), renew (RENEWLEASE), and the
+``Send``/``Ack`` mutations as ordinary writes.
+
+- A claim leases up to ``max_batch_size`` due rows (``DeliverTime <= now``) in one read-write
+  transaction: each gets a new lease token, a lease 10 s long, one more attempt, and its
+  ``DeliverTime`` moves past the lease plus the back-off for that attempt (the table engine's
+  rule, ``spanner_queues.semantics``), so an unacked message comes back after the back-off and
+  one index order serves "due". RECEIVE shows the ``DeliverTime`` the message had when claimed.
+- A lease token names its queue, key and expiry (opaque to clients), so ``RENEWLEASE`` answers
+  as documented without any state in the front: no row for an unparseable or expired token; a
+  NULL new token for one still within its lease whose message was acked (or re-sent); else a
+  rotated token and a lease 10 s from now.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from google.protobuf import json_format
+
+from spanner_queues.emulator import backend as b
+from spanner_queues.emulator.schema import (
+    ATTEMPTS,
+    DELIVER_TIME,
+    LEASE_EXPIRES,
+    LEASE_TOKEN,
+    PAYLOAD,
+    SEND_TIME,
+    QueueSchema,
+)
+from spanner_queues.semantics import LEASE, BackoffPolicy
+
+UTC = timezone.utc
+BACKOFF = BackoffPolicy()
+
+RECEIVE_SYSTEM = ("SpannerLeaseExpirationTimestamp", "SpannerLeaseToken", "SpannerLastBatchMessage")
+RENEW_COLUMNS = ("SpannerOldLeaseToken", "SpannerNewLeaseToken", "SpannerLeaseExpirationTimestamp")
+
+
+class QueueRefusal(Exception):
+    """A queue request Spanner refuses: ``code`` is the gRPC status name."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+# --- wire values -------------------------------------------------------------------------
+def ts(value: datetime) -> str:
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_ts(text: str) -> datetime:
+    main, _, frac = text.rstrip("Z").partition(".")
+    return datetime.strptime(main, "%Y-%m-%dT%H:%M:%S").replace(
+        microsecond=int((frac + "000000")[:6]), tzinfo=UTC
+    )
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "") + "`"
+
+
+# --- lease tokens ------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Token:
+    queue: str
+    key: Any  # ListValue
+    expires: datetime
+    text: str
+
+
+def make_token(queue: str, key: Sequence[Any], expires: datetime) -> str:
+    key_list = b.ListValue(values=list(key))
+    body = {
+        "q": queue.upper(),
+        "k": json_format.MessageToDict(key_list),
+        "e": ts(expires),
+        "n": secrets.token_hex(8),
+    }
+    return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
+
+
+def read_token(text: Any) -> Token | None:
+    """The token's parts; None when it is not one of this front's tokens."""
+    if not isinstance(text, str):
+        return None
+    try:
+        body = json.loads(base64.urlsafe_b64decode(text.encode()))
+        key = json_format.ParseDict(body["k"], b.ListValue())
+        return Token(str(body["q"]), key, parse_ts(body["e"]), text)
+    except Exception:
+        return None
+
+
+# --- RECEIVE -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Claimed:
+    fields: list[tuple[str, Any]]  # (name, Type) of the RECEIVE row
+    rows: list[list[Any]]  # protobuf Values in ``fields`` order
+
+
+def has_due(backend: b.Backend, database: str, queue: QueueSchema) -> datetime | None:
+    """The earliest ``DeliverTime`` of the queue (a strong read, no lock), None if empty."""
+    with backend.session(database) as session:
+        result = backend.query(session, f"SELECT MIN({DELIVER_TIME}) FROM {quote(queue.name)}")
+    value = result.rows[0].values[0] if result.rows else None
+    if value is None or value.WhichOneof("kind") != "string_value":
+        return None
+    return parse_ts(value.string_value)
+
+
+def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> Claimed:
+    """Lease up to ``limit`` due messages in one read-write transaction."""
+    keys = [quote(k) for k in queue.keys]
+    sql = (
+        f"SELECT {', '.join(keys)}, {PAYLOAD}, {DELIVER_TIME}, {ATTEMPTS}, {SEND_TIME} "
+        f"FROM {quote(queue.name)} WHERE {DELIVER_TIME} <= @now "
+        f"ORDER BY {DELIVER_TIME} LIMIT {int(limit)}"
+    )
+    n = len(queue.keys)
+
+    def work(session: str, txn: bytes) -> tuple[Claimed, list[Any]]:
+        at = now()
+        result = backend.query(
+            session,
+            sql,
+            transaction_id=txn,
+            params={"now": (b.Value(string_value=ts(at)), b.TypeCode.TIMESTAMP)},
+        )
+        fields = [(f.name, f.type_) for f in result.metadata.row_type.fields[: n + 2]]
+        fields += [
+            (RECEIVE_SYSTEM[0], b.field_type(b.TypeCode.TIMESTAMP)),
+            (RECEIVE_SYSTEM[1], b.field_type(b.TypeCode.STRING)),
+            (RECEIVE_SYSTEM[2], b.field_type(b.TypeCode.BOOL)),
+        ]
+        out, updates = [], []
+        expires = at + LEASE
+        rows = b.rows(result)
+        for i, row in enumerate(rows):
+            attempt = int(row[n + 2].string_value or 0) + 1
+            sent = row[n + 3]
+            age = (
+                at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
+            )
+            token = make_token(queue.name, row[:n], expires)
+            deliver = expires + BACKOFF.delay(attempt, age)
+            updates.append(
+                [
+                    *row[:n],
+                    b.Value(string_value=ts(deliver)),
+                    b.Value(string_value=token),
+                    b.Value(string_value=ts(expires)),
+                    b.Value(string_value=str(attempt)),
+                ]
+            )
+            out.append(
+                [
+                    *row[: n + 2],
+                    b.Value(string_value=ts(expires)),
+                    b.Value(string_value=token),
+                    b.bool_value(i == len(rows) - 1),
+                ]
+            )
+        mutations = []
+        if updates:
+            mutations.append(
+                b.update_mutation(
+                    queue.name,
+                    [*queue.keys, DELIVER_TIME, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS],
+                    updates,
+                )
+            )
+        return Claimed(fields, out), mutations
+
+    return backend.run_in_transaction(database, work)
+
+
+# --- RENEWLEASE --------------------------------------------------------------------------
+def renew(
+    backend: b.Backend, database: str, queue: QueueSchema, tokens: Sequence[Any]
+) -> list[list[Any]]:
+    """Rows of ``RENEWLEASE_<Q>`` for ``tokens``: (old, new or NULL, expiry)."""
+    parsed = [read_token(t) for t in tokens]
+    live = [t for t in parsed if t is not None and t.queue == queue.name.upper()]
+    n = len(queue.keys)
+    columns = [*queue.keys, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS, SEND_TIME]
+
+    def work(session: str, txn: bytes) -> tuple[list[list[Any]], list[Any]]:
+        at = now()
+        current: dict[str, list[Any]] = {}
+        if live:
+            result = backend.read(
+                session, queue.name, columns, [t.key for t in live], transaction_id=txn
+            )
+            for row in b.rows(result):
+                token = row[n].string_value if row[n].HasField("string_value") else None
+                if token:
+                    current[token] = row
+        out, updates = [], []
+        expires = at + LEASE
+        for token in live:
+            if token.expires <= at:
+                continue  # expired: no row
+            row = current.get(token.text)
+            if row is None:  # acked, or acked and sent again: valid but not renewable
+                out.append(
+                    [b.Value(string_value=token.text), b.string_value(None), b.string_value(None)]
+                )
+                continue
+            attempt = int(row[n + 2].string_value or 1)
+            sent = row[n + 3]
+            age = (
+                at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
+            )
+            new = make_token(queue.name, row[:n], expires)
+            updates.append(
+                [
+                    *row[:n],
+                    b.Value(string_value=ts(expires + BACKOFF.delay(attempt, age))),
+                    b.Value(string_value=new),
+                    b.Value(string_value=ts(expires)),
+                ]
+            )
+            out.append(
+                [
+                    b.Value(string_value=token.text),
+                    b.Value(string_value=new),
+                    b.Value(string_value=ts(expires)),
+                ]
+            )
+        mutations = []
+        if updates:
+            mutations.append(
+                b.update_mutation(
+                    queue.name, [*queue.keys, DELIVER_TIME, LEASE_TOKEN, LEASE_EXPIRES], updates
+                )
+            )
+        return out, mutations
+
+    return backend.run_in_transaction(database, work)
+
+
+def renew_fields() -> list[tuple[str, Any]]:
+    return [
+        (RENEW_COLUMNS[0], b.field_type(b.TypeCode.STRING)),
+        (RENEW_COLUMNS[1], b.field_type(b.TypeCode.STRING)),
+        (RENEW_COLUMNS[2], b.field_type(b.TypeCode.TIMESTAMP)),
+    ]
+
+
+def project(
+    fields: list[tuple[str, Any]], rows: list[list[Any]], columns: Sequence[str] | None
+) -> tuple[list[tuple[str, Any]], list[list[Any]]]:
+    """Keep ``columns`` (by name, case-insensitive; None = all) of each row."""
+    if columns is None:
+        return fields, rows
+    index = {name.upper(): i for i, (name, _) in enumerate(fields)}
+    picks = []
+    for column in columns:
+        if column.upper() not in index:
+            raise QueueRefusal("INVALID_ARGUMENT", f"Unrecognized name: {column}")
+        picks.append(index[column.upper()])
+    return [fields[i] for i in picks], [[row[i] for i in picks] for row in rows]
+
+
+def metadata(fields: list[tuple[str, Any]]) -> Any:
+    meta = b.ResultSetMetadata()
+    for name, type_ in fields:
+        f = meta.row_type.fields.add()
+        f.name = name
+        f.type_.CopyFrom(type_)
+    return meta
+
+
+# --- Send / Ack mutations ----------------------------------------------------------------
+@dataclass
+class Translated:
+    mutations: list[Any]
+    #: (queue, key ListValue) of each Ack that must find its message
+    must_exist: list[tuple[QueueSchema, Any]]
+    queues: set[str]
+
+
+def translate_mutations(mutations: Sequence[Any], catalog: dict[str, QueueSchema]) -> Translated:
+    """``Send`` -> insert (``DeliverTime`` now when unset or past), ``Ack`` -> delete; other
+    writes to a queue are refused, as on Spanner."""
+    out: list[Any] = []
+    must_exist: list[tuple[QueueSchema, Any]] = []
+    queues: set[str] = set()
+    at = now()
+    for m in mutations:
+        op = m.WhichOneof("operation")
+        if op in ("send", "ack"):
+            body = getattr(m, op)
+            queue = catalog.get(body.queue.upper())
+            if queue is None:
+                raise QueueRefusal("NOT_FOUND", f"Queue not found: {body.queue}")
+            if len(body.key.values) != len(queue.keys):
+                raise QueueRefusal(
+                    "INVALID_ARGUMENT",
+                    f"{op.capitalize()} to {queue.name}: the key has {len(body.key.values)} "
+                    f"values; the queue's primary key has {len(queue.keys)} columns",
+                )
+            queues.add(queue.name.upper())
+            if op == "send":
+                if not body.HasField("payload"):
+                    raise QueueRefusal(
+                        "INVALID_ARGUMENT", f"Send to {queue.name}: a payload is required"
+                    )
+                deliver = at
+                if body.HasField("deliver_time"):
+                    deliver = max(body.deliver_time.ToDatetime(tzinfo=UTC), at)
+                write = b.Mutation.Write(
+                    table=queue.name, columns=[*queue.keys, PAYLOAD, DELIVER_TIME]
+                )
+                write.values.add().values.extend(
+                    [*body.key.values, body.payload, b.Value(string_value=ts(deliver))]
+                )
+                out.append(b.Mutation(insert=write))
+            else:
+                delete = b.Mutation.Delete(table=queue.name)
+                delete.key_set.keys.add().CopyFrom(body.key)
+                out.append(b.Mutation(delete=delete))
+                if not body.ignore_not_found:
+                    must_exist.append((queue, body.key))
+            continue
+        if op in ("insert", "update", "insert_or_update", "replace"):
+            table = getattr(m, op).table
+            if table.upper() in catalog:
+                raise QueueRefusal(
+                    "INVALID_ARGUMENT",
+                    f"{op} mutations are not supported on queue {table}: send with a Send "
+                    "mutation or INSERT, replace a message with Ack then Send",
+                )
+        out.append(m)
+    return Translated(out, must_exist, queues)
+
+
+def missing_acks(
+    backend: b.Backend,
+    session: str,
+    transaction_id: bytes,
+    must_exist: Sequence[tuple[QueueSchema, Any]],
+) -> list[tuple[QueueSchema, Any]]:
+    """The Acks among ``must_exist`` whose message is not there, read in the transaction."""
+    missing = []
+    by_queue: dict[str, list[tuple[QueueSchema, Any]]] = {}
+    for queue, key in must_exist:
+        by_queue.setdefault(queue.name, []).append((queue, key))
+    for items in by_queue.values():
+        queue = items[0][0]
+        result = backend.read(
+            session,
+            queue.name,
+            list(queue.keys),
+            [k for _, k in items],
+            transaction_id=transaction_id,
+        )
+        found = {
+            json.dumps(json_format.MessageToDict(b.ListValue(values=list(r.values))))
+            for r in result.rows
+        }
+        for item in items:
+            if json.dumps(json_format.MessageToDict(item[1])) not in found:
+                missing.append(item)
+    return missing

@@ -1,0 +1,139 @@
+"""Recognise the queue statements in SQL sent to the front.
+
+Only three shapes need the front; everything else goes to the emulator untouched:
+
+- ``SELECT <columns | *> FROM RECEIVE_<Q>(args)`` (PostgreSQL: ``spanner.receive_<q>(...)``);
+- ``SELECT <columns | *> FROM RENEWLEASE_<Q>(lease_tokens => [...])``
+  (PostgreSQL: ``spanner.renewlease_<q>(lease_tokens => ARRAY[...])``);
+- ``UPDATE <queue> ...``, which Spanner refuses on queues.
+
+Arguments may be literals or query parameters (``@name``; ``$n`` binds ``pn``), named
+(``max_batch_size => 10``) or positional (``max_batch_size, priority, max_duration``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from spanner_queues.emulator.schema import split_top_level, strip_comments, unquote
+
+_NAME = r"`[^`]+`|[A-Za-z_]\w*"
+_CALL = re.compile(
+    rf"^\s*SELECT\s+(?P<cols>.+?)\s+FROM\s+(?P<fn>(?:spanner\s*\.\s*)?(?:RECEIVE|RENEWLEASE)_\w+)"
+    rf"\s*\((?P<args>.*)\)\s*(?:(?:AS\s+)?(?P<alias>{_NAME}))?\s*;?\s*$",
+    re.I | re.S,
+)
+_MENTION = re.compile(r"\b(?:spanner\s*\.\s*)?(RECEIVE|RENEWLEASE)_(\w+)\s*\(", re.I)
+_UPDATE = re.compile(rf"^\s*UPDATE\s+(?P<name>{_NAME})\b", re.I)
+RECEIVE_ARGS = ("max_batch_size", "priority", "max_duration")
+
+
+class StatementError(ValueError):
+    """A queue statement the front cannot run; the text says why (INVALID_ARGUMENT)."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCall:
+    """``SELECT cols FROM RECEIVE_<Q>(...)`` or ``RENEWLEASE_<Q>(...)``."""
+
+    kind: str  # "RECEIVE" | "RENEWLEASE"
+    queue: str
+    columns: tuple[str, ...] | None  # None: *
+    args: dict[str, Any]  # RECEIVE: name -> python value; RENEWLEASE: {"lease_tokens": [...]}
+
+
+def mentioned_function(sql: str) -> tuple[str, str] | None:
+    """(``RECEIVE``/``RENEWLEASE``, queue) of the first queue function ``sql`` calls."""
+    m = _MENTION.search(strip_comments(sql))
+    return (m.group(1).upper(), m.group(2)) if m else None
+
+
+def updated_table(sql: str) -> str | None:
+    m = _UPDATE.match(strip_comments(sql))
+    return unquote(m.group("name")) if m else None
+
+
+def parse_call(sql: str, params: dict[str, Any]) -> QueueCall:
+    """Parse a RECEIVE/RENEWLEASE call; ``params`` are the request's parameters as Python
+    values (strings, ints, lists, None)."""
+    text = strip_comments(sql)
+    m = _CALL.match(text)
+    if not m:
+        raise StatementError(
+            "the emulator front runs queue functions only as "
+            "'SELECT <columns or *> FROM RECEIVE_<Queue>(...)' / 'RENEWLEASE_<Queue>(...)', "
+            "without joins, filters or subqueries"
+        )
+    fn = re.sub(r"\s+", "", m.group("fn"))
+    kind, _, queue = fn.split(".")[-1].partition("_")
+    kind = kind.upper()
+    cols = m.group("cols").strip()
+    columns = None if cols == "*" else tuple(_column(c) for c in split_top_level(cols))
+    raw = split_top_level(m.group("args"))
+    if kind == "RECEIVE":
+        args = _receive_args(raw, params)
+    else:
+        args = {"lease_tokens": _renew_tokens(raw, params)}
+    return QueueCall(kind=kind, queue=queue, columns=columns, args=args)
+
+
+def _column(text: str) -> str:
+    m = re.match(rf"^\s*(?:{_NAME}\s*\.\s*)?({_NAME})\s*(?:AS\s+({_NAME}))?\s*$", text, re.I)
+    if not m:
+        raise StatementError(f"the emulator front selects plain column names, not {text!r}")
+    if m.group(2):
+        raise StatementError(f"the emulator front does not rename columns ({text!r})")
+    return unquote(m.group(1))
+
+
+def _named(arg: str) -> tuple[str | None, str]:
+    m = re.match(r"^\s*(\w+)\s*=>\s*(.*)$", arg, re.S)
+    return (m.group(1).lower(), m.group(2).strip()) if m else (None, arg.strip())
+
+
+def _receive_args(raw: list[str], params: dict[str, Any]) -> dict[str, Any]:
+    args: dict[str, Any] = {}
+    for position, arg in enumerate(raw):
+        name, value = _named(arg)
+        if name is None:
+            if position >= len(RECEIVE_ARGS):
+                raise StatementError("RECEIVE takes at most three arguments")
+            name = RECEIVE_ARGS[position]
+        if name not in RECEIVE_ARGS:
+            raise StatementError(f"RECEIVE has no argument {name!r}")
+        args[name] = _scalar(value, params)
+    return args
+
+
+def _renew_tokens(raw: list[str], params: dict[str, Any]) -> list[Any]:
+    if len(raw) != 1:
+        raise StatementError("RENEWLEASE takes one argument, lease_tokens")
+    name, value = _named(raw[0])
+    if name not in (None, "lease_tokens"):
+        raise StatementError(f"RENEWLEASE has no argument {name!r}")
+    m = re.match(r"^(?:ARRAY\s*(?:<\s*STRING\s*>)?\s*)?\[(.*)\]$", value, re.I | re.S)
+    if m:
+        return [_scalar(item, params) for item in split_top_level(m.group(1))]
+    tokens = _scalar(value, params)
+    if not isinstance(tokens, list):
+        raise StatementError("lease_tokens must be an array of STRING")
+    return tokens
+
+
+def _scalar(text: str, params: dict[str, Any]) -> Any:
+    text = text.strip()
+    if text.upper() == "NULL":
+        return None
+    if re.fullmatch(r"-?\d+", text):
+        return int(text)
+    if text.startswith("@") or text.startswith("$"):
+        name = text[1:] if text.startswith("@") else f"p{text[1:]}"
+        if name not in params:
+            raise StatementError(f"No parameter found for binding: {name}")
+        return params[name]
+    m = re.fullmatch(r"""[rR]?(['"])(.*)\1""", text, re.S)
+    if m:
+        return re.sub(r"\\(.)", r"\1", m.group(2)) if text[0] not in "rR" else m.group(2)
+    raise StatementError(f"the emulator front cannot evaluate {text!r} here")

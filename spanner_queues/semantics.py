@@ -1,0 +1,80 @@
+"""Queue behaviour that Google's documentation leaves open, decided once.
+
+The table engine and the queue-aware emulator front (``spanner_queues.emulator``) both read
+their choices from here, so a message behaves the same on either (docs/explanation/guarantees.md
+lists them):
+
+- the lease: 10 s from delivery or renewal (documented by Google, not configurable there);
+- the back-off after a lease expires: ``BackoffPolicy`` (exponential while the message is
+  younger than an hour, then hourly; Google documents only that shape);
+- ``RECEIVE_<Q>`` defaults: ``max_batch_size`` 1, ``max_duration`` one minute;
+- ``max_duration`` text: Go-style durations (``"500ms"``, ``"90s"``, ``"20m"``, ``"1h30m"``).
+
+Pure Python: no Django settings, so the emulator front can run without a project.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+#: Spanner's lease: 10 s from delivery or from a renewal.
+LEASE = timedelta(seconds=10)
+#: ``RECEIVE_<Q>()`` without ``max_batch_size``.
+DEFAULT_MAX_BATCH_SIZE = 1
+#: ``RECEIVE_<Q>()`` without ``max_duration``.
+DEFAULT_MAX_DURATION = timedelta(minutes=1)
+
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h)")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BackoffPolicy:
+    """Redelivery delay after a lease expires without an ack.
+
+    Like Spanner: exponential back-off while the message is younger than ``hourly_after``, then
+    one attempt per ``hourly``. ``delay(attempt, age)`` is the wait after delivery ``attempt``.
+    """
+
+    initial: timedelta = timedelta(seconds=1)
+    multiplier: float = 2.0
+    maximum: timedelta = timedelta(minutes=15)
+    hourly_after: timedelta = timedelta(hours=1)
+    hourly: timedelta = timedelta(hours=1)
+
+    def delay(self, attempt: int, age: timedelta) -> timedelta:
+        if age >= self.hourly_after:
+            return self.hourly
+        exponent = min(max(attempt - 1, 0), 64)
+        seconds = self.initial.total_seconds() * (self.multiplier**exponent)
+        return min(timedelta(seconds=min(seconds, 10**9)), self.maximum)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``"20m"``, ``"90s"``, ``"500ms"``, ``"1h30m"`` -> timedelta; ``ValueError`` otherwise."""
+    value = str(text).strip()
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(value):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+        pos = match.end()
+    if not value or pos != len(value) or total <= 0:
+        raise ValueError(
+            f"max_duration {text!r} is not a positive duration like '500ms', '90s', '20m', '1h'."
+        )
+    return timedelta(seconds=total)
+
+
+def format_duration(seconds: float) -> str:
+    """``max_duration`` text: whole minutes as ``'20m'``, else seconds or milliseconds."""
+    ms = round(seconds * 1000)
+    if ms <= 0:
+        raise ValueError("max_duration must be positive.")
+    if ms % 60000 == 0:
+        return f"{ms // 60000}m"
+    if ms % 1000 == 0:
+        return f"{ms // 1000}s"
+    return f"{ms}ms"
