@@ -154,6 +154,18 @@ def receive(
     return engine_for(model).receive(model, max_messages=max_messages, lease=lease)
 
 
+def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None = 5.0) -> None:
+    """Stop this process's background receiving of ``queue`` (of every queue when None).
+    Engines that stream (native: one ``RECEIVE_<Q>`` per queue and process, shared by its
+    threads) end the stream; messages leased but not yet handed out come back after their
+    lease. A later ``receive`` starts again. Waits up to ``wait`` seconds per stream."""
+    from spanner_queues.registry import queue_models
+
+    models = [get_queue(queue)] if queue is not None else queue_models()
+    for model in models:
+        engine_for(model).stop_receiving(model, wait=wait)
+
+
 def _key(model: type[Queue], message: Message | Mapping[str, Any] | tuple[Any, ...]) -> tuple:
     if isinstance(message, Message):
         return message.key

@@ -7,6 +7,7 @@ retry, what the database must be configured with, and how to emit vendor DDL cla
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 from collections.abc import Iterator
@@ -144,19 +145,38 @@ class SQLiteDriver(Driver):
         return problems
 
 
+@functools.lru_cache(maxsize=8)
+def emulator_has_queues(host: str) -> bool:
+    """Ask the emulator at ``host`` whether it has queues: the queue-aware front answers its
+    ``Describe`` call, Google's plain emulator answers UNIMPLEMENTED."""
+    import json
+
+    import grpc
+
+    channel = grpc.insecure_channel(host)
+    try:
+        reply = channel.unary_unary("/spanner_queues.emulator.Front/Describe")(b"", timeout=5)
+        return json.loads(reply).get("queues") is True
+    except (grpc.RpcError, ValueError):
+        return False
+    finally:
+        channel.close()
+
+
 class SpannerDriver(Driver):
     vendor = "spanner"
     supports_interleave = True
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
-        import os
-
-        # The emulator cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383).
-        self.supports_native_queues = not os.environ.get("SPANNER_EMULATOR_HOST")
+        # Google's emulator cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383); the
+        # queue-aware front of ``python -m spanner_queues.emulator`` can, and says so.
+        host = os.environ.get("SPANNER_EMULATOR_HOST")
+        self.supports_native_queues = not host or emulator_has_queues(host)
         self.no_native_queues_reason = (
-            "it is the Cloud Spanner emulator (SPANNER_EMULATOR_HOST is set), which cannot "
-            "parse CREATE QUEUE or run RECEIVE_<queue> (cloud-spanner-emulator issue #383)."
+            f"it is Google's Cloud Spanner emulator (SPANNER_EMULATOR_HOST={host}), which "
+            "cannot parse CREATE QUEUE or run RECEIVE_<queue> (cloud-spanner-emulator issue "
+            "#383); run `python -m spanner_queues.emulator` for an emulator with queues."
         )
 
     def is_retryable(self, exc: BaseException) -> bool:

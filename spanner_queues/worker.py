@@ -372,6 +372,7 @@ class Worker:
                     self._cond.wait_for(lambda: self._stopping or self._in_flight == 0)
             finally:
                 self.stop()
+                self._stop_streams()
                 with self._cond:
                     self._cond.wait_for(lambda: self._in_flight == 0)
                 for _ in threads:
@@ -385,6 +386,14 @@ class Worker:
             self._emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
         return self.stats.copy()
+
+    def _stop_streams(self) -> None:
+        """No background RECEIVE stream outlives the worker (native engine)."""
+        for label in self.queue_labels:
+            try:
+                api.stop_receiving(label, wait=5)
+            except Exception:
+                logger.exception("stopping the receive stream of %s failed", label)
 
     def _seed(self) -> None:
         from spanner_queues.patterns import seed_schedules

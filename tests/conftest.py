@@ -60,3 +60,56 @@ def pytest_report_header(config: pytest.Config) -> str:
     db = settings.DATABASES["default"]
     where = os.environ.get("SPANNER_EMULATOR_HOST", "")
     return f"spanner_queues database: {db['ENGINE']} {where}".rstrip()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "requires(*flags): run only where the default queue engine has these EngineFeatures "
+        "flags (e.g. 'supports_release'); skipped elsewhere, by the flags, never by name",
+    )
+    config.addinivalue_line(
+        "markers", "unless(*flags): run only where the default queue engine lacks these flags"
+    )
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    requires = [flag for mark in item.iter_markers("requires") for flag in mark.args]
+    unless = [flag for mark in item.iter_markers("unless") for flag in mark.args]
+    if not requires and not unless:
+        return
+    from spanner_queues.engines import engines
+
+    engine = engines["default"]
+    for flag in requires:
+        if not getattr(engine.features, flag):
+            pytest.skip(f"the {type(engine).__name__} engine has no {flag}")
+    for flag in unless:
+        if getattr(engine.features, flag):
+            pytest.skip(f"for engines without {flag}")
+
+
+@pytest.fixture(autouse=True)
+def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
+    """On native queues (not tables: Django's flush leaves them alone) each test ends with no
+    RECEIVE stream running and every queue empty. Not for the wire tests (tests/native)."""
+    yield
+    if os.environ.get("DJANGO_SETTINGS_MODULE") != "tests.settings_spanner_native":
+        return
+    marker = request.node.get_closest_marker("django_db")
+    transactional = marker is not None and (
+        marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+    )
+    if not transactional and not {"transactional_db", "live_server", "child_env"} & set(
+        request.fixturenames
+    ):
+        return
+    from spanner_queues.engines import engines
+    from spanner_queues.registry import queue_models
+
+    engine = engines["default"]
+    engine.stop_receiving(wait=10)
+    blocker = request.getfixturevalue("django_db_blocker")
+    with blocker.unblock():
+        for model in queue_models():
+            engine.purge(model)

@@ -18,6 +18,7 @@ Every call goes to the emulator byte for byte, except the few that queues change
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import threading
 import time
@@ -49,6 +50,9 @@ STREAMING = frozenset(
 )
 #: headers not forwarded to the emulator (gRPC sets its own).
 _SKIP_HEADERS = ("user-agent", "grpc-", ":")
+#: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
+#: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
+DESCRIBE = "/spanner_queues.emulator.Front/Describe"
 #: how long an idle RECEIVE sleeps at most between looks at its queue.
 IDLE_POLL_SECONDS = 0.5
 
@@ -118,6 +122,11 @@ class Front:
             b.SPANNER + "Commit": self.commit,
             b.SPANNER + "BeginTransaction": self.begin_transaction,
         }
+        if method == DESCRIBE:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: json.dumps({"queues": True, "dialects": ["googlesql"]})
+                .encode()
+            )
         if method == b.SPANNER + "ExecuteStreamingSql":
             return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
         if method in own:

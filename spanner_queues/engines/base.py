@@ -29,6 +29,8 @@ class EngineFeatures:
     supports_native_queues: bool = False
     supports_lease_renewal: bool = True
     supports_release: bool = True
+    #: whether ``receive(lease=...)`` sets the lease length (Spanner's lease is always 10 s).
+    supports_custom_lease: bool = True
     supports_attempt_count: bool = True
     supports_listing: bool = True
     #: whether ``renew_leases`` rotates the token (Spanner's RENEWLEASE does).
@@ -141,6 +143,13 @@ class BaseQueueEngine(ABC):
     ) -> None:
         """Give a leased message back, due at ``deliver_time`` (default now)."""
         raise self._unsupported("release")
+
+    def stop_receiving(
+        self, model: type[Queue] | None = None, *, wait: float | None = None
+    ) -> None:
+        """Stop receiving ``model`` (every queue when None) in this process: engines that
+        receive through a background stream end it; for the others there is nothing to stop."""
+        return None
 
     @abstractmethod
     def stats(self, model: type[Queue]) -> QueueStats:

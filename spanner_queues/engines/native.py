@@ -16,6 +16,7 @@ Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "pos
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
 from collections.abc import Sequence
@@ -31,6 +32,7 @@ from spanner_queues.conf import EngineParams
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.exceptions import (
+    InvalidMessage,
     InvalidQueueEngine,
     MessageAlreadyAcked,
     MessageAlreadyExists,
@@ -54,6 +56,23 @@ logger = logging.getLogger("spanner_queues.native")
 
 #: Spanner's lease: 10 s from delivery or renewal, not configurable.
 NATIVE_LEASE = timedelta(seconds=10)
+
+#: One RECEIVE stream per (engine alias, queue) and process, shared by every thread (engines
+#: are per thread, like database connections; streams must not be).
+_streams: dict[tuple[str, str], Receiver] = {}
+_streams_lock = threading.Lock()
+
+
+def stop_all_streams(wait: float | None = 5.0) -> None:
+    """Stop every RECEIVE stream of this process (at exit, so none outlives the program)."""
+    with _streams_lock:
+        receivers = list(_streams.values())
+        _streams.clear()
+    for receiver in receivers:
+        receiver.stop(wait)
+
+
+atexit.register(stop_all_streams)
 
 
 def _prep_key(model: type[Queue], key: Sequence[Any], connection: Any) -> list[Any]:
@@ -94,6 +113,7 @@ class NativeQueueEngine(BaseQueueEngine):
         supports_native_queues=True,
         supports_lease_renewal=True,
         supports_release=False,
+        supports_custom_lease=False,
         supports_attempt_count=False,
         supports_listing=True,
         rotates_lease_tokens=True,
@@ -133,8 +153,6 @@ class NativeQueueEngine(BaseQueueEngine):
         self.lease_margin = timedelta(
             seconds=_number(options, "LEASE_MARGIN_SECONDS", 0.5, alias, minimum=0)
         )
-        self._receivers: dict[str, Receiver] = {}
-        self._lock = threading.Lock()
         self._declarations: dict[type, QueueDeclaration] = {}
 
     # --- helpers -------------------------------------------------------------------------
@@ -214,11 +232,16 @@ class NativeQueueEngine(BaseQueueEngine):
                 for sql, params in statements:
                     cursor.execute(sql, params)
         except Exception as exc:
+            keys = ", ".join(str(tuple(m.key.values())) for m in messages)
             if client.grpc_status(exc) == "ALREADY_EXISTS":
-                keys = ", ".join(str(tuple(m.key.values())) for m in messages)
                 raise MessageAlreadyExists(
                     f"{model._meta.label}: a message with key {keys} already exists "
                     "(keys are identity; ack it first or use replace())."
+                ) from exc
+            if driver_for(using).is_missing_parent(exc):
+                raise InvalidMessage(
+                    f"{model._meta.label}: no parent row for key {keys} (the queue is "
+                    "interleaved in its parent; create the parent first)."
                 ) from exc
             raise
         return [
@@ -269,12 +292,13 @@ class NativeQueueEngine(BaseQueueEngine):
 
     def _receiver(self, model: type[Queue]) -> Receiver:
         label = model._meta.label
-        with self._lock:
-            receiver = self._receivers.get(label)
+        stream_key = (self.alias, label)
+        with _streams_lock:
+            receiver = _streams.get(stream_key)
             if receiver is not None and receiver.fatal is not None:
                 # A permanent error stopped it (``take`` raised it): start afresh, the queue
                 # may have been created or the permission granted since.
-                del self._receivers[label]
+                del _streams[stream_key]
                 receiver = None
             if receiver is None:
                 database = self._spanner()
@@ -309,7 +333,7 @@ class NativeQueueEngine(BaseQueueEngine):
                         last_in_batch=bool(row[n + 4]),
                     )
 
-                receiver = self._receivers[label] = Receiver(
+                receiver = _streams[stream_key] = Receiver(
                     label,
                     open_stream,
                     parse,
@@ -342,11 +366,15 @@ class NativeQueueEngine(BaseQueueEngine):
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
     ) -> None:
-        """Stop the background stream of ``model`` (of every queue when None); ``wait``
-        seconds for each stream's thread to end."""
-        with self._lock:
-            labels = [model._meta.label] if model is not None else list(self._receivers)
-            receivers = [self._receivers.pop(label) for label in labels if label in self._receivers]
+        """Stop this process's RECEIVE stream of ``model`` (of every queue of this alias when
+        None): the stream is shared by every thread; leased rows not yet taken are dropped
+        (Spanner delivers them again after their lease). ``wait`` seconds for each to end."""
+        with _streams_lock:
+            keys = [
+                k for k in _streams
+                if k[0] == self.alias and (model is None or k[1] == model._meta.label)
+            ]
+            receivers = [_streams.pop(k) for k in keys]
         for receiver in receivers:
             receiver.stop(wait)
 

@@ -1,0 +1,38 @@
+"""Test settings for the native engine end to end: the same suite as ``tests.settings_spanner``,
+with ``ENGINE: native`` on the Cloud Spanner emulator behind the queue-aware front
+(``python -m spanner_queues.emulator``, started on a free loopback port on import unless
+``SPANNER_EMULATOR_HOST`` is already set, as it is in child processes).
+
+Tests that need what the native engine does not do are skipped by its ``supports_*`` flags
+(``pytest.mark.requires``), never by a list of names.
+"""
+
+from __future__ import annotations
+
+import os
+
+from spanner_queues.emulator import ensure_emulator
+from tests.settings import *  # noqa: F403
+from tests.settings import INSTALLED_APPS
+
+INSTANCE = os.environ.get("SQ_SPANNER_INSTANCE", "sq-test")
+ensure_emulator(INSTANCE, queues=True)
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django_spanner",
+        "PROJECT": "test-project",
+        "INSTANCE": INSTANCE,
+        "NAME": os.environ.get("SQ_DATABASE_NAME", "sqdb"),
+        "TEST": {"NAME": f"sqn{os.getpid()}"},
+    }
+}
+INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]
+
+SPANNER_QUEUES = {
+    "default": {
+        "ENGINE": "native",
+        "DATABASE": "default",
+        "OPTIONS": {"RECEIVE_MAX_DURATION_SECONDS": 5.0, "RECEIVE_WAIT_SECONDS": 1.0},
+    }
+}
