@@ -1,0 +1,304 @@
+"""Messages on the front, with google-cloud-spanner exactly as Google's queue pages use it:
+INSERT and Send, RECEIVE, RENEWLEASE, DELETE ... ASSERT_ROWS_MODIFIED 1 and Ack."""
+
+from __future__ import annotations
+
+import base64
+import threading
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud.spanner_v1 import param_types
+
+from tests.conftest import wait_until
+
+UTC = timezone.utc
+RECEIVE_ALL = (
+    "SELECT * FROM RECEIVE_UserTasks(max_batch_size => 10, priority => NULL, "
+    "max_duration => '1s')"
+)
+
+
+def receive(database: Any, sql: str = RECEIVE_ALL) -> list[list[Any]]:
+    with database.snapshot() as snap:  # strong, single use: Google's samples
+        return list(snap.execute_sql(sql))
+
+
+def add_user(t: Any, user_id: int = 7) -> None:
+    t.execute_update(f"INSERT INTO Users (UserId, Name) VALUES ({user_id}, 'ada')")
+
+
+# --- sending ---------------------------------------------------------------------------------
+def test_insert_with_business_writes_commits_together(database: Any) -> None:
+    def signup(t: Any) -> None:
+        add_user(t)
+        t.execute_update(
+            "INSERT INTO UserTasks (UserId, MessageId, Payload) VALUES (7, 'welcome', b'hi')"
+        )
+
+    database.run_in_transaction(signup)
+    [row] = receive(database)
+    assert row[:3] == [7, "welcome", base64.b64encode(b"hi")]
+    assert len(row) == 7  # 2 keys, Payload, DeliverTime, expiry, token, last-in-batch
+
+
+def test_rollback_leaves_nothing(database: Any) -> None:
+    class Boom(Exception):
+        pass
+
+    def signup(t: Any) -> None:
+        add_user(t)
+        t.execute_update(
+            "INSERT INTO UserTasks (UserId, MessageId, Payload) VALUES (7, 'welcome', b'hi')"
+        )
+        raise Boom
+
+    with pytest.raises(Boom):
+        database.run_in_transaction(signup)
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT COUNT(*) FROM UserTasks")) == [[0]]
+
+
+def test_duplicate_key_is_already_exists(database: Any) -> None:
+    insert = "INSERT INTO SampleQueue (Id, Payload) VALUES (1, 'x')"
+    database.run_in_transaction(lambda t: t.execute_update(insert))
+    with pytest.raises(gexc.AlreadyExists):
+        database.run_in_transaction(lambda t: t.execute_update(insert))
+    with pytest.raises(gexc.AlreadyExists):
+        with database.batch() as batch:
+            batch.send(queue="SampleQueue", key=(1,), payload="again")
+
+
+def test_future_deliver_time_is_not_delivered_early(database: Any) -> None:
+    due = datetime.now(UTC) + timedelta(seconds=2)
+    database.run_in_transaction(
+        lambda t: t.execute_update(
+            "INSERT INTO SampleQueue (Id, Payload, DeliverTime) VALUES (1, 'later', @due)",
+            params={"due": due},
+            param_types={"due": param_types.TIMESTAMP},
+        )
+    )
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(2,), payload="now")
+        batch.send(
+            queue="SampleQueue", key=(3,), payload="past", deliver_time=due - timedelta(days=1)
+        )
+    sql = "SELECT Id FROM RECEIVE_SampleQueue(max_batch_size => 10, max_duration => '1s')"
+    assert sorted(r[0] for r in receive(database, sql)) == [2, 3]  # a past time means now
+    assert wait_until(lambda: receive(database, sql)) == [[1]]
+    assert datetime.now(UTC) >= due
+
+
+def test_send_and_ack_mutations_in_a_transaction(database: Any) -> None:
+    def send(t: Any) -> None:
+        add_user(t)
+        t.send(queue="UserTasks", key=(7, "m1"), payload=base64.b64encode(b"one"))
+
+    database.run_in_transaction(send)
+    [row] = receive(database)
+    database.run_in_transaction(lambda t: t.ack(queue="UserTasks", key=(7, "m1")))
+    assert receive(database) == []
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT COUNT(*) FROM UserTasks")) == [[0]]
+    assert row[:2] == [7, "m1"]
+
+
+def test_ack_of_a_missing_message_is_not_found_and_nothing_applies(database: Any) -> None:
+    def ack_and_write(t: Any) -> None:
+        add_user(t, 8)
+        t.ack(queue="SampleQueue", key=(404,))
+
+    with pytest.raises(gexc.NotFound, match="Message not found"):
+        database.run_in_transaction(ack_and_write)
+    with pytest.raises(gexc.NotFound, match="Message not found"):
+        with database.batch() as batch:
+            batch.insert(table="Users", columns=("UserId", "Name"), values=[(9, "bob")])
+            batch.ack(queue="SampleQueue", key=(404,))
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT COUNT(*) FROM Users")) == [[0]]
+    with database.batch() as batch:  # ignore_not_found: succeeds
+        batch.ack(queue="SampleQueue", key=(404,), ignore_not_found=True)
+
+
+def test_ack_then_send_replaces_a_message_in_one_batch(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="v1")
+    with database.batch() as batch:  # Google: Ack must precede Send
+        batch.ack(queue="SampleQueue", key=(1,))
+        batch.send(queue="SampleQueue", key=(1,), payload="v2")
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT Id, Payload FROM SampleQueue")) == [[1, "v2"]]
+
+
+def test_update_of_a_queue_and_write_mutations_are_refused(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="v1")
+    with pytest.raises(gexc.InvalidArgument, match="UPDATE is not supported on queue"):
+        database.run_in_transaction(
+            lambda t: t.execute_update("UPDATE SampleQueue SET Payload = 'x' WHERE Id = 1")
+        )
+    with pytest.raises(gexc.InvalidArgument, match="not supported on queue"):
+        with database.batch() as batch:
+            batch.update(table="SampleQueue", columns=("Id", "Payload"), values=[(1, "x")])
+
+
+# --- the Python sample (queue_snippets.py) ---------------------------------------------------
+def test_googles_python_sample_unchanged(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="Hello")
+    received = []
+    with database.snapshot() as snapshot:
+        results = snapshot.execute_sql(
+            "SELECT Id, Payload FROM RECEIVE_SampleQueue(max_duration => '1m')"
+        )
+        for row in results:
+            received.append(row)
+            break  # the sample prints the first message; the stream runs on to max_duration
+    assert received == [[1, "Hello"]]
+    with database.batch() as batch:
+        batch.ack(queue="SampleQueue", key=(1,))
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT COUNT(*) FROM SampleQueue")) == [[0]]
+
+
+# --- receiving -------------------------------------------------------------------------------
+def test_receive_is_a_stream_of_batches(database: Any) -> None:
+    with database.batch() as batch:
+        for i in range(5):
+            batch.send(queue="SampleQueue", key=(i,), payload=str(i))
+    sql = (
+        "SELECT Id, SpannerLastBatchMessage, SpannerLeaseExpirationTimestamp FROM "
+        "RECEIVE_SampleQueue(max_batch_size => 2, max_duration => '1s')"
+    )
+    rows = receive(database, sql)
+    assert sorted(r[0] for r in rows) == [0, 1, 2, 3, 4]  # more than max_batch_size per call
+    assert [r[1] for r in rows] == [False, True, False, True, True]
+    now = datetime.now(UTC)
+    for row in rows:
+        assert now < row[2] <= now + timedelta(seconds=10)  # a 10 s lease
+
+
+def test_concurrent_streams_never_lease_one_message_twice(database: Any) -> None:
+    with database.batch() as batch:
+        for i in range(40):
+            batch.send(queue="SampleQueue", key=(i,), payload=str(i))
+    sql = "SELECT Id FROM RECEIVE_SampleQueue(max_batch_size => 3, max_duration => '2s')"
+    got: list[list[int]] = [[], [], []]
+
+    def run(i: int) -> None:
+        got[i] = [r[0] for r in receive(database, sql)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    everything = [i for part in got for i in part]
+    assert sorted(everything) == list(range(40))
+
+
+def test_unacked_message_comes_back_after_lease_and_back_off(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    sql = (
+        "SELECT Id, SpannerLeaseToken, SpannerLeaseExpirationTimestamp "
+        "FROM RECEIVE_SampleQueue(max_duration => '1s')"
+    )
+    [first] = receive(database, sql)
+    assert receive(database, sql) == []  # leased
+    second = wait_until(lambda: receive(database, sql), timeout=40)[0]
+    assert datetime.now(UTC) >= first[2] + timedelta(seconds=1)  # lease, then back-off
+    assert second[0] == 1 and second[1] != first[1]
+
+
+@pytest.mark.parametrize("how", ["stale", "read_write"])
+def test_receive_outside_a_strong_read_is_refused(database: Any, how: str) -> None:
+    sql = "SELECT * FROM RECEIVE_SampleQueue(max_duration => '1s')"
+    with pytest.raises(gexc.InvalidArgument, match="strong read-only"):
+        if how == "stale":
+            with database.snapshot(exact_staleness=timedelta(seconds=5)) as snap:
+                list(snap.execute_sql(sql))
+        else:
+            database.run_in_transaction(lambda t: list(t.execute_sql(sql)))
+
+
+# --- renewing --------------------------------------------------------------------------------
+def leased(database: Any) -> list[Any]:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    [row] = receive(
+        database,
+        "SELECT Id, SpannerLeaseToken, SpannerLeaseExpirationTimestamp "
+        "FROM RECEIVE_SampleQueue(max_duration => '1s')",
+    )
+    return row
+
+
+def renew(database: Any, sql: str, **params: Any) -> list[list[Any]]:
+    types = {k: param_types.Array(param_types.STRING) if isinstance(v, list)
+             else param_types.STRING for k, v in params.items()}
+    with database.snapshot() as snap:
+        return list(snap.execute_sql(sql, params=params or None, param_types=types or None))
+
+
+def test_renewlease_with_an_array_literal_rotates_the_token(database: Any) -> None:
+    _, token, expires = leased(database)
+    [[old, new, new_expiry]] = renew(
+        database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [@token1])", token1=token
+    )
+    assert old == token and new != token and new_expiry >= expires
+    # The old token is superseded: still within its lease, but no longer renewable.
+    [[_, none, _]] = renew(
+        database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [@t])", t=token
+    )
+    assert none is None
+    # The new one renews again, also as one ARRAY<STRING> parameter.
+    [[_, newer, _]] = renew(
+        database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => @tokens)", tokens=[new]
+    )
+    assert newer not in (None, new)
+
+
+def test_renewlease_answers_for_bad_expired_and_acked_tokens(database: Any) -> None:
+    _, token, expires = leased(database)
+    assert renew(
+        database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => ['not-a-token'])"
+    ) == []
+    with database.batch() as batch:
+        batch.ack(queue="SampleQueue", key=(1,))
+    rows = renew(
+        database,
+        "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken "
+        "FROM RENEWLEASE_SampleQueue(lease_tokens => [@t])",
+        t=token,
+    )
+    assert rows == [[token, None]]  # acked while the lease is live: a row with NULL
+    wait_until(lambda: datetime.now(UTC) > expires, timeout=15)
+    assert renew(database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [@t])", t=token) == []
+
+
+# --- acking with DML -------------------------------------------------------------------------
+def test_delete_assert_rows_modified_is_at_most_once(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    ack = "DELETE FROM SampleQueue WHERE Id = 1 ASSERT_ROWS_MODIFIED 1"
+    assert database.run_in_transaction(lambda t: t.execute_update(ack)) == 1
+    with pytest.raises(gexc.OutOfRange, match="ASSERT_ROWS_MODIFIED"):
+        database.run_in_transaction(lambda t: t.execute_update(ack))
+    # A plain DELETE hides the lost race, as Google warns.
+    assert database.run_in_transaction(
+        lambda t: t.execute_update("DELETE FROM SampleQueue WHERE Id = 1")
+    ) == 0
+
+
+def test_deleting_the_parent_cascades_to_its_queue(database: Any) -> None:
+    def signup(t: Any) -> None:
+        add_user(t)
+        t.send(queue="UserTasks", key=(7, "welcome"), payload=base64.b64encode(b"hi"))
+
+    database.run_in_transaction(signup)
+    database.run_in_transaction(lambda t: t.execute_update("DELETE FROM Users WHERE UserId = 7"))
+    with database.snapshot() as snap:
+        assert list(snap.execute_sql("SELECT COUNT(*) FROM UserTasks")) == [[0]]
