@@ -333,6 +333,11 @@ class NativeQueueEngine(BaseQueueEngine):
                         last_in_batch=bool(row[n + 4]),
                     )
 
+                renew_sql = self.renew_sql(model)
+
+                def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
+                    return client.renew(database, renew_sql, tokens)
+
                 receiver = _streams[stream_key] = Receiver(
                     label,
                     open_stream,
@@ -340,6 +345,7 @@ class NativeQueueEngine(BaseQueueEngine):
                     buffer_size=self.buffer_size,
                     lease_margin=self.lease_margin,
                     cancel=cancel,
+                    renew=renew,
                 )
             receiver.start()
             return receiver
@@ -382,10 +388,17 @@ class NativeQueueEngine(BaseQueueEngine):
         return self.dialect.renew(self.declaration(model))
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
+        """One ``RENEWLEASE_<Q>`` call for ``messages`` and, together with them, the rows this
+        process's stream holds for the queue that are due for renewal."""
         tokens = [m.lease_token for m in messages if m.lease_token]
-        if not tokens:
+        with _streams_lock:
+            receiver = _streams.get((self.alias, model._meta.label))
+        held = receiver.held_tokens_due() if receiver is not None else []
+        if not tokens and not held:
             return []
-        renewed = client.renew(self._spanner(), self.renew_sql(model), tokens)
+        renewed = client.renew(self._spanner(), self.renew_sql(model), tokens + held)
+        if held and receiver is not None:
+            receiver.apply_renewals(renewed, held)
         result = []
         for message in messages:
             new_token, expires = renewed.get(message.lease_token or "", (None, None))

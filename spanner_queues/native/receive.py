@@ -4,8 +4,13 @@
 as messages become deliverable, each already leased to this receiver. The stream runs until its
 ``max_duration`` and is then started again. ``Receiver.take`` hands buffered rows to callers and
 drops those whose lease has (nearly) expired, since Spanner may deliver them to someone else.
-The buffer is bounded: while it is full the stream is not read, so gRPC flow control holds
-Spanner back instead of leasing messages nobody will process.
+
+Holding is bounded by demand: the stream is read only while fewer rows are held than the last
+``take`` asked for (at most ``buffer_size``), so gRPC flow control holds Spanner back instead of
+leasing messages nobody will start. Held rows are renewed before their lease ends (by the
+engine's ``renew_leases`` together with the in-flight ones, or by the receiver's own renewal
+thread when nobody renews), and rows that still expire are counted in
+``lease_expiration_count``, as Spanner's metric of that name counts them.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -84,6 +89,8 @@ class Receiver:
         restart_delay: float = 0.2,
         max_restart_delay: float = 10.0,
         cancel: Callable[[], None] | None = None,
+        renew: Callable[[list[str]], dict[str, tuple[str | None, Any]]] | None = None,
+        renew_within: timedelta = timedelta(seconds=5),
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -91,6 +98,11 @@ class Receiver:
         self._cancel = cancel
         self._buffer: collections.deque[Delivery] = collections.deque()
         self._buffer_size = buffer_size
+        #: how many rows may be held: what the last ``take`` asked for, up to buffer_size.
+        self._cap = 1
+        self._renew = renew
+        self._renew_within = renew_within
+        self._renewer: threading.Thread | None = None
         self._margin = lease_margin
         self._restart_delay = restart_delay
         self._max_restart_delay = max_restart_delay
@@ -99,7 +111,8 @@ class Receiver:
         self._batch_open = False
         self._thread: threading.Thread | None = None
         self.streams_started = 0
-        self.skipped_expired = 0
+        #: held rows whose lease ended before they were handed out (Spanner's metric name).
+        self.lease_expiration_count = 0
         self.last_error: BaseException | None = None
         #: a permanent error: the stream has stopped and ``take`` raises it.
         self.fatal: QueueError | None = None
@@ -113,6 +126,11 @@ class Receiver:
                     target=self._run, name=f"spanner-queues-receive-{self.name}", daemon=True
                 )
                 self._thread.start()
+            if self._renew is not None and (self._renewer is None or not self._renewer.is_alive()):
+                self._renewer = threading.Thread(
+                    target=self._renew_held, name=f"spanner-queues-renew-{self.name}", daemon=True
+                )
+                self._renewer.start()
 
     def stop(self, timeout: float | None = None) -> None:
         """Stop reading; rows already leased but not taken are dropped (they are redelivered
@@ -129,6 +147,8 @@ class Receiver:
             self._cond.notify_all()
         if self._thread is not None and timeout:
             self._thread.join(timeout)
+        if self._renewer is not None and timeout:
+            self._renewer.join(timeout)
 
     @property
     def running(self) -> bool:
@@ -148,7 +168,7 @@ class Receiver:
                         self._buffer.append(delivery)
                         self._batch_open = not delivery.last_in_batch
                         self._cond.notify_all()
-                        while len(self._buffer) >= self._buffer_size and not self._stop.is_set():
+                        while len(self._buffer) >= self._cap and not self._stop.is_set():
                             self._cond.wait(0.5)
                 failures = 0  # max_duration elapsed: call RECEIVE again at once
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
@@ -182,14 +202,59 @@ class Receiver:
     def _drop_expired(self) -> None:
         limit = timezone.now() + self._margin
         kept = [d for d in self._buffer if d.lease_expires_at > limit]
-        self.skipped_expired += len(self._buffer) - len(kept)
+        self.lease_expiration_count += len(self._buffer) - len(kept)
         self._buffer = collections.deque(kept)
+
+    @property
+    def held(self) -> int:
+        """Rows leased by the stream and not yet handed out."""
+        return len(self._buffer)
+
+    # --- renewal of held rows --------------------------------------------------------------
+    def held_tokens_due(self) -> list[str]:
+        """Tokens of held rows whose lease ends within ``renew_within``."""
+        limit = timezone.now() + self._renew_within
+        with self._cond:
+            return [d.lease_token for d in self._buffer if d.lease_expires_at <= limit]
+
+    def apply_renewals(self, renewed: dict[str, tuple[str | None, Any]], asked: list[str]) -> None:
+        """Carry renewed tokens forward; drop (and count) held rows whose renewal was lost."""
+        asked_set = set(asked)
+        with self._cond:
+            kept = collections.deque()
+            for d in self._buffer:
+                if d.lease_token not in asked_set:
+                    kept.append(d)
+                    continue
+                new, expires = renewed.get(d.lease_token, (None, None))
+                if new:
+                    kept.append(replace(d, lease_token=new, lease_expires_at=expires))
+                else:
+                    self.lease_expiration_count += 1
+            self._buffer = kept
+            self._cond.notify_all()
+
+    def _renew_held(self) -> None:
+        """Renew held rows nobody else renewed, about halfway through their lease."""
+        assert self._renew is not None
+        while not self._stop.wait(0.5):
+            tokens = self.held_tokens_due()
+            if not tokens:
+                continue
+            try:
+                renewed = self._renew(tokens)
+            except Exception as exc:  # transient: the next round tries again
+                logger.warning("renewing held rows of %s failed: %s", self.name, exc)
+                continue
+            self.apply_renewals(renewed, tokens)
 
     def take(self, max_messages: int, wait: float) -> list[Delivery]:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first,
         then for the rest of its batch (``SpannerLastBatchMessage``)."""
         deadline = time.monotonic() + wait
         with self._cond:
+            self._cap = max(1, min(max_messages, self._buffer_size))
+            self._cond.notify_all()
             while True:
                 if self.fatal is not None and not self._buffer:
                     raise self.fatal

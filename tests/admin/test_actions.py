@@ -13,7 +13,9 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.adminsite.browse import key_token
+from spanner_queues.engines import engines
 from tests.admin.conftest import action_url, queue_url
+from tests.conftest import receive_due
 from tests.testapp.models import Emails, EmailsDead, Jobs, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -71,13 +73,15 @@ def test_ack_a_selection_of_composite_keys(operator_client: Client) -> None:
 def test_deliver_now_resends_same_key_and_payload(operator_client: Client) -> None:
     Jobs.send(id="later", payload={"k": 1}, delay=timedelta(hours=2))
     Jobs.send(id="leased", payload="y")
-    api.receive(Jobs)
+    receive_due(Jobs)
+    api.stop_receiving(Jobs)  # a streaming engine would lease the re-sent messages at once
     before = timezone.now()
     _, done = run(operator_client, "testapp.Jobs", "deliver_now", ["later", "leased"])
     assert notes(done)[0].startswith("Delivered now")
     for row in Jobs.objects.all():
         assert row.deliver_time <= timezone.now() and row.deliver_time >= before
-        assert row.attempts == 0 and row.lease_expires_at is None
+        if engines["default"].features.stores_bookkeeping_fields:
+            assert row.attempts == 0 and row.lease_expires_at is None
     assert bytes(Jobs.objects.get(id="later").payload) == b'{"k":1}'
     assert {m.key for m in api.receive(Jobs, max_messages=5)} == {("later",), ("leased",)}
     assert {(e.object_id, e.action_flag) for e in log_entries(Jobs)} == {
@@ -107,13 +111,14 @@ def test_reschedule_to_a_chosen_time(operator_client: Client) -> None:
 
 
 def test_reschedule_without_a_valid_time_changes_nothing(operator_client: Client) -> None:
-    sent = Jobs.send(id="a", payload="p")
+    Jobs.send(id="a", payload="p")
+    stored = Jobs.objects.get(id="a").deliver_time
     response = operator_client.post(
         action_url("testapp.Jobs"),
         {"action": "reschedule", SELECTED: ["a"], "post": "yes", "deliver_time": "tomorrow"},
     )
     assert response.status_code == 200 and response.context["form"].errors
-    assert Jobs.objects.get(id="a").deliver_time == sent.deliver_time
+    assert Jobs.objects.get(id="a").deliver_time == stored
     assert log_entries(Jobs) == []
 
 
@@ -129,7 +134,9 @@ def test_dead_letter_and_replay(operator_client: Client) -> None:
 
     _, done = run(operator_client, "testapp.EmailsDead", "replay", ["e1"])
     assert notes(done) == ["Replayed to testapp.Emails: 1 message of testapp.EmailsDead."]
-    assert not EmailsDead.objects.exists() and Emails.objects.get(id="e1").attempts == 0
+    assert not EmailsDead.objects.exists() and Emails.objects.filter(id="e1").exists()
+    if engines["default"].features.stores_bookkeeping_fields:
+        assert Emails.objects.get(id="e1").attempts == 0
     assert log_entries(Emails)[0].change_message.startswith("Moved to the dead-letter queue")
     assert log_entries(EmailsDead)[0].change_message == "Replayed to testapp.Emails."
 

@@ -29,7 +29,9 @@ Q1 = (
     "CREATE QUEUE Q1 (Id INT64 NOT NULL, Payload BYTES(MAX) NOT NULL) PRIMARY KEY (Id), "
     "OPTIONS (receive_mode = 'PULL')"
 )
-SAMPLE_QUEUE = "CREATE QUEUE SampleQueue (Id INT64 NOT NULL, Payload STRING(MAX) NOT NULL) PRIMARY KEY (Id)"
+SAMPLE_QUEUE = (
+    "CREATE QUEUE SampleQueue (Id INT64 NOT NULL, Payload STRING(MAX) NOT NULL) PRIMARY KEY (Id)"
+)
 
 
 @pytest.fixture(scope="session")

@@ -16,8 +16,7 @@ from tests.conftest import wait_until
 
 UTC = timezone.utc
 RECEIVE_ALL = (
-    "SELECT * FROM RECEIVE_UserTasks(max_batch_size => 10, priority => NULL, "
-    "max_duration => '1s')"
+    "SELECT * FROM RECEIVE_UserTasks(max_batch_size => 10, priority => NULL, max_duration => '1s')"
 )
 
 
@@ -237,8 +236,10 @@ def leased(database: Any) -> list[Any]:
 
 
 def renew(database: Any, sql: str, **params: Any) -> list[list[Any]]:
-    types = {k: param_types.Array(param_types.STRING) if isinstance(v, list)
-             else param_types.STRING for k, v in params.items()}
+    types = {
+        k: param_types.Array(param_types.STRING) if isinstance(v, list) else param_types.STRING
+        for k, v in params.items()
+    }
     with database.snapshot() as snap:
         return list(snap.execute_sql(sql, params=params or None, param_types=types or None))
 
@@ -263,9 +264,10 @@ def test_renewlease_with_an_array_literal_rotates_the_token(database: Any) -> No
 
 def test_renewlease_answers_for_bad_expired_and_acked_tokens(database: Any) -> None:
     _, token, expires = leased(database)
-    assert renew(
-        database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => ['not-a-token'])"
-    ) == []
+    assert (
+        renew(database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => ['not-a-token'])")
+        == []
+    )
     with database.batch() as batch:
         batch.ack(queue="SampleQueue", key=(1,))
     rows = renew(
@@ -276,7 +278,9 @@ def test_renewlease_answers_for_bad_expired_and_acked_tokens(database: Any) -> N
     )
     assert rows == [[token, None]]  # acked while the lease is live: a row with NULL
     wait_until(lambda: datetime.now(UTC) > expires, timeout=15)
-    assert renew(database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [@t])", t=token) == []
+    assert (
+        renew(database, "SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [@t])", t=token) == []
+    )
 
 
 # --- acking with DML -------------------------------------------------------------------------
@@ -288,9 +292,12 @@ def test_delete_assert_rows_modified_is_at_most_once(database: Any) -> None:
     with pytest.raises(gexc.OutOfRange, match="ASSERT_ROWS_MODIFIED"):
         database.run_in_transaction(lambda t: t.execute_update(ack))
     # A plain DELETE hides the lost race, as Google warns.
-    assert database.run_in_transaction(
-        lambda t: t.execute_update("DELETE FROM SampleQueue WHERE Id = 1")
-    ) == 0
+    assert (
+        database.run_in_transaction(
+            lambda t: t.execute_update("DELETE FROM SampleQueue WHERE Id = 1")
+        )
+        == 0
+    )
 
 
 def test_deleting_the_parent_cascades_to_its_queue(database: Any) -> None:

@@ -65,7 +65,7 @@ def test_command_serves_queues_and_stops_cleanly(signum: int) -> None:
             "db.create().result(60)\n"
             "with db.batch() as b:\n    b.send(queue='Q', key=(1,), payload='hi')\n"
             "with db.snapshot() as s:\n"
-            "    print(list(s.execute_sql(\"SELECT Id, Payload FROM RECEIVE_Q(max_duration => "
+            '    print(list(s.execute_sql("SELECT Id, Payload FROM RECEIVE_Q(max_duration => '
             "'1s')\")))\n"
         )
         out = subprocess.run(
