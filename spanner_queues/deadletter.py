@@ -50,6 +50,7 @@ def _move(message: Message, source: type[Queue], target: type[Queue], using: str
 
     def move() -> Message:
         ack_many(source, [message], using=db)
+        engine_for(source).clear_failures(source, [message.key], using=db)
         return send_many(target, [dict(message.key_dict, payload=message.payload)], using=db)[0]
 
     return run_in_transaction(move, using=db, retries=engine_for(source).params.transaction_retries)

@@ -21,6 +21,7 @@ from django.db import models
 from django.utils import timezone
 
 from spanner_queues.exceptions import MessageUpdateRefused
+from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.monitoring import QueueDepthSample, Queues  # noqa: F401  (admin models)
 
 if TYPE_CHECKING:

@@ -719,6 +719,10 @@ class Worker:
         if pending:  # (api.ack_many, with the queue's engine already looked up)
             model = deliveries[0].model
             self._cached(model)[1].ack_many(model, pending, using=db)
+        failed_before = [d.message.key for d in deliveries if d.message.attempt > 1]
+        if failed_before:  # engines with a failure ledger forget it with the ack
+            model = deliveries[0].model
+            self._cached(model)[1].clear_failures(model, failed_before, using=db)
 
     def _retry(
         self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
@@ -779,9 +783,8 @@ class Worker:
             self._emit("lease_lost", message=d.message, error=exc)
 
     def _over_limit(self, d: _Delivery) -> bool:
-        _, engine, options = self._cached(d.model)
-        limit = options.max_attempts
-        return bool(limit and engine.features.supports_attempt_count and d.message.attempt > limit)
+        limit = self._cached(d.model)[2].max_attempts
+        return bool(limit and d.message.attempt > limit)
 
     def _failed(
         self,
@@ -812,15 +815,21 @@ class Worker:
             )
             if d.lease_lost:
                 continue
-            _, engine, options = self._cached(d.model)
-            features = engine.features
-            if (
-                options.max_attempts
-                and features.supports_attempt_count
-                and m.attempt >= options.max_attempts
-            ):
+            db, engine, options = self._cached(d.model)
+            try:
+                attempt = run_in_transaction(
+                    lambda m=m, d=d, db=db, engine=engine: engine.record_failure(
+                        d.model, m, exc, using=db
+                    ),
+                    using=db,
+                    retries=engine.params.transaction_retries,
+                )
+            except Exception:
+                logger.exception("%s: recording the failure failed", m)
+                attempt = m.attempt
+            if options.max_attempts and attempt >= options.max_attempts:
                 self._give_up([d], exc)
-            elif features.supports_release:
+            elif engine.features.supports_release:
                 self._release(d)
 
     def _release(self, d: _Delivery) -> None:
@@ -855,8 +864,12 @@ class Worker:
                     self._emit("dead_lettered", message=m, error=exc)
                 elif options.discard_after_max_attempts:
                     db = self._database(d.model)
+                    engine = self._cached(d.model)[1]
                     run_in_transaction(
-                        lambda m=m, db=db, model=d.model: api.ack_many(model, [m], using=db),
+                        lambda m=m, db=db, model=d.model, engine=engine: (
+                            api.ack_many(model, [m], using=db),
+                            engine.clear_failures(model, [m.key], using=db),
+                        ),
                         using=db,
                     )
                     self._count("discarded")

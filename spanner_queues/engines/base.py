@@ -144,6 +144,21 @@ class BaseQueueEngine(ABC):
         """Give a leased message back, due at ``deliver_time`` (default now)."""
         raise self._unsupported("release")
 
+    def record_failure(
+        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
+    ) -> int:
+        """Count a failed run of ``message`` in the caller's transaction; return the number of
+        the attempt that failed. Engines that count deliveries (``supports_attempt_count``)
+        already have it in ``message.attempt`` and write nothing."""
+        return message.attempt
+
+    def clear_failures(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        """Forget recorded failures of ``keys`` in the caller's transaction (acked,
+        dead-lettered or discarded). Nothing to do where attempts are counted on the rows."""
+        return None
+
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
     ) -> None:

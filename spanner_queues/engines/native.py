@@ -28,6 +28,7 @@ from django.core import checks
 from django.db import connections, transaction
 from django.utils import timezone
 
+from spanner_queues import failures
 from spanner_queues.conf import EngineParams
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
@@ -355,6 +356,13 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> list[Message]:
         # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
         names = key_names(model)
+        taken = self._receiver(model).take(max_messages, self.receive_wait)
+        failed: dict[tuple, int] = {}
+        if taken and queue_options(model).max_attempts:
+            # Spanner keeps no delivery count: attempts are the failed runs workers recorded.
+            failed = failures.failures_of(
+                model._meta.label, [d.key for d in taken], using=self.database
+            )
         return [
             Message(
                 queue=model._meta.label,
@@ -362,12 +370,25 @@ class NativeQueueEngine(BaseQueueEngine):
                 key_names=names,
                 payload=d.payload,
                 deliver_time=d.deliver_time,
-                attempt=1,  # a lower bound: Spanner keeps no delivery count
+                attempt=failed.get(d.key, 0) + 1,
                 lease_token=d.lease_token,
                 lease_expires_at=d.lease_expires_at,
             )
-            for d in self._receiver(model).take(max_messages, self.receive_wait)
+            for d in taken
         ]
+
+    def record_failure(
+        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
+    ) -> int:
+        """Spanner counts no deliveries: the failed run goes to the failure ledger
+        (``spanner_queues.failures``) in the caller's transaction."""
+        return failures.record_failure(message, error, using=using)
+
+    def clear_failures(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        if keys:
+            failures.clear_failures(model._meta.label, keys, using=using)
 
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from spanner_queues import api, patterns
 from spanner_queues.exceptions import QueueConfigurationError, UnknownQueue
+from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
@@ -62,12 +63,15 @@ def test_failure_rolls_back_logs_and_is_released_with_backoff(
 def test_attempt_limit_moves_the_message_to_the_dead_letter_queue(
     make_worker: MakeWorker, events: WorkerEvents
 ) -> None:
-    require("supports_attempt_count")
+    # Every engine: where deliveries are not counted (native), failed runs are recorded in the
+    # transaction that handles each failure (spanner_queues.failures), and Spanner's own
+    # redelivery (lease expiry, then back-off) brings the message back.
     sent = WorkItems.send(payload={"fail": True})
     with running(make_worker(WorkItems)):
-        assert events.wait_for("dead_lettered")
+        assert events.wait_for("dead_lettered", timeout=90)
     assert events.counts["failed"] == 3  # QueueMeta.max_attempts
-    assert not WorkItems.objects.exists()
+    assert [m.attempt for m in events.messages("failed")] == [1, 2, 3]
+    assert not WorkItems.objects.exists() and not FailedDelivery.objects.exists()
     dead = WorkItemsDead.objects.get(pk=sent.key[0]).as_message()
     assert dead.json() == {"fail": True}
     assert not WorkLog.objects.exists()
@@ -76,12 +80,11 @@ def test_attempt_limit_moves_the_message_to_the_dead_letter_queue(
 def test_discard_after_max_attempts_drops_the_message(
     make_worker: MakeWorker, caplog: pytest.LogCaptureFixture
 ) -> None:
-    require("supports_attempt_count")
     Pings.send(payload="x")
     with caplog.at_level(logging.ERROR, logger="spanner_queues.worker"):
         stats = make_worker(Pings, burst=True).run()
     assert (stats.failed, stats.discarded) == (1, 1)
-    assert not Pings.objects.exists()
+    assert not Pings.objects.exists() and not FailedDelivery.objects.exists()
     assert any("discarded" in r.getMessage() for r in caplog.records)
 
 
@@ -241,3 +244,13 @@ def test_configuration_errors_before_anything_is_received() -> None:
         call_command("runqueueworker", "workerapp.Nope", "--burst")
     with pytest.raises(CommandError, match="concurrency"):
         call_command("runqueueworker", "--burst", concurrency=0)
+
+
+def test_a_message_that_failed_then_succeeds_forgets_its_failures(
+    make_worker: MakeWorker, events: WorkerEvents
+) -> None:
+    sent = WorkItems.send(payload={"fail_below": 2})
+    with running(make_worker(WorkItems)):
+        assert events.wait_for("acked", timeout=60)
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
+    assert not FailedDelivery.objects.exists()
