@@ -350,14 +350,16 @@ class NativeQueueEngine(BaseQueueEngine):
         for receiver in receivers:
             receiver.stop(wait)
 
-    def renew_sql(self, model: type[Queue]) -> str:
-        return self.dialect.renew(self.declaration(model))
+    def renew_sql(self, model: type[Queue], count: int = 1) -> str:
+        return self.dialect.renew(self.declaration(model), count)
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
-        tokens = [m.lease_token for m in messages if m.lease_token]
+        tokens = list(dict.fromkeys(m.lease_token for m in messages if m.lease_token))
         if not tokens:
             return []
-        renewed = client.renew(self._spanner(), self.renew_sql(model), tokens)
+        renewed = client.renew(
+            self._spanner(), self.renew_sql(model, len(tokens)), self.dialect.renew_params(tokens)
+        )
         result = []
         for message in messages:
             new_token, expires = renewed.get(message.lease_token or "", (None, None))

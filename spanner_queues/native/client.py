@@ -5,7 +5,7 @@ mapping of gRPC status errors found anywhere in an exception's cause chain."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -43,15 +43,16 @@ def decode_bytes(value: Any) -> bytes:
     return base64.b64decode(value)
 
 
-def renew(database: Any, sql: str, tokens: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
-    """Run ``RENEWLEASE_<Q>`` once for ``tokens``: old token -> (new token, new expiry)."""
+def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
+    """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
+    literal: old token -> (new token, new expiry)."""
     from google.cloud.spanner_v1 import param_types
 
     with database.snapshot() as snapshot:  # strong, single use
         rows = snapshot.execute_sql(
             sql,
-            params={"lease_tokens": list(tokens)},
-            param_types={"lease_tokens": param_types.Array(param_types.STRING)},
+            params=dict(params),
+            param_types={name: param_types.STRING for name in params},
         )
         return {old: (new, expires) for old, new, expires in rows}
 

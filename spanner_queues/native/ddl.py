@@ -8,7 +8,7 @@ it. The table-engine bookkeeping fields (``send_time``, ``attempts``, ``lease_to
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -206,26 +206,49 @@ class Dialect:
             f"({self._receive_args(max_batch_size, max_duration)})"
         )
 
+    #: whether RECEIVE names all three arguments, NULL for defaults (Google's PostgreSQL
+    #: examples always do); GoogleSQL leaves out the ones not set.
+    receive_names_every_argument: ClassVar[bool] = False
+
     def _receive_args(self, max_batch_size: int | None, max_duration: str | None) -> str:
-        args = []
+        args = {"max_batch_size": "NULL", "priority": "NULL", "max_duration": "NULL"}
         if max_batch_size is not None:
             if not isinstance(max_batch_size, int) or max_batch_size < 1:
                 raise QueueConfigurationError("RECEIVE max_batch_size must be an int >= 1.")
-            args.append(f"max_batch_size => {max_batch_size}")
+            args["max_batch_size"] = str(max_batch_size)
         if max_duration is not None:
             if not _DURATION.match(max_duration):
                 raise QueueConfigurationError(
                     f"RECEIVE max_duration {max_duration!r} is not like '20m', '90s', '500ms'."
                 )
-            args.append(f"max_duration => '{max_duration}'")
-        return ", ".join(args)
+            args["max_duration"] = f"'{max_duration}'"
+        return ", ".join(
+            f"{name} => {value}"
+            for name, value in args.items()
+            if self.receive_names_every_argument or value != "NULL"
+        )
 
-    def renew(self, decl: QueueDeclaration) -> str:
+    def param_name(self, index: int) -> str:
+        """The name of the query parameter that ``placeholder(index, ...)`` binds."""
+        return f"p{index}"
+
+    def array_literal(self, items: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def renew(self, decl: QueueDeclaration, count: int) -> str:
+        """``RENEWLEASE_<Q>`` for ``count`` tokens, spelled as Google documents it: an array
+        literal of one STRING parameter per token (bind them with ``renew_params``)."""
+        if count < 1:
+            raise QueueConfigurationError("RENEWLEASE needs at least one lease token.")
+        tokens = self.array_literal([self.placeholder(i, self.param_name(i)) for i in range(count)])
         return (
             f"SELECT {self.old_token}, {self.new_token}, {self.lease_expires} "
-            f"FROM {self.renew_function(decl.name)}"
-            f"(lease_tokens => {self.placeholder(0, 'lease_tokens')})"
+            f"FROM {self.renew_function(decl.name)}(lease_tokens => {tokens})"
         )
+
+    def renew_params(self, tokens: Sequence[str]) -> dict[str, str]:
+        """The parameters of ``renew(decl, len(tokens))``: parameter name -> token."""
+        return {self.param_name(i): token for i, token in enumerate(tokens)}
 
     def stats(self, decl: QueueDeclaration) -> str:
         dt = self.deliver_time_column
@@ -269,6 +292,9 @@ class GoogleSQL(Dialect):
     def placeholder(self, index: int, name: str) -> str:
         return "%s" if self.paramstyle == "format" else f"@{name}"
 
+    def array_literal(self, items: Sequence[str]) -> str:
+        return f"[{', '.join(items)}]"
+
     def receive_function(self, queue: str) -> str:
         return f"RECEIVE_{queue}"
 
@@ -305,8 +331,16 @@ class PostgreSQL(Dialect):
             return name
         return '"' + name.replace('"', '""') + '"'
 
+    receive_names_every_argument = True
+
     def placeholder(self, index: int, name: str) -> str:
         return "%s" if self.paramstyle == "format" else f"${index + 1}"
+
+    def param_name(self, index: int) -> str:
+        return f"p{index + 1}"  # $1 binds the parameter named p1
+
+    def array_literal(self, items: Sequence[str]) -> str:
+        return f"ARRAY[{', '.join(items)}]"
 
     def _function_suffix(self, queue: str) -> str:
         if not re.match(r"^[a-z_][a-z0-9_]*$", queue):

@@ -508,19 +508,56 @@ def apply_ddl(db: FakeDatabase, statement: str, queue_table_type: str) -> None:
 
 
 # --- queries -------------------------------------------------------------------------------
-_RECEIVE = re.compile(r"^SELECT\s+(.*?)\s+FROM\s+RECEIVE_(\w+)\s*\((.*)\)\s*$", re.I | re.S)
-_RENEW = re.compile(
-    r"^SELECT\s+(.*?)\s+FROM\s+RENEWLEASE_(\w+)\s*\(\s*lease_tokens\s*=>\s*@(\w+)\s*\)\s*$",
-    re.I | re.S,
+_RECEIVE = re.compile(
+    r"^SELECT\s+(.*?)\s+FROM\s+(RECEIVE_|spanner\.receive_)(\w+)\s*\((.*)\)\s*$", re.S
 )
+# The documented spellings only: GoogleSQL ``lease_tokens => ['t1', @p0, ...]`` and PostgreSQL
+# ``lease_tokens => ARRAY['t1', $1, ...]`` (``$n`` binds the parameter named ``pn``).
+_RENEW = re.compile(
+    r"^SELECT\s+(.*?)\s+FROM\s+(?:RENEWLEASE_(\w+)\s*\(\s*lease_tokens\s*=>\s*\[(.*)\]"
+    r"|spanner\.renewlease_(\w+)\s*\(\s*lease_tokens\s*=>\s*ARRAY\s*\[(.*)\])\s*\)\s*$",
+    re.S,
+)
+_RENEW_ANY = re.compile(r"\b(RENEWLEASE_|spanner\.renewlease_)", re.I)
 _ASSERT = re.compile(r"\s+ASSERT_ROWS_MODIFIED\s+(\d+)\s*$", re.I)
 RECEIVE_COLUMNS = {
-    "payload": "BYTES",
     "delivertime": "TIMESTAMP",
     "spannerleasetoken": "STRING",
     "spannerleaseexpirationtimestamp": "TIMESTAMP",
     "spannerlastbatchmessage": "BOOL",
 }
+#: PostgreSQL-dialect names of RECEIVE's system columns.
+PG_RECEIVE_NAMES = {
+    "deliver_time": "delivertime",
+    "spanner_lease_token": "spannerleasetoken",
+    "spanner_lease_expiration_timestamp": "spannerleaseexpirationtimestamp",
+    "spanner_last_batch_message": "spannerlastbatchmessage",
+}
+
+
+def renew_tokens(request: Any, match: re.Match[str]) -> list[str]:
+    """The tokens of a documented RENEWLEASE call: literals and bound STRING parameters."""
+    postgres = match.group(4) is not None
+    items = split_top(match.group(5) if postgres else match.group(3))
+    params = dict(request.params or {})
+    tokens = []
+    for item in items:
+        literal = re.fullmatch(r"'([^']*)'", item)
+        bound = re.fullmatch(r"\$(\d+)" if postgres else r"@(\w+)", item)
+        if literal:
+            tokens.append(literal.group(1))
+            continue
+        if not bound:
+            raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"bad lease token {item!r}")
+        name = f"p{bound.group(1)}" if postgres else bound.group(1)
+        if name not in params:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"No parameter found for binding: {name}"
+            )
+        if name in request.param_types and request.param_types[name].code != TypeCode.STRING:
+            raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a STRING")
+        tokens.append(params[name])
+    return tokens
 
 
 def translate(sql: str) -> str:
@@ -843,10 +880,15 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
                 None,
                 new_id,
             )
-        renew = _RENEW.match(request.sql.strip())
-        if renew:
-            tokens = list(request.params[renew.group(3)])
-            rows = renew_rows(self.fake, db, tokens)
+        if _RENEW_ANY.search(request.sql):
+            renew = _RENEW.match(request.sql.strip())
+            if renew is None:
+                raise FakeError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"RENEWLEASE takes lease_tokens => [...] (GoogleSQL) or ARRAY[...] "
+                    f"(PostgreSQL): {request.sql}",
+                )
+            rows = renew_rows(self.fake, db, renew_tokens(request, renew))
             cols = [
                 ("SpannerOldLeaseToken", "STRING"),
                 ("SpannerNewLeaseToken", "STRING"),
@@ -900,22 +942,30 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "RECEIVE_ must run as a strong read on a single-use read-only transaction",
             )
-        select, queue, args = match.groups()
+        select, function, queue, args = match.groups()
+        postgres = function.startswith("spanner.")
         table = db.tables.get(queue.lower())
         if table is None or not table.is_queue:
             raise FakeError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"Table-valued function not found: RECEIVE_{queue}",
+                f"Table-valued function not found: {function}{queue}",
             )
-        columns = [c.strip().strip("`") for c in select.split(",")]
+        selected = [c.strip().strip("`") for c in select.split(",")]
+        columns = [PG_RECEIVE_NAMES.get(c, c) if postgres else c for c in selected]
         types = {**{c: t for c, t in table.columns.items()}, **RECEIVE_COLUMNS}
         unknown = [c for c in columns if c.lower() not in types]
         if unknown:
             raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized name: {unknown[0]}")
         named = dict(re.findall(r"(\w+)\s*=>\s*'?([^',)]+)'?", args))
+        if postgres and set(named) != {"max_batch_size", "priority", "max_duration"}:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "spanner.receive_<queue> takes max_batch_size, priority and max_duration",
+            )
+        named = {k: v for k, v in named.items() if v.upper() != "NULL"}
         batch = int(named.get("max_batch_size", 1))
         duration = _seconds(named.get("max_duration", "1m"))
-        meta = metadata([(c, types[c.lower()]) for c in columns])
+        meta = metadata([(s, types[c.lower()]) for s, c in zip(selected, columns, strict=True)])
         scripted = self.fake.take_script(request.sql)
         if scripted is not None:
             rows, error = scripted

@@ -36,12 +36,18 @@ def test_postgresql_spelling() -> None:
     assert pg.receive(DECL, max_batch_size=50, max_duration="20m") == (
         "SELECT userid, messageid, payload, deliver_time, spanner_lease_token, "
         "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
-        "spanner.receive_usertasks(max_batch_size => 50, max_duration => '20m')"
+        "spanner.receive_usertasks(max_batch_size => 50, priority => NULL, max_duration => '20m')"
     )
-    assert pg.renew(DECL) == (
+    assert pg.receive(DECL, max_batch_size=None, max_duration="20m").endswith(
+        "(max_batch_size => NULL, priority => NULL, max_duration => '20m')"
+    )
+    assert pg.renew(DECL, 2) == (
         "SELECT spanner_old_lease_token, spanner_new_lease_token, "
-        "spanner_lease_expiration_timestamp FROM spanner.renewlease_usertasks(lease_tokens => $1)"
+        "spanner_lease_expiration_timestamp FROM "
+        "spanner.renewlease_usertasks(lease_tokens => ARRAY[$1, $2])"
     )
+    # In the PostgreSQL dialect, $1 binds the parameter named p1.
+    assert pg.renew_params(["t1", "t2"]) == {"p1": "t1", "p2": "t2"}
     assert pg.ack(DECL) == (
         "DELETE FROM usertasks WHERE userid = $1 AND messageid = $2 ASSERT_ROWS_MODIFIED 1"
     )
@@ -51,6 +57,20 @@ def test_postgresql_spelling() -> None:
     assert pg.drop_queue(DECL) == "DROP QUEUE usertasks"
     with pytest.raises(QueueConfigurationError, match="OPTIONS"):
         pg.create_queue(QueueDeclaration("q", DECL.keys, options={"receive_mode": "PULL"}))
+
+
+def test_googlesql_renewlease_passes_the_documented_array_literal() -> None:
+    sql = GoogleSQL()
+    assert sql.renew(DECL, 3) == (
+        "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken, SpannerLeaseExpirationTimestamp "
+        "FROM RENEWLEASE_usertasks(lease_tokens => [@p0, @p1, @p2])"
+    )
+    assert sql.renew_params(["a", "b", "c"]) == {"p0": "a", "p1": "b", "p2": "c"}
+    assert sql.receive(DECL, max_batch_size=None, max_duration="20m").endswith(
+        "FROM RECEIVE_usertasks(max_duration => '20m')"
+    )
+    with pytest.raises(QueueConfigurationError):
+        sql.renew(DECL, 0)
 
 
 def test_googlesql_interleave_and_quoting() -> None:

@@ -155,15 +155,64 @@ def test_renew_is_one_renewlease_call_with_all_tokens(fake) -> None:
     batch = wait_until(lambda: api.receive(UserTasks, max_messages=2))
     renewed = api.renew_many(batch)
     [call] = fake.sql("RENEWLEASE_")
+    # Google's documented array literal, one STRING parameter per token (as Go's
+    # ``lease_tokens => [@token1]``), not one undocumented ARRAY<STRING> parameter.
     assert call.sql == (
         "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken, SpannerLeaseExpirationTimestamp "
-        "FROM RENEWLEASE_testapp_usertasks(lease_tokens => @lease_tokens)"
+        "FROM RENEWLEASE_testapp_usertasks(lease_tokens => [@p0, @p1])"
     )
-    assert list(call.request.params["lease_tokens"]) == [m.lease_token for m in batch]
-    assert call.request.param_types["lease_tokens"].array_element_type.code.name == "STRING"
+    assert params(call.request) == {"p0": batch[0].lease_token, "p1": batch[1].lease_token}
+    assert {t.code.name for t in call.request.param_types.values()} == {"STRING"}
     assert call.request.transaction.single_use.read_only.strong
     assert {m.key for m in renewed} == {m.key for m in batch}
     assert not {m.lease_token for m in renewed} & {m.lease_token for m in batch}  # rotated
+
+
+def test_postgresql_dialect_receive_and_renew_on_the_wire(fake) -> None:
+    """PostgreSQL spelling: RECEIVE with all three arguments (``priority => NULL``), and
+    RENEWLEASE with ``ARRAY[$1, $2]`` where ``$n`` binds the parameter named ``pn``."""
+    from spanner_queues.conf import parse_engine
+    from spanner_queues.engines.native import NativeQueueEngine
+
+    pg = NativeQueueEngine(
+        parse_engine(
+            "pg",
+            {
+                "ENGINE": "native",
+                "OPTIONS": {
+                    "DIALECT": "postgresql",
+                    "RECEIVE_MAX_DURATION_SECONDS": 5,
+                    "RECEIVE_BATCH_SIZE": 10,
+                },
+            },
+        )
+    )
+    try:
+        UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": "p"} for m in "ab"])
+        batch = wait_until(lambda: pg.receive(UserTasks, max_messages=2))
+        [call] = [r for r in fake.sql("spanner.receive_") if r.method == "ExecuteStreamingSql"]
+        assert call.sql == (
+            "SELECT user_id, message_id, payload, deliver_time, spanner_lease_token, "
+            "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
+            "spanner.receive_testapp_usertasks(max_batch_size => 10, priority => NULL, "
+            "max_duration => '5s')"
+        )
+        if len(batch) < 2:
+            batch += wait_until(lambda: pg.receive(UserTasks))
+        renewed = pg.renew_leases(UserTasks, batch)
+        [renew] = fake.sql("spanner.renewlease_")
+        assert renew.sql == (
+            "SELECT spanner_old_lease_token, spanner_new_lease_token, "
+            "spanner_lease_expiration_timestamp FROM "
+            "spanner.renewlease_testapp_usertasks(lease_tokens => ARRAY[$1, $2])"
+        )
+        assert params(renew.request) == {"p1": batch[0].lease_token, "p2": batch[1].lease_token}
+        assert {m.key for m in renewed} == {(1, "a"), (1, "b")}
+        assert not {m.lease_token for m in renewed} & {m.lease_token for m in batch}
+    finally:
+        fake.streams_end.set()
+        pg.stop_receiving(wait=5)
+        fake.streams_end.clear()
 
 
 def test_renew_null_new_token_or_missing_row_means_lease_lost(fake) -> None:
