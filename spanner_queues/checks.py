@@ -6,9 +6,11 @@ E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DA
 E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
 E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
 E009 USE_TZ is False (deliver times, leases and back-off are aware datetimes)
+E011 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
-W003 a queue's schema options (engine, interleave_in_parent, native_options) differ from its
-     migrations: there is no AlterQueue, so the change needs a migration written by hand
+W003 a queue's schema options (engine, interleave_in_parent, native_options,
+     row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
+     needs a migration written by hand
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from django.db.models import ForeignKey
 
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
-from spanner_queues.options import KNOWN_OPTIONS, queue_options, unknown_options
+from spanner_queues.options import KNOWN_OPTIONS, queue_options, row_deletion, unknown_options
 
 
 @checks.register(checks.Tags.models, checks.Tags.database)
@@ -192,6 +194,10 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
             )
         )
     problems.extend(_check_dead_letter(model, options))
+    try:
+        row_deletion(model, options)
+    except QueueConfigurationError as exc:
+        problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E011"))
     parent = options.interleave_in_parent
     if parent:
         keys = key_fields(model)

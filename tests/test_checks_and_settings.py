@@ -174,3 +174,51 @@ def test_schema_option_drift_from_migrations_is_a_warning() -> None:
     [warning] = _check_schema_options(UploadTasks, drifted)
     assert warning.id == "spanner_queues.W003" and "AlterQueue" in warning.hint
     assert _check_schema_options(Jobs, {}) == []  # not migrated yet: nothing to compare
+
+
+@pytest.mark.parametrize(
+    ("policy", "reason"),
+    [
+        ({"older_than": "deliver_time", "days": 7}, None),
+        ({"older_than": "created", "days": 0}, None),
+        ({"older_than": "deliver_time"}, "'days'"),
+        ({"older_than": "deliver_time", "days": -1}, "non-negative"),
+        ({"older_than": "deliver_time", "days": True}, "non-negative"),
+        ({"older_than": "deliver_time", "days": 1, "hours": 2}, "'hours'"),
+        ({"older_than": "n", "days": 1}, "timestamp"),
+        ({"older_than": "nope", "days": 1}, "timestamp"),
+        ("OLDER_THAN(DeliverTime, INTERVAL 7 DAY)", "dict"),
+    ],
+)
+def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str | None) -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+    from spanner_queues.options import queue_options
+
+    with isolate_apps("tests.testapp"):
+        meta = type("QueueMeta", (), {"row_deletion_policy": policy})
+
+        class Expiring(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            created = models.DateTimeField()
+            n = models.IntegerField()
+            pk = models.CompositePrimaryKey("created", "n")
+            QueueMeta = meta
+
+        queue_options.cache_clear()
+        try:
+            errors = [
+                e
+                for e in _check_queue_model(Expiring, {}, {"default": {}})
+                if e.id == "spanner_queues.E011"
+            ]
+        finally:
+            queue_options.cache_clear()
+    if reason is None:
+        assert errors == []
+    else:
+        [error] = errors
+        assert "row_deletion_policy" in error.msg and reason in error.msg

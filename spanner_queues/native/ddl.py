@@ -18,7 +18,7 @@ from spanner_queues.keys import key_fields
 if TYPE_CHECKING:
     from django.db import models
 
-    from spanner_queues.options import QueueOptions
+    from spanner_queues.options import QueueOptions, RowDeletion
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -85,6 +85,7 @@ class QueueDeclaration:
     keys: tuple[KeyColumn, ...]
     parent: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    row_deletion: RowDeletion | None = None
 
 
 def _key_column(f: Any) -> KeyColumn:
@@ -99,7 +100,10 @@ def _key_column(f: Any) -> KeyColumn:
 
 
 def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaration:
-    """Read a queue model's key columns, interleave parent and ``native_options``."""
+    """Read a queue model's key columns, interleave parent, ``native_options`` and
+    ``row_deletion_policy``."""
+    from spanner_queues.options import row_deletion
+
     parent = None
     if options.interleave_in_parent:
         parent = model._meta.get_field(options.interleave_in_parent).related_model._meta.db_table
@@ -108,6 +112,7 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
         keys=tuple(_key_column(f) for f in key_fields(model)),
         parent=parent,
         options=dict(options.native_options or {}),
+        row_deletion=row_deletion(model, options),
     )
 
 
@@ -309,6 +314,12 @@ class GoogleSQL(Dialect):
         sql += f" PRIMARY KEY ({keys})"
         if decl.parent:
             sql += f", INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        if decl.row_deletion is not None:
+            column = decl.row_deletion.column or self.deliver_time_column
+            sql += (
+                f", ROW DELETION POLICY (OLDER_THAN({self.quote(column)}, "
+                f"INTERVAL {int(decl.row_deletion.days)} DAY))"
+            )
         if decl.options:
             opts = ", ".join(f"{k} = {_option_value(v)}" for k, v in decl.options.items())
             sql += f", OPTIONS ({opts})"
@@ -370,6 +381,9 @@ class PostgreSQL(Dialect):
         sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
         if decl.parent:
             sql += f" INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        if decl.row_deletion is not None:  # the TTL clause of PostgreSQL-dialect tables
+            column = decl.row_deletion.column or self.deliver_time_column
+            sql += f" TTL INTERVAL '{int(decl.row_deletion.days)} days' ON {self.quote(column)}"
         return sql
 
 

@@ -103,3 +103,73 @@ def test_e007_explains_sqlite_and_the_emulator(monkeypatch) -> None:
     monkeypatch.setattr(native, "driver_for", lambda alias: SpannerDriver(connections[alias]))
     [error] = engine.check()
     assert "emulator" in error.msg and "#383" in error.msg and "'table'" in error.hint
+
+
+def test_row_deletion_policy_is_its_own_clause_in_both_dialects() -> None:
+    from spanner_queues.options import RowDeletion
+
+    decl = QueueDeclaration(
+        name="usertasks",
+        keys=DECL.keys,
+        parent="users",
+        options={"receive_mode": "PULL"},
+        row_deletion=RowDeletion(column=None, days=7),
+    )
+    # After the key and interleave clauses, before OPTIONS; never an OPTIONS key.
+    assert (
+        GoogleSQL()
+        .create_queue(decl)
+        .endswith(
+            ") PRIMARY KEY (userid, messageid), INTERLEAVE IN PARENT users ON DELETE CASCADE, "
+            "ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 7 DAY)), "
+            "OPTIONS (receive_mode = 'PULL')"
+        )
+    )
+    pg_decl = QueueDeclaration(
+        "usertasks", DECL.keys, parent="users", row_deletion=RowDeletion("created_at", 0)
+    )
+    assert (
+        PostgreSQL()
+        .create_queue(pg_decl)
+        .endswith(
+            "\n) INTERLEAVE IN PARENT users ON DELETE CASCADE TTL INTERVAL '0 days' ON created_at"
+        )
+    )
+    assert (
+        PostgreSQL()
+        .create_queue(QueueDeclaration("q", DECL.keys, row_deletion=RowDeletion(None, 1)))
+        .endswith("\n) TTL INTERVAL '1 days' ON deliver_time")
+    )
+
+
+def test_declare_reads_row_deletion_policy_from_queue_meta() -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.models import Queue
+    from spanner_queues.native.ddl import declare
+    from spanner_queues.options import RowDeletion, queue_options
+
+    with isolate_apps("tests.testapp"):
+
+        class Beats(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            worker = models.CharField(max_length=20, primary_key=True)
+
+            class QueueMeta:
+                row_deletion_policy = {"older_than": "deliver_time", "days": 3}
+
+        class Stamped(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            at = models.DateTimeField()
+            n = models.IntegerField()
+            pk = models.CompositePrimaryKey("at", "n")
+
+            class QueueMeta:
+                row_deletion_policy = {"older_than": "at", "days": 30}
+
+        assert declare(Beats, queue_options(Beats)).row_deletion == RowDeletion(None, 3)
+        assert declare(Stamped, queue_options(Stamped)).row_deletion == RowDeletion("at", 30)
+        assert "ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 3 DAY))" in (
+            GoogleSQL().create_queue(declare(Beats, queue_options(Beats)))
+        )
