@@ -11,6 +11,7 @@ class ImageTasks(Queue):
         native_options = {"receive_mode": "PULL"}   # CREATE QUEUE ... OPTIONS (...)
         # native queues: , ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 30 DAY))
         row_deletion_policy = {"older_than": "deliver_time", "days": 30}
+        payload_type = "json"              # "bytes" (default), "string" or "json"
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ KNOWN_OPTIONS = frozenset(
         "dead_letter_queue",
         "discard_after_max_attempts",
         "row_deletion_policy",
+        "payload_type",
     }
 )
 
@@ -52,6 +54,9 @@ class QueueOptions:
     #: ``{"older_than": <field>, "days": n}``: Spanner's TTL on native queues (see
     #: ``row_deletion``); the table engine keeps messages until they are acked.
     row_deletion_policy: Mapping[str, Any] | None = None
+    #: "bytes", "string" or "json": the ``payload`` field the queue gets (None: as declared,
+    #: bytes unless the model declares its own ``payload`` field).
+    payload_type: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

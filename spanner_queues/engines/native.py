@@ -201,7 +201,7 @@ class NativeQueueEngine(BaseQueueEngine):
             params: list[Any] = []
             for m in group:
                 params.extend(_prep_key(model, [m.key[n] for n in names], conn))
-                params.append(client.encode_bytes(m.payload))
+                params.append(client.wire_payload(decl.payload_type, m.payload))
                 if timed:
                     params.append(m.deliver_time)
             statements.append(
@@ -246,7 +246,7 @@ class NativeQueueEngine(BaseQueueEngine):
                     (
                         decl.name,
                         tuple(_prep_key(model, [m.key[n] for n in names], connection)),
-                        m.payload,
+                        client.wire_payload(decl.payload_type, m.payload),
                         m.deliver_time,
                     )
                     for m in messages
@@ -280,6 +280,7 @@ class NativeQueueEngine(BaseQueueEngine):
                 database = self._spanner()
                 sql = self.receive_sql(model)
                 n = len(self.declaration(model).keys)
+                payload_type = self.declaration(model).payload_type
 
                 deadline = self.max_duration_seconds + 30  # the call's own gRPC deadline
 
@@ -302,7 +303,7 @@ class NativeQueueEngine(BaseQueueEngine):
                 def parse(row: Sequence[Any]) -> Delivery:
                     return Delivery(
                         key=_key_from_row(model, row[:n]),
-                        payload=client.decode_bytes(row[n]),
+                        payload=client.payload_from_wire(payload_type, row[n]),
                         deliver_time=row[n + 1],
                         lease_token=row[n + 2],
                         lease_expires_at=row[n + 3],

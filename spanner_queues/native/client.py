@@ -12,6 +12,7 @@ from typing import Any
 from django.db import connections
 
 from spanner_queues.drivers import causes
+from spanner_queues.payload import BYTES, JSON, from_stored, json_value_text, stored_text
 
 
 def database_for(alias: str) -> Any:
@@ -41,6 +42,22 @@ def decode_bytes(value: Any) -> bytes:
     if value is None:
         return b""
     return base64.b64decode(value)
+
+
+def wire_payload(payload_type: str, payload: bytes) -> bytes | str:
+    """An encoded payload as the client sends it: BYTES base64-encoded, STRING and JSON as
+    text (never base64)."""
+    return encode_bytes(payload) if payload_type == BYTES else stored_text(payload)
+
+
+def payload_from_wire(payload_type: str, value: Any) -> bytes:
+    """``Message.payload`` for a ``Payload`` value read back: BYTES base64-decoded, STRING as
+    UTF-8, JSON (a ``JsonObject``) as canonical JSON text."""
+    if payload_type == BYTES:
+        return decode_bytes(value)
+    if payload_type == JSON:
+        return json_value_text(value)
+    return from_stored(value)
 
 
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
@@ -94,16 +111,15 @@ def rows_of(call: Any) -> Iterator[Any]:
 def commit_mutations(
     database: Any,
     *,
-    sends: Sequence[tuple[str, tuple[Any, ...], bytes, datetime | None]] = (),
+    sends: Sequence[tuple[str, tuple[Any, ...], bytes | str, datetime | None]] = (),
     acks: Sequence[tuple[str, tuple[Any, ...], bool | None]] = (),
 ) -> Any:
     """Commit ``Ack`` then ``Send`` mutations in one batch (acks first, as Google requires
-    when a batch replaces a message). Returns the commit timestamp."""
+    when a batch replaces a message). Payloads are wire values (``wire_payload``). Returns the
+    commit timestamp."""
     with database.batch() as batch:
         for queue, key, ignore_not_found in acks:
             batch.ack(queue=queue, key=list(key), ignore_not_found=ignore_not_found)
         for queue, key, payload, deliver_time in sends:
-            batch.send(
-                queue=queue, key=list(key), payload=encode_bytes(payload), deliver_time=deliver_time
-            )
+            batch.send(queue=queue, key=list(key), payload=payload, deliver_time=deliver_time)
     return batch.committed

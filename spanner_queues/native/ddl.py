@@ -86,6 +86,8 @@ class QueueDeclaration:
     parent: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
     row_deletion: RowDeletion | None = None
+    #: "bytes", "string" or "json" (``spanner_queues.payload``).
+    payload_type: str = "bytes"
 
 
 def _key_column(f: Any) -> KeyColumn:
@@ -103,6 +105,7 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
     """Read a queue model's key columns, interleave parent, ``native_options`` and
     ``row_deletion_policy``."""
     from spanner_queues.options import row_deletion
+    from spanner_queues.payload import payload_type
 
     parent = None
     if options.interleave_in_parent:
@@ -113,6 +116,7 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
         parent=parent,
         options=dict(options.native_options or {}),
         row_deletion=row_deletion(model, options),
+        payload_type=payload_type(model),
     )
 
 
@@ -141,6 +145,13 @@ class Dialect:
     new_token: ClassVar[str]
     now: ClassVar[str]
     true: ClassVar[str] = "true"
+    #: payload type -> column type of ``Payload``.
+    payload_types: ClassVar[dict[str, str]]
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        """The SQL that writes a bound payload: JSON text goes as a STRING and is parsed
+        (a JSON column takes no STRING value); bytes and strings go as they are."""
+        return placeholder
 
     def __init__(self, *, paramstyle: str = "native") -> None:
         #: "native" (@p / $n, what goes on the wire) or "format" (%s, for a Django cursor).
@@ -181,11 +192,18 @@ class Dialect:
         if with_deliver_time:
             columns.append(self.deliver_time_column)
         width = len(columns)
+        payload_at = len(decl.keys)
+
+        def value(index: int) -> str:
+            placeholder = self.placeholder(index, self.param_name(index))
+            return (
+                self.payload_value(decl, placeholder)
+                if index % width == payload_at
+                else placeholder
+            )
+
         values = ", ".join(
-            "("
-            + ", ".join(self.placeholder(r * width + c, f"p{r * width + c}") for c in range(width))
-            + ")"
-            for r in range(rows)
+            "(" + ", ".join(value(r * width + c) for c in range(width)) + ")" for r in range(rows)
         )
         return f"INSERT INTO {self.quote(decl.name)} ({', '.join(columns)}) VALUES {values}"
 
@@ -288,6 +306,10 @@ class GoogleSQL(Dialect):
     old_token = "SpannerOldLeaseToken"
     new_token = "SpannerNewLeaseToken"
     now = "CURRENT_TIMESTAMP()"
+    payload_types = {"bytes": "BYTES(MAX)", "string": "STRING(MAX)", "json": "JSON"}
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        return f"PARSE_JSON({placeholder})" if decl.payload_type == "json" else placeholder
 
     def quote(self, name: str) -> str:
         if _PLAIN.match(name) and name.upper() not in _GOOGLESQL_RESERVED:
@@ -308,7 +330,7 @@ class GoogleSQL(Dialect):
 
     def create_queue(self, decl: QueueDeclaration) -> str:
         lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
-        lines.append(f"  {self.payload_column} BYTES(MAX) NOT NULL")
+        lines.append(f"  {self.payload_column} {self.payload_types[decl.payload_type]} NOT NULL")
         keys = ", ".join(self.quote(k.column) for k in decl.keys)
         sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
         sql += f" PRIMARY KEY ({keys})"
@@ -336,6 +358,10 @@ class PostgreSQL(Dialect):
     old_token = "spanner_old_lease_token"
     new_token = "spanner_new_lease_token"
     now = "CURRENT_TIMESTAMP"
+    payload_types = {"bytes": "bytea", "string": "text", "json": "jsonb"}
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        return f"CAST({placeholder} AS jsonb)" if decl.payload_type == "json" else placeholder
 
     def quote(self, name: str) -> str:
         if re.match(r"^[a-z_][a-z0-9_]*$", name) and name not in _PG_RESERVED:
@@ -375,7 +401,7 @@ class PostgreSQL(Dialect):
                 "apply them with ALTER QUEUE by hand."
             )
         lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
-        lines.append(f"  {self.payload_column} bytea NOT NULL")
+        lines.append(f"  {self.payload_column} {self.payload_types[decl.payload_type]} NOT NULL")
         keys = ", ".join(self.quote(k.column) for k in decl.keys)
         lines.append(f"  PRIMARY KEY ({keys})")
         sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import re
 import secrets
 import sqlite3
@@ -435,7 +436,8 @@ def apply_ddl(db: FakeDatabase, statement: str, queue_table_type: str) -> None:
                 columns[col.lower()] = type_name.upper()
                 names[col.lower()] = col
                 rest = re.sub(r"\(MAX\)|\(\d+\)", "", rest, count=1)
-                defs.append(f'"{col}" {type_name}{rest}')
+                affinity = "TEXT" if type_name.upper() in ("STRING", "JSON") else type_name
+                defs.append(f'"{col}" {affinity}{rest}')
             pk_cols = [c.strip().strip("`").split()[0] for c in pk.split(",")]
             is_queue = kind.upper() == "QUEUE"
             if is_queue:
@@ -561,7 +563,7 @@ def renew_tokens(request: Any, match: re.Match[str]) -> list[str]:
 
 
 def translate(sql: str) -> str:
-    sql = sql.replace("CURRENT_TIMESTAMP()", "fake_now()")
+    sql = sql.replace("CURRENT_TIMESTAMP()", "fake_now()").replace("PARSE_JSON(", "json(")
     return re.sub(r"\bTHEN\s+RETURN\b", "RETURNING", sql, flags=re.I)
 
 
@@ -603,6 +605,7 @@ def run_query(
         expected = int(m.group(1))
         sql = sql[: m.start()]
     is_dml = re.match(r"^(INSERT|UPDATE|DELETE)\b", sql, re.I) is not None
+    check_payload_values(db, sql, request)
     try:
         cursor = conn.execute(translate(sql), params)
         returning = is_dml and re.search(r"\bTHEN\s+RETURN\b", sql, re.I) is not None
@@ -640,6 +643,39 @@ def run_query(
         col_types.append((name, type_name))
     wire = [[to_wire(v, t) for v, (_, t) in zip(row, col_types, strict=True)] for row in rows]
     return col_types, wire, count
+
+
+_INSERT = re.compile(r"^INSERT\s+INTO\s+`?(\w+)`?\s*\(([^)]*)\)\s*VALUES\s*(.*)$", re.I | re.S)
+
+
+def check_payload_values(db: FakeDatabase, sql: str, request: Any) -> None:
+    """Refuse, as Spanner does, an INSERT into a queue whose payload value has another type
+    than the ``Payload`` column: a JSON column takes ``PARSE_JSON(<STRING>)`` or a JSON
+    parameter, a BYTES or STRING column a parameter of its own type."""
+    m = _INSERT.match(sql)
+    table = db.tables.get(m.group(1).lower()) if m else None
+    if table is None or not table.is_queue:
+        return
+    columns = [c.strip().strip("`").lower() for c in m.group(2).split(",")]
+    if "payload" not in columns:
+        return
+    at = columns.index("payload")
+    wanted = table.columns["payload"]
+    for row in split_top(m.group(3)):
+        expr = split_top(row.strip()[1:-1])[at]
+        pm = re.fullmatch(r"(PARSE_JSON\()?@(\w+)\)?", expr, re.I)
+        if pm is None:
+            continue  # a literal: left to SQLite
+        types = request.param_types
+        given = types[pm.group(2)].code.name if pm.group(2) in types else None
+        if pm.group(1):
+            given = "JSON" if given in (None, "STRING") else f"PARSE_JSON({given})"
+        if given is not None and given != wanted:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Value has type {given} which cannot be inserted into column Payload, "
+                f"which has type {wanted}",
+            )
 
 
 def receive_rows(
@@ -745,7 +781,14 @@ def apply_mutations(db: FakeDatabase, conn: sqlite3.Connection, mutations: Any) 
             if op.deliver_time:
                 deliver = max(ts(op.deliver_time), deliver)
             cols = [table.names[c.lower()] for c in table.pk] + ["Payload", "DeliverTime"]
-            payload = base64.b64decode(op.payload) if isinstance(op.payload, str) else op.payload
+            payload = op.payload
+            if table.columns["payload"] == "BYTES" and isinstance(payload, str):
+                payload = base64.b64decode(payload, validate=True)
+            elif table.columns["payload"] == "JSON":
+                try:
+                    payload = json.dumps(json.loads(payload), separators=(",", ":"))
+                except ValueError as exc:
+                    raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"bad JSON: {exc}") from exc
             try:
                 conn.execute(
                     f'INSERT INTO "{table.name}" ({", ".join(chr(34) + c + chr(34) for c in cols)})'

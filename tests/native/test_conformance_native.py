@@ -17,7 +17,14 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost
-from tests.conformance import test_ack, test_concurrency, test_dead_letter, test_orm, test_send
+from tests.conformance import (
+    test_ack,
+    test_concurrency,
+    test_dead_letter,
+    test_orm,
+    test_payload_types,
+    test_send,
+)
 from tests.conformance import test_receive as conf_receive
 from tests.conftest import receive_due, wait_until
 from tests.testapp.models import Jobs, UserTasks
@@ -41,6 +48,17 @@ test_past_deliver_time_means_now = test_send.test_past_deliver_time_means_now
 test_replace_swaps_the_message_under_one_key = (
     test_send.test_replace_swaps_the_message_under_one_key
 )
+
+# --- payload types --------------------------------------------------------------------------
+test_declared_payload_types_choose_the_payload_field = (
+    test_payload_types.test_declared_payload_types_choose_the_payload_field
+)
+test_string_payload_round_trip = test_payload_types.test_string_payload_round_trip
+test_string_payload_must_be_utf8 = test_payload_types.test_string_payload_must_be_utf8
+test_json_payload_round_trip_is_canonical_json = (
+    test_payload_types.test_json_payload_round_trip_is_canonical_json
+)
+test_json_payload_bytes_must_be_json = test_payload_types.test_json_payload_bytes_must_be_json
 
 # --- acking ---------------------------------------------------------------------------------
 test_ack_deletes_with_business_writes = test_ack.test_ack_deletes_with_business_writes

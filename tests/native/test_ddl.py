@@ -173,3 +173,21 @@ def test_declare_reads_row_deletion_policy_from_queue_meta() -> None:
         assert "ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 3 DAY))" in (
             GoogleSQL().create_queue(declare(Beats, queue_options(Beats)))
         )
+
+
+def test_payload_types_in_both_dialects() -> None:
+    for payload_type, google, pg in [
+        ("bytes", "Payload BYTES(MAX) NOT NULL", "payload bytea NOT NULL"),
+        ("string", "Payload STRING(MAX) NOT NULL", "payload text NOT NULL"),
+        ("json", "Payload JSON NOT NULL", "payload jsonb NOT NULL"),
+    ]:
+        decl = QueueDeclaration("q", DECL.keys, payload_type=payload_type)
+        assert f"\n  {google}\n)" in GoogleSQL().create_queue(decl)
+        assert f"\n  {pg},\n  PRIMARY KEY" in PostgreSQL().create_queue(decl)
+    json_decl = QueueDeclaration("q", DECL.keys, payload_type="json")
+    assert GoogleSQL().insert(json_decl, 1, with_deliver_time=False) == (
+        "INSERT INTO q (userid, messageid, Payload) VALUES (@p0, @p1, PARSE_JSON(@p2))"
+    )
+    assert PostgreSQL().insert(json_decl, 1, with_deliver_time=False) == (
+        "INSERT INTO q (userid, messageid, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
+    )

@@ -10,14 +10,14 @@ from datetime import timedelta
 import grpc
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked
 from tests.conftest import wait_until
-from tests.testapp.models import Account, Jobs, UploadTasks, UserTasks
+from tests.testapp.models import Account, Greetings, Jobs, JsonEvents, UploadTasks, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 RECEIVE_USERTASKS = (
@@ -52,10 +52,99 @@ def test_create_queue_ddl_on_the_wire(fake) -> None:
         ") PRIMARY KEY (id, message_id), INTERLEAVE IN PARENT testapp_upload ON DELETE CASCADE"
     ) in ddl
     queue_ddl = [s for s in ddl if "QUEUE" in s]
+    columns = [s.split(") PRIMARY KEY")[0] for s in queue_ddl]  # (a TTL may name DeliverTime)
     assert not any(
-        f in s for s in queue_ddl for f in ("send_time", "attempts", "lease_", "DeliverTime")
+        f in c for c in columns for f in ("send_time", "attempts", "lease_", "DeliverTime")
     )
     assert not any(",\n)" in s for s in queue_ddl)  # no trailing commas
+
+
+def test_payload_types_and_ttl_in_the_create_queue_ddl(fake) -> None:
+    ddl = fake.databases["fakedbtest"].ddl
+    assert (
+        "CREATE QUEUE testapp_greetings (\n"
+        "  id INT64 NOT NULL,\n"
+        "  Payload STRING(MAX) NOT NULL\n"
+        ") PRIMARY KEY (id), ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 7 DAY))"
+    ) in ddl
+    assert (
+        "CREATE QUEUE testapp_jsonevents (\n"
+        "  id STRING(64) NOT NULL,\n"
+        "  Payload JSON NOT NULL\n"
+        ") PRIMARY KEY (id)"
+    ) in ddl
+
+
+def test_string_and_json_payloads_are_never_base64(fake) -> None:
+    Greetings.send(id=1, payload="héllo")
+    JsonEvents.send(id="e", payload={"b": 1, "a": "é"})
+    [text] = fake.sql("INSERT INTO testapp_greetings")
+    assert text.sql == "INSERT INTO testapp_greetings (id, Payload) VALUES (@a0, @a1)"
+    assert params(text.request) == {"a0": "1", "a1": "héllo"}
+    assert text.request.param_types["a1"].code.name == "STRING"
+    [json_insert] = fake.sql("INSERT INTO testapp_jsonevents")
+    # JSON text bound as a STRING and parsed by Spanner (a JSON column takes no STRING).
+    assert json_insert.sql == (
+        "INSERT INTO testapp_jsonevents (id, Payload) VALUES (@a0, PARSE_JSON(@a1))"
+    )
+    assert params(json_insert.request) == {"a0": "e", "a1": '{"a":"é","b":1}'}
+    got = {m.queue: m for m in wait_until(lambda: api.receive(Greetings))}
+    got |= {m.queue: m for m in wait_until(lambda: api.receive(JsonEvents))}
+    assert got["testapp.Greetings"].payload == "héllo".encode()
+    assert got["testapp.JsonEvents"].payload == '{"a":"é","b":1}'.encode()
+    assert Greetings.objects.get(pk=1).payload == "héllo"
+    assert JsonEvents.objects.get(pk="e").payload == '{"a":"é","b":1}'
+
+
+def test_send_mutations_carry_string_and_json_payloads_as_text(fake) -> None:
+    engine().send_mutations(Greetings, [api.build_message(Greetings, {"id": 2, "payload": "hi"})])
+    engine().send_mutations(
+        JsonEvents, [api.build_message(JsonEvents, {"id": "m", "payload": [1, {"k": None}]})]
+    )
+    first, second = (c.mutations[0].send for c in fake.commits())
+    assert first.queue == "testapp_greetings" and first.payload == "hi"
+    assert second.queue == "testapp_jsonevents" and second.payload == '[1,{"k":null}]'
+    assert wait_until(lambda: api.receive(JsonEvents))[0].json() == [1, {"k": None}]
+
+
+def test_a_queue_created_outside_django_is_used_through_an_unmanaged_model(fake) -> None:
+    """Google's sample queue, created by hand: declare the matching model, unmanaged."""
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.models import Queue
+
+    with connection.schema_editor() as editor:
+        editor.execute(
+            "CREATE QUEUE q (Id INT64 NOT NULL, Payload STRING(MAX) NOT NULL) PRIMARY KEY (Id)"
+        )
+    try:
+        with isolate_apps("tests.testapp"):
+
+            class SampleQueue(Queue):
+                id = models.BigIntegerField(primary_key=True, db_column="Id")
+
+                class Meta:
+                    app_label = "testapp"
+                    managed = False
+                    db_table = "q"
+
+                class QueueMeta:
+                    payload_type = "string"
+
+            api.send(SampleQueue, id=1, payload="Hello")
+            [message] = wait_until(lambda: api.receive(SampleQueue))
+            assert (message.key, message.text()) == ((1,), "Hello")
+            [call] = [r for r in fake.sql("RECEIVE_q(") if r.method == "ExecuteStreamingSql"]
+            assert call.sql.startswith("SELECT Id, Payload, DeliverTime, SpannerLeaseToken")
+            api.ack_many(SampleQueue, [message])  # (isolated: not found by its label)
+            assert not SampleQueue.objects.exists()
+            engine().stop_receiving(SampleQueue, wait=0)
+    finally:
+        fake.streams_end.set()
+        engine().stop_receiving(wait=5)
+        fake.streams_end.clear()
+        with connection.schema_editor() as editor:
+            editor.execute("DROP QUEUE q")
 
 
 def test_drop_queue_through_the_schema_editor(fake) -> None:
