@@ -126,7 +126,9 @@ class QueueBase(ModelBase):
     """Gives a queue declaring ``QueueMeta.payload_type`` the matching ``payload`` field
     (unless it declares the field itself; check E012 then compares the two)."""
 
-    def __new__(mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any):
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any
+    ) -> QueueBase:
         meta = attrs.get("QueueMeta") or next(
             (b.QueueMeta for b in bases if hasattr(b, "QueueMeta")), None
         )
