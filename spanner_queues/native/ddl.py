@@ -359,6 +359,7 @@ class PostgreSQL(Dialect):
     new_token = "spanner_new_lease_token"
     now = "CURRENT_TIMESTAMP"
     payload_types = {"bytes": "bytea", "string": "text", "json": "jsonb"}
+    receive_names_every_argument = True
 
     def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
         return f"CAST({placeholder} AS jsonb)" if decl.payload_type == "json" else placeholder
@@ -367,8 +368,6 @@ class PostgreSQL(Dialect):
         if re.match(r"^[a-z_][a-z0-9_]*$", name) and name not in _PG_RESERVED:
             return name
         return '"' + name.replace('"', '""') + '"'
-
-    receive_names_every_argument = True
 
     def placeholder(self, index: int, name: str) -> str:
         return "%s" if self.paramstyle == "format" else f"${index + 1}"
