@@ -162,6 +162,7 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
                         id="spanner_queues.E008",
                     )
                 )
+            problems.extend(_check_dead_letter_payloads(model, target))
     elif options.max_attempts and not options.discard_after_max_attempts:
         problems.append(
             checks.Error(
@@ -173,6 +174,27 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
             )
         )
     return problems
+
+
+def _check_dead_letter_payloads(model: Any, target: Any) -> list[checks.CheckMessage]:
+    """A dead-lettered message keeps its payload bytes: the dead-letter queue must take them
+    (the same payload type, bytes for any, or string for canonical JSON text)."""
+    from spanner_queues.payload import BYTES, JSON, STRING, payload_type
+
+    if _payload_type_problem(model, None) or _payload_type_problem(target, None):
+        return []  # reported as E012
+    source, dead = payload_type(model), payload_type(target)
+    if source == dead or dead == BYTES or (source, dead) == (JSON, STRING):
+        return []
+    return [
+        checks.Error(
+            f"Dead-letter queue {target._meta.label} ({dead} payloads) cannot take the "
+            f"payloads of {model._meta.label} ({source}).",
+            hint="Give the dead-letter queue the same payload_type, or bytes.",
+            obj=model,
+            id="spanner_queues.E008",
+        )
+    ]
 
 
 def _payload_type_problem(model: Any, declared: str | None) -> str | None:

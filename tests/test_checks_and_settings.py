@@ -288,3 +288,53 @@ def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str
     else:
         [error] = errors
         assert "row_deletion_policy" in error.msg and reason in error.msg
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "ok"),
+    [
+        ("bytes", "bytes", True),
+        ("string", "bytes", True),
+        ("json", "string", True),
+        ("json", "json", True),
+        ("bytes", "string", False),
+        ("bytes", "json", False),
+        ("string", "json", False),
+    ],
+)
+def test_dead_letter_queue_must_take_the_payloads(
+    source: str, target: str, ok: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues import registry
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+
+    with isolate_apps("tests.testapp"):
+
+        class Dead(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            QueueMeta = type("QueueMeta", (), {"payload_type": target})
+            id = models.IntegerField(primary_key=True)
+
+        class Live(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            QueueMeta = type(
+                "QueueMeta",
+                (),
+                {"payload_type": source, "max_attempts": 3, "dead_letter_queue": "x.Dead"},
+            )
+            id = models.IntegerField(primary_key=True)
+
+        original = registry.get_queue
+        monkeypatch.setattr(
+            registry, "get_queue", lambda queue: Dead if queue == "x.Dead" else original(queue)
+        )
+        errors = [
+            e.msg
+            for e in _check_queue_model(Live, {}, {"default": {}})
+            if e.id == "spanner_queues.E008"
+        ]
+    assert errors == [] if ok else ("payload" in errors[0] and len(errors) == 1)
