@@ -15,7 +15,7 @@ from spanner_queues.exceptions import InvalidMessage, LeaseLost
 from spanner_queues.keys import key_fields, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
-from spanner_queues.payload import encode_payload
+from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
@@ -100,7 +100,11 @@ def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessag
             key[field.attname] = _key_value(model, field, field.get_default())
     return OutgoingMessage(
         key=key,
-        payload=encode_payload(spec.get("payload", b""), max_bytes=engine.params.max_payload_bytes),
+        payload=encode_payload(
+            spec.get("payload", b""),
+            payload_type=payload_type(model),
+            max_bytes=engine.params.max_payload_bytes,
+        ),
         deliver_time=_deliver_time(spec.get("deliver_time"), spec.get("delay")),
     )
 

@@ -13,7 +13,7 @@ from spanner_queues.operations import CreateQueue, DeleteQueue
 from spanner_queues.options import QueueOptions, queue_options
 
 #: the QueueMeta options that change DDL, and so are written into migrations.
-SCHEMA_OPTIONS = ("engine", "interleave_in_parent", "native_options")
+SCHEMA_OPTIONS = ("engine", "interleave_in_parent", "native_options", "row_deletion_policy")
 
 
 def _is_queue_state(state: Any, app_label: str, name: str) -> bool:
@@ -38,7 +38,7 @@ def declared_schema_options(model: Any) -> dict[str, Any]:
     defaults = asdict(QueueOptions())
     declared = asdict(queue_options(model))
     return {
-        k: (dict(v) if k == "native_options" else v)
+        k: (dict(v) if k in ("native_options", "row_deletion_policy") else v)
         for k, v in declared.items()
         if k in SCHEMA_OPTIONS and v != defaults[k]
     }

@@ -6,9 +6,12 @@ E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DA
 E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
 E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
 E009 USE_TZ is False (deliver times, leases and back-off are aware datetimes)
+E011 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
+E012 payload_type is not "bytes", "string" or "json", or disagrees with the payload field
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
-W003 a queue's schema options (engine, interleave_in_parent, native_options) differ from its
-     migrations: there is no AlterQueue, so the change needs a migration written by hand
+W003 a queue's schema options (engine, interleave_in_parent, native_options,
+     row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
+     needs a migration written by hand
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.core.exceptions import FieldDoesNotExist
 from django.db.models import ForeignKey
 
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
-from spanner_queues.options import KNOWN_OPTIONS, queue_options, unknown_options
+from spanner_queues.options import KNOWN_OPTIONS, queue_options, row_deletion, unknown_options
 
 
 @checks.register(checks.Tags.models, checks.Tags.database)
@@ -158,6 +162,7 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
                         id="spanner_queues.E008",
                     )
                 )
+            problems.extend(_check_dead_letter_payloads(model, target))
     elif options.max_attempts and not options.discard_after_max_attempts:
         problems.append(
             checks.Error(
@@ -169,6 +174,62 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
             )
         )
     return problems
+
+
+def _check_dead_letter_payloads(model: Any, target: Any) -> list[checks.CheckMessage]:
+    """A dead-lettered message keeps its payload bytes: the dead-letter queue must take them
+    (the same payload type, bytes for any, or string for canonical JSON text)."""
+    from spanner_queues.payload import BYTES, JSON, STRING, payload_type
+
+    if _payload_type_problem(model, None) or _payload_type_problem(target, None):
+        return []  # reported as E012
+    source, dead = payload_type(model), payload_type(target)
+    if source == dead or dead == BYTES or (source, dead) == (JSON, STRING):
+        return []
+    return [
+        checks.Error(
+            f"Dead-letter queue {target._meta.label} ({dead} payloads) cannot take the "
+            f"payloads of {model._meta.label} ({source}).",
+            hint="Give the dead-letter queue the same payload_type, or bytes.",
+            obj=model,
+            id="spanner_queues.E008",
+        )
+    ]
+
+
+def _payload_type_problem(model: Any, declared: str | None) -> str | None:
+    """Why the queue's payload type is unusable, or None."""
+    from spanner_queues.payload import PAYLOAD_TYPES, field_payload_type
+
+    if declared is not None and declared not in PAYLOAD_TYPES:
+        return f"QueueMeta.payload_type = {declared!r} is not 'bytes', 'string' or 'json'."
+    try:
+        field = model._meta.get_field("payload")
+        stored = field_payload_type(field)
+    except FieldDoesNotExist:
+        return "A queue model needs its payload field."
+    except QueueConfigurationError as exc:
+        return str(exc)
+    if declared is not None and declared != stored:
+        return (
+            f"QueueMeta.payload_type = {declared!r}, but the model declares its payload field "
+            f"as a {type(field).__name__} ({stored})."
+        )
+    return None
+
+
+def _check_payload_type(model: Any, options: Any) -> list[checks.CheckMessage]:
+    problem = _payload_type_problem(model, options.payload_type)
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            problem,
+            hint="Declare QueueMeta.payload_type and leave the payload field to the Queue base.",
+            obj=model,
+            id="spanner_queues.E012",
+        )
+    ]
 
 
 def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
@@ -192,6 +253,11 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
             )
         )
     problems.extend(_check_dead_letter(model, options))
+    try:
+        row_deletion(model, options)
+    except QueueConfigurationError as exc:
+        problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E011"))
+    problems.extend(_check_payload_type(model, options))
     parent = options.interleave_in_parent
     if parent:
         keys = key_fields(model)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from django.db.models import Q
 
 from spanner_queues.message import Message
+from spanner_queues.payload import from_stored
 
 if TYPE_CHECKING:
     from django.db import models
@@ -36,7 +37,7 @@ def row_to_message(model: type[models.Model], row: Any) -> Message:
         queue=model._meta.label,
         key=tuple(getattr(row, n) for n in names),
         key_names=names,
-        payload=bytes(row.payload),
+        payload=from_stored(row.payload),
         deliver_time=row.deliver_time,
         attempt=loaded.get("attempts") or 0,
         lease_token=loaded.get("lease_token"),

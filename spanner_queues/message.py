@@ -23,6 +23,9 @@ class Message:
     """A received (leased) or listed message.
 
     ``key`` holds the key values in primary-key order, ``key_names`` the matching field names.
+    ``payload`` is bytes for every payload type, the same on every engine: the stored bytes
+    of a bytes queue, the UTF-8 text of a string queue, canonical JSON text (keys sorted, no
+    spaces) of a json queue; ``text()`` and ``json()`` decode it.
     ``attempt`` counts deliveries, this one included (0 for a message never delivered).
     ``lease_token`` and ``lease_expires_at`` are set while the message is leased to a receiver.
     """

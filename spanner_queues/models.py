@@ -5,10 +5,12 @@
         message_id = models.CharField(max_length=64)
         pk = models.CompositePrimaryKey("user_id", "message_id")
 
-Every queue inherits ``payload`` (bytes) and ``deliver_time``. The table engine also keeps
-``send_time``, ``attempts``, ``lease_token`` and ``lease_expires_at``; they are read-only
-bookkeeping. Messages are rows: query them with the ORM. Rows are never updated through the
-ORM (Spanner queues have no UPDATE): replace a message with ack + send.
+Every queue inherits ``payload`` and ``deliver_time``. ``payload`` is bytes (``BYTES(MAX)``)
+unless ``QueueMeta.payload_type`` says ``"string"`` (a ``TextField``: ``STRING(MAX)``) or
+``"json"`` (a ``JSONPayloadField``: JSON text, ``JSON`` on native queues). The table engine
+also keeps ``send_time``, ``attempts``, ``lease_token`` and ``lease_expires_at``; they are
+read-only bookkeeping. Messages are rows: query them with the ORM. Rows are never updated
+through the ORM (Spanner queues have no UPDATE): replace a message with ack + send.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.db.models.base import ModelBase
 from django.utils import timezone
 
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.monitoring import QueueDepthSample, Queues  # noqa: F401  (admin models)
+from spanner_queues.payload import BYTES, JSON, STRING, json_value_text
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
@@ -96,10 +100,49 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
         return id(self)
 
 
-class Queue(models.Model):
+class JSONPayloadField(models.TextField):
+    """The ``payload`` of a ``payload_type = "json"`` queue: canonical JSON text (keys
+    sorted, no spaces) in a text column, or Spanner's ``JSON`` column on native queues. Reads
+    give that text (a ``str``) whatever the database returns for the column."""
+
+    queue_payload_type = JSON
+    description = "JSON text (a queue payload)"
+
+    def from_db_value(self, value: Any, expression: Any, connection: Any) -> str | None:
+        if value is None or isinstance(value, str):
+            return value
+        return json_value_text(value).decode("utf-8")  # e.g. Spanner's JsonObject
+
+
+def payload_field(payload_type: str) -> models.Field:
+    """A new ``payload`` field for ``payload_type`` ("bytes", "string" or "json")."""
+    if payload_type == STRING:
+        return models.TextField(db_column="Payload", default="")
+    if payload_type == JSON:
+        return JSONPayloadField(db_column="Payload")
+    return models.BinaryField(db_column="Payload", default=bytes)
+
+
+class QueueBase(ModelBase):
+    """Gives a queue declaring ``QueueMeta.payload_type`` the matching ``payload`` field
+    (unless it declares the field itself; check E012 then compares the two)."""
+
+    def __new__(
+        mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any
+    ) -> QueueBase:
+        meta = attrs.get("QueueMeta") or next(
+            (b.QueueMeta for b in bases if hasattr(b, "QueueMeta")), None
+        )
+        declared = getattr(meta, "payload_type", BYTES)
+        if declared in (STRING, JSON) and "payload" not in attrs:
+            attrs["payload"] = payload_field(declared)
+        return super().__new__(mcs, name, bases, attrs, **kwargs)
+
+
+class Queue(models.Model, metaclass=QueueBase):
     """Abstract base of every queue. Subclass it in an app's ``models.py``."""
 
-    payload = models.BinaryField(db_column="Payload", default=bytes)
+    payload = payload_field(BYTES)
     deliver_time = models.DateTimeField(
         db_column="DeliverTime", db_index=True, default=timezone.now
     )

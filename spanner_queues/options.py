@@ -9,6 +9,9 @@ class ImageTasks(Queue):
         engine = "default"                 # alias in SPANNER_QUEUES
         interleave_in_parent = "upload"    # INTERLEAVE IN PARENT ... ON DELETE CASCADE
         native_options = {"receive_mode": "PULL"}   # CREATE QUEUE ... OPTIONS (...)
+        # native queues: , ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 30 DAY))
+        row_deletion_policy = {"older_than": "deliver_time", "days": 30}
+        payload_type = "json"              # "bytes" (default), "string" or "json"
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ KNOWN_OPTIONS = frozenset(
         "max_attempts",
         "dead_letter_queue",
         "discard_after_max_attempts",
+        "row_deletion_policy",
+        "payload_type",
     }
 )
 
@@ -46,6 +51,58 @@ class QueueOptions:
     dead_letter_queue: str | None = None
     #: with ``max_attempts`` and no dead-letter queue: drop such messages (logged as errors).
     discard_after_max_attempts: bool = False
+    #: ``{"older_than": <field>, "days": n}``: Spanner's TTL on native queues (see
+    #: ``row_deletion``); the table engine keeps messages until they are acked.
+    row_deletion_policy: Mapping[str, Any] | None = None
+    #: "bytes", "string" or "json": the ``payload`` field the queue gets (None: as declared,
+    #: bytes unless the model declares its own ``payload`` field).
+    payload_type: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RowDeletion:
+    """A validated ``row_deletion_policy``: rows older than ``days`` after ``column`` go
+    (``column`` None: the queue's ``DeliverTime``)."""
+
+    column: str | None
+    days: int
+
+
+_POLICY_KEYS = frozenset({"older_than", "days"})
+
+
+def row_deletion(model: type[models.Model], options: QueueOptions) -> RowDeletion | None:
+    """The queue's ``row_deletion_policy``, validated; ``QueueConfigurationError`` says why
+    it is unusable. ``older_than`` names ``deliver_time`` or a ``DateTimeField`` key field."""
+    from spanner_queues.exceptions import QueueConfigurationError
+    from spanner_queues.keys import key_fields
+
+    policy = options.row_deletion_policy
+    if policy is None:
+        return None
+    prefix = f"{model._meta.label}: QueueMeta.row_deletion_policy"
+    if not isinstance(policy, Mapping):
+        raise QueueConfigurationError(
+            f"{prefix} must be a dict like {{'older_than': 'deliver_time', 'days': 30}}."
+        )
+    wrong = sorted(set(policy) ^ _POLICY_KEYS)
+    if wrong:
+        raise QueueConfigurationError(
+            f"{prefix} needs exactly the keys 'older_than' and 'days' (check {wrong!r})."
+        )
+    days = policy["days"]
+    if isinstance(days, bool) or not isinstance(days, int) or days < 0:
+        raise QueueConfigurationError(f"{prefix}: days must be a non-negative int, not {days!r}.")
+    name = policy["older_than"]
+    if name == "deliver_time":
+        return RowDeletion(column=None, days=days)
+    field = next((f for f in key_fields(model) if name in (f.name, f.attname)), None)
+    if field is None or field.get_internal_type() != "DateTimeField":
+        raise QueueConfigurationError(
+            f"{prefix}: older_than = {name!r} must be 'deliver_time' or a DateTimeField key "
+            "field (Spanner's TTL needs a timestamp column of the queue)."
+        )
+    return RowDeletion(column=field.column, days=days)
 
 
 @functools.cache

@@ -39,7 +39,7 @@ if REAL_DATABASE:
             "TEST": {"NAME": f"sqn{os.getpid()}"[:30]},
         }
     }
-    _duration = 5.0  # short streams: a test waits for its stream to end before the next
+    _duration = 5.0  # short streams (max_duration): restarts happen often
 else:
     from google.auth.credentials import AnonymousCredentials
     from google.cloud import spanner

@@ -13,7 +13,7 @@ from spanner_queues import drivers, transactions
 from spanner_queues.checks import check_queues
 from spanner_queues.conf import NATIVE_ENGINE, TABLE_ENGINE, parse_engine
 from spanner_queues.engines import engines
-from spanner_queues.exceptions import InvalidQueueEngine, PayloadError
+from spanner_queues.exceptions import InvalidQueueEngine, PayloadError, QueueConfigurationError
 from spanner_queues.payload import decode_json, encode_payload
 from tests.testapp.models import Account
 
@@ -82,6 +82,72 @@ def test_payload_encoding() -> None:
         encode_payload(float("nan"))
     with pytest.raises(PayloadError, match="not JSON"):
         decode_json(b"\xff")
+
+
+def test_payload_encoding_by_payload_type() -> None:
+    assert encode_payload("é", payload_type="string") == "é".encode()
+    assert encode_payload(b"ok", payload_type="string") == b"ok"
+    assert encode_payload({"b": 1, "a": 2}, payload_type="string") == b'{"b":1,"a":2}'
+    with pytest.raises(PayloadError, match="UTF-8"):
+        encode_payload(b"\xff", payload_type="string")
+    assert encode_payload({"b": 1, "a": "é"}, payload_type="json") == '{"a":"é","b":1}'.encode()
+    assert encode_payload("x", payload_type="json") == b'"x"'
+    assert encode_payload(None, payload_type="json") == b"null"
+    assert encode_payload(b' [1, {"b":0,"a":1}] ', payload_type="json") == b'[1,{"a":1,"b":0}]'
+    with pytest.raises(PayloadError, match="not JSON"):
+        encode_payload(b"", payload_type="json")
+    with pytest.raises(QueueConfigurationError, match="payload_type"):
+        encode_payload(b"", payload_type="xml")
+
+
+def test_payload_type_is_validated_by_a_check() -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+
+    with isolate_apps("tests.testapp"):
+
+        class Xml(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.IntegerField(primary_key=True)
+
+            class QueueMeta:
+                payload_type = "xml"
+
+        class Mismatch(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.IntegerField(primary_key=True)
+            payload = models.BinaryField(db_column="Payload")
+
+            class QueueMeta:
+                payload_type = "string"
+
+        class OwnText(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.IntegerField(primary_key=True)
+            payload = models.TextField(db_column="Payload")
+
+        class Floaty(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.IntegerField(primary_key=True)
+            payload = models.FloatField(db_column="Payload")
+
+        def e012(model: type) -> list[str]:
+            return [
+                e.msg
+                for e in _check_queue_model(model, {}, {"default": {}})
+                if e.id == "spanner_queues.E012"
+            ]
+
+        [xml] = e012(Xml)
+        assert "'xml'" in xml and "'bytes', 'string' or 'json'" in xml
+        [mismatch] = e012(Mismatch)
+        assert "payload_type = 'string'" in mismatch and "BinaryField" in mismatch
+        assert e012(OwnText) == []  # a TextField payload declared by hand is a string queue
+        [floaty] = e012(Floaty)
+        assert "FloatField" in floaty
 
 
 def test_driver_error_classification() -> None:
@@ -174,3 +240,101 @@ def test_schema_option_drift_from_migrations_is_a_warning() -> None:
     [warning] = _check_schema_options(UploadTasks, drifted)
     assert warning.id == "spanner_queues.W003" and "AlterQueue" in warning.hint
     assert _check_schema_options(Jobs, {}) == []  # not migrated yet: nothing to compare
+
+
+@pytest.mark.parametrize(
+    ("policy", "reason"),
+    [
+        ({"older_than": "deliver_time", "days": 7}, None),
+        ({"older_than": "created", "days": 0}, None),
+        ({"older_than": "deliver_time"}, "'days'"),
+        ({"older_than": "deliver_time", "days": -1}, "non-negative"),
+        ({"older_than": "deliver_time", "days": True}, "non-negative"),
+        ({"older_than": "deliver_time", "days": 1, "hours": 2}, "'hours'"),
+        ({"older_than": "n", "days": 1}, "timestamp"),
+        ({"older_than": "nope", "days": 1}, "timestamp"),
+        ("OLDER_THAN(DeliverTime, INTERVAL 7 DAY)", "dict"),
+    ],
+)
+def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str | None) -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+    from spanner_queues.options import queue_options
+
+    with isolate_apps("tests.testapp"):
+        meta = type("QueueMeta", (), {"row_deletion_policy": policy})
+
+        class Expiring(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            created = models.DateTimeField()
+            n = models.IntegerField()
+            pk = models.CompositePrimaryKey("created", "n")
+            QueueMeta = meta
+
+        queue_options.cache_clear()
+        try:
+            errors = [
+                e
+                for e in _check_queue_model(Expiring, {}, {"default": {}})
+                if e.id == "spanner_queues.E011"
+            ]
+        finally:
+            queue_options.cache_clear()
+    if reason is None:
+        assert errors == []
+    else:
+        [error] = errors
+        assert "row_deletion_policy" in error.msg and reason in error.msg
+
+
+@pytest.mark.parametrize(
+    ("source", "target", "ok"),
+    [
+        ("bytes", "bytes", True),
+        ("string", "bytes", True),
+        ("json", "string", True),
+        ("json", "json", True),
+        ("bytes", "string", False),
+        ("bytes", "json", False),
+        ("string", "json", False),
+    ],
+)
+def test_dead_letter_queue_must_take_the_payloads(
+    source: str, target: str, ok: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues import registry
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+
+    with isolate_apps("tests.testapp"):
+
+        class Dead(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            QueueMeta = type("QueueMeta", (), {"payload_type": target})
+            id = models.IntegerField(primary_key=True)
+
+        class Live(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            QueueMeta = type(
+                "QueueMeta",
+                (),
+                {"payload_type": source, "max_attempts": 3, "dead_letter_queue": "x.Dead"},
+            )
+            id = models.IntegerField(primary_key=True)
+
+        original = registry.get_queue
+        monkeypatch.setattr(
+            registry, "get_queue", lambda queue: Dead if queue == "x.Dead" else original(queue)
+        )
+        errors = [
+            e.msg
+            for e in _check_queue_model(Live, {}, {"default": {}})
+            if e.id == "spanner_queues.E008"
+        ]
+    assert errors == [] if ok else ("payload" in errors[0] and len(errors) == 1)

@@ -34,6 +34,26 @@ def test_autodetector_writes_queue_operations() -> None:
     assert deleted[0].describe() == "Delete queue Jobs"
 
 
+def test_row_deletion_policy_is_a_schema_option_written_into_migrations() -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.autodetector import declared_schema_options
+    from spanner_queues.models import Queue
+
+    policy = {"older_than": "deliver_time", "days": 7}
+    with isolate_apps("tests.testapp"):
+
+        class Expiring(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.CharField(max_length=10, primary_key=True)
+
+            class QueueMeta:
+                row_deletion_policy = policy
+
+        assert declared_schema_options(Expiring) == {"row_deletion_policy": policy}
+
+
 def test_create_queue_serialises_with_its_options() -> None:
     op = CreateQueue("Q", [], queue_options={"interleave_in_parent": "upload"})
     text, imports = MigrationWriter.serialize(op)

@@ -220,7 +220,7 @@ class NativeQueueEngine(BaseQueueEngine):
             params: list[Any] = []
             for m in group:
                 params.extend(_prep_key(model, [m.key[n] for n in names], conn))
-                params.append(client.encode_bytes(m.payload))
+                params.append(client.wire_payload(decl.payload_type, m.payload))
                 if timed:
                     params.append(m.deliver_time)
             statements.append(
@@ -270,7 +270,7 @@ class NativeQueueEngine(BaseQueueEngine):
                     (
                         decl.name,
                         tuple(_prep_key(model, [m.key[n] for n in names], connection)),
-                        m.payload,
+                        client.wire_payload(decl.payload_type, m.payload),
                         m.deliver_time,
                     )
                     for m in messages
@@ -305,6 +305,7 @@ class NativeQueueEngine(BaseQueueEngine):
                 database = self._spanner()
                 sql = self.receive_sql(model)
                 n = len(self.declaration(model).keys)
+                payload_type = self.declaration(model).payload_type
 
                 deadline = self.max_duration_seconds + 30  # the call's own gRPC deadline
 
@@ -327,17 +328,15 @@ class NativeQueueEngine(BaseQueueEngine):
                 def parse(row: Sequence[Any]) -> Delivery:
                     return Delivery(
                         key=_key_from_row(model, row[:n]),
-                        payload=client.decode_bytes(row[n]),
+                        payload=client.payload_from_wire(payload_type, row[n]),
                         deliver_time=row[n + 1],
                         lease_token=row[n + 2],
                         lease_expires_at=row[n + 3],
                         last_in_batch=bool(row[n + 4]),
                     )
 
-                renew_sql = self.renew_sql(model)
-
                 def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
-                    return client.renew(database, renew_sql, tokens)
+                    return self._renew_tokens(model, tokens, database)
 
                 receiver = _streams[stream_key] = Receiver(
                     label,
@@ -405,19 +404,29 @@ class NativeQueueEngine(BaseQueueEngine):
         for receiver in receivers:
             receiver.stop(wait)
 
-    def renew_sql(self, model: type[Queue]) -> str:
-        return self.dialect.renew(self.declaration(model))
+    def renew_sql(self, model: type[Queue], count: int = 1) -> str:
+        return self.dialect.renew(self.declaration(model), count)
+
+    def _renew_tokens(
+        self, model: type[Queue], tokens: list[str], database: Any = None
+    ) -> dict[str, tuple[str | None, Any]]:
+        """One ``RENEWLEASE_<Q>`` for ``tokens``: old token -> (new token, new expiry)."""
+        return client.renew(
+            database or self._spanner(),
+            self.renew_sql(model, len(tokens)),
+            self.dialect.renew_params(tokens),
+        )
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         """One ``RENEWLEASE_<Q>`` call for ``messages`` and, together with them, the rows this
         process's stream holds for the queue that are due for renewal."""
-        tokens = [m.lease_token for m in messages if m.lease_token]
         with _streams_lock:
             receiver = _streams.get((self.alias, model._meta.label))
         held = receiver.held_tokens_due() if receiver is not None else []
-        if not tokens and not held:
+        tokens = list(dict.fromkeys([m.lease_token for m in messages if m.lease_token] + held))
+        if not tokens:
             return []
-        renewed = client.renew(self._spanner(), self.renew_sql(model), tokens + held)
+        renewed = self._renew_tokens(model, tokens)
         if held and receiver is not None:
             receiver.apply_renewals(renewed, held)
         result = []

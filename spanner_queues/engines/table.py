@@ -35,6 +35,7 @@ from spanner_queues.keys import key_fields, key_filter, key_names, row_to_messag
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
 from spanner_queues.options import queue_options
+from spanner_queues.payload import BYTES, payload_type, stored_text
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -82,7 +83,7 @@ class _RowStatements:
         self.insert_fields = fields if plain else None
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(
-            # the payload: bytes, never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
+            # a bytes payload: never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
             f.get_placeholder(b"", None, connection) if isinstance(f, BinaryField) else "%s"
             for f in fields
         )
@@ -196,10 +197,11 @@ class TableQueueEngine(BaseQueueEngine):
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
         now = timezone.now()
+        text = payload_type(model) != BYTES  # a text column: STRING or JSON payloads
         new_rows = [
             model(
                 **m.key,
-                payload=m.payload,
+                payload=stored_text(m.payload) if text else m.payload,
                 # A deliver time in the past means "now", as Spanner does for Send.
                 deliver_time=max(m.deliver_time, now) if m.deliver_time else now,
                 send_time=now,

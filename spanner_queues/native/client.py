@@ -5,13 +5,14 @@ mapping of gRPC status errors found anywhere in an exception's cause chain."""
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
 
 from spanner_queues.drivers import causes
+from spanner_queues.payload import BYTES, JSON, from_stored, json_value_text, stored_text
 
 
 def database_for(alias: str) -> Any:
@@ -43,15 +44,32 @@ def decode_bytes(value: Any) -> bytes:
     return base64.b64decode(value)
 
 
-def renew(database: Any, sql: str, tokens: Sequence[str]) -> dict[str, tuple[str | None, Any]]:
-    """Run ``RENEWLEASE_<Q>`` once for ``tokens``: old token -> (new token, new expiry)."""
+def wire_payload(payload_type: str, payload: bytes) -> bytes | str:
+    """An encoded payload as the client sends it: BYTES base64-encoded, STRING and JSON as
+    text (never base64)."""
+    return encode_bytes(payload) if payload_type == BYTES else stored_text(payload)
+
+
+def payload_from_wire(payload_type: str, value: Any) -> bytes:
+    """``Message.payload`` for a ``Payload`` value read back: BYTES base64-decoded, STRING as
+    UTF-8, JSON (a ``JsonObject``) as canonical JSON text."""
+    if payload_type == BYTES:
+        return decode_bytes(value)
+    if payload_type == JSON:
+        return json_value_text(value)
+    return from_stored(value)
+
+
+def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
+    """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
+    literal: old token -> (new token, new expiry)."""
     from google.cloud.spanner_v1 import param_types
 
     with database.snapshot() as snapshot:  # strong, single use
         rows = snapshot.execute_sql(
             sql,
-            params={"lease_tokens": list(tokens)},
-            param_types={"lease_tokens": param_types.Array(param_types.STRING)},
+            params=dict(params),
+            param_types={name: param_types.STRING for name in params},
         )
         return {old: (new, expires) for old, new, expires in rows}
 
@@ -93,16 +111,15 @@ def rows_of(call: Any) -> Iterator[Any]:
 def commit_mutations(
     database: Any,
     *,
-    sends: Sequence[tuple[str, tuple[Any, ...], bytes, datetime | None]] = (),
+    sends: Sequence[tuple[str, tuple[Any, ...], bytes | str, datetime | None]] = (),
     acks: Sequence[tuple[str, tuple[Any, ...], bool | None]] = (),
 ) -> Any:
     """Commit ``Ack`` then ``Send`` mutations in one batch (acks first, as Google requires
-    when a batch replaces a message). Returns the commit timestamp."""
+    when a batch replaces a message). Payloads are wire values (``wire_payload``). Returns the
+    commit timestamp."""
     with database.batch() as batch:
         for queue, key, ignore_not_found in acks:
             batch.ack(queue=queue, key=list(key), ignore_not_found=ignore_not_found)
         for queue, key, payload, deliver_time in sends:
-            batch.send(
-                queue=queue, key=list(key), payload=encode_bytes(payload), deliver_time=deliver_time
-            )
+            batch.send(queue=queue, key=list(key), payload=payload, deliver_time=deliver_time)
     return batch.committed

@@ -8,7 +8,7 @@ it. The table-engine bookkeeping fields (``send_time``, ``attempts``, ``lease_to
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -18,7 +18,7 @@ from spanner_queues.keys import key_fields
 if TYPE_CHECKING:
     from django.db import models
 
-    from spanner_queues.options import QueueOptions
+    from spanner_queues.options import QueueOptions, RowDeletion
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -85,6 +85,9 @@ class QueueDeclaration:
     keys: tuple[KeyColumn, ...]
     parent: str | None = None
     options: Mapping[str, Any] = field(default_factory=dict)
+    row_deletion: RowDeletion | None = None
+    #: "bytes", "string" or "json" (``spanner_queues.payload``).
+    payload_type: str = "bytes"
 
 
 def _key_column(f: Any) -> KeyColumn:
@@ -99,7 +102,11 @@ def _key_column(f: Any) -> KeyColumn:
 
 
 def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaration:
-    """Read a queue model's key columns, interleave parent and ``native_options``."""
+    """Read a queue model's key columns, interleave parent, ``native_options`` and
+    ``row_deletion_policy``."""
+    from spanner_queues.options import row_deletion
+    from spanner_queues.payload import payload_type
+
     parent = None
     if options.interleave_in_parent:
         parent = model._meta.get_field(options.interleave_in_parent).related_model._meta.db_table
@@ -108,6 +115,8 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
         keys=tuple(_key_column(f) for f in key_fields(model)),
         parent=parent,
         options=dict(options.native_options or {}),
+        row_deletion=row_deletion(model, options),
+        payload_type=payload_type(model),
     )
 
 
@@ -136,6 +145,13 @@ class Dialect:
     new_token: ClassVar[str]
     now: ClassVar[str]
     true: ClassVar[str] = "true"
+    #: payload type -> column type of ``Payload``.
+    payload_types: ClassVar[dict[str, str]]
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        """The SQL that writes a bound payload: JSON text goes as a STRING and is parsed
+        (a JSON column takes no STRING value); bytes and strings go as they are."""
+        return placeholder
 
     def __init__(self, *, paramstyle: str = "native") -> None:
         #: "native" (@p / $n, what goes on the wire) or "format" (%s, for a Django cursor).
@@ -176,11 +192,18 @@ class Dialect:
         if with_deliver_time:
             columns.append(self.deliver_time_column)
         width = len(columns)
+        payload_at = len(decl.keys)
+
+        def value(index: int) -> str:
+            placeholder = self.placeholder(index, self.param_name(index))
+            return (
+                self.payload_value(decl, placeholder)
+                if index % width == payload_at
+                else placeholder
+            )
+
         values = ", ".join(
-            "("
-            + ", ".join(self.placeholder(r * width + c, f"p{r * width + c}") for c in range(width))
-            + ")"
-            for r in range(rows)
+            "(" + ", ".join(value(r * width + c) for c in range(width)) + ")" for r in range(rows)
         )
         return f"INSERT INTO {self.quote(decl.name)} ({', '.join(columns)}) VALUES {values}"
 
@@ -206,26 +229,49 @@ class Dialect:
             f"({self._receive_args(max_batch_size, max_duration)})"
         )
 
+    #: whether RECEIVE names all three arguments, NULL for defaults (Google's PostgreSQL
+    #: examples always do); GoogleSQL leaves out the ones not set.
+    receive_names_every_argument: ClassVar[bool] = False
+
     def _receive_args(self, max_batch_size: int | None, max_duration: str | None) -> str:
-        args = []
+        args = {"max_batch_size": "NULL", "priority": "NULL", "max_duration": "NULL"}
         if max_batch_size is not None:
             if not isinstance(max_batch_size, int) or max_batch_size < 1:
                 raise QueueConfigurationError("RECEIVE max_batch_size must be an int >= 1.")
-            args.append(f"max_batch_size => {max_batch_size}")
+            args["max_batch_size"] = str(max_batch_size)
         if max_duration is not None:
             if not _DURATION.match(max_duration):
                 raise QueueConfigurationError(
                     f"RECEIVE max_duration {max_duration!r} is not like '20m', '90s', '500ms'."
                 )
-            args.append(f"max_duration => '{max_duration}'")
-        return ", ".join(args)
+            args["max_duration"] = f"'{max_duration}'"
+        return ", ".join(
+            f"{name} => {value}"
+            for name, value in args.items()
+            if self.receive_names_every_argument or value != "NULL"
+        )
 
-    def renew(self, decl: QueueDeclaration) -> str:
+    def param_name(self, index: int) -> str:
+        """The name of the query parameter that ``placeholder(index, ...)`` binds."""
+        return f"p{index}"
+
+    def array_literal(self, items: Sequence[str]) -> str:
+        raise NotImplementedError
+
+    def renew(self, decl: QueueDeclaration, count: int) -> str:
+        """``RENEWLEASE_<Q>`` for ``count`` tokens, spelled as Google documents it: an array
+        literal of one STRING parameter per token (bind them with ``renew_params``)."""
+        if count < 1:
+            raise QueueConfigurationError("RENEWLEASE needs at least one lease token.")
+        tokens = self.array_literal([self.placeholder(i, self.param_name(i)) for i in range(count)])
         return (
             f"SELECT {self.old_token}, {self.new_token}, {self.lease_expires} "
-            f"FROM {self.renew_function(decl.name)}"
-            f"(lease_tokens => {self.placeholder(0, 'lease_tokens')})"
+            f"FROM {self.renew_function(decl.name)}(lease_tokens => {tokens})"
         )
+
+    def renew_params(self, tokens: Sequence[str]) -> dict[str, str]:
+        """The parameters of ``renew(decl, len(tokens))``: parameter name -> token."""
+        return {self.param_name(i): token for i, token in enumerate(tokens)}
 
     def stats(self, decl: QueueDeclaration) -> str:
         dt = self.deliver_time_column
@@ -260,6 +306,10 @@ class GoogleSQL(Dialect):
     old_token = "SpannerOldLeaseToken"
     new_token = "SpannerNewLeaseToken"
     now = "CURRENT_TIMESTAMP()"
+    payload_types = {"bytes": "BYTES(MAX)", "string": "STRING(MAX)", "json": "JSON"}
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        return f"PARSE_JSON({placeholder})" if decl.payload_type == "json" else placeholder
 
     def quote(self, name: str) -> str:
         if _PLAIN.match(name) and name.upper() not in _GOOGLESQL_RESERVED:
@@ -269,6 +319,9 @@ class GoogleSQL(Dialect):
     def placeholder(self, index: int, name: str) -> str:
         return "%s" if self.paramstyle == "format" else f"@{name}"
 
+    def array_literal(self, items: Sequence[str]) -> str:
+        return f"[{', '.join(items)}]"
+
     def receive_function(self, queue: str) -> str:
         return f"RECEIVE_{queue}"
 
@@ -277,12 +330,18 @@ class GoogleSQL(Dialect):
 
     def create_queue(self, decl: QueueDeclaration) -> str:
         lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
-        lines.append(f"  {self.payload_column} BYTES(MAX) NOT NULL")
+        lines.append(f"  {self.payload_column} {self.payload_types[decl.payload_type]} NOT NULL")
         keys = ", ".join(self.quote(k.column) for k in decl.keys)
         sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
         sql += f" PRIMARY KEY ({keys})"
         if decl.parent:
             sql += f", INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        if decl.row_deletion is not None:
+            column = decl.row_deletion.column or self.deliver_time_column
+            sql += (
+                f", ROW DELETION POLICY (OLDER_THAN({self.quote(column)}, "
+                f"INTERVAL {int(decl.row_deletion.days)} DAY))"
+            )
         if decl.options:
             opts = ", ".join(f"{k} = {_option_value(v)}" for k, v in decl.options.items())
             sql += f", OPTIONS ({opts})"
@@ -299,6 +358,11 @@ class PostgreSQL(Dialect):
     old_token = "spanner_old_lease_token"
     new_token = "spanner_new_lease_token"
     now = "CURRENT_TIMESTAMP"
+    payload_types = {"bytes": "bytea", "string": "text", "json": "jsonb"}
+    receive_names_every_argument = True
+
+    def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
+        return f"CAST({placeholder} AS jsonb)" if decl.payload_type == "json" else placeholder
 
     def quote(self, name: str) -> str:
         if re.match(r"^[a-z_][a-z0-9_]*$", name) and name not in _PG_RESERVED:
@@ -307,6 +371,12 @@ class PostgreSQL(Dialect):
 
     def placeholder(self, index: int, name: str) -> str:
         return "%s" if self.paramstyle == "format" else f"${index + 1}"
+
+    def param_name(self, index: int) -> str:
+        return f"p{index + 1}"  # $1 binds the parameter named p1
+
+    def array_literal(self, items: Sequence[str]) -> str:
+        return f"ARRAY[{', '.join(items)}]"
 
     def _function_suffix(self, queue: str) -> str:
         if not re.match(r"^[a-z_][a-z0-9_]*$", queue):
@@ -330,12 +400,15 @@ class PostgreSQL(Dialect):
                 "apply them with ALTER QUEUE by hand."
             )
         lines = [f"  {self.quote(k.column)} {self.column_type(k)} NOT NULL" for k in decl.keys]
-        lines.append(f"  {self.payload_column} bytea NOT NULL")
+        lines.append(f"  {self.payload_column} {self.payload_types[decl.payload_type]} NOT NULL")
         keys = ", ".join(self.quote(k.column) for k in decl.keys)
         lines.append(f"  PRIMARY KEY ({keys})")
         sql = f"CREATE QUEUE {self.quote(decl.name)} (\n" + ",\n".join(lines) + "\n)"
         if decl.parent:
             sql += f" INTERLEAVE IN PARENT {self.quote(decl.parent)} ON DELETE CASCADE"
+        if decl.row_deletion is not None:  # the TTL clause of PostgreSQL-dialect tables
+            column = decl.row_deletion.column or self.deliver_time_column
+            sql += f" TTL INTERVAL '{int(decl.row_deletion.days)} days' ON {self.quote(column)}"
         return sql
 
 

@@ -44,6 +44,8 @@ def test_overview_counts_every_queue(operator_client: Client) -> None:
         "testapp.UploadTasks",
         "testapp.Emails",
         "testapp.EmailsDead",
+        "testapp.Greetings",
+        "testapp.JsonEvents",
     ]
     jobs = _row(response, "testapp.Jobs")
     assert (jobs.stats.ready, jobs.stats.scheduled, jobs.stats.leased) == (2, 1, 1)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import re
 import secrets
 import sqlite3
@@ -435,7 +436,8 @@ def apply_ddl(db: FakeDatabase, statement: str, queue_table_type: str) -> None:
                 columns[col.lower()] = type_name.upper()
                 names[col.lower()] = col
                 rest = re.sub(r"\(MAX\)|\(\d+\)", "", rest, count=1)
-                defs.append(f'"{col}" {type_name}{rest}')
+                affinity = "TEXT" if type_name.upper() in ("STRING", "JSON") else type_name
+                defs.append(f'"{col}" {affinity}{rest}')
             pk_cols = [c.strip().strip("`").split()[0] for c in pk.split(",")]
             is_queue = kind.upper() == "QUEUE"
             if is_queue:
@@ -508,23 +510,60 @@ def apply_ddl(db: FakeDatabase, statement: str, queue_table_type: str) -> None:
 
 
 # --- queries -------------------------------------------------------------------------------
-_RECEIVE = re.compile(r"^SELECT\s+(.*?)\s+FROM\s+RECEIVE_(\w+)\s*\((.*)\)\s*$", re.I | re.S)
-_RENEW = re.compile(
-    r"^SELECT\s+(.*?)\s+FROM\s+RENEWLEASE_(\w+)\s*\(\s*lease_tokens\s*=>\s*@(\w+)\s*\)\s*$",
-    re.I | re.S,
+_RECEIVE = re.compile(
+    r"^SELECT\s+(.*?)\s+FROM\s+(RECEIVE_|spanner\.receive_)(\w+)\s*\((.*)\)\s*$", re.S
 )
+# The documented spellings only: GoogleSQL ``lease_tokens => ['t1', @p0, ...]`` and PostgreSQL
+# ``lease_tokens => ARRAY['t1', $1, ...]`` (``$n`` binds the parameter named ``pn``).
+_RENEW = re.compile(
+    r"^SELECT\s+(.*?)\s+FROM\s+(?:RENEWLEASE_(\w+)\s*\(\s*lease_tokens\s*=>\s*\[(.*)\]"
+    r"|spanner\.renewlease_(\w+)\s*\(\s*lease_tokens\s*=>\s*ARRAY\s*\[(.*)\])\s*\)\s*$",
+    re.S,
+)
+_RENEW_ANY = re.compile(r"\b(RENEWLEASE_|spanner\.renewlease_)", re.I)
 _ASSERT = re.compile(r"\s+ASSERT_ROWS_MODIFIED\s+(\d+)\s*$", re.I)
 RECEIVE_COLUMNS = {
-    "payload": "BYTES",
     "delivertime": "TIMESTAMP",
     "spannerleasetoken": "STRING",
     "spannerleaseexpirationtimestamp": "TIMESTAMP",
     "spannerlastbatchmessage": "BOOL",
 }
+#: PostgreSQL-dialect names of RECEIVE's system columns.
+PG_RECEIVE_NAMES = {
+    "deliver_time": "delivertime",
+    "spanner_lease_token": "spannerleasetoken",
+    "spanner_lease_expiration_timestamp": "spannerleaseexpirationtimestamp",
+    "spanner_last_batch_message": "spannerlastbatchmessage",
+}
+
+
+def renew_tokens(request: Any, match: re.Match[str]) -> list[str]:
+    """The tokens of a documented RENEWLEASE call: literals and bound STRING parameters."""
+    postgres = match.group(4) is not None
+    items = split_top(match.group(5) if postgres else match.group(3))
+    params = dict(request.params or {})
+    tokens = []
+    for item in items:
+        literal = re.fullmatch(r"'([^']*)'", item)
+        bound = re.fullmatch(r"\$(\d+)" if postgres else r"@(\w+)", item)
+        if literal:
+            tokens.append(literal.group(1))
+            continue
+        if not bound:
+            raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"bad lease token {item!r}")
+        name = f"p{bound.group(1)}" if postgres else bound.group(1)
+        if name not in params:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT, f"No parameter found for binding: {name}"
+            )
+        if name in request.param_types and request.param_types[name].code != TypeCode.STRING:
+            raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"{name} must be a STRING")
+        tokens.append(params[name])
+    return tokens
 
 
 def translate(sql: str) -> str:
-    sql = sql.replace("CURRENT_TIMESTAMP()", "fake_now()")
+    sql = sql.replace("CURRENT_TIMESTAMP()", "fake_now()").replace("PARSE_JSON(", "json(")
     return re.sub(r"\bTHEN\s+RETURN\b", "RETURNING", sql, flags=re.I)
 
 
@@ -566,6 +605,7 @@ def run_query(
         expected = int(m.group(1))
         sql = sql[: m.start()]
     is_dml = re.match(r"^(INSERT|UPDATE|DELETE)\b", sql, re.I) is not None
+    check_payload_values(db, sql, request)
     try:
         cursor = conn.execute(translate(sql), params)
         returning = is_dml and re.search(r"\bTHEN\s+RETURN\b", sql, re.I) is not None
@@ -603,6 +643,39 @@ def run_query(
         col_types.append((name, type_name))
     wire = [[to_wire(v, t) for v, (_, t) in zip(row, col_types, strict=True)] for row in rows]
     return col_types, wire, count
+
+
+_INSERT = re.compile(r"^INSERT\s+INTO\s+`?(\w+)`?\s*\(([^)]*)\)\s*VALUES\s*(.*)$", re.I | re.S)
+
+
+def check_payload_values(db: FakeDatabase, sql: str, request: Any) -> None:
+    """Refuse, as Spanner does, an INSERT into a queue whose payload value has another type
+    than the ``Payload`` column: a JSON column takes ``PARSE_JSON(<STRING>)`` or a JSON
+    parameter, a BYTES or STRING column a parameter of its own type."""
+    m = _INSERT.match(sql)
+    table = db.tables.get(m.group(1).lower()) if m else None
+    if table is None or not table.is_queue:
+        return
+    columns = [c.strip().strip("`").lower() for c in m.group(2).split(",")]
+    if "payload" not in columns:
+        return
+    at = columns.index("payload")
+    wanted = table.columns["payload"]
+    for row in split_top(m.group(3)):
+        expr = split_top(row.strip()[1:-1])[at]
+        pm = re.fullmatch(r"(PARSE_JSON\()?@(\w+)\)?", expr, re.I)
+        if pm is None:
+            continue  # a literal: left to SQLite
+        types = request.param_types
+        given = types[pm.group(2)].code.name if pm.group(2) in types else None
+        if pm.group(1):
+            given = "JSON" if given in (None, "STRING") else f"PARSE_JSON({given})"
+        if given is not None and given != wanted:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"Value has type {given} which cannot be inserted into column Payload, "
+                f"which has type {wanted}",
+            )
 
 
 def receive_rows(
@@ -708,7 +781,14 @@ def apply_mutations(db: FakeDatabase, conn: sqlite3.Connection, mutations: Any) 
             if op.deliver_time:
                 deliver = max(ts(op.deliver_time), deliver)
             cols = [table.names[c.lower()] for c in table.pk] + ["Payload", "DeliverTime"]
-            payload = base64.b64decode(op.payload) if isinstance(op.payload, str) else op.payload
+            payload = op.payload
+            if table.columns["payload"] == "BYTES" and isinstance(payload, str):
+                payload = base64.b64decode(payload, validate=True)
+            elif table.columns["payload"] == "JSON":
+                try:
+                    payload = json.dumps(json.loads(payload), separators=(",", ":"))
+                except ValueError as exc:
+                    raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"bad JSON: {exc}") from exc
             try:
                 conn.execute(
                     f'INSERT INTO "{table.name}" ({", ".join(chr(34) + c + chr(34) for c in cols)})'
@@ -843,10 +923,15 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
                 None,
                 new_id,
             )
-        renew = _RENEW.match(request.sql.strip())
-        if renew:
-            tokens = list(request.params[renew.group(3)])
-            rows = renew_rows(self.fake, db, tokens)
+        if _RENEW_ANY.search(request.sql):
+            renew = _RENEW.match(request.sql.strip())
+            if renew is None:
+                raise FakeError(
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"RENEWLEASE takes lease_tokens => [...] (GoogleSQL) or ARRAY[...] "
+                    f"(PostgreSQL): {request.sql}",
+                )
+            rows = renew_rows(self.fake, db, renew_tokens(request, renew))
             cols = [
                 ("SpannerOldLeaseToken", "STRING"),
                 ("SpannerNewLeaseToken", "STRING"),
@@ -900,22 +985,30 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 "RECEIVE_ must run as a strong read on a single-use read-only transaction",
             )
-        select, queue, args = match.groups()
+        select, function, queue, args = match.groups()
+        postgres = function.startswith("spanner.")
         table = db.tables.get(queue.lower())
         if table is None or not table.is_queue:
             raise FakeError(
                 grpc.StatusCode.INVALID_ARGUMENT,
-                f"Table-valued function not found: RECEIVE_{queue}",
+                f"Table-valued function not found: {function}{queue}",
             )
-        columns = [c.strip().strip("`") for c in select.split(",")]
+        selected = [c.strip().strip("`") for c in select.split(",")]
+        columns = [PG_RECEIVE_NAMES.get(c, c) if postgres else c for c in selected]
         types = {**{c: t for c, t in table.columns.items()}, **RECEIVE_COLUMNS}
         unknown = [c for c in columns if c.lower() not in types]
         if unknown:
             raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized name: {unknown[0]}")
         named = dict(re.findall(r"(\w+)\s*=>\s*'?([^',)]+)'?", args))
+        if postgres and set(named) != {"max_batch_size", "priority", "max_duration"}:
+            raise FakeError(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "spanner.receive_<queue> takes max_batch_size, priority and max_duration",
+            )
+        named = {k: v for k, v in named.items() if v.upper() != "NULL"}
         batch = int(named.get("max_batch_size", 1))
         duration = _seconds(named.get("max_duration", "1m"))
-        meta = metadata([(c, types[c.lower()]) for c in columns])
+        meta = metadata([(s, types[c.lower()]) for s, c in zip(selected, columns, strict=True)])
         scripted = self.fake.take_script(request.sql)
         if scripted is not None:
             rows, error = scripted

@@ -36,12 +36,18 @@ def test_postgresql_spelling() -> None:
     assert pg.receive(DECL, max_batch_size=50, max_duration="20m") == (
         "SELECT userid, messageid, payload, deliver_time, spanner_lease_token, "
         "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
-        "spanner.receive_usertasks(max_batch_size => 50, max_duration => '20m')"
+        "spanner.receive_usertasks(max_batch_size => 50, priority => NULL, max_duration => '20m')"
     )
-    assert pg.renew(DECL) == (
+    assert pg.receive(DECL, max_batch_size=None, max_duration="20m").endswith(
+        "(max_batch_size => NULL, priority => NULL, max_duration => '20m')"
+    )
+    assert pg.renew(DECL, 2) == (
         "SELECT spanner_old_lease_token, spanner_new_lease_token, "
-        "spanner_lease_expiration_timestamp FROM spanner.renewlease_usertasks(lease_tokens => $1)"
+        "spanner_lease_expiration_timestamp FROM "
+        "spanner.renewlease_usertasks(lease_tokens => ARRAY[$1, $2])"
     )
+    # In the PostgreSQL dialect, $1 binds the parameter named p1.
+    assert pg.renew_params(["t1", "t2"]) == {"p1": "t1", "p2": "t2"}
     assert pg.ack(DECL) == (
         "DELETE FROM usertasks WHERE userid = $1 AND messageid = $2 ASSERT_ROWS_MODIFIED 1"
     )
@@ -51,6 +57,20 @@ def test_postgresql_spelling() -> None:
     assert pg.drop_queue(DECL) == "DROP QUEUE usertasks"
     with pytest.raises(QueueConfigurationError, match="OPTIONS"):
         pg.create_queue(QueueDeclaration("q", DECL.keys, options={"receive_mode": "PULL"}))
+
+
+def test_googlesql_renewlease_passes_the_documented_array_literal() -> None:
+    sql = GoogleSQL()
+    assert sql.renew(DECL, 3) == (
+        "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken, SpannerLeaseExpirationTimestamp "
+        "FROM RENEWLEASE_usertasks(lease_tokens => [@p0, @p1, @p2])"
+    )
+    assert sql.renew_params(["a", "b", "c"]) == {"p0": "a", "p1": "b", "p2": "c"}
+    assert sql.receive(DECL, max_batch_size=None, max_duration="20m").endswith(
+        "FROM RECEIVE_usertasks(max_duration => '20m')"
+    )
+    with pytest.raises(QueueConfigurationError):
+        sql.renew(DECL, 0)
 
 
 def test_googlesql_interleave_and_quoting() -> None:
@@ -83,3 +103,91 @@ def test_e007_explains_sqlite_and_the_emulator(monkeypatch) -> None:
     monkeypatch.setattr(native, "driver_for", lambda alias: SpannerDriver(connections[alias]))
     [error] = engine.check()
     assert "emulator" in error.msg and "#383" in error.msg and "'table'" in error.hint
+
+
+def test_row_deletion_policy_is_its_own_clause_in_both_dialects() -> None:
+    from spanner_queues.options import RowDeletion
+
+    decl = QueueDeclaration(
+        name="usertasks",
+        keys=DECL.keys,
+        parent="users",
+        options={"receive_mode": "PULL"},
+        row_deletion=RowDeletion(column=None, days=7),
+    )
+    # After the key and interleave clauses, before OPTIONS; never an OPTIONS key.
+    assert (
+        GoogleSQL()
+        .create_queue(decl)
+        .endswith(
+            ") PRIMARY KEY (userid, messageid), INTERLEAVE IN PARENT users ON DELETE CASCADE, "
+            "ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 7 DAY)), "
+            "OPTIONS (receive_mode = 'PULL')"
+        )
+    )
+    pg_decl = QueueDeclaration(
+        "usertasks", DECL.keys, parent="users", row_deletion=RowDeletion("created_at", 0)
+    )
+    assert (
+        PostgreSQL()
+        .create_queue(pg_decl)
+        .endswith(
+            "\n) INTERLEAVE IN PARENT users ON DELETE CASCADE TTL INTERVAL '0 days' ON created_at"
+        )
+    )
+    assert (
+        PostgreSQL()
+        .create_queue(QueueDeclaration("q", DECL.keys, row_deletion=RowDeletion(None, 1)))
+        .endswith("\n) TTL INTERVAL '1 days' ON deliver_time")
+    )
+
+
+def test_declare_reads_row_deletion_policy_from_queue_meta() -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.models import Queue
+    from spanner_queues.native.ddl import declare
+    from spanner_queues.options import RowDeletion, queue_options
+
+    with isolate_apps("tests.testapp"):
+
+        class Beats(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            worker = models.CharField(max_length=20, primary_key=True)
+
+            class QueueMeta:
+                row_deletion_policy = {"older_than": "deliver_time", "days": 3}
+
+        class Stamped(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            at = models.DateTimeField()
+            n = models.IntegerField()
+            pk = models.CompositePrimaryKey("at", "n")
+
+            class QueueMeta:
+                row_deletion_policy = {"older_than": "at", "days": 30}
+
+        assert declare(Beats, queue_options(Beats)).row_deletion == RowDeletion(None, 3)
+        assert declare(Stamped, queue_options(Stamped)).row_deletion == RowDeletion("at", 30)
+        assert "ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 3 DAY))" in (
+            GoogleSQL().create_queue(declare(Beats, queue_options(Beats)))
+        )
+
+
+def test_payload_types_in_both_dialects() -> None:
+    for payload_type, google, pg in [
+        ("bytes", "Payload BYTES(MAX) NOT NULL", "payload bytea NOT NULL"),
+        ("string", "Payload STRING(MAX) NOT NULL", "payload text NOT NULL"),
+        ("json", "Payload JSON NOT NULL", "payload jsonb NOT NULL"),
+    ]:
+        decl = QueueDeclaration("q", DECL.keys, payload_type=payload_type)
+        assert f"\n  {google}\n)" in GoogleSQL().create_queue(decl)
+        assert f"\n  {pg},\n  PRIMARY KEY" in PostgreSQL().create_queue(decl)
+    json_decl = QueueDeclaration("q", DECL.keys, payload_type="json")
+    assert GoogleSQL().insert(json_decl, 1, with_deliver_time=False) == (
+        "INSERT INTO q (userid, messageid, Payload) VALUES (@p0, @p1, PARSE_JSON(@p2))"
+    )
+    assert PostgreSQL().insert(json_decl, 1, with_deliver_time=False) == (
+        "INSERT INTO q (userid, messageid, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
+    )

@@ -178,7 +178,9 @@ def test_stop_cancels_the_stream(fake) -> None:
     """stop() cancels the gRPC call: the receiver's thread ends without the stream ending."""
     engine = engines["default"]
     api.receive(UserTasks)
-    receiver = engine._receivers[UserTasks._meta.label]
+    from spanner_queues.engines.native import _streams
+
+    receiver = _streams[(engine.alias, UserTasks._meta.label)]
     assert receiver.running
     thread = receiver._thread
     engine.stop_receiving(UserTasks)

@@ -10,14 +10,14 @@ from datetime import timedelta
 import grpc
 import pytest
 from django.core.management import call_command
-from django.db import connection, transaction
+from django.db import connection, models, transaction
 from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked
 from tests.conftest import wait_until
-from tests.testapp.models import Account, Jobs, UploadTasks, UserTasks
+from tests.testapp.models import Account, Greetings, Jobs, JsonEvents, UploadTasks, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 RECEIVE_USERTASKS = (
@@ -52,10 +52,99 @@ def test_create_queue_ddl_on_the_wire(fake) -> None:
         ") PRIMARY KEY (id, message_id), INTERLEAVE IN PARENT testapp_upload ON DELETE CASCADE"
     ) in ddl
     queue_ddl = [s for s in ddl if "QUEUE" in s]
+    columns = [s.split(") PRIMARY KEY")[0] for s in queue_ddl]  # (a TTL may name DeliverTime)
     assert not any(
-        f in s for s in queue_ddl for f in ("send_time", "attempts", "lease_", "DeliverTime")
+        f in c for c in columns for f in ("send_time", "attempts", "lease_", "DeliverTime")
     )
     assert not any(",\n)" in s for s in queue_ddl)  # no trailing commas
+
+
+def test_payload_types_and_ttl_in_the_create_queue_ddl(fake) -> None:
+    ddl = fake.databases["fakedbtest"].ddl
+    assert (
+        "CREATE QUEUE testapp_greetings (\n"
+        "  id INT64 NOT NULL,\n"
+        "  Payload STRING(MAX) NOT NULL\n"
+        ") PRIMARY KEY (id), ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 7 DAY))"
+    ) in ddl
+    assert (
+        "CREATE QUEUE testapp_jsonevents (\n"
+        "  id STRING(64) NOT NULL,\n"
+        "  Payload JSON NOT NULL\n"
+        ") PRIMARY KEY (id)"
+    ) in ddl
+
+
+def test_string_and_json_payloads_are_never_base64(fake) -> None:
+    Greetings.send(id=1, payload="héllo")
+    JsonEvents.send(id="e", payload={"b": 1, "a": "é"})
+    [text] = fake.sql("INSERT INTO testapp_greetings")
+    assert text.sql == "INSERT INTO testapp_greetings (id, Payload) VALUES (@a0, @a1)"
+    assert params(text.request) == {"a0": "1", "a1": "héllo"}
+    assert text.request.param_types["a1"].code.name == "STRING"
+    [json_insert] = fake.sql("INSERT INTO testapp_jsonevents")
+    # JSON text bound as a STRING and parsed by Spanner (a JSON column takes no STRING).
+    assert json_insert.sql == (
+        "INSERT INTO testapp_jsonevents (id, Payload) VALUES (@a0, PARSE_JSON(@a1))"
+    )
+    assert params(json_insert.request) == {"a0": "e", "a1": '{"a":"é","b":1}'}
+    got = {m.queue: m for m in wait_until(lambda: api.receive(Greetings))}
+    got |= {m.queue: m for m in wait_until(lambda: api.receive(JsonEvents))}
+    assert got["testapp.Greetings"].payload == "héllo".encode()
+    assert got["testapp.JsonEvents"].payload == '{"a":"é","b":1}'.encode()
+    assert Greetings.objects.get(pk=1).payload == "héllo"
+    assert JsonEvents.objects.get(pk="e").payload == '{"a":"é","b":1}'
+
+
+def test_send_mutations_carry_string_and_json_payloads_as_text(fake) -> None:
+    engine().send_mutations(Greetings, [api.build_message(Greetings, {"id": 2, "payload": "hi"})])
+    engine().send_mutations(
+        JsonEvents, [api.build_message(JsonEvents, {"id": "m", "payload": [1, {"k": None}]})]
+    )
+    first, second = (c.mutations[0].send for c in fake.commits())
+    assert first.queue == "testapp_greetings" and first.payload == "hi"
+    assert second.queue == "testapp_jsonevents" and second.payload == '[1,{"k":null}]'
+    assert wait_until(lambda: api.receive(JsonEvents))[0].json() == [1, {"k": None}]
+
+
+def test_a_queue_created_outside_django_is_used_through_an_unmanaged_model(fake) -> None:
+    """Google's sample queue, created by hand: declare the matching model, unmanaged."""
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.models import Queue
+
+    with connection.schema_editor() as editor:
+        editor.execute(
+            "CREATE QUEUE q (Id INT64 NOT NULL, Payload STRING(MAX) NOT NULL) PRIMARY KEY (Id)"
+        )
+    try:
+        with isolate_apps("tests.testapp"):
+
+            class SampleQueue(Queue):
+                id = models.BigIntegerField(primary_key=True, db_column="Id")
+
+                class Meta:
+                    app_label = "testapp"
+                    managed = False
+                    db_table = "q"
+
+                class QueueMeta:
+                    payload_type = "string"
+
+            api.send(SampleQueue, id=1, payload="Hello")
+            [message] = wait_until(lambda: api.receive(SampleQueue))
+            assert (message.key, message.text()) == ((1,), "Hello")
+            [call] = [r for r in fake.sql("RECEIVE_q(") if r.method == "ExecuteStreamingSql"]
+            assert call.sql.startswith("SELECT Id, Payload, DeliverTime, SpannerLeaseToken")
+            api.ack_many(SampleQueue, [message])  # (isolated: not found by its label)
+            assert not SampleQueue.objects.exists()
+            engine().stop_receiving(SampleQueue, wait=0)
+    finally:
+        fake.streams_end.set()
+        engine().stop_receiving(wait=5)
+        fake.streams_end.clear()
+        with connection.schema_editor() as editor:
+            editor.execute("DROP QUEUE q")
 
 
 def test_drop_queue_through_the_schema_editor(fake) -> None:
@@ -155,15 +244,64 @@ def test_renew_is_one_renewlease_call_with_all_tokens(fake) -> None:
     batch = wait_until(lambda: api.receive(UserTasks, max_messages=2))
     renewed = api.renew_many(batch)
     [call] = fake.sql("RENEWLEASE_")
+    # Google's documented array literal, one STRING parameter per token (as Go's
+    # ``lease_tokens => [@token1]``), not one undocumented ARRAY<STRING> parameter.
     assert call.sql == (
         "SELECT SpannerOldLeaseToken, SpannerNewLeaseToken, SpannerLeaseExpirationTimestamp "
-        "FROM RENEWLEASE_testapp_usertasks(lease_tokens => @lease_tokens)"
+        "FROM RENEWLEASE_testapp_usertasks(lease_tokens => [@p0, @p1])"
     )
-    assert list(call.request.params["lease_tokens"]) == [m.lease_token for m in batch]
-    assert call.request.param_types["lease_tokens"].array_element_type.code.name == "STRING"
+    assert params(call.request) == {"p0": batch[0].lease_token, "p1": batch[1].lease_token}
+    assert {t.code.name for t in call.request.param_types.values()} == {"STRING"}
     assert call.request.transaction.single_use.read_only.strong
     assert {m.key for m in renewed} == {m.key for m in batch}
     assert not {m.lease_token for m in renewed} & {m.lease_token for m in batch}  # rotated
+
+
+def test_postgresql_dialect_receive_and_renew_on_the_wire(fake) -> None:
+    """PostgreSQL spelling: RECEIVE with all three arguments (``priority => NULL``), and
+    RENEWLEASE with ``ARRAY[$1, $2]`` where ``$n`` binds the parameter named ``pn``."""
+    from spanner_queues.conf import parse_engine
+    from spanner_queues.engines.native import NativeQueueEngine
+
+    pg = NativeQueueEngine(
+        parse_engine(
+            "pg",
+            {
+                "ENGINE": "native",
+                "OPTIONS": {
+                    "DIALECT": "postgresql",
+                    "RECEIVE_MAX_DURATION_SECONDS": 5,
+                    "RECEIVE_BATCH_SIZE": 10,
+                },
+            },
+        )
+    )
+    try:
+        UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": "p"} for m in "ab"])
+        batch = wait_until(lambda: pg.receive(UserTasks, max_messages=2))
+        [call] = [r for r in fake.sql("spanner.receive_") if r.method == "ExecuteStreamingSql"]
+        assert call.sql == (
+            "SELECT user_id, message_id, payload, deliver_time, spanner_lease_token, "
+            "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
+            "spanner.receive_testapp_usertasks(max_batch_size => 10, priority => NULL, "
+            "max_duration => '5s')"
+        )
+        if len(batch) < 2:
+            batch += wait_until(lambda: pg.receive(UserTasks))
+        renewed = pg.renew_leases(UserTasks, batch)
+        [renew] = fake.sql("spanner.renewlease_")
+        assert renew.sql == (
+            "SELECT spanner_old_lease_token, spanner_new_lease_token, "
+            "spanner_lease_expiration_timestamp FROM "
+            "spanner.renewlease_testapp_usertasks(lease_tokens => ARRAY[$1, $2])"
+        )
+        assert params(renew.request) == {"p1": batch[0].lease_token, "p2": batch[1].lease_token}
+        assert {m.key for m in renewed} == {(1, "a"), (1, "b")}
+        assert not {m.lease_token for m in renewed} & {m.lease_token for m in batch}
+    finally:
+        fake.streams_end.set()
+        pg.stop_receiving(wait=5)
+        fake.streams_end.clear()
 
 
 def test_renew_null_new_token_or_missing_row_means_lease_lost(fake) -> None:

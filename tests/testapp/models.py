@@ -61,3 +61,22 @@ class Emails(Queue):
 
 class EmailsDead(Queue):
     id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+
+class Greetings(Queue):
+    """A STRING(MAX) payload, as in Google's queue samples; Spanner's TTL after 7 days."""
+
+    id = models.BigIntegerField(primary_key=True)
+
+    class QueueMeta:
+        payload_type = "string"
+        row_deletion_policy = {"older_than": "deliver_time", "days": 7}
+
+
+class JsonEvents(Queue):
+    """A JSON payload (a text column on the table engine)."""
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+    class QueueMeta:
+        payload_type = "json"
