@@ -1,7 +1,7 @@
 """Receivers of the worker tests (autodiscovered). ``work`` obeys its JSON payload:
 
 - ``trace``: a file to append ``{"key", "attempt", "pid", "at", "deliver_time"}`` to on start;
-- ``block``: wait until this file exists before going on;
+- ``block``: wait until this file exists before going on; ``pause``: sleep this many seconds;
 - ``fail``: raise on every attempt; ``fail_below``: raise while attempt < this;
 - ``retry_after``: raise ``Retry(after=...)`` on the first run of this key (per ``trace``);
 - ``outlive_lease``: keep running until well past the lease the message arrived with.
@@ -70,6 +70,8 @@ def _obey(message: Message, note: str) -> None:
         _trace(spec["trace"], message)
     if "block" in spec:
         _wait_for_file(spec["block"])
+    if "pause" in spec:
+        time.sleep(spec["pause"])
     if spec.get("fail") or message.attempt < spec.get("fail_below", 0):
         raise RuntimeError(f"asked to fail (attempt {message.attempt})")
     if "retry_after" in spec and _runs(spec["trace"], message) == 1:
