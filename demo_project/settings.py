@@ -1,6 +1,9 @@
 """Demo settings. SQLite by default; ``DEMO_DATABASE=emulator`` starts a private Spanner
-emulator; ``DEMO_DATABASE=spanner`` with ``SPANNER_PROJECT``/``SPANNER_INSTANCE``/
-``SPANNER_DATABASE`` uses a real Spanner database (credentials from the environment)."""
+emulator (table engine); ``DEMO_DATABASE=emulator-native`` starts the emulator behind the
+queue-aware front (``python -m spanner_queues.emulator``) and runs every queue on the native
+engine (``CREATE QUEUE``, ``RECEIVE``, ``RENEWLEASE``); ``DEMO_DATABASE=spanner`` with
+``SPANNER_PROJECT``/``SPANNER_INSTANCE``/``SPANNER_DATABASE`` uses a real Spanner database
+(credentials from the environment; ``SPANNER_QUEUES_ENGINE=native`` for real queues)."""
 
 from __future__ import annotations
 
@@ -80,11 +83,15 @@ if DEMO_DATABASE == "sqlite":
             },
         }
     }
-elif DEMO_DATABASE in ("emulator", "spanner"):
-    if DEMO_DATABASE == "emulator":
+elif DEMO_DATABASE in ("emulator", "emulator-native", "spanner"):
+    if DEMO_DATABASE in ("emulator", "emulator-native"):
         from spanner_queues.emulator import ensure_database, ensure_emulator
 
-        ensure_emulator(env.str("SPANNER_INSTANCE", default="demo-instance"))
+        # emulator-native: the emulator behind the queue-aware front, which has queues.
+        ensure_emulator(
+            env.str("SPANNER_INSTANCE", default="demo-instance"),
+            queues=DEMO_DATABASE == "emulator-native",
+        )
         ensure_database(
             env.str("SPANNER_INSTANCE", default="demo-instance"),
             env.str("SPANNER_DATABASE", default="demo-db"),
@@ -100,17 +107,27 @@ elif DEMO_DATABASE in ("emulator", "spanner"):
     INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]  # must be first
 else:
     raise environ.ImproperlyConfigured(
-        f"DEMO_DATABASE must be sqlite, emulator or spanner, not {DEMO_DATABASE!r}"
+        f"DEMO_DATABASE must be sqlite, emulator, emulator-native or spanner, "
+        f"not {DEMO_DATABASE!r}"
     )
 
 SPANNER_QUEUES = {
     "default": {
-        "ENGINE": env.str("SPANNER_QUEUES_ENGINE", default="table"),
+        "ENGINE": env.str(
+            "SPANNER_QUEUES_ENGINE",
+            default="native" if DEMO_DATABASE == "emulator-native" else "table",
+        ),
         "DATABASE": "default",
         # Spanner's lease is 10 s; the worker renews leases halfway through.
         "OPTIONS": {"LEASE_SECONDS": env.float("DEMO_LEASE_SECONDS", default=10)},
     }
 }
+if SPANNER_QUEUES["default"]["ENGINE"] == "native":
+    # A native receive waits up to RECEIVE_WAIT_SECONDS for its queue's stream; the demo's one
+    # worker visits its nine queues in turn, so it must not wait a second at each empty one.
+    SPANNER_QUEUES["default"]["OPTIONS"]["RECEIVE_WAIT_SECONDS"] = env.float(
+        "DEMO_RECEIVE_WAIT_SECONDS", default=0.05
+    )
 
 #: simulated cost of one row of the sales export (reports app): 300 rows outlive a lease
 DEMO_REPORT_ROW_SECONDS = env.float("DEMO_REPORT_ROW_SECONDS", default=0.05)
