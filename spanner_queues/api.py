@@ -192,7 +192,11 @@ def ack_many(
     model = get_queue(queue)
     keys = [_key(model, m) for m in messages]
     if keys:
-        engine_for(model).ack_many(model, keys, using=_database(model, using))
+        engine, db = engine_for(model), _database(model, using)
+        engine.ack_many(model, keys, using=db)
+        failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
+        if failed_before:  # where failed runs are recorded, the record goes with the ack
+            engine.clear_failures(model, failed_before, using=db)
 
 
 def ack(message: Message, *, using: str | None = None) -> None:

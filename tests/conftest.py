@@ -110,6 +110,8 @@ def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
     engine = engines["default"]
     engine.stop_receiving(wait=10)
     blocker = request.getfixturevalue("django_db_blocker")
-    with blocker.unblock():
+    from django.db import transaction
+
+    with blocker.unblock(), transaction.atomic():  # one commit for every queue
         for model in queue_models():
             engine.purge(model)

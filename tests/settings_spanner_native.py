@@ -33,6 +33,6 @@ SPANNER_QUEUES = {
     "default": {
         "ENGINE": "native",
         "DATABASE": "default",
-        "OPTIONS": {"RECEIVE_MAX_DURATION_SECONDS": 5.0, "RECEIVE_WAIT_SECONDS": 1.0},
+        "OPTIONS": {"RECEIVE_MAX_DURATION_SECONDS": 5.0, "RECEIVE_WAIT_SECONDS": 0.5},
     }
 }

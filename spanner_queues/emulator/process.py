@@ -120,6 +120,7 @@ def start_queue_emulator() -> tuple[str, subprocess.Popen[bytes]]:
         stdout=subprocess.PIPE,
         stderr=None,
         preexec_fn=_die_with_parent,
+        start_new_session=True,  # a Ctrl-C meant for the program does not stop its database
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().decode()

@@ -1,11 +1,12 @@
 """What a queue does, on the table that stores it: claim (RECEIVE), renew (RENEWLEASE), and the
 ``Send``/``Ack`` mutations as ordinary writes.
 
-- A claim leases up to ``max_batch_size`` due rows (``DeliverTime <= now``) in one read-write
-  transaction: each gets a new lease token, a lease 10 s long, one more attempt, and its
-  ``DeliverTime`` moves past the lease plus the back-off for that attempt (the table engine's
-  rule, ``spanner_queues.semantics``), so an unacked message comes back after the back-off and
-  one index order serves "due". RECEIVE shows the ``DeliverTime`` the message had when claimed.
+- A claim leases up to ``max_batch_size`` due rows in one read-write transaction: due means
+  ``DeliverTime <= now`` and, for a message leased before, its hidden next-delivery time has
+  come. Each gets a new lease token, a lease 10 s long, one more attempt, and a next-delivery
+  time of the lease expiry plus the back-off for that attempt (the table engine's curve,
+  ``spanner_queues.semantics``), so an unacked message comes back after the back-off.
+  ``DeliverTime`` itself keeps the sender's time, as Spanner shows it.
 - A lease token names its queue, key and expiry (opaque to clients), so ``RENEWLEASE`` answers
   as documented without any state in the front: no row for an unparseable or expired token; a
   NULL new token for one still within its lease whose message was acked (or re-sent); else a
@@ -30,6 +31,7 @@ from spanner_queues.emulator.schema import (
     DELIVER_TIME,
     LEASE_EXPIRES,
     LEASE_TOKEN,
+    NEXT_DELIVERY,
     PAYLOAD,
     SEND_TIME,
     QueueSchema,
@@ -38,6 +40,8 @@ from spanner_queues.semantics import LEASE, BackoffPolicy
 
 UTC = timezone.utc
 BACKOFF = BackoffPolicy()
+#: when a message is due: its DeliverTime, or later while leased and backing off.
+_DUE = f"GREATEST({DELIVER_TIME}, IFNULL({NEXT_DELIVERY}, {DELIVER_TIME}))"
 
 RECEIVE_SYSTEM = ("SpannerLeaseExpirationTimestamp", "SpannerLeaseToken", "SpannerLastBatchMessage")
 RENEW_COLUMNS = ("SpannerOldLeaseToken", "SpannerNewLeaseToken", "SpannerLeaseExpirationTimestamp")
@@ -113,7 +117,7 @@ class Claimed:
 def has_due(backend: b.Backend, database: str, queue: QueueSchema) -> datetime | None:
     """The earliest ``DeliverTime`` of the queue (a strong read, no lock), None if empty."""
     with backend.session(database) as session:
-        result = backend.query(session, f"SELECT MIN({DELIVER_TIME}) FROM {quote(queue.name)}")
+        result = backend.query(session, f"SELECT MIN({_DUE}) FROM {quote(queue.name)}")
     value = result.rows[0].values[0] if result.rows else None
     if value is None or value.WhichOneof("kind") != "string_value":
         return None
@@ -125,8 +129,8 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
     keys = [quote(k) for k in queue.keys]
     sql = (
         f"SELECT {', '.join(keys)}, {PAYLOAD}, {DELIVER_TIME}, {ATTEMPTS}, {SEND_TIME} "
-        f"FROM {quote(queue.name)} WHERE {DELIVER_TIME} <= @now "
-        f"ORDER BY {DELIVER_TIME} LIMIT {int(limit)}"
+        f"FROM {quote(queue.name)} WHERE {_DUE} <= @now "
+        f"ORDER BY {_DUE} LIMIT {int(limit)}"
     )
     n = len(queue.keys)
 
@@ -177,7 +181,7 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
             mutations.append(
                 b.update_mutation(
                     queue.name,
-                    [*queue.keys, DELIVER_TIME, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS],
+                    [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS],
                     updates,
                 )
             )
@@ -243,7 +247,7 @@ def renew(
         if updates:
             mutations.append(
                 b.update_mutation(
-                    queue.name, [*queue.keys, DELIVER_TIME, LEASE_TOKEN, LEASE_EXPIRES], updates
+                    queue.name, [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES], updates
                 )
             )
         return out, mutations

@@ -1,10 +1,12 @@
 """Queue DDL for the emulator front: ``CREATE QUEUE`` becomes a table the emulator can hold.
 
 A queue ``Q`` is stored as a table with the same key columns and ``Payload``, plus
-``DeliverTime`` (defaulting to the commit's ``CURRENT_TIMESTAMP()``) and hidden bookkeeping
-columns that ``SELECT *`` never shows. The hidden columns also mark the table as a queue, so
-the catalog of queues is read back from the emulator's own DDL (``catalog_from_ddl``) and
-survives a restart of the front. ``GetDatabaseDdl`` answers with the queue as declared.
+``DeliverTime`` (defaulting to the commit's ``CURRENT_TIMESTAMP()``; it keeps the time the
+sender chose) and hidden bookkeeping columns that ``SELECT *`` never shows (lease token and
+expiry, attempts, send time, and when an unacked message may be delivered again). The hidden
+columns also mark the table as a queue, so the catalog of queues is read back from the
+emulator's own DDL (``catalog_from_ddl``) and survives a restart of the front.
+``GetDatabaseDdl`` answers with the queue as declared.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ LEASE_TOKEN = "SpannerQueueLeaseToken"
 LEASE_EXPIRES = "SpannerQueueLeaseExpiration"
 ATTEMPTS = "SpannerQueueAttempts"
 SEND_TIME = "SpannerQueueSendTime"
-HIDDEN_COLUMNS = (LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS, SEND_TIME)
+#: when a leased (or once leased) message may be delivered again: lease expiry + back-off.
+NEXT_DELIVERY = "SpannerQueueNextDelivery"
+HIDDEN_COLUMNS = (LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS, SEND_TIME, NEXT_DELIVERY)
 DELIVER_TIME = "DeliverTime"
 PAYLOAD = "Payload"
 
@@ -28,6 +32,7 @@ _HIDDEN_DDL = (
     f"{ATTEMPTS} INT64 HIDDEN",
     f"{LEASE_TOKEN} STRING(MAX) HIDDEN",
     f"{LEASE_EXPIRES} TIMESTAMP HIDDEN",
+    f"{NEXT_DELIVERY} TIMESTAMP HIDDEN",
 )
 
 

@@ -286,12 +286,14 @@ class NativeQueueEngine(BaseQueueEngine):
             raise
 
     # --- receiving ------------------------------------------------------------------------
-    def receive_sql(self, model: type[Queue]) -> str:
+    def receive_sql(self, model: type[Queue], max_batch_size: int | None = None) -> str:
         return self.dialect.receive(
-            self.declaration(model), max_batch_size=self.batch_size, max_duration=self.max_duration
+            self.declaration(model),
+            max_batch_size=max_batch_size or self.batch_size,
+            max_duration=self.max_duration,
         )
 
-    def _receiver(self, model: type[Queue]) -> Receiver:
+    def _receiver(self, model: type[Queue], want: int = 1) -> Receiver:
         label = model._meta.label
         stream_key = (self.alias, label)
         with _streams_lock:
@@ -303,7 +305,6 @@ class NativeQueueEngine(BaseQueueEngine):
                 receiver = None
             if receiver is None:
                 database = self._spanner()
-                sql = self.receive_sql(model)
                 n = len(self.declaration(model).keys)
                 payload_type = self.declaration(model).payload_type
 
@@ -311,7 +312,8 @@ class NativeQueueEngine(BaseQueueEngine):
 
                 current: dict[str, Any] = {}
 
-                def open_stream() -> Any:
+                def open_stream(max_batch_size: int) -> Any:
+                    sql = self.receive_sql(model, max_batch_size)
                     with database.snapshot() as snapshot:  # a pooled session, as the client
                         call = client.receive_stream(database, snapshot._session, sql, deadline)
                         current["call"] = call
@@ -346,7 +348,10 @@ class NativeQueueEngine(BaseQueueEngine):
                     lease_margin=self.lease_margin,
                     cancel=cancel,
                     renew=renew,
+                    batch_size=self.batch_size,
+                    stall_seconds=NATIVE_LEASE.total_seconds() / 2,
                 )
+            receiver.want(want)
             receiver.start()
             return receiver
 
@@ -355,7 +360,7 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> list[Message]:
         # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
         names = key_names(model)
-        taken = self._receiver(model).take(max_messages, self.receive_wait)
+        taken = self._receiver(model, max_messages).take(max_messages, self.receive_wait)
         failed: dict[tuple, int] = {}
         if taken and queue_options(model).max_attempts:
             # Spanner keeps no delivery count: attempts are the failed runs workers recorded.
@@ -379,8 +384,11 @@ class NativeQueueEngine(BaseQueueEngine):
     def record_failure(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
     ) -> int:
-        """Spanner counts no deliveries: the failed run goes to the failure ledger
-        (``spanner_queues.failures``) in the caller's transaction."""
+        """Spanner counts no deliveries: for a queue with ``max_attempts`` the failed run
+        goes to the failure ledger (``spanner_queues.failures``) in the caller's transaction;
+        other queues keep no count."""
+        if not queue_options(model).max_attempts:
+            return message.attempt
         return failures.record_failure(message, error, using=using)
 
     def clear_failures(

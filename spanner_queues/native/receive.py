@@ -36,6 +36,9 @@ from spanner_queues.native.client import grpc_status
 
 logger = logging.getLogger("spanner_queues.native.receive")
 
+#: how long ``take`` waits when the open call has had time to bring what is due.
+WARM_WAIT = 0.05
+
 #: Errors that no restart can cure: the stream stops and ``take`` raises them.
 PERMANENT = frozenset(
     {"INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "UNIMPLEMENTED", "FAILED_PRECONDITION"}
@@ -74,8 +77,8 @@ class Delivery:
 class Receiver:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
-    ``open_stream()`` returns an iterable of raw rows (it runs the query); ``parse(row)`` turns
-    a row into a ``Delivery``.
+    ``open_stream(max_batch_size)`` returns an iterable of raw rows (it runs the query);
+    ``parse(row)`` turns a row into a ``Delivery``.
     """
 
     def __init__(
@@ -91,6 +94,8 @@ class Receiver:
         cancel: Callable[[], None] | None = None,
         renew: Callable[[list[str]], dict[str, tuple[str | None, Any]]] | None = None,
         renew_within: timedelta = timedelta(seconds=5),
+        batch_size: int | None = 10,
+        stall_seconds: float = 5.0,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -102,6 +107,9 @@ class Receiver:
         self._cap = 1
         self._renew = renew
         self._renew_within = renew_within
+        #: RECEIVE's max_batch_size: the setting, but never more than is asked for.
+        self._batch_size = batch_size
+        self._stall_seconds = stall_seconds
         self._renewer: threading.Thread | None = None
         self._margin = lease_margin
         self._restart_delay = restart_delay
@@ -109,6 +117,8 @@ class Receiver:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._batch_open = False
+        #: when the RECEIVE call now open was started (monotonic); None between calls.
+        self._open_since: float | None = None
         self._thread: threading.Thread | None = None
         self.streams_started = 0
         #: held rows whose lease ended before they were handed out (Spanner's metric name).
@@ -118,6 +128,13 @@ class Receiver:
         self.fatal: QueueError | None = None
 
     # --- lifecycle -----------------------------------------------------------------------
+    def want(self, max_messages: int) -> None:
+        """How many rows the next ``take`` asks for: the stream holds (and a new RECEIVE call
+        batches) no more than this."""
+        with self._cond:
+            self._cap = max(1, min(max_messages, self._buffer_size))
+            self._cond.notify_all()
+
     def start(self) -> None:
         with self._cond:
             if (self._thread is None or not self._thread.is_alive()) and self.fatal is None:
@@ -137,11 +154,7 @@ class Receiver:
         when their lease expires). The stream's gRPC call is cancelled, so the thread ends
         promptly; ``timeout`` waits for it."""
         self._stop.set()
-        if self._cancel is not None:
-            try:
-                self._cancel()
-            except Exception:  # already finished
-                logger.debug("cancelling the RECEIVE stream of %s failed", self.name, exc_info=True)
+        self._cancel_stream()
         with self._cond:
             self._buffer.clear()
             self._cond.notify_all()
@@ -158,9 +171,17 @@ class Receiver:
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
+            with self._cond:  # hold no more than asked for: no stream at all while full
+                while len(self._buffer) >= self._cap and not self._stop.is_set():
+                    self._cond.wait(0.5)
+            if self._stop.is_set():
+                return
+            stalled = False
             try:
                 self.streams_started += 1
-                for row in self._open_stream():
+                self._open_since = time.monotonic()
+                batch = min(self._cap, self._batch_size or self._cap)
+                for row in self._open_stream(max(1, batch)):
                     delivery = self._parse(row)
                     with self._cond:
                         if self._stop.is_set():
@@ -168,12 +189,25 @@ class Receiver:
                         self._buffer.append(delivery)
                         self._batch_open = not delivery.last_in_batch
                         self._cond.notify_all()
+                        # Held enough: read no further, so flow control holds the server back.
+                        full_since = time.monotonic()
                         while len(self._buffer) >= self._cap and not self._stop.is_set():
+                            if time.monotonic() - full_since >= self._stall_seconds:
+                                stalled = True
+                                break
                             self._cond.wait(0.5)
-                failures = 0  # max_duration elapsed: call RECEIVE again at once
+                    if stalled:
+                        # Nobody has taken anything for half a lease: end the call rather
+                        # than let the server lease more to a buffer nobody reads. A new call
+                        # starts when a receive asks for more.
+                        self._cancel_stream()
+                        break
+                failures = 0  # max_duration elapsed (or held enough): call RECEIVE again
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
                 if self._stop.is_set():  # cancelled by stop()
                     return
+                if stalled:  # our own cancel
+                    continue
                 self.last_error = exc
                 fatal = permanent_error(self.name, exc)
                 if fatal is not None:
@@ -194,9 +228,18 @@ class Receiver:
                     delay,
                 )
                 self._stop.wait(delay)
-            with self._cond:
-                self._batch_open = False
-                self._cond.notify_all()
+            finally:
+                self._open_since = None
+                with self._cond:
+                    self._batch_open = False
+                    self._cond.notify_all()
+
+    def _cancel_stream(self) -> None:
+        if self._cancel is not None:
+            try:
+                self._cancel()
+            except Exception:  # already finished
+                logger.debug("cancelling the RECEIVE stream of %s failed", self.name, exc_info=True)
 
     # --- consumers -----------------------------------------------------------------------
     def _drop_expired(self) -> None:
@@ -249,12 +292,15 @@ class Receiver:
             self.apply_renewals(renewed, tokens)
 
     def take(self, max_messages: int, wait: float) -> list[Delivery]:
-        """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first,
-        then for the rest of its batch (``SpannerLastBatchMessage``)."""
+        """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
+        (only a moment when a call has been open that long and brought nothing: nothing is
+        due), then for the rest of its batch (``SpannerLastBatchMessage``)."""
+        opened = self._open_since
+        if opened is not None and time.monotonic() - opened >= wait:
+            wait = min(wait, WARM_WAIT)
         deadline = time.monotonic() + wait
+        self.want(max_messages)
         with self._cond:
-            self._cap = max(1, min(max_messages, self._buffer_size))
-            self._cond.notify_all()
             while True:
                 if self.fatal is not None and not self._buffer:
                     raise self.fatal

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RECEIVE_USERTASKS = (
     "SELECT user_id, message_id, Payload, DeliverTime, SpannerLeaseToken, "
     "SpannerLeaseExpirationTimestamp, SpannerLastBatchMessage FROM "
-    "RECEIVE_testapp_usertasks(max_batch_size => 10, max_duration => '5s')"
+    "RECEIVE_testapp_usertasks(max_batch_size => {n}, max_duration => '5s')"
 )
 
 
@@ -195,7 +195,8 @@ def test_receive_is_a_strong_single_use_streaming_query(fake) -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
     [message] = api.receive(UserTasks)
     [call] = [r for r in fake.sql("RECEIVE_") if r.method == "ExecuteStreamingSql"]
-    assert call.sql == RECEIVE_USERTASKS
+    # max_batch_size: RECEIVE_BATCH_SIZE (10), but never more than the receive asked for
+    assert call.sql == RECEIVE_USERTASKS.format(n=1)
     single = call.request.transaction.single_use
     assert single.read_only.strong and "read_write" not in single
     assert message.key == (1, "a") and message.lease_token
@@ -283,7 +284,7 @@ def test_postgresql_dialect_receive_and_renew_on_the_wire(fake) -> None:
         assert call.sql == (
             "SELECT user_id, message_id, payload, deliver_time, spanner_lease_token, "
             "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
-            "spanner.receive_testapp_usertasks(max_batch_size => 10, priority => NULL, "
+            "spanner.receive_testapp_usertasks(max_batch_size => 2, priority => NULL, "
             "max_duration => '5s')"
         )
         if len(batch) < 2:
