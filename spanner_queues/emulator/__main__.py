@@ -5,6 +5,7 @@ emulator behind the queue-aware front. Prints ``ready HOST:PORT`` when clients m
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 import threading
@@ -23,7 +24,13 @@ def main(argv: list[str] | None = None) -> int:
         default="127.0.0.1:9010",
         help="where clients connect (SPANNER_EMULATOR_HOST); port 0 picks a free one",
     )
+    parser.add_argument(
+        "--exit-with-parent",
+        action="store_true",
+        help="stop when the process that started this one is gone (tests, tools)",
+    )
     args = parser.parse_args(argv)
+    parent = os.getppid()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -34,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(f"ready {emulator.host} (export SPANNER_EMULATOR_HOST={emulator.host})", flush=True)
-        stop.wait()
+        while not stop.wait(1.0):
+            if args.exit_with_parent and os.getppid() != parent:
+                break  # the parent died without stopping us
     finally:
         emulator.stop()
     return 0

@@ -447,6 +447,7 @@ class Front:
         done = threading.Event()
         context.add_callback(done.set)
         sent_metadata = False
+        batches = 0
         while not (done.is_set() or self.stopping.is_set()) and time.monotonic() < deadline:
             try:
                 earliest = q.has_due(self.backend, database, queue)
@@ -458,7 +459,11 @@ class Front:
                 return
             if claimed is not None and claimed.rows:
                 fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
-                partial = b.PartialResultSet()
+                # A resume token on every batch: Google's client (Snapshot.execute_sql) holds
+                # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
+                # already sent stay leased to this call.
+                batches += 1
+                partial = b.PartialResultSet(resume_token=f"receive-{batches}".encode())
                 if not sent_metadata:
                     partial.metadata.CopyFrom(q.metadata(fields))
                     sent_metadata = True

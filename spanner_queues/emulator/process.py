@@ -116,7 +116,14 @@ def start_queue_emulator() -> tuple[str, subprocess.Popen[bytes]]:
     the queue-aware front); return (host:port, process) once it says it is ready."""
     find_emulator()  # fail here, with the clear error, when the binary is missing
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spanner_queues.emulator", "--host-port", "127.0.0.1:0"],
+        [
+            sys.executable,
+            "-m",
+            "spanner_queues.emulator",
+            "--host-port",
+            "127.0.0.1:0",
+            "--exit-with-parent",
+        ],
         stdout=subprocess.PIPE,
         stderr=None,
         preexec_fn=_die_with_parent,

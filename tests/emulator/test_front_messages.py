@@ -145,17 +145,25 @@ def test_update_of_a_queue_and_write_mutations_are_refused(database: Any) -> Non
 
 # --- the Python sample (queue_snippets.py) ---------------------------------------------------
 def test_googles_python_sample_unchanged(database: Any) -> None:
+    """queue_snippets.py's send, receive and ack, as published. Its RECEIVE streams for
+    max_duration '1m'; the sample reads it in a thread here, and the test goes on at the
+    first message (the stream ends by itself)."""
+    import queue as queue_module
+
     with database.batch() as batch:
         batch.send(queue="SampleQueue", key=(1,), payload="Hello")
-    received = []
-    with database.snapshot() as snapshot:
-        results = snapshot.execute_sql(
-            "SELECT Id, Payload FROM RECEIVE_SampleQueue(max_duration => '1m')"
-        )
-        for row in results:
-            received.append(row)
-            break  # the sample prints the first message; the stream runs on to max_duration
-    assert received == [[1, "Hello"]]
+    received: queue_module.Queue = queue_module.Queue()
+
+    def receive_messages() -> None:
+        with database.snapshot() as snapshot:
+            results = snapshot.execute_sql(
+                "SELECT Id, Payload FROM RECEIVE_SampleQueue(max_duration => '1m')"
+            )
+            for row in results:
+                received.put(row)
+
+    threading.Thread(target=receive_messages, daemon=True).start()
+    assert received.get(timeout=30) == [1, "Hello"]
     with database.batch() as batch:
         batch.ack(queue="SampleQueue", key=(1,))
     with database.snapshot() as snap:
@@ -309,3 +317,15 @@ def test_deleting_the_parent_cascades_to_its_queue(database: Any) -> None:
     database.run_in_transaction(lambda t: t.execute_update("DELETE FROM Users WHERE UserId = 7"))
     with database.snapshot() as snap:
         assert list(snap.execute_sql("SELECT COUNT(*) FROM UserTasks")) == [[0]]
+
+
+def test_a_delivery_leaves_deliver_time_as_sent(database: Any) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    before = receive(database, "SELECT DeliverTime FROM SampleQueue")
+    [[_, shown]] = receive(
+        database, "SELECT Id, DeliverTime FROM RECEIVE_SampleQueue(max_duration => '1s')"
+    )
+    assert [[shown]] == before == receive(database, "SELECT DeliverTime FROM SampleQueue")
+    # still leased though: not handed out again while its lease lasts
+    assert receive(database, "SELECT Id FROM RECEIVE_SampleQueue(max_duration => '1s')") == []
