@@ -86,3 +86,21 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"spanner_queues": {"handlers": ["console"], "level": "WARNING"}},
 }
+
+
+def emulator_databases(*, queues: bool, test_prefix: str) -> tuple[str, dict[str, dict]]:
+    """(instance, DATABASES) on a private Spanner emulator (``queues``: behind the queue-aware
+    front), started here unless ``SPANNER_EMULATOR_HOST`` is set (as in child processes)."""
+    from spanner_queues.emulator import ensure_emulator
+
+    instance = os.environ.get("SQ_SPANNER_INSTANCE", "sq-test")
+    ensure_emulator(instance, queues=queues)
+    return instance, {
+        "default": {
+            "ENGINE": "django_spanner",
+            "PROJECT": "test-project",
+            "INSTANCE": instance,
+            "NAME": os.environ.get("SQ_DATABASE_NAME", "sqdb"),
+            "TEST": {"NAME": f"{test_prefix}{os.getpid()}"},
+        }
+    }

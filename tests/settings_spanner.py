@@ -6,22 +6,8 @@ Importing this module starts a private emulator on a free loopback port (unless
 
 from __future__ import annotations
 
-import os
-
-from spanner_queues.emulator import ensure_emulator
 from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
+from tests.settings import INSTALLED_APPS, emulator_databases
 
-INSTANCE = os.environ.get("SQ_SPANNER_INSTANCE", "sq-test")
-ensure_emulator(INSTANCE)
-
-DATABASES = {
-    "default": {
-        "ENGINE": "django_spanner",
-        "PROJECT": "test-project",
-        "INSTANCE": INSTANCE,
-        "NAME": os.environ.get("SQ_DATABASE_NAME", "sqdb"),
-        "TEST": {"NAME": f"sqtest{os.getpid()}"},
-    }
-}
+INSTANCE, DATABASES = emulator_databases(queues=False, test_prefix="sqtest")
 INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]

@@ -9,24 +9,10 @@ Tests that need what the native engine does not do are skipped by its ``supports
 
 from __future__ import annotations
 
-import os
-
-from spanner_queues.emulator import ensure_emulator
 from tests.settings import *  # noqa: F403
-from tests.settings import INSTALLED_APPS
+from tests.settings import INSTALLED_APPS, emulator_databases
 
-INSTANCE = os.environ.get("SQ_SPANNER_INSTANCE", "sq-test")
-ensure_emulator(INSTANCE, queues=True)
-
-DATABASES = {
-    "default": {
-        "ENGINE": "django_spanner",
-        "PROJECT": "test-project",
-        "INSTANCE": INSTANCE,
-        "NAME": os.environ.get("SQ_DATABASE_NAME", "sqdb"),
-        "TEST": {"NAME": f"sqn{os.getpid()}"},
-    }
-}
+INSTANCE, DATABASES = emulator_databases(queues=True, test_prefix="sqn")
 INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]
 
 SPANNER_QUEUES = {

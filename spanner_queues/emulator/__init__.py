@@ -28,6 +28,7 @@ from spanner_queues.emulator.process import (
     free_port,
     start_emulator,
     start_queue_emulator,
+    terminate,
 )
 
 __all__ = [
@@ -85,13 +86,8 @@ class QueueEmulator:
 
     def _stop_emulator(self) -> None:
         proc, self._emulator = self._emulator, None
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        if proc is not None:
+            terminate(proc)
 
     def __enter__(self) -> QueueEmulator:
         return self.start()

@@ -72,16 +72,19 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
-def _stop_at_exit(proc: subprocess.Popen[bytes]) -> None:
-    def stop() -> None:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+def terminate(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM ``proc`` and reap it; SIGKILL it if it has not ended within ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
-    atexit.register(stop)
+
+def _stop_at_exit(proc: subprocess.Popen[bytes]) -> None:
+    atexit.register(terminate, proc)
 
 
 def start_emulator() -> tuple[str, subprocess.Popen[bytes]]:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.keys import key_fields
+from spanner_queues.semantics import format_duration
 
 if TYPE_CHECKING:
     from django.db import models
@@ -121,15 +122,12 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
 
 
 def duration(seconds: float) -> str:
-    """``max_duration`` text: whole minutes as ``'20m'``, else seconds or milliseconds."""
-    ms = round(seconds * 1000)
-    if ms <= 0:
-        raise QueueConfigurationError("RECEIVE max_duration must be positive.")
-    if ms % 60000 == 0:
-        return f"{ms // 60000}m"
-    if ms % 1000 == 0:
-        return f"{ms // 1000}s"
-    return f"{ms}ms"
+    """``max_duration`` text (``spanner_queues.semantics.format_duration``): whole minutes as
+    ``'20m'``, else seconds or milliseconds."""
+    try:
+        return format_duration(seconds)
+    except ValueError:
+        raise QueueConfigurationError("RECEIVE max_duration must be positive.") from None
 
 
 class Dialect:
