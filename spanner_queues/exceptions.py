@@ -66,6 +66,12 @@ class TransactionRequired(QueueError):
     """The operation must run inside ``transaction.atomic()`` on the queue's database."""
 
 
+class WorkerCrashed(QueueError):
+    """A receiver raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``...): the worker stopped; ``__cause__`` is that exception. Its message
+    was left leased and is delivered again after its lease."""
+
+
 class Retry(QueueError):
     """Raised by a receiver: ack the message and send it again under the same key, due later.
 

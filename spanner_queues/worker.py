@@ -22,6 +22,10 @@
   the worker no longer treats the message as its own: it does not ack, retry or release it.
 - ``stop()`` (first SIGTERM/SIGINT): receive nothing more, finish and ack in-flight messages,
   return. A second signal ends the process at once with exit status 1.
+- A receiver that raises a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+  ``KeyboardInterrupt``...): its transaction rolls back, the error is logged (``critical``), the
+  worker stops as on ``stop()`` and ``run()`` raises ``WorkerCrashed`` from it; the message is
+  left leased (not released, not acked) and is delivered again after its lease.
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ from spanner_queues.exceptions import (
     MessageAlreadyExists,
     QueueConfigurationError,
     Retry,
+    WorkerCrashed,
 )
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
@@ -86,6 +91,7 @@ FINAL_EVENTS = frozenset(
         "lease_lost",
         "already_acked",
         "returned",
+        "crashed",
     }
 )
 
@@ -257,6 +263,8 @@ class Worker:
         self._deliveries: set[_Delivery] = set()  # held: running or waiting
         self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
         self._per_queue: dict[type[Queue], tuple[str, Any, Any]] = {}
+        #: the first BaseException (not an Exception) a receiver raised; run() re-raises it
+        self.crashed: BaseException | None = None
 
     # --- configuration ----------------------------------------------------------------------
     def _plan(self, queues: Sequence[str | type[Queue]] | None) -> list[_Plan]:
@@ -384,6 +392,11 @@ class Worker:
             self._emit("summary", stats=self.stats.copy())
             self._emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
+        if self.crashed is not None:
+            raise WorkerCrashed(
+                f"worker {self.worker_id} stopped: a receiver raised "
+                f"{type(self.crashed).__name__}: {self.crashed}"
+            ) from self.crashed
         return self.stats.copy()
 
     def _seed(self) -> None:
@@ -515,6 +528,8 @@ class Worker:
                         self._run_single(plan, unit[0])
                 except Exception:
                     logger.exception("worker error; message(s) left to lease expiry")
+                except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
+                    self._crash(unit, exc)
                 finally:
                     with self._cond:
                         for d in unit:
@@ -527,6 +542,28 @@ class Worker:
                     recycle_connections()
         finally:
             connections.close_all()
+
+    def _crash(self, unit: list[_Delivery], exc: BaseException) -> None:
+        """A receiver raised a BaseException that is not an Exception: its transaction has
+        rolled back; leave its messages leased (delivered again after their lease), stop the
+        worker, and have ``run()`` raise ``WorkerCrashed``. The executor thread lives on to
+        finish (or give back) the other units, as on ``stop()``."""
+        for d in unit:
+            logger.critical(
+                "%s attempt %d: the receiver raised %s (%s); stopping the worker; the message "
+                "is left leased and will be delivered again after its lease",
+                d.message,
+                d.message.attempt,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra=_extra("crashed", d.message),
+            )
+            self._emit("crashed", message=d.message, error=exc)
+        with self._cond:
+            if self.crashed is None:
+                self.crashed = exc
+        self.stop()
 
     def _database(self, model: type[Queue]) -> str:
         return self._cached(model)[0]

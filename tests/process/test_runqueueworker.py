@@ -214,3 +214,13 @@ def test_configuration_errors_exit_non_zero_before_receiving(children: Start) ->
     assert no_receiver.wait() == 1 and "has no receiver" in no_receiver.output()
     assert bad_option.wait() == 2 and "must be at least 1" in bad_option.output()
     assert WorkItems.objects.count() == 1 and not WorkLog.objects.exists()
+
+
+def test_a_receiver_raising_systemexit_exits_non_zero_and_keeps_the_message(
+    children: Start,
+) -> None:
+    WorkItems.send(id="bye", payload={"exit": 0})
+    child = children("workerapp.WorkItems", "--burst")
+    assert child.wait() == 1, child.output()
+    assert "SystemExit" in child.output() and "stopping the worker" in child.output()
+    assert WorkItems.objects.filter(pk="bye").exists() and not WorkLog.objects.exists()

@@ -74,3 +74,35 @@ def test_dead_letter_key_clash_leaves_the_message_and_says_why(
     assert WorkItemsDead.objects.get(pk="clash").as_message().json() == {
         "earlier": True
     }  # ...nor overwriting
+
+
+def test_a_receiver_raising_systemexit_stops_the_worker_and_leaves_the_message_leased(
+    make_worker: Callable[..., Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver raising SystemExit (a BaseException) used to kill its executor thread
+    silently: a burst ended with processed=0 failed=0 and exit 0. Now the worker stops and
+    run() raises WorkerCrashed; the message is neither acked nor released."""
+    from spanner_queues.exceptions import WorkerCrashed
+
+    WorkItems.send(id="bye", payload={"exit": 3})
+    WorkItems.send(id="other", payload={})
+    worker = make_worker(WorkItems, burst=True, concurrency=1, batch_size=1)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    with caplog.at_level(logging.CRITICAL, logger="spanner_queues"):
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker hung (its only executor thread had died)"
+    assert len(raised) == 1 and isinstance(raised[0], WorkerCrashed), raised
+    assert isinstance(raised[0].__cause__, SystemExit)
+    assert "SystemExit" in caplog.text and "bye" in caplog.text
+    row = WorkItems.objects.get(pk="bye")
+    assert row.attempts == 1 and row.lease_token  # leased: delivered again after its lease
+    assert not WorkLog.objects.filter(key="bye").exists()

@@ -15,7 +15,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from spanner_queues.exceptions import QueueError
+from spanner_queues.exceptions import QueueError, WorkerCrashed
 from spanner_queues.worker import FINAL_EVENTS, Worker, WorkerEvent, WorkerStats
 
 
@@ -156,7 +156,10 @@ class Command(BaseCommand):
                 + (f", prefetch {worker.prefetch}" if worker.prefetch > 1 else "")
                 + mode
             )
-        worker.run()
+        try:
+            worker.run()
+        except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
+            raise CommandError(str(exc)) from exc
 
     # --- output -----------------------------------------------------------------------------
     def _on_event(self, event: WorkerEvent) -> None:
