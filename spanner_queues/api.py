@@ -16,6 +16,7 @@ from spanner_queues.keys import key_fields, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
 from spanner_queues.payload import encode_payload
+from spanner_queues.receivers import held_lease_token
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
@@ -171,17 +172,31 @@ def ack_many(
     *,
     using: str | None = None,
 ) -> None:
-    """Delete messages by key in the caller's transaction. If any is gone, raise
-    ``MessageAlreadyAcked`` (and delete none when the caller's transaction rolls back)."""
+    """Delete messages by key in the caller's transaction, all or none. If any is gone, raise
+    ``MessageAlreadyAcked``; the caller's transaction is then marked for rollback.
+
+    A received ``Message`` carries its lease: on engines with
+    ``features.supports_lease_checked_ack`` (the table engine) it is acked only while its row
+    still holds that lease token (inside a receiver run by the worker: the worker's current,
+    renewed token), so a stale ack raises ``StaleAck`` (a ``LeaseLost``) instead of deleting a
+    newer message sent under the same key. Keys given as mappings or tuples, and messages
+    without a lease (listed ones), are acked by key alone, as native Spanner acks every one."""
     model = get_queue(queue)
     keys = [_key(model, m) for m in messages]
-    if keys:
-        engine_for(model).ack_many(model, keys, using=_database(model, using))
+    if not keys:
+        return
+    engine = engine_for(model)
+    if engine.features.supports_lease_checked_ack:
+        tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
+        engine.ack_many(model, keys, using=_database(model, using), lease_tokens=tokens)
+    else:
+        engine.ack_many(model, keys, using=_database(model, using))
 
 
 def ack(message: Message, *, using: str | None = None) -> None:
     """Acknowledge (delete) a message in the caller's transaction; exactly one row, or
-    ``MessageAlreadyAcked``."""
+    ``MessageAlreadyAcked`` / ``StaleAck`` (see ``ack_many``) and the transaction is marked for
+    rollback."""
     ack_many(message.queue, [message], using=using)
 
 

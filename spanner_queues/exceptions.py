@@ -54,6 +54,13 @@ class LeaseLost(QueueError):
     """The lease token is unknown or expired: the message may already be someone else's."""
 
 
+class StaleAck(LeaseLost):
+    """An ack carried a lease token that no longer matches the message under its key: the lease
+    expired and the message was delivered again, released, or replaced (``replace()``, a retry, a
+    checkpoint) under the same key. Nothing was deleted; the transaction is marked for rollback.
+    Raised by engines that check lease tokens on ack (the table engine)."""
+
+
 class MessageUpdateRefused(QueueError, TypeError):
     """Queue rows cannot be updated: replace a message with ack + send instead."""
 

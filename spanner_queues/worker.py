@@ -692,9 +692,15 @@ class Worker:
         for d in deliveries:
             self._emit("started", message=d.message, receiver=spec.name)
 
+        by_key = {(d.message.queue, d.message.key): d for d in deliveries}
+
+        def current(message: Message) -> Message:
+            return by_key[(message.queue, message.key)].message
+
         def body() -> None:
             messages = [d.message for d in deliveries]
-            set_pending(messages)  # (again on a retried transaction: its acks rolled back)
+            # (again on a retried transaction: its acks rolled back)
+            set_pending(messages, current=current)
             spec.func(messages if spec.batch else messages[0])
             if spec.atomic:
                 self._ack(deliveries, db)
@@ -743,10 +749,16 @@ class Worker:
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        pending = [d.message.key for d in deliveries if not acked_by_receiver(d.message)]
+        pending = [d.message for d in deliveries if not acked_by_receiver(d.message)]
         if pending:  # (api.ack_many, with the queue's engine already looked up)
             model = deliveries[0].model
-            self._cached(model)[1].ack_many(model, pending, using=db)
+            engine = self._cached(model)[1]
+            keys = [m.key for m in pending]
+            if engine.features.supports_lease_checked_ack:  # the lease held now (renewed)
+                tokens = [m.lease_token for m in pending]
+                engine.ack_many(model, keys, using=db, lease_tokens=tokens)
+            else:
+                engine.ack_many(model, keys, using=db)
 
     def _retry(
         self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
@@ -782,6 +794,9 @@ class Worker:
             for d in mine:
                 logger.warning("%s: already acked; not retried", d.message)
                 self._emit("already_acked", message=d.message, error=err)
+            return
+        except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
+            self._lease_lost(mine, err)
             return
         self._count("retried", len(mine))
         for d in mine:
@@ -900,6 +915,8 @@ class Worker:
                     self._release(d)
             except MessageAlreadyAcked:
                 logger.warning("%s: already acked; nothing to dead-letter", m)
+            except LeaseLost:  # StaleAck: delivered again or replaced meanwhile
+                logger.warning("%s: lease lost; not dead-lettered (delivered again)", m)
             except MessageAlreadyExists:
                 # The dead-letter queue already holds this key (an earlier dead letter, a
                 # periodic or heartbeat key): say so, and give the message back with back-off

@@ -30,6 +30,7 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
+    StaleAck,
 )
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
@@ -51,7 +52,16 @@ class _RowStatements:
     the same SQL as ``filter(<key>, deliver_time=...).update(...)`` and
     ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
 
-    __slots__ = ("claim_sql", "delete_sql", "fields", "insert_fields", "insert_sql", "key", "using")
+    __slots__ = (
+        "claim_sql",
+        "delete_leased_sql",
+        "delete_sql",
+        "fields",
+        "insert_fields",
+        "insert_sql",
+        "key",
+        "using",
+    )
 
     def __init__(self, model: type[Queue], using: str) -> None:
         quote = connections[using].ops.quote_name
@@ -68,6 +78,8 @@ class _RowStatements:
         deliver = quote(self.fields["deliver_time"].column)
         self.claim_sql = f"UPDATE {table} SET {sets} WHERE {where} AND {deliver} = %s"
         self.delete_sql = f"DELETE FROM {table} WHERE {where}"
+        token = quote(self.fields["lease_token"].column)
+        self.delete_leased_sql = f"{self.delete_sql} AND {token} = %s"
         # One message's INSERT, as bulk_create writes it, unless a column is filled by the
         # database (auto-increment keys, db_default) or needs a custom placeholder: then
         # bulk_create it stays.
@@ -129,10 +141,16 @@ class _RowStatements:
         row._state.adding = False
         row._state.db = self.using
 
-    def delete(self, key: Sequence[Any]) -> int:
+    def delete(self, key: Sequence[Any], lease_token: str | None = None) -> int:
+        """Delete by key; with ``lease_token``, only while the row still holds that token."""
         connection = connections[self.using]
+        params = self._key(key, connection)
+        sql = self.delete_sql
+        if lease_token is not None:
+            sql = self.delete_leased_sql
+            params.append(self.fields["lease_token"].get_db_prep_value(lease_token, connection))
         with connection.cursor() as cursor:
-            cursor.execute(self.delete_sql, self._key(key, connection))
+            cursor.execute(sql, params)
             return cursor.rowcount
 
 
@@ -140,7 +158,7 @@ class TableQueueEngine(BaseQueueEngine):
     """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
     Spanner or PostgreSQL database."""
 
-    features = EngineFeatures(supports_native_queues=False)
+    features = EngineFeatures(supports_native_queues=False, supports_lease_checked_ack=True)
 
     def _statements(self, model: type[Queue], using: str) -> _RowStatements:
         cache: dict[tuple[type[Queue], str], _RowStatements] = self.__dict__.setdefault(
@@ -350,15 +368,55 @@ class TableQueueEngine(BaseQueueEngine):
         run_in_transaction(release, using=self.database, retries=self.params.transaction_retries)
 
     # --- acking ---------------------------------------------------------------------------
-    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
-        if len(keys) == 1:
-            deleted = self._statements(model, using).delete(keys[0])
-            if deleted != 1:
-                raise MessageAlreadyAcked(
-                    f"{model._meta.label}{keys[0]!r}: no such message; it was already acked "
-                    "(or deleted). Roll back: the work may have been done by another receiver."
-                )
+    def ack_many(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        using: str,
+        lease_tokens: Sequence[str | None] | None = None,
+    ) -> None:
+        """Delete the messages by key, all or none. With ``lease_tokens`` (one per key; None: by
+        key alone), a message whose row no longer holds that token (its lease expired and it was
+        delivered again, released, or replaced under the same key) is not deleted: ``StaleAck``.
+        On either failure the caller's transaction is marked for rollback."""
+        tokens = list(lease_tokens) if lease_tokens is not None else [None] * len(keys)
+        if len(tokens) != len(keys):
+            raise ValueError("lease_tokens must give one token (or None) per key.")
+        try:
+            if len(keys) == 1:
+                self._ack_one(model, keys[0], tokens[0], using)
+            else:
+                self._ack_several(model, keys, tokens, using)
+        except (MessageAlreadyAcked, StaleAck):
+            if connections[using].in_atomic_block:
+                transaction.set_rollback(True, using=using)
+            raise
+
+    def _ack_one(
+        self, model: type[Queue], key: tuple[Any, ...], token: str | None, using: str
+    ) -> None:
+        statements = self._statements(model, using)
+        if statements.delete(key, token) == 1:
             return
+        if token is not None and rows(model, using).filter(key_filter(model, key)).exists():
+            raise StaleAck(
+                f"{model._meta.label}{tuple(key)!r}: the lease this ack holds is no longer the "
+                "message's (it expired and the message was delivered again, released or "
+                "replaced under the same key); nothing acked. Roll back."
+            )
+        raise MessageAlreadyAcked(
+            f"{model._meta.label}{tuple(key)!r}: no such message; it was already acked "
+            "(or deleted). Roll back: the work may have been done by another receiver."
+        )
+
+    def _ack_several(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        tokens: Sequence[str | None],
+        using: str,
+    ) -> None:
         duplicates = {k for k, n in Counter(map(tuple, keys)).items() if n > 1}
         if duplicates:
             raise MessageAlreadyAcked(
@@ -366,19 +424,35 @@ class TableQueueEngine(BaseQueueEngine):
                 "acked at most once."
             )
         manager = rows(model, using)
-        condition = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+        by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+        condition = Q(
+            *[
+                key_filter(model, k) & Q(lease_token=t) if t is not None else key_filter(model, k)
+                for k, t in zip(keys, tokens, strict=True)
+            ],
+            _connector=Q.OR,
+        )
         names = key_names(model)
 
         def delete_all() -> None:
             # All or nothing even in autocommit: the count of the DELETE itself decides, so a
             # concurrent ack between reading and deleting cannot make both callers succeed.
-            present = set(manager.filter(condition).values_list(*names))
+            present = set(manager.filter(by_key).values_list(*names))
             missing = [k for k in keys if tuple(k) not in present]
+            if not missing and any(t is not None for t in tokens):
+                held = set(manager.filter(condition).values_list(*names))
+                stale = [k for k in keys if tuple(k) not in held]
+                if stale:
+                    raise StaleAck(
+                        f"{model._meta.label}: the lease of {stale!r} is no longer the "
+                        "message's (delivered again, released or replaced under the same "
+                        "key); nothing acked. Roll back."
+                    )
             if not missing and manager.filter(condition)._raw_delete(using) == len(keys):
                 return
             raise MessageAlreadyAcked(
-                f"{model._meta.label}: no message with key(s) {missing or list(keys)!r}; already "
-                "acked (or deleted). Roll back the transaction."
+                f"{model._meta.label}: no message with key(s) {missing!r}; already acked (or "
+                "deleted). Roll back the transaction."
             )
 
         with transaction.atomic(using=using):

@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -106,3 +107,27 @@ def test_a_receiver_raising_systemexit_stops_the_worker_and_leaves_the_message_l
     row = WorkItems.objects.get(pk="bye")
     assert row.attempts == 1 and row.lease_token  # leased: delivered again after its lease
     assert not WorkLog.objects.filter(key="bye").exists()
+
+
+def test_a_replace_during_a_delivery_is_not_lost_to_that_deliverys_ack(
+    make_worker: Callable[..., Worker], events: Any, tmp_path: Path
+) -> None:
+    """The producer replaces a message while a worker runs the old one: the worker's ack used
+    to delete the new message (ack by key), so the new payload was never handled."""
+    from spanner_queues import api
+    from spanner_queues.engines import engines
+    from tests.conftest import wait_until
+    from tests.worker.conftest import running
+
+    if not engines["default"].features.supports_lease_checked_ack:
+        pytest.skip("the engine acks by key alone (native Spanner)")
+    go, trace = tmp_path / "go", tmp_path / "trace"
+    WorkItems.send(id="k", payload={"mode": "external", "block": str(go), "trace": str(trace)})
+    with running(make_worker(WorkItems, concurrency=1)):
+        wait_until(trace.exists)  # the old message is in its receiver
+        api.replace(WorkItems, {"id": "k"}, payload={"mode": "external", "note": "new"})
+        go.touch()
+        assert events.wait_for("lease_lost")  # the stale ack was refused...
+        assert events.wait_for("acked")  # ...and the new message was delivered and acked
+    assert not WorkItems.objects.exists()
+    assert WorkLog.objects.filter(key="k").count() == 2
