@@ -55,7 +55,6 @@ from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_sampl
 from spanner_queues.deadletter import sources_of
 from spanner_queues.exceptions import QueueError, UnknownQueue
 from spanner_queues.keys import key_names, row_to_message
-from spanner_queues.monitoring import VIEW_SAMPLE_INTERVAL, record_depth_samples
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for, get_queue, queue_models
 
@@ -218,11 +217,8 @@ class QueuesAdmin(admin.ModelAdmin):
                 measured[model._meta.label] = engine_for(model).stats(model)
             except (DatabaseError, QueueError) as exc:
                 errors[model._meta.label] = f"{type(exc).__name__}: {exc}"
-        record_depth_samples(
-            [m for m in models if m._meta.label in measured],
-            min_interval=VIEW_SAMPLE_INTERVAL,
-            stats=measured.values(),
-        )
+        # A GET writes nothing: depth samples are recorded by a worker or a cron job
+        # (record_depth_samples); the chart ends with the live counts of this page.
         rows = []
         for model in models:
             label = model._meta.label

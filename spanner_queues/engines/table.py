@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BinaryField, Max, Min, Q
+from django.db.models import BinaryField, Count, Max, Min, Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
@@ -460,21 +460,27 @@ class TableQueueEngine(BaseQueueEngine):
 
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
+        """One aggregate query: every count comes from the same snapshot, so they always add up
+        (``total = ready + scheduled + leased``) even while messages arrive and leave."""
         manager = rows(model, self.database)
         now = timezone.now()
-        leased = Q(lease_expires_at__gt=now)
-        aggregate = manager.aggregate(oldest=Min("send_time"), max_attempts=Max("attempts"))
-        total = manager.count()
-        ready = manager.filter(deliver_time__lte=now).exclude(leased).count()
-        leased_count = manager.filter(leased).count()
+        leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
+        counted = manager.aggregate(
+            total=Count("deliver_time"),
+            ready=Count("deliver_time", filter=Q(deliver_time__lte=now) & ~leased),
+            leased=Count("deliver_time", filter=leased),
+            oldest=Min("send_time"),
+            max_attempts=Max("attempts"),
+        )
+        total, ready, leased_count = counted["total"], counted["ready"], counted["leased"]
         return QueueStats(
             queue=model._meta.label,
             total=total,
             ready=ready,
             leased=leased_count,
             scheduled=total - ready - leased_count,
-            oldest_send_time=aggregate["oldest"],
-            max_attempts=aggregate["max_attempts"],
+            oldest_send_time=counted["oldest"],
+            max_attempts=counted["max_attempts"],
             measured_at=now,
         )
 
