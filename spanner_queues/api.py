@@ -101,7 +101,11 @@ def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessag
             key[field.attname] = _key_value(model, field, field.get_default())
     return OutgoingMessage(
         key=key,
-        payload=encode_payload(spec.get("payload", b""), max_bytes=engine.params.max_payload_bytes),
+        payload=encode_payload(
+            spec.get("payload", b""),
+            max_bytes=engine.params.max_payload_bytes,
+            encoder=engine.params.json_encoder,
+        ),
         deliver_time=_deliver_time(spec.get("deliver_time"), spec.get("delay")),
     )
 

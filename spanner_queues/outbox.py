@@ -46,14 +46,12 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, router, transaction
 from django.db.models import CharField, Field, Model, TextField
 from django.db.models.signals import class_prepared, post_save, pre_delete, pre_save
@@ -196,7 +194,9 @@ class Registration:
             raise type(exc)(f"{where}: {exc} The save or delete was aborted.") from exc
         return {**outgoing.key, "payload": outgoing.payload}
 
-    def default_payload(self, instance: Model, event: str, changed: frozenset[str]) -> str:
+    def default_payload(
+        self, instance: Model, event: str, changed: frozenset[str]
+    ) -> dict[str, Any]:
         """``{"model", "pk", "event"}``, plus ``"changed"`` (field names) for updates and, for
         deletes of a registration with explicit ``fields``, ``"data"``: those fields' values
         (the row is gone when the receiver runs)."""
@@ -209,7 +209,7 @@ class Registration:
             document["changed"] = sorted(changed)
         if event == "deleted" and self.explicit_fields:
             document["data"] = {f.name: _field_value(f, instance) for f in self.fields}
-        return json.dumps(document, cls=DjangoJSONEncoder, separators=(",", ":"))
+        return document  # encoded like every payload: the engine's JSON_ENCODER
 
 
 # --- registering -------------------------------------------------------------------------

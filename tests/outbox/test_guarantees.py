@@ -182,3 +182,36 @@ def test_save_through_a_proxy_counts() -> None:
     assert [e["model"] for e in payloads(ModelEvents)] == ["outboxapp.author"]
     with pytest.raises(TransactionRequired):
         ProxyAuthor.objects.create(name="autocommit")
+
+
+def test_outbox_and_send_encode_payloads_with_one_configurable_encoder(registered: Any) -> None:
+    """send() refused {"at": datetime} (PayloadError) while the outbox encoded the same dict
+    with DjangoJSONEncoder. Now both use the engine's JSON_ENCODER (DjangoJSONEncoder by
+    default), so datetimes, Decimals and UUIDs come out the same."""
+    import json
+    import uuid
+    from decimal import Decimal
+
+    from django.core.serializers.json import DjangoJSONEncoder
+    from django.test import override_settings
+    from django.utils import timezone
+
+    document = {"at": timezone.now(), "amount": Decimal("1.10"), "ref": uuid.uuid4()}
+    expected = json.loads(json.dumps(document, cls=DjangoJSONEncoder))
+    registered(Note, queue=ModelEvents, payload=lambda note, **kw: document)
+    with transaction.atomic():
+        Note.objects.create(text="x")
+    [from_outbox] = payloads(ModelEvents)
+    sent = api.send(ModelEvents, object_id=1, message_id="sent", payload=document)
+    assert from_outbox == expected == sent.json()
+
+    class SetsAsLists(DjangoJSONEncoder):
+        def default(self, o: Any) -> Any:
+            return sorted(o) if isinstance(o, set) else super().default(o)
+
+    setting = {"default": {"OPTIONS": {"JSON_ENCODER": SetsAsLists}}}
+    with override_settings(SPANNER_QUEUES=setting):
+        sent = api.send(ModelEvents, object_id=2, message_id="s", payload={"tags": {"b", "a"}})
+        assert sent.json() == {"tags": ["a", "b"]}
+    with pytest.raises(PayloadError):
+        api.send(ModelEvents, object_id=3, message_id="s", payload={"tags": {"b", "a"}})
