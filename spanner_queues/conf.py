@@ -80,17 +80,25 @@ class EngineParams:
 
 def _seconds(value: Any, name: str, alias: str) -> timedelta:
     if isinstance(value, timedelta):
-        return value
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):
         seconds = -1.0
-    if seconds <= 0:
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
         raise InvalidQueueEngine(
             f"SPANNER_QUEUES[{alias!r}]: {name} must be a positive number of seconds, "
             f"not {value!r}."
         )
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: {name} is out of range: {value!r}."
+        ) from None
 
 
 def _json_encoder(value: Any, alias: str) -> type[json.JSONEncoder]:

@@ -35,6 +35,11 @@ class PayloadTooLarge(PayloadError):
     """A payload is larger than the engine's ``MAX_PAYLOAD_BYTES``."""
 
 
+class InvalidArgument(QueueError, ValueError):
+    """An argument of an API call, the ``Worker`` or a pattern helper is out of range or of the
+    wrong type (``receive(max_messages=0)``, ``lease=-1``, ``concurrency=100000``...)."""
+
+
 class InvalidMessage(QueueError, ValueError):
     """A message's key or deliver time is malformed (missing key column, naive datetime...)."""
 

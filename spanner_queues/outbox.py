@@ -58,6 +58,7 @@ from django.db.models.signals import class_prepared, post_save, pre_delete, pre_
 from django.utils.encoding import is_protected_type
 
 from spanner_queues.exceptions import (
+    InvalidArgument,
     InvalidMessage,
     PayloadError,
     QueueConfigurationError,
@@ -346,7 +347,7 @@ def send_for(
     Raises ``TransactionRequired`` outside ``atomic()``.
     """
     if event not in EVENTS:
-        raise ValueError(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
+        raise InvalidArgument(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
     names = None if changed is None else frozenset(changed)
     batches: dict[tuple[str, str], tuple[type[Queue], list[dict[str, Any]]]] = {}
     for instance in objs:

@@ -44,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.exceptions import (
+    InvalidArgument,
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
@@ -191,6 +193,24 @@ def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
             signal.signal(s, handler)
 
 
+#: where a message whose key clashes in its dead-letter queue waits for an operator
+PARKED_UNTIL = datetime(8999, 1, 1, tzinfo=dt_timezone.utc)
+#: most receiver threads one worker process runs (each is a thread and a database connection)
+MAX_CONCURRENCY = 1024
+#: most units each thread may hold (prefetch)
+MAX_PREFETCH = 1000
+
+
+def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidArgument(f"{name} must be an int of at least {low}, not {value!r}.")
+    if high is not None and value > high:
+        raise InvalidArgument(
+            f"{name} must be at most {high}, not {value} (each receiver thread holds a database "
+            "connection; run more worker processes instead)."
+        )
+
+
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
 
@@ -226,16 +246,15 @@ class Worker:
         summary_interval: float | None = None,
         abort: Callable[[], None] = _abort_process,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1.")
-        if prefetch < 1:
-            raise ValueError("prefetch must be at least 1.")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1.")
-        if max_messages is not None and max_messages < 1:
-            raise ValueError("max_messages must be at least 1.")
-        if poll_interval < 0:
-            raise ValueError("poll_interval must be >= 0.")
+        _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
+        _require_int("batch_size", batch_size, 1, None)
+        if max_messages is not None:
+            _require_int("max_messages", max_messages, 1, None)
+        if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
+            raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
+        if not isinstance(poll_interval, (int, float)) or not poll_interval >= 0:
+            raise InvalidArgument(f"poll_interval must be >= 0, not {poll_interval!r}.")
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.batch_size = batch_size
@@ -866,13 +885,14 @@ class Worker:
             elif features.supports_release:
                 self._release(d)
 
-    def _release(self, d: _Delivery) -> None:
+    def _release(self, d: _Delivery, *, deliver_time: datetime | None = None) -> None:
         engine = self._cached(d.model)[1]
+        due = deliver_time or timezone.now() + _backoff(d.message, engine)
         with self._renew_lock:
             if d.lease_lost:
                 return
             try:
-                api.release(d.message, deliver_time=timezone.now() + _backoff(d.message, engine))
+                api.release(d.message, deliver_time=due)
             except LeaseLost:
                 logger.warning("%s: lease lost before release", d.message)
             except Exception:
@@ -903,11 +923,12 @@ class Worker:
                         using=db,
                     )
                     self._count("discarded")
-                    logger.error(
-                        "%s: %d attempts, discarded (discard_after_max_attempts); payload=%r",
+                    logger.error(  # (no payload bytes: they may hold personal data)
+                        "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
+                        "%d bytes",
                         m,
                         m.attempt,
-                        m.payload[:200],
+                        len(m.payload),
                         extra=_extra("discarded", m),
                     )
                     self._emit("discarded", message=m, error=exc)
@@ -919,19 +940,22 @@ class Worker:
                 logger.warning("%s: lease lost; not dead-lettered (delivered again)", m)
             except MessageAlreadyExists:
                 # The dead-letter queue already holds this key (an earlier dead letter, a
-                # periodic or heartbeat key): say so, and give the message back with back-off
-                # so it is neither lost nor overwritten; an operator resolves the clash.
+                # periodic or heartbeat key). Neither lose nor overwrite it, and do not deliver
+                # it again and again: park it in its queue, due at PARKED_UNTIL, logged once.
+                # An operator resolves the clash (replay or ack the dead letter), then delivers
+                # it now from the admin; it is then dead-lettered.
                 logger.error(
-                    "%s: %d attempts, but dead-letter queue %s already holds key %r; left in "
-                    "its queue (resolve the clash in the admin)",
+                    "%s: %d attempts, but dead-letter queue %s already holds key %r; parked in "
+                    "its queue (due %s): resolve the clash in the admin, then deliver it now",
                     m,
                     m.attempt,
                     options.dead_letter_queue,
                     m.key,
+                    f"{PARKED_UNTIL:%Y-%m-%d}",
                     extra=_extra("dead_letter_clash", m),
                 )
                 if self._cached(d.model)[1].features.supports_release:
-                    self._release(d)
+                    self._release(d, deliver_time=PARKED_UNTIL)
 
     # --- lease renewal ----------------------------------------------------------------------
     def _renewer(self) -> None:

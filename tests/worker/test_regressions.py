@@ -75,6 +75,15 @@ def test_dead_letter_key_clash_leaves_the_message_and_says_why(
     assert WorkItemsDead.objects.get(pk="clash").as_message().json() == {
         "earlier": True
     }  # ...nor overwriting
+    # ...nor delivered again and again (it was released with back-off on every delivery,
+    # forever): parked until an operator resolves the clash.
+    from spanner_queues.worker import PARKED_UNTIL
+
+    assert WorkItems.objects.get(pk="clash").deliver_time == PARKED_UNTIL
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="spanner_queues"):
+        assert make_worker(WorkItems, burst=True).run().received == 0
+    assert "already holds key" not in caplog.text
 
 
 def test_a_receiver_raising_systemexit_stops_the_worker_and_leaves_the_message_leased(
