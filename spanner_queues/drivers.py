@@ -54,6 +54,14 @@ class Driver:
         """True when an INSERT into an interleaved table found no parent row."""
         return False
 
+    @property
+    def claims_skip_locked(self) -> bool:
+        """Whether a claim reads its due rows with ``SELECT ... FOR UPDATE SKIP LOCKED``, so
+        that concurrent claimers pass over each other's rows instead of waiting on them and
+        losing the compare-and-set (Django's own feature flag: PostgreSQL, MySQL 8, Oracle;
+        not SQLite nor Spanner, which has no FOR UPDATE)."""
+        return bool(getattr(self.connection.features, "has_select_for_update_skip_locked", False))
+
     def check(self) -> list[checks.CheckMessage]:
         return []
 
@@ -182,12 +190,21 @@ class SpannerDriver(Driver):
         return any(isinstance(e, gexc.NotFound) and "parent table" in str(e) for e in causes(exc))
 
 
+#: PostgreSQL SQLSTATEs worth running the transaction again for
+_PG_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+
+
 class PostgreSQLDriver(Driver):
     vendor = "postgresql"
 
     def is_retryable(self, exc: BaseException) -> bool:
-        code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
-        return code in {"40001", "40P01"}
+        """Serialization failures and deadlocks, as psycopg 3 (``sqlstate``) and psycopg2
+        (``pgcode``) report them, wherever they sit in the chain Django wraps."""
+        for current in causes(exc):
+            code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+            if code in _PG_RETRYABLE:
+                return True
+        return False
 
 
 _DRIVERS: dict[str, type[Driver]] = {

@@ -282,12 +282,14 @@ class TableQueueEngine(BaseQueueEngine):
             return []
 
         statements = self._statements(model, self.database)
+        skip_locked = driver_for(self.database).claims_skip_locked
 
         def claim() -> list[Message]:
             now = timezone.now()
-            due = list(
-                manager.filter(deliver_time__lte=now).order_by("deliver_time")[:max_messages]
-            )
+            rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
+            if skip_locked:  # rows another claim holds are passed over, not waited for
+                rows_due = rows_due.select_for_update(skip_locked=True)
+            due = list(rows_due[:max_messages])
             claimed = []
             for row in due:
                 attempt = row.attempts + 1
