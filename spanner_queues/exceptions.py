@@ -74,6 +74,12 @@ class NotSupportedByEngine(QueueError, NotImplementedError):
     """The configured engine does not support this operation."""
 
 
+class OutboxBypassed(QueueError):
+    """``OutboxQuerySet`` refused ``bulk_create``/``update``/``bulk_update`` of a model
+    registered with the outbox outside ``outbox.manual_send()``: the change would have no
+    message."""
+
+
 class TransactionRequired(QueueError):
     """The operation must run inside ``transaction.atomic()`` on the queue's database."""
 
