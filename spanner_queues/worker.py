@@ -244,6 +244,7 @@ class Worker:
         listeners: Sequence[Callable[[WorkerEvent], None]] = (),
         install_signal_handlers: bool = True,
         summary_interval: float | None = None,
+        reseed_interval: float | None = 60.0,
         abort: Callable[[], None] = _abort_process,
     ) -> None:
         _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
@@ -255,6 +256,13 @@ class Worker:
             raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
         if not isinstance(poll_interval, (int, float)) or not poll_interval >= 0:
             raise InvalidArgument(f"poll_interval must be >= 0, not {poll_interval!r}.")
+        if reseed_interval is not None and (
+            not isinstance(reseed_interval, (int, float)) or not reseed_interval > 0
+        ):
+            raise InvalidArgument(f"reseed_interval must be > 0, not {reseed_interval!r}.")
+        #: seconds between re-seeds of the periodic schedules while running (None: at start only)
+        self.reseed_interval = reseed_interval
+        self._next_seed = 0.0
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.batch_size = batch_size
@@ -419,8 +427,14 @@ class Worker:
         return self.stats.copy()
 
     def _seed(self) -> None:
+        """Send the first run of every ``periodic`` schedule of this worker's queues whose
+        message is missing (at start, every ``reseed_interval`` and after a message was
+        dead-lettered or discarded): a schedule whose message was dead-lettered, discarded
+        or deleted starts again without a restart."""
         from spanner_queues.patterns import seed_schedules
 
+        if self.reseed_interval is not None:
+            self._next_seed = time.monotonic() + self.reseed_interval
         try:
             for message in seed_schedules(self.queue_labels, registry=self.registry):
                 logger.info("seeded periodic schedule %s", message, extra={"action": "seeded"})
@@ -445,6 +459,8 @@ class Worker:
                 if self._stopping:
                     return
                 idle_before = self._in_flight == 0
+            if self.reseed_interval is not None and time.monotonic() >= self._next_seed:
+                self._seed()
             if next_summary is not None and time.monotonic() >= next_summary:
                 self._emit("summary", stats=self.stats.copy())
                 next_summary = time.monotonic() + (self.summary_interval or 0)
@@ -916,6 +932,7 @@ class Worker:
                         extra=_extra("dead_lettered", m),
                     )
                     self._emit("dead_lettered", message=m, error=exc)
+                    self._next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
                     db = self._database(d.model)
                     run_in_transaction(
@@ -932,6 +949,7 @@ class Worker:
                         extra=_extra("discarded", m),
                     )
                     self._emit("discarded", message=m, error=exc)
+                    self._next_seed = 0.0
                 elif self._cached(d.model)[1].features.supports_release:
                     self._release(d)
             except MessageAlreadyAcked:
