@@ -164,6 +164,11 @@ class _Delivery:
     renew_at: datetime | None
     lease_lost: bool = False
     done: bool = False
+    #: set (under the renew lock) once an ack, retry or dead letter read this delivery's lease
+    #: token: the renewer no longer rotates it, so the token acked with is the row's until the
+    #: ack commits (a rotation in between would make the ack stale, and on Spanner a replayed
+    #: ack transaction could then commit without its DELETE)
+    acking: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -730,9 +735,13 @@ class Worker:
         by_key = {(d.message.queue, d.message.key): d for d in deliveries}
 
         def current(message: Message) -> Message:
-            return by_key[(message.queue, message.key)].message
+            """The lease held now, for an ack by the receiver's code (a pattern helper)."""
+            return self._freeze([by_key[(message.queue, message.key)]])[0]
 
         def body() -> None:
+            with self._renew_lock:  # (again on a retried transaction: renew while it runs)
+                for d in deliveries:
+                    d.acking = False
             messages = [d.message for d in deliveries]
             # (again on a retried transaction: its acks rolled back)
             set_pending(messages, current=current)
@@ -784,7 +793,7 @@ class Worker:
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        pending = [d.message for d in deliveries if not acked_by_receiver(d.message)]
+        pending = [m for m in self._freeze(deliveries) if not acked_by_receiver(m)]
         if pending:  # (api.ack_many, with the queue's engine already looked up)
             model = deliveries[0].model
             engine = self._cached(model)[1]
@@ -795,9 +804,18 @@ class Worker:
             else:
                 engine.ack_many(model, keys, using=db)
 
+    def _freeze(self, deliveries: list[_Delivery]) -> list[Message]:
+        """The deliveries' messages with the lease held now; no renewal rotates their tokens
+        from here on (``acking``)."""
+        with self._renew_lock:
+            for d in deliveries:
+                d.acking = True
+            return [d.message for d in deliveries]
+
     def _retry(
         self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
     ) -> None:
+        self._freeze(deliveries)
         mine = [d for d in deliveries if not d.lease_lost]
         if len(mine) < len(deliveries):
             self._lease_lost([d for d in deliveries if d.lease_lost], exc)
@@ -918,7 +936,7 @@ class Worker:
 
     def _give_up(self, deliveries: list[_Delivery], exc: BaseException | None) -> None:
         for d in deliveries:
-            m = d.message
+            m = self._freeze([d])[0]
             options = self._cached(d.model)[2]
             try:
                 if options.dead_letter_queue:
@@ -983,7 +1001,11 @@ class Worker:
                     if self._stopping and self._in_flight == 0:
                         return
                     now = timezone.now()
-                    live = [d for d in self._deliveries if not d.done and not d.lease_lost]
+                    live = [
+                        d
+                        for d in self._deliveries
+                        if not d.done and not d.lease_lost and not d.acking
+                    ]
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     if not due:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
@@ -1004,7 +1026,7 @@ class Worker:
                     d.renew_at = None
                 continue
             with self._renew_lock:
-                group = [d for d in group if not d.done and not d.lease_lost]
+                group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue
                 try:

@@ -140,3 +140,26 @@ def test_a_replace_during_a_delivery_is_not_lost_to_that_deliverys_ack(
         assert events.wait_for("acked")  # ...and the new message was delivered and acked
     assert not WorkItems.objects.exists()
     assert WorkLog.objects.filter(key="k").count() == 2
+
+
+def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """Acks carry the lease token; a renewal that rotated it between the ack reading it and
+    the DELETE made the ack stale (a spurious lease_lost, and on Spanner a replayed ack
+    transaction that committed the receiver's work without its DELETE: a message left
+    behind). Once an ack has read a delivery's token, the renewer leaves that delivery alone."""
+    require("supports_lease_renewal")
+    WorkItems.send(id="r", payload={})
+    worker = make_worker(WorkItems)
+    assert worker._receive(worker.plans[0], 1) == 1
+    [delivery] = list(worker._deliveries)
+    token = delivery.message.lease_token
+    [frozen] = worker._freeze([delivery])
+    assert frozen.lease_token == token
+    worker._renew([delivery])  # what the renewer thread would do now
+    assert WorkItems.objects.get(pk="r").lease_token == token
+    from spanner_queues import api
+
+    api.ack(frozen)
+    assert not WorkItems.objects.filter(pk="r").exists()
