@@ -37,6 +37,10 @@ class Driver:
     no_native_queues_reason = "only Cloud Spanner has queues."
     #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
     supports_interleave = False
+    #: whether the DB-API replays an aborted transaction's statements by itself, checking only
+    #: what was fetched (django_spanner): a DML row count checked in Python is then not
+    #: re-checked, so a statement whose outcome matters must be preceded by a read of it.
+    replays_aborted_transactions = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -155,6 +159,7 @@ class SQLiteDriver(Driver):
 class SpannerDriver(Driver):
     vendor = "spanner"
     supports_interleave = True
+    replays_aborted_transactions = True
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)

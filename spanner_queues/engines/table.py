@@ -60,6 +60,7 @@ class _RowStatements:
         "insert_fields",
         "insert_sql",
         "key",
+        "token_sql",
         "using",
     )
 
@@ -80,6 +81,7 @@ class _RowStatements:
         self.delete_sql = f"DELETE FROM {table} WHERE {where}"
         token = quote(self.fields["lease_token"].column)
         self.delete_leased_sql = f"{self.delete_sql} AND {token} = %s"
+        self.token_sql = f"SELECT {token} FROM {table} WHERE {where}"
         # One message's INSERT, as bulk_create writes it, unless a column is filled by the
         # database (auto-increment keys, db_default) or needs a custom placeholder: then
         # bulk_create it stays.
@@ -140,6 +142,13 @@ class _RowStatements:
             cursor.execute(self.insert_sql, params)
         row._state.adding = False
         row._state.db = self.using
+
+    def held_by(self, key: Sequence[Any]) -> list[str | None]:
+        """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""
+        connection = connections[self.using]
+        with connection.cursor() as cursor:
+            cursor.execute(self.token_sql, self._key(key, connection))
+            return [row[0] for row in cursor.fetchall()]
 
     def delete(self, key: Sequence[Any], lease_token: str | None = None) -> int:
         """Delete by key; with ``lease_token``, only while the row still holds that token."""
@@ -399,15 +408,32 @@ class TableQueueEngine(BaseQueueEngine):
         self, model: type[Queue], key: tuple[Any, ...], token: str | None, using: str
     ) -> None:
         statements = self._statements(model, using)
+        if driver_for(using).replays_aborted_transactions:
+            # Read the row first: the DB-API checks what a replay fetches, not row counts, so
+            # a replay after the row was acked or claimed by another fails (and is retried from
+            # the start) instead of committing the caller's work without this DELETE.
+            held = statements.held_by(key)
+            if held and token is not None and held[0] != token:
+                raise self._stale(model, key)
+            if not held:
+                raise self._already_acked(model, key)
         if statements.delete(key, token) == 1:
             return
         if token is not None and rows(model, using).filter(key_filter(model, key)).exists():
-            raise StaleAck(
-                f"{model._meta.label}{tuple(key)!r}: the lease this ack holds is no longer the "
-                "message's (it expired and the message was delivered again, released or "
-                "replaced under the same key); nothing acked. Roll back."
-            )
-        raise MessageAlreadyAcked(
+            raise self._stale(model, key)
+        raise self._already_acked(model, key)
+
+    @staticmethod
+    def _stale(model: type[Queue], key: tuple[Any, ...]) -> StaleAck:
+        return StaleAck(
+            f"{model._meta.label}{tuple(key)!r}: the lease this ack holds is no longer the "
+            "message's (it expired and the message was delivered again, released or "
+            "replaced under the same key); nothing acked. Roll back."
+        )
+
+    @staticmethod
+    def _already_acked(model: type[Queue], key: tuple[Any, ...]) -> MessageAlreadyAcked:
+        return MessageAlreadyAcked(
             f"{model._meta.label}{tuple(key)!r}: no such message; it was already acked "
             "(or deleted). Roll back: the work may have been done by another receiver."
         )

@@ -159,7 +159,9 @@ def test_two_workers_share_a_queue_without_doing_anything_twice(
     for line in _lines(trace):
         runs.setdefault(line["key"][0], []).append(line["attempt"])
     again = {key: attempts for key, attempts in runs.items() if len(attempts) > 1}
-    assert all(sorted(a) == list(range(1, len(a) + 1)) for a in again.values()), again
+    # Every delivery up to the last ran; an attempt may show twice when its transaction was
+    # retried from the start (TRANSACTION_RETRIES re-runs an atomic receiver after an abort).
+    assert all(set(a) == set(range(1, max(a) + 1)) for a in again.values()), again
     assert not WorkItems.objects.exists()
 
 
