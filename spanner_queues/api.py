@@ -3,19 +3,23 @@ engine and delegates across the seam; none knows how a queue is stored."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues.exceptions import InvalidMessage, LeaseLost
+from spanner_queues.exceptions import InvalidArgument, InvalidMessage, LeaseLost
 from spanner_queues.keys import key_fields, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.models import rows
 from spanner_queues.payload import encode_payload, payload_type
+from spanner_queues.receivers import held_lease_token
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
@@ -44,26 +48,67 @@ def _database(model: type[Queue], using: str | None) -> str:
     return using or engine_for(model).database
 
 
+#: the latest deliver time accepted: leases and back-off are added to it, and every database
+#: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
+LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
+
+
 def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> datetime | None:
+    """The validated deliver time (UTC), or None for "now"; ``InvalidMessage`` saying why."""
     if deliver_time is not None and delay is not None:
         raise InvalidMessage("Pass deliver_time or delay, not both.")
     if delay is not None:
         if not isinstance(delay, timedelta):
             raise InvalidMessage(f"delay must be a timedelta, not {type(delay).__name__}.")
-        return timezone.now() + delay
-    if deliver_time is not None:
+        try:
+            deliver_time = timezone.now() + delay
+        except OverflowError:
+            raise InvalidMessage(f"delay {delay} is out of range.") from None
+    elif deliver_time is not None:
         if not isinstance(deliver_time, datetime) or timezone.is_naive(deliver_time):
             raise InvalidMessage("deliver_time must be a timezone-aware datetime.")
+        try:
+            deliver_time = deliver_time.astimezone(dt_timezone.utc)
+        except OverflowError:
+            raise InvalidMessage(f"deliver_time {deliver_time} is out of range.") from None
+    if deliver_time is not None and deliver_time > LATEST_DELIVER_TIME:
+        raise InvalidMessage(
+            f"deliver_time {deliver_time} is after {LATEST_DELIVER_TIME:%Y-%m-%d}, the latest "
+            "a queue accepts."
+        )
     return deliver_time
 
 
+def _type_error(target: Any, value: Any) -> str | None:
+    """Why ``value`` is not of the key field's type (no silent coercion: ``["a"]`` is not the
+    string ``"['a']"``, ``1.7`` is not the integer ``1``), or None."""
+    if isinstance(target, (models.CharField, models.TextField)):
+        return None if isinstance(value, str) else "expected a str"
+    if isinstance(target, (models.IntegerField, models.AutoField)):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return None if ok else "expected an int"
+    if isinstance(target, models.UUIDField):
+        return None if isinstance(value, (uuid.UUID, str)) else "expected a UUID or str"
+    if isinstance(target, models.BinaryField):
+        return None if isinstance(value, (bytes, bytearray, memoryview)) else "expected bytes"
+    return None
+
+
 def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
-    """Convert a key value as the field would, or raise ``InvalidMessage`` saying why."""
+    """Convert a key value as the field would, or raise ``InvalidMessage`` saying why: of the
+    field's type (never coerced), and within its validators (lengths, integer ranges)."""
     target = getattr(field, "target_field", field)  # a ForeignKey validates as its target
     if value is None:
         raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} cannot be None.")
+    wrong = _type_error(target, value)
+    if wrong:
+        raise InvalidMessage(
+            f"{model._meta.label}: bad value {value!r} for key field {field.name!r}: {wrong}, "
+            f"not {type(value).__name__}."
+        )
     try:
         value = target.to_python(value)
+        target.run_validators(value)
     except ValidationError as exc:
         raise InvalidMessage(
             f"{model._meta.label}: bad value {value!r} for key field {field.name!r}: "
@@ -80,6 +125,11 @@ def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
 def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessage:
     """Validate one message before anything is written: key fields, payload, deliver time."""
     engine = engine_for(model)
+    if not isinstance(spec, Mapping):
+        raise InvalidMessage(
+            f"{model._meta.label}: a message is a mapping of key fields and payload, not "
+            f"{type(spec).__name__} {spec!r}."
+        )
     fields = {f.name: f for f in key_fields(model)} | {f.attname: f for f in key_fields(model)}
     key: dict[str, Any] = {}
     for name, value in spec.items():
@@ -104,6 +154,7 @@ def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessag
             spec.get("payload", b""),
             payload_type=payload_type(model),
             max_bytes=engine.params.max_payload_bytes,
+            encoder=engine.params.json_encoder,
         ),
         deliver_time=_deliver_time(spec.get("deliver_time"), spec.get("delay")),
     )
@@ -152,8 +203,10 @@ def receive(
     queue: str | type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
 ) -> list[Message]:
     """Lease up to ``max_messages`` due messages (a short transaction of its own)."""
-    if max_messages < 1:
-        raise ValueError("max_messages must be at least 1.")
+    if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
+        raise InvalidArgument(f"max_messages must be an int of at least 1, not {max_messages!r}.")
+    if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
+        raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
     model = get_queue(queue)
     return engine_for(model).receive(model, max_messages=max_messages, lease=lease)
 
@@ -187,21 +240,34 @@ def ack_many(
     *,
     using: str | None = None,
 ) -> None:
-    """Delete messages by key in the caller's transaction. If any is gone, raise
-    ``MessageAlreadyAcked`` (and delete none when the caller's transaction rolls back)."""
+    """Delete messages by key in the caller's transaction, all or none. If any is gone, raise
+    ``MessageAlreadyAcked``; the caller's transaction is then marked for rollback.
+
+    A received ``Message`` carries its lease: on engines with
+    ``features.supports_lease_checked_ack`` (the table engine) it is acked only while its row
+    still holds that lease token (inside a receiver run by the worker: the worker's current,
+    renewed token), so a stale ack raises ``StaleAck`` (a ``LeaseLost``) instead of deleting a
+    newer message sent under the same key. Keys given as mappings or tuples, and messages
+    without a lease (listed ones), are acked by key alone, as native Spanner acks every one."""
     model = get_queue(queue)
     keys = [_key(model, m) for m in messages]
-    if keys:
-        engine, db = engine_for(model), _database(model, using)
+    if not keys:
+        return
+    engine, db = engine_for(model), _database(model, using)
+    if engine.features.supports_lease_checked_ack:
+        tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
+        engine.ack_many(model, keys, using=db, lease_tokens=tokens)
+    else:
         engine.ack_many(model, keys, using=db)
-        failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
-        if failed_before:  # where failed runs are recorded, the record goes with the ack
-            engine.clear_failures(model, failed_before, using=db)
+    failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
+    if failed_before:  # where failed runs are recorded, the record goes with the ack
+        engine.clear_failures(model, failed_before, using=db)
 
 
 def ack(message: Message, *, using: str | None = None) -> None:
     """Acknowledge (delete) a message in the caller's transaction; exactly one row, or
-    ``MessageAlreadyAcked``."""
+    ``MessageAlreadyAcked`` / ``StaleAck`` (see ``ack_many``) and the transaction is marked for
+    rollback."""
     ack_many(message.queue, [message], using=using)
 
 

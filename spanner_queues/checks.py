@@ -6,8 +6,11 @@ E005 unknown QueueMeta attribute          E006 an engine's DATABASE is not in DA
 E007 the engine cannot run on its database (e.g. native queues on SQLite or the emulator)
 E008 max_attempts without a dead-letter queue or discard_after_max_attempts; bad dead_letter_queue
 E009 USE_TZ is False (deliver times, leases and back-off are aware datetimes)
-E011 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
+E010 a queue's field name clashes with a column or method Queue needs (a key field named
+     lease_token, payload, deliver_time...; a field named send, delay, using...)
+E011 payload, deliver_time or a bookkeeping field redeclared with another type
 E012 payload_type is not "bytes", "string" or "json", or disagrees with the payload field
+E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
      row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
@@ -21,6 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
+from django.db import models
 from django.db.models import ForeignKey
 
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
@@ -232,8 +236,72 @@ def _check_payload_type(model: Any, options: Any) -> list[checks.CheckMessage]:
     ]
 
 
-def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
+#: the columns every queue has, and the field types they must keep
+QUEUE_COLUMNS: dict[str, tuple[type[models.Field], ...]] = {
+    "payload": (models.BinaryField, models.TextField),  # bytes; string or JSON text
+    "deliver_time": (models.DateTimeField,),
+    "send_time": (models.DateTimeField,),
+    "attempts": (models.IntegerField,),
+    "lease_token": (models.CharField,),
+    "lease_expires_at": (models.DateTimeField,),
+}
+#: names a field of a queue cannot have: the keyword arguments of ``send``/``replace`` (a key
+#: field named so could never be given) and the classmethods a field would hide
+RESERVED_FIELD_NAMES = frozenset(
+    {"delay", "using", "key", "send", "send_many", "replace", "as_message", "objects"}
+)
+
+
+def _check_fields(model: Any) -> list[checks.CheckMessage]:
+    """E010/E011: names and types that pass makemigrations and migrate but break at run time."""
     problems: list[checks.CheckMessage] = []
+    for field in key_fields(model):
+        if field.name in QUEUE_COLUMNS or field.attname in QUEUE_COLUMNS:
+            problems.append(
+                checks.Error(
+                    f"Key field {field.name!r} of {model._meta.label} is one of the columns "
+                    "every queue has (and the engine rewrites or reads as such).",
+                    hint="Rename the key field; reserved: "
+                    f"{', '.join(sorted(QUEUE_COLUMNS))}.",
+                    obj=model,
+                    id="spanner_queues.E010",
+                )
+            )
+    for field in model._meta.get_fields():
+        name = getattr(field, "name", "")
+        if name in RESERVED_FIELD_NAMES or getattr(field, "attname", None) in RESERVED_FIELD_NAMES:
+            problems.append(
+                checks.Error(
+                    f"Field {name!r} of {model._meta.label} clashes with an argument or method "
+                    "of Queue (send, send_many, replace take delay=, using=, payload=...).",
+                    hint="Rename the field; reserved: "
+                    f"{', '.join(sorted(RESERVED_FIELD_NAMES))}.",
+                    obj=model,
+                    id="spanner_queues.E010",
+                )
+            )
+    for name, types in QUEUE_COLUMNS.items():
+        try:
+            field = model._meta.get_field(name)
+        except Exception:
+            field = None
+        if field is None or not isinstance(field, types) or field.primary_key:
+            declared = type(field).__name__ if field is not None else "nothing"
+            problems.append(
+                checks.Error(
+                    f"{model._meta.label}.{name} must be a "
+                    f"{' or '.join(t.__name__ for t in types)} (as Queue declares it), not "
+                    f"{declared}.",
+                    hint=f"Do not redeclare {name!r} in a queue model.",
+                    obj=model,
+                    id="spanner_queues.E011",
+                )
+            )
+    return problems
+
+
+def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
+    problems: list[checks.CheckMessage] = _check_fields(model)
     for name in unknown_options(model):
         problems.append(
             checks.Error(
@@ -256,7 +324,7 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
     try:
         row_deletion(model, options)
     except QueueConfigurationError as exc:
-        problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E011"))
+        problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E013"))
     problems.extend(_check_payload_type(model, options))
     parent = options.interleave_in_parent
     if parent:

@@ -14,10 +14,14 @@ Aliases work like ``DATABASES`` and ``CACHES``: a queue names the alias it lives
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.utils.module_loading import import_string
 
 from spanner_queues.exceptions import InvalidQueueEngine
 from spanner_queues.semantics import LEASE, BackoffPolicy
@@ -30,7 +34,9 @@ NATIVE_ENGINE = "spanner_queues.engines.native.NativeQueueEngine"
 ENGINE_SHORTCUTS = {"table": TABLE_ENGINE, "native": NATIVE_ENGINE}
 
 #: OPTIONS keys every engine understands; engines add their own (``accepted_options``).
-COMMON_OPTIONS = frozenset({"LEASE_SECONDS", "BACKOFF", "MAX_PAYLOAD_BYTES", "TRANSACTION_RETRIES"})
+COMMON_OPTIONS = frozenset(
+    {"LEASE_SECONDS", "BACKOFF", "MAX_PAYLOAD_BYTES", "TRANSACTION_RETRIES", "JSON_ENCODER"}
+)
 
 DEFAULT_SETTING: dict[str, dict[str, Any]] = {
     DEFAULT_ENGINE_ALIAS: {"ENGINE": TABLE_ENGINE, "DATABASE": "default"}
@@ -48,22 +54,49 @@ class EngineParams:
     backoff: BackoffPolicy = field(default_factory=BackoffPolicy)
     max_payload_bytes: int | None = 4096
     transaction_retries: int = 20
+    #: writes every JSON payload of this alias's queues (send, outbox, helpers)
+    json_encoder: type[json.JSONEncoder] = DjangoJSONEncoder
     options: Mapping[str, Any] = field(default_factory=dict)
 
 
 def _seconds(value: Any, name: str, alias: str) -> timedelta:
     if isinstance(value, timedelta):
-        return value
-    try:
-        seconds = float(value)
-    except (TypeError, ValueError):
+        seconds = value.total_seconds()
+    elif isinstance(value, bool):
         seconds = -1.0
-    if seconds <= 0:
+    else:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+    if not seconds > 0 or seconds == float("inf"):
         raise InvalidQueueEngine(
             f"SPANNER_QUEUES[{alias!r}]: {name} must be a positive number of seconds, "
             f"not {value!r}."
         )
-    return timedelta(seconds=seconds)
+    try:
+        return timedelta(seconds=seconds)
+    except OverflowError:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: {name} is out of range: {value!r}."
+        ) from None
+
+
+def _json_encoder(value: Any, alias: str) -> type[json.JSONEncoder]:
+    """A ``json.JSONEncoder`` subclass, given as the class or its dotted path."""
+    if isinstance(value, str):
+        try:
+            value = import_string(value)
+        except ImportError as exc:
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES[{alias!r}]: JSON_ENCODER {value!r} cannot be imported: {exc}"
+            ) from exc
+    if not (isinstance(value, type) and issubclass(value, json.JSONEncoder)):
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: JSON_ENCODER must be a json.JSONEncoder subclass "
+            f"(or its dotted path), not {value!r}."
+        )
+    return value
 
 
 def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
@@ -124,6 +157,7 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
             f"SPANNER_QUEUES[{alias!r}]: TRANSACTION_RETRIES must be an int >= 0."
         )
     return EngineParams(
+        json_encoder=_json_encoder(options.get("JSON_ENCODER", DjangoJSONEncoder), alias),
         alias=alias,
         engine=engine,
         database=raw.get("DATABASE", "default"),

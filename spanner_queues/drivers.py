@@ -38,6 +38,10 @@ class Driver:
     no_native_queues_reason = "only Cloud Spanner has queues."
     #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
     supports_interleave = False
+    #: whether the DB-API replays an aborted transaction's statements by itself, checking only
+    #: what was fetched (django_spanner): a DML row count checked in Python is then not
+    #: re-checked, so a statement whose outcome matters must be preceded by a read of it.
+    replays_aborted_transactions = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -54,6 +58,14 @@ class Driver:
     def is_missing_parent(self, exc: BaseException) -> bool:
         """True when an INSERT into an interleaved table found no parent row."""
         return False
+
+    @property
+    def claims_skip_locked(self) -> bool:
+        """Whether a claim reads its due rows with ``SELECT ... FOR UPDATE SKIP LOCKED``, so
+        that concurrent claimers pass over each other's rows instead of waiting on them and
+        losing the compare-and-set (Django's own feature flag: PostgreSQL, MySQL 8, Oracle;
+        not SQLite nor Spanner, which has no FOR UPDATE)."""
+        return bool(getattr(self.connection.features, "has_select_for_update_skip_locked", False))
 
     def check(self) -> list[checks.CheckMessage]:
         return []
@@ -166,6 +178,7 @@ def emulator_has_queues(host: str) -> bool:
 class SpannerDriver(Driver):
     vendor = "spanner"
     supports_interleave = True
+    replays_aborted_transactions = True
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
@@ -202,12 +215,21 @@ class SpannerDriver(Driver):
         return any(isinstance(e, gexc.NotFound) and "parent table" in str(e) for e in causes(exc))
 
 
+#: PostgreSQL SQLSTATEs worth running the transaction again for
+_PG_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+
+
 class PostgreSQLDriver(Driver):
     vendor = "postgresql"
 
     def is_retryable(self, exc: BaseException) -> bool:
-        code = getattr(getattr(exc, "__cause__", None), "sqlstate", None)
-        return code in {"40001", "40P01"}
+        """Serialization failures and deadlocks, as psycopg 3 (``sqlstate``) and psycopg2
+        (``pgcode``) report them, wherever they sit in the chain Django wraps."""
+        for current in causes(exc):
+            code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+            if code in _PG_RETRYABLE:
+                return True
+        return False
 
 
 _DRIVERS: dict[str, type[Driver]] = {

@@ -35,6 +35,11 @@ class PayloadTooLarge(PayloadError):
     """A payload is larger than the engine's ``MAX_PAYLOAD_BYTES``."""
 
 
+class InvalidArgument(QueueError, ValueError):
+    """An argument of an API call, the ``Worker`` or a pattern helper is out of range or of the
+    wrong type (``receive(max_messages=0)``, ``lease=-1``, ``concurrency=100000``...)."""
+
+
 class InvalidMessage(QueueError, ValueError):
     """A message's key or deliver time is malformed (missing key column, naive datetime...)."""
 
@@ -54,6 +59,13 @@ class LeaseLost(QueueError):
     """The lease token is unknown or expired: the message may already be someone else's."""
 
 
+class StaleAck(LeaseLost):
+    """An ack carried a lease token that no longer matches the message under its key: the lease
+    expired and the message was delivered again, released, or replaced (``replace()``, a retry, a
+    checkpoint) under the same key. Nothing was deleted; the transaction is marked for rollback.
+    Raised by engines that check lease tokens on ack (the table engine)."""
+
+
 class MessageUpdateRefused(QueueError, TypeError):
     """Queue rows cannot be updated: replace a message with ack + send instead."""
 
@@ -62,8 +74,20 @@ class NotSupportedByEngine(QueueError, NotImplementedError):
     """The configured engine does not support this operation."""
 
 
+class OutboxBypassed(QueueError):
+    """``OutboxQuerySet`` refused ``bulk_create``/``update``/``bulk_update`` of a model
+    registered with the outbox outside ``outbox.manual_send()``: the change would have no
+    message."""
+
+
 class TransactionRequired(QueueError):
     """The operation must run inside ``transaction.atomic()`` on the queue's database."""
+
+
+class WorkerCrashed(QueueError):
+    """A receiver raised a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+    ``KeyboardInterrupt``...): the worker stopped; ``__cause__`` is that exception. Its message
+    was left leased and is delivered again after its lease."""
 
 
 class Retry(QueueError):

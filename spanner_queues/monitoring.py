@@ -1,9 +1,9 @@
 """What the admin keeps about queues: its permissions and samples of queue depth over time.
 
 ``record_depth_samples()`` stores one ``QueueDepthSample`` per declared queue from
-``engine.stats()``. The admin overview calls it when viewed (at most every
-``VIEW_SAMPLE_INTERVAL``); a worker or a cron job may call it on its own schedule so that the
-depth chart shows a backlog growing while nobody looks.
+``engine.stats()``. A worker (a ``periodic`` receiver) or a cron job calls it on its own
+schedule so that the depth chart shows a backlog growing while nobody looks; the admin pages
+only read samples (a GET writes nothing) and end the chart with the live counts.
 """
 
 from __future__ import annotations
@@ -21,8 +21,6 @@ if TYPE_CHECKING:
 
 #: samples older than this are deleted when new ones are recorded.
 SAMPLE_RETENTION = timedelta(days=7)
-#: the overview records a sample per queue at most this often.
-VIEW_SAMPLE_INTERVAL = timedelta(seconds=30)
 
 
 class Queues(models.Model):
@@ -106,7 +104,7 @@ def record_depth_samples(
         if not _due(label, now, min_interval):
             continue
         measured = known.get(label) or engine_for(model).stats(model)
-        samples.append(QueueDepthSample.from_stats(measured))
+        samples.append(QueueDepthSample.from_stats(measured))  # (counts never negative)
     if samples:
         QueueDepthSample.objects.bulk_create(samples)
         QueueDepthSample.objects.filter(measured_at__lt=now - SAMPLE_RETENTION).delete()

@@ -46,21 +46,23 @@ Guarantees:
 
 from __future__ import annotations
 
-import json
+import contextlib
+import contextvars
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.apps import apps
 from django.core.exceptions import FieldDoesNotExist, ValidationError
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, router, transaction
-from django.db.models import CharField, Field, Model, TextField
+from django.db.models import CharField, Field, Model, QuerySet, TextField
 from django.db.models.signals import class_prepared, post_save, pre_delete, pre_save
 from django.utils.encoding import is_protected_type
 
 from spanner_queues.exceptions import (
+    InvalidArgument,
     InvalidMessage,
+    OutboxBypassed,
     PayloadError,
     QueueConfigurationError,
     QueueError,
@@ -196,7 +198,9 @@ class Registration:
             raise type(exc)(f"{where}: {exc} The save or delete was aborted.") from exc
         return {**outgoing.key, "payload": outgoing.payload}
 
-    def default_payload(self, instance: Model, event: str, changed: frozenset[str]) -> str:
+    def default_payload(
+        self, instance: Model, event: str, changed: frozenset[str]
+    ) -> dict[str, Any]:
         """``{"model", "pk", "event"}``, plus ``"changed"`` (field names) for updates and, for
         deletes of a registration with explicit ``fields``, ``"data"``: those fields' values
         (the row is gone when the receiver runs)."""
@@ -209,7 +213,7 @@ class Registration:
             document["changed"] = sorted(changed)
         if event == "deleted" and self.explicit_fields:
             document["data"] = {f.name: _field_value(f, instance) for f in self.fields}
-        return json.dumps(document, cls=DjangoJSONEncoder, separators=(",", ":"))
+        return document  # encoded like every payload: the engine's JSON_ENCODER
 
 
 # --- registering -------------------------------------------------------------------------
@@ -346,12 +350,21 @@ def send_for(
     Raises ``TransactionRequired`` outside ``atomic()``.
     """
     if event not in EVENTS:
-        raise ValueError(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
+        raise InvalidArgument(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
     names = None if changed is None else frozenset(changed)
     batches: dict[tuple[str, str], tuple[type[Queue], list[dict[str, Any]]]] = {}
     for instance in objs:
         concrete = instance._meta.concrete_model or type(instance)
         db = using or instance._state.db or router.db_for_write(concrete, instance=instance)
+        connection = connections[db]
+        if not connection.in_atomic_block and connection.get_autocommit():
+            # Even when no registration fires: a call outside the change's transaction is
+            # the caller's mistake whatever is registered today.
+            raise TransactionRequired(
+                f"outbox.send_for(..., event={event!r}) outside transaction.atomic("
+                f"using={db!r}): call it inside the atomic() block that makes the change. "
+                "Nothing was written."
+            )
         for registration in _registry.get(concrete, []):
             own = None if names is None else registration.names_of(names)
             if not registration.fires(event, own):
@@ -370,6 +383,52 @@ def send_for(
     for (_, db), (queue, specs) in batches.items():
         sent.extend(send_many(queue, specs, using=db))
     return sent
+
+
+# --- an opt-in guard for the paths that send no signals ----------------------------------
+
+_manual: contextvars.ContextVar[int] = contextvars.ContextVar("outbox_manual_send", default=0)
+
+
+@contextlib.contextmanager
+def manual_send() -> Iterator[None]:
+    """Allow ``OutboxQuerySet``'s signal-free writes (``bulk_create``, ``update``,
+    ``bulk_update``) in this thread for the block; the caller sends their messages itself with
+    ``send_for`` in the same ``atomic()`` block."""
+    token = _manual.set(_manual.get() + 1)
+    try:
+        yield
+    finally:
+        _manual.reset(token)
+
+
+class OutboxQuerySet(QuerySet):
+    """Opt-in (``objects = OutboxQuerySet.as_manager()``): refuses ``bulk_create``,
+    ``update`` and ``bulk_update`` of a model registered with the outbox, which would change
+    rows without their messages, unless the caller is inside ``outbox.manual_send()`` (and
+    calls ``send_for``). ``delete()`` sends signals and is always allowed."""
+
+    def _guard(self, what: str) -> None:
+        concrete = self.model._meta.concrete_model or self.model
+        if _manual.get() or not _registry.get(concrete):
+            return
+        raise OutboxBypassed(
+            f"{self.model._meta.label}.objects.{what}() sends no model signals, so the outbox "
+            "would write no message for it. Wrap it in `with outbox.manual_send():` and call "
+            "outbox.send_for(objs, event=...) in the same atomic() block, or save() each row."
+        )
+
+    def bulk_create(self, *args: Any, **kwargs: Any) -> Any:
+        self._guard("bulk_create")
+        return super().bulk_create(*args, **kwargs)
+
+    def update(self, *args: Any, **kwargs: Any) -> int:
+        self._guard("update")
+        return super().update(*args, **kwargs)
+
+    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
+        self._guard("bulk_update")
+        return super().bulk_update(*args, **kwargs)
 
 
 # --- signal receivers --------------------------------------------------------------------
@@ -404,7 +463,11 @@ def _pre_save(
         return
     possible = _possible_events(instance, update_fields)
     firing = [r for r in regs for e in possible if r.fires(e, _restrict(None, update_fields, r))]
+    stack = instance.__dict__.setdefault(_STASH, [])
     if not firing:
+        # One entry per save, even when nothing can fire: post_save pops its own save's
+        # entry, never one left behind by an earlier save that failed between the signals.
+        stack.append(None)
         return
     for registration in firing:
         _require_transaction(registration, using, f"{sender._meta.label}.save()")
@@ -412,7 +475,7 @@ def _pre_save(
     specs = None
     if instance.pk is not None:  # build and validate before the row is written
         specs = _build_all(regs, instance, event, changed, update_fields)
-    instance.__dict__.setdefault(_STASH, []).append(_Planned(event, changed, specs))
+    stack.append(_Planned(event, changed, specs))
 
 
 def _post_save(
@@ -425,11 +488,13 @@ def _post_save(
     **kwargs: Any,
 ) -> None:
     stack = instance.__dict__.get(_STASH)
-    if raw or not stack:
+    if raw or not stack or not _registry.get(sender._meta.concrete_model or sender):
         return
-    planned: _Planned = stack.pop()
+    planned: _Planned | None = stack.pop()  # this save's own entry (pushed last)
     if not stack:
         del instance.__dict__[_STASH]
+    if planned is None:
+        return
     try:
         event = "created" if created else "updated"
         specs = planned.specs

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.exceptions import InvalidMessage, MessageAlreadyExists
+from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
 from spanner_queues.message import Message
 from spanner_queues.models import rows
 from spanner_queues.receivers import ReceiverRegistry, mark_acked, receiver, receivers
@@ -72,7 +72,7 @@ def resend_later(
     ``MessageAlreadyAcked`` if the message is gone (then nothing is sent).
     """
     if (after is None) == (deliver_time is None):
-        raise ValueError("Pass exactly one of after= or deliver_time=.")
+        raise InvalidArgument("Pass exactly one of after= or deliver_time=.")
     model = get_queue(message.queue)
     db = _db(model, using)
     spec = dict(
@@ -155,7 +155,7 @@ def window_deliver_time(
     in ``[0, spread)`` (default ``spread = window``) derived from it, so that entities spread
     over the window instead of all arriving on the boundary."""
     if window <= timedelta(0):
-        raise ValueError("window must be positive.")
+        raise InvalidArgument("window must be positive.")
     now = now or timezone.now()
     step = window.total_seconds()
     epoch = datetime(1970, 1, 1, tzinfo=now.tzinfo or timezone.get_current_timezone())
@@ -254,7 +254,7 @@ def periodic(
     Several schedules can share a queue: each receiver matches its own ``key``.
     """
     if every <= timedelta(0):
-        raise ValueError("every must be positive.")
+        raise InvalidArgument("every must be positive.")
 
     def decorator(func: Callable[[Message], Any]) -> Callable[[Message], Any]:
         def run_periodic(message: Message) -> None:

@@ -10,12 +10,19 @@ as bytes (``OutgoingMessage.payload``, ``Message.payload``):
 - json: bytes are JSON text, any other value (a str too) is serialised as JSON; either way the
   result is canonical JSON (keys sorted, no spaces, UTF-8), so every engine returns the same
   bytes for it.
+
+JSON is written by one encoder everywhere (``send``, the outbox, the helpers): the engine's
+``JSON_ENCODER`` option, by default Django's ``DjangoJSONEncoder`` (datetimes, dates, times,
+timedeltas, Decimals, UUIDs and lazy strings as the serializers write them); NaN and infinities
+are refused.
 """
 
 from __future__ import annotations
 
 import json
 from typing import TYPE_CHECKING, Any
+
+from django.core.serializers.json import DjangoJSONEncoder
 
 from spanner_queues.exceptions import PayloadError, PayloadTooLarge, QueueConfigurationError
 
@@ -24,18 +31,24 @@ if TYPE_CHECKING:
 
 BYTES, STRING, JSON = "bytes", "string", "json"
 PAYLOAD_TYPES = (BYTES, STRING, JSON)
+#: the JSON encoder used when an engine configures none (``OPTIONS["JSON_ENCODER"]``)
+DEFAULT_JSON_ENCODER: type[json.JSONEncoder] = DjangoJSONEncoder
 
 
-def _dumps(value: Any, *, canonical: bool) -> bytes:
+def _dumps(
+    value: Any, *, canonical: bool, encoder: type[json.JSONEncoder] | None = None
+) -> bytes:
     try:
         return json.dumps(
             value,
+            cls=encoder or DEFAULT_JSON_ENCODER,
             separators=(",", ":"),
             ensure_ascii=False,
             allow_nan=False,
             sort_keys=canonical,
         ).encode("utf-8")
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+        # (UnicodeEncodeError is a ValueError: a lone surrogate in a string of the JSON)
         raise PayloadError(
             f"Payload of type {type(value).__name__} is not bytes, str or JSON-serialisable: {exc}"
         ) from exc
@@ -66,16 +79,21 @@ def check_payload_type(payload_type: str) -> str:
 
 
 def encode_payload(
-    payload: Any, *, payload_type: str = BYTES, max_bytes: int | None = None
+    payload: Any,
+    *,
+    payload_type: str = BYTES,
+    max_bytes: int | None = None,
+    encoder: type[json.JSONEncoder] | None = None,
 ) -> bytes:
     """The bytes stored for ``payload`` in a queue of ``payload_type``; ``PayloadError`` is
-    raised before anything is written."""
+    raised before anything is written. Values other than bytes and str are written as JSON
+    with ``encoder`` (default ``DjangoJSONEncoder``)."""
     check_payload_type(payload_type)
     if payload_type == JSON:
         if isinstance(payload, (bytes, bytearray, memoryview)):
             data = canonical_json(payload)
         else:
-            data = _dumps(payload, canonical=True)
+            data = _dumps(payload, canonical=True, encoder=encoder)
     elif isinstance(payload, (bytes, bytearray, memoryview)):
         data = bytes(payload)
         if payload_type == STRING:
@@ -86,9 +104,12 @@ def encode_payload(
                     f"A string queue's payload must be UTF-8 text; these bytes are not: {exc}"
                 ) from exc
     elif isinstance(payload, str):
-        data = payload.encode("utf-8")
+        try:
+            data = payload.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise PayloadError(f"Payload is not valid Unicode text (UTF-8): {exc}") from exc
     else:
-        data = _dumps(payload, canonical=False)
+        data = _dumps(payload, canonical=False, encoder=encoder)
     if max_bytes is not None and len(data) > max_bytes:
         raise PayloadTooLarge(
             f"Payload is {len(data)} bytes; the limit is {max_bytes} (MAX_PAYLOAD_BYTES). "

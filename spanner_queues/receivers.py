@@ -246,10 +246,27 @@ def _pending() -> set[tuple[str, tuple]] | None:
     return getattr(_local, "pending", None)
 
 
-def set_pending(messages: Iterable[Message] | None) -> None:
-    """Worker use: the messages the current thread's receiver is handling (None: none)."""
+def set_pending(
+    messages: Iterable[Message] | None,
+    *,
+    current: Callable[[Message], Message] | None = None,
+) -> None:
+    """Worker use: the messages the current thread's receiver is handling (None: none);
+    ``current(message)`` gives the message with the lease the worker holds now (renewals
+    rotate the token while the receiver runs)."""
     _local.pending = None if messages is None else {(m.queue, m.key) for m in messages}
+    _local.current = current if messages is not None else None
     _local.acked = set()
+
+
+def held_lease_token(message: Message) -> str | None:
+    """The lease token to ack ``message`` with: the worker's current one while the running
+    receiver handles it (renewals rotate it), else the message's own."""
+    pending = _pending()
+    current = getattr(_local, "current", None)
+    if current is not None and pending is not None and (message.queue, message.key) in pending:
+        return current(message).lease_token
+    return message.lease_token
 
 
 def mark_acked(message: Message) -> None:

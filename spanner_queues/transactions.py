@@ -20,16 +20,27 @@ from typing import TypeVar
 from django.db import connections, transaction
 
 from spanner_queues.drivers import driver_for
+from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 
 T = TypeVar("T")
 logger = logging.getLogger("spanner_queues.transactions")
 
 
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
-    """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors."""
+    """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors.
+
+    In a caller's ``atomic()`` block ``fn`` runs once; if it fails with ``MessageAlreadyAcked`` or
+    ``StaleAck`` the caller's transaction is marked for rollback (Spanner's rule on every
+    database: a failed ack is never caught and continued)."""
     if connections[using].in_atomic_block:
-        with transaction.atomic(using=using):
-            return fn()
+        try:
+            with transaction.atomic(using=using):
+                return fn()
+        except (MessageAlreadyAcked, StaleAck):
+            # The savepoint's rollback cleared the mark the engine set: the caller's
+            # transaction must not commit as if the ack had happened.
+            transaction.set_rollback(True, using=using)
+            raise
     driver = driver_for(using)
     attempt = 0
     while True:

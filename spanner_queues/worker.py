@@ -22,6 +22,10 @@
   the worker no longer treats the message as its own: it does not ack, retry or release it.
 - ``stop()`` (first SIGTERM/SIGINT): receive nothing more, finish and ack in-flight messages,
   return. A second signal ends the process at once with exit status 1.
+- A receiver that raises a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
+  ``KeyboardInterrupt``...): its transaction rolls back, the error is logged (``critical``), the
+  worker stops as on ``stop()`` and ``run()`` raises ``WorkerCrashed`` from it; the message is
+  left leased (not released, not acked) and is delivered again after its lease.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
@@ -49,11 +54,13 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.exceptions import (
+    InvalidArgument,
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
     QueueConfigurationError,
     Retry,
+    WorkerCrashed,
 )
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
@@ -86,6 +93,7 @@ FINAL_EVENTS = frozenset(
         "lease_lost",
         "already_acked",
         "returned",
+        "crashed",
     }
 )
 
@@ -156,6 +164,11 @@ class _Delivery:
     renew_at: datetime | None
     lease_lost: bool = False
     done: bool = False
+    #: set (under the renew lock) once an ack, retry or dead letter read this delivery's lease
+    #: token: the renewer no longer rotates it, so the token acked with is the row's until the
+    #: ack commits (a rotation in between would make the ack stale, and on Spanner a replayed
+    #: ack transaction could then commit without its DELETE)
+    acking: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +196,24 @@ def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+#: where a message whose key clashes in its dead-letter queue waits for an operator
+PARKED_UNTIL = datetime(8999, 1, 1, tzinfo=dt_timezone.utc)
+#: most receiver threads one worker process runs (each is a thread and a database connection)
+MAX_CONCURRENCY = 1024
+#: most units each thread may hold (prefetch)
+MAX_PREFETCH = 1000
+
+
+def _require_int(name: str, value: Any, low: int, high: int | None) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        raise InvalidArgument(f"{name} must be an int of at least {low}, not {value!r}.")
+    if high is not None and value > high:
+        raise InvalidArgument(
+            f"{name} must be at most {high}, not {value} (each receiver thread holds a database "
+            "connection; run more worker processes instead)."
+        )
 
 
 def _default_worker_id() -> str:
@@ -218,18 +249,25 @@ class Worker:
         listeners: Sequence[Callable[[WorkerEvent], None]] = (),
         install_signal_handlers: bool = True,
         summary_interval: float | None = None,
+        reseed_interval: float | None = 60.0,
         abort: Callable[[], None] = _abort_process,
     ) -> None:
-        if concurrency < 1:
-            raise ValueError("concurrency must be at least 1.")
-        if prefetch < 1:
-            raise ValueError("prefetch must be at least 1.")
-        if batch_size < 1:
-            raise ValueError("batch_size must be at least 1.")
-        if max_messages is not None and max_messages < 1:
-            raise ValueError("max_messages must be at least 1.")
-        if poll_interval < 0:
-            raise ValueError("poll_interval must be >= 0.")
+        _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
+        _require_int("batch_size", batch_size, 1, None)
+        if max_messages is not None:
+            _require_int("max_messages", max_messages, 1, None)
+        if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
+            raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
+        if not isinstance(poll_interval, (int, float)) or not poll_interval >= 0:
+            raise InvalidArgument(f"poll_interval must be >= 0, not {poll_interval!r}.")
+        if reseed_interval is not None and (
+            not isinstance(reseed_interval, (int, float)) or not reseed_interval > 0
+        ):
+            raise InvalidArgument(f"reseed_interval must be > 0, not {reseed_interval!r}.")
+        #: seconds between re-seeds of the periodic schedules while running (None: at start only)
+        self.reseed_interval = reseed_interval
+        self._next_seed = 0.0
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.batch_size = batch_size
@@ -257,6 +295,8 @@ class Worker:
         self._deliveries: set[_Delivery] = set()  # held: running or waiting
         self._units: SimpleQueue[list[_Delivery] | None] = SimpleQueue()
         self._per_queue: dict[type[Queue], tuple[str, Any, Any]] = {}
+        #: the first BaseException (not an Exception) a receiver raised; run() re-raises it
+        self.crashed: BaseException | None = None
 
     # --- configuration ----------------------------------------------------------------------
     def _plan(self, queues: Sequence[str | type[Queue]] | None) -> list[_Plan]:
@@ -385,6 +425,11 @@ class Worker:
             self._emit("summary", stats=self.stats.copy())
             self._emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
+        if self.crashed is not None:
+            raise WorkerCrashed(
+                f"worker {self.worker_id} stopped: a receiver raised "
+                f"{type(self.crashed).__name__}: {self.crashed}"
+            ) from self.crashed
         return self.stats.copy()
 
     def _stop_streams(self) -> None:
@@ -396,8 +441,14 @@ class Worker:
                 logger.exception("stopping the receive stream of %s failed", label)
 
     def _seed(self) -> None:
+        """Send the first run of every ``periodic`` schedule of this worker's queues whose
+        message is missing (at start, every ``reseed_interval`` and after a message was
+        dead-lettered or discarded): a schedule whose message was dead-lettered, discarded
+        or deleted starts again without a restart."""
         from spanner_queues.patterns import seed_schedules
 
+        if self.reseed_interval is not None:
+            self._next_seed = time.monotonic() + self.reseed_interval
         try:
             for message in seed_schedules(self.queue_labels, registry=self.registry):
                 logger.info("seeded periodic schedule %s", message, extra={"action": "seeded"})
@@ -422,6 +473,8 @@ class Worker:
                 if self._stopping:
                     return
                 idle_before = self._in_flight == 0
+            if self.reseed_interval is not None and time.monotonic() >= self._next_seed:
+                self._seed()
             if next_summary is not None and time.monotonic() >= next_summary:
                 self._emit("summary", stats=self.stats.copy())
                 next_summary = time.monotonic() + (self.summary_interval or 0)
@@ -524,6 +577,8 @@ class Worker:
                         self._run_single(plan, unit[0])
                 except Exception:
                     logger.exception("worker error; message(s) left to lease expiry")
+                except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
+                    self._crash(unit, exc)
                 finally:
                     with self._cond:
                         for d in unit:
@@ -536,6 +591,28 @@ class Worker:
                     recycle_connections()
         finally:
             connections.close_all()
+
+    def _crash(self, unit: list[_Delivery], exc: BaseException) -> None:
+        """A receiver raised a BaseException that is not an Exception: its transaction has
+        rolled back; leave its messages leased (delivered again after their lease), stop the
+        worker, and have ``run()`` raise ``WorkerCrashed``. The executor thread lives on to
+        finish (or give back) the other units, as on ``stop()``."""
+        for d in unit:
+            logger.critical(
+                "%s attempt %d: the receiver raised %s (%s); stopping the worker; the message "
+                "is left leased and will be delivered again after its lease",
+                d.message,
+                d.message.attempt,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra=_extra("crashed", d.message),
+            )
+            self._emit("crashed", message=d.message, error=exc)
+        with self._cond:
+            if self.crashed is None:
+                self.crashed = exc
+        self.stop()
 
     def _database(self, model: type[Queue]) -> str:
         return self._cached(model)[0]
@@ -664,9 +741,19 @@ class Worker:
         for d in deliveries:
             self._emit("started", message=d.message, receiver=spec.name)
 
+        by_key = {(d.message.queue, d.message.key): d for d in deliveries}
+
+        def current(message: Message) -> Message:
+            """The lease held now, for an ack by the receiver's code (a pattern helper)."""
+            return self._freeze([by_key[(message.queue, message.key)]])[0]
+
         def body() -> None:
+            with self._renew_lock:  # (again on a retried transaction: renew while it runs)
+                for d in deliveries:
+                    d.acking = False
             messages = [d.message for d in deliveries]
-            set_pending(messages)  # (again on a retried transaction: its acks rolled back)
+            # (again on a retried transaction: its acks rolled back)
+            set_pending(messages, current=current)
             spec.func(messages if spec.batch else messages[0])
             if spec.atomic:
                 self._ack(deliveries, db)
@@ -715,18 +802,33 @@ class Worker:
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        pending = [d.message.key for d in deliveries if not acked_by_receiver(d.message)]
+        pending = [m for m in self._freeze(deliveries) if not acked_by_receiver(m)]
         if pending:  # (api.ack_many, with the queue's engine already looked up)
             model = deliveries[0].model
-            self._cached(model)[1].ack_many(model, pending, using=db)
+            engine = self._cached(model)[1]
+            keys = [m.key for m in pending]
+            if engine.features.supports_lease_checked_ack:  # the lease held now (renewed)
+                tokens = [m.lease_token for m in pending]
+                engine.ack_many(model, keys, using=db, lease_tokens=tokens)
+            else:
+                engine.ack_many(model, keys, using=db)
         failed_before = [d.message.key for d in deliveries if d.message.attempt > 1]
         if failed_before:  # engines with a failure ledger forget it with the ack
             model = deliveries[0].model
             self._cached(model)[1].clear_failures(model, failed_before, using=db)
 
+    def _freeze(self, deliveries: list[_Delivery]) -> list[Message]:
+        """The deliveries' messages with the lease held now; no renewal rotates their tokens
+        from here on (``acking``)."""
+        with self._renew_lock:
+            for d in deliveries:
+                d.acking = True
+            return [d.message for d in deliveries]
+
     def _retry(
         self, deliveries: list[_Delivery], exc: Retry, spec: ReceiverSpec, duration: float
     ) -> None:
+        self._freeze(deliveries)
         mine = [d for d in deliveries if not d.lease_lost]
         if len(mine) < len(deliveries):
             self._lease_lost([d for d in deliveries if d.lease_lost], exc)
@@ -758,6 +860,9 @@ class Worker:
             for d in mine:
                 logger.warning("%s: already acked; not retried", d.message)
                 self._emit("already_acked", message=d.message, error=err)
+            return
+        except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
+            self._lease_lost(mine, err)
             return
         self._count("retried", len(mine))
         for d in mine:
@@ -832,13 +937,14 @@ class Worker:
             elif engine.features.supports_release:
                 self._release(d)
 
-    def _release(self, d: _Delivery) -> None:
+    def _release(self, d: _Delivery, *, deliver_time: datetime | None = None) -> None:
         engine = self._cached(d.model)[1]
+        due = deliver_time or timezone.now() + _backoff(d.message, engine)
         with self._renew_lock:
             if d.lease_lost:
                 return
             try:
-                api.release(d.message, deliver_time=timezone.now() + _backoff(d.message, engine))
+                api.release(d.message, deliver_time=due)
             except LeaseLost:
                 logger.warning("%s: lease lost before release", d.message)
             except Exception:
@@ -848,7 +954,7 @@ class Worker:
 
     def _give_up(self, deliveries: list[_Delivery], exc: BaseException | None) -> None:
         for d in deliveries:
-            m = d.message
+            m = self._freeze([d])[0]
             options = self._cached(d.model)[2]
             try:
                 if options.dead_letter_queue:
@@ -862,6 +968,7 @@ class Worker:
                         extra=_extra("dead_lettered", m),
                     )
                     self._emit("dead_lettered", message=m, error=exc)
+                    self._next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
                     db = self._database(d.model)
                     engine = self._cached(d.model)[1]
@@ -873,33 +980,40 @@ class Worker:
                         using=db,
                     )
                     self._count("discarded")
-                    logger.error(
-                        "%s: %d attempts, discarded (discard_after_max_attempts); payload=%r",
+                    logger.error(  # (no payload bytes: they may hold personal data)
+                        "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
+                        "%d bytes",
                         m,
                         m.attempt,
-                        m.payload[:200],
+                        len(m.payload),
                         extra=_extra("discarded", m),
                     )
                     self._emit("discarded", message=m, error=exc)
+                    self._next_seed = 0.0
                 elif self._cached(d.model)[1].features.supports_release:
                     self._release(d)
             except MessageAlreadyAcked:
                 logger.warning("%s: already acked; nothing to dead-letter", m)
+            except LeaseLost:  # StaleAck: delivered again or replaced meanwhile
+                logger.warning("%s: lease lost; not dead-lettered (delivered again)", m)
             except MessageAlreadyExists:
                 # The dead-letter queue already holds this key (an earlier dead letter, a
-                # periodic or heartbeat key): say so, and give the message back with back-off
-                # so it is neither lost nor overwritten; an operator resolves the clash.
+                # periodic or heartbeat key). Neither lose nor overwrite it, and do not deliver
+                # it again and again: park it in its queue, due at PARKED_UNTIL, logged once.
+                # An operator resolves the clash (replay or ack the dead letter), then delivers
+                # it now from the admin; it is then dead-lettered.
                 logger.error(
-                    "%s: %d attempts, but dead-letter queue %s already holds key %r; left in "
-                    "its queue (resolve the clash in the admin)",
+                    "%s: %d attempts, but dead-letter queue %s already holds key %r; parked in "
+                    "its queue (due %s): resolve the clash in the admin, then deliver it now",
                     m,
                     m.attempt,
                     options.dead_letter_queue,
                     m.key,
+                    f"{PARKED_UNTIL:%Y-%m-%d}",
                     extra=_extra("dead_letter_clash", m),
                 )
                 if self._cached(d.model)[1].features.supports_release:
-                    self._release(d)
+                    self._release(d, deliver_time=PARKED_UNTIL)
 
     # --- lease renewal ----------------------------------------------------------------------
     def _renewer(self) -> None:
@@ -909,7 +1023,11 @@ class Worker:
                     if self._stopping and self._in_flight == 0:
                         return
                     now = timezone.now()
-                    live = [d for d in self._deliveries if not d.done and not d.lease_lost]
+                    live = [
+                        d
+                        for d in self._deliveries
+                        if not d.done and not d.lease_lost and not d.acking
+                    ]
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     if not due:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
@@ -930,7 +1048,7 @@ class Worker:
                     d.renew_at = None
                 continue
             with self._renew_lock:
-                group = [d for d in group if not d.done and not d.lease_lost]
+                group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue
                 try:

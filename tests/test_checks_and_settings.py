@@ -168,6 +168,38 @@ def test_driver_error_classification() -> None:
     assert not sqlite.is_retryable(OperationalError("no such table"))
 
 
+def test_postgresql_retries_serialization_failures_and_deadlocks_psycopg3_and_psycopg2() -> None:
+    """The driver read ``exc.__cause__.sqlstate`` only: psycopg2's ``pgcode`` and errors
+    further down the chain were not retried."""
+    from psycopg import errors as pg3
+
+    class Psycopg2Error(Exception):  # psycopg2 reports the SQLSTATE as ``pgcode``
+        def __init__(self, pgcode: str) -> None:
+            super().__init__(pgcode)
+            self.pgcode = pgcode
+
+    postgres = drivers.PostgreSQLDriver(connection)
+
+    def wrapped(cause: BaseException, depth: int = 1) -> OperationalError:
+        outer: BaseException = cause
+        for _ in range(depth):
+            error = OperationalError("x")
+            error.__cause__ = outer
+            outer = error
+        return outer  # type: ignore[return-value]
+
+    for cause in (
+        pg3.SerializationFailure("could not serialize access"),
+        pg3.DeadlockDetected("deadlock detected"),
+        Psycopg2Error("40001"),
+        Psycopg2Error("40P01"),
+    ):
+        assert postgres.is_retryable(wrapped(cause)), cause
+        assert postgres.is_retryable(wrapped(cause, depth=2)), cause
+    assert not postgres.is_retryable(wrapped(pg3.UniqueViolation("dup")))
+    assert not postgres.is_retryable(wrapped(Psycopg2Error("23505")))
+
+
 class Flaky(Exception):
     pass
 
@@ -279,7 +311,7 @@ def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str
             errors = [
                 e
                 for e in _check_queue_model(Expiring, {}, {"default": {}})
-                if e.id == "spanner_queues.E011"
+                if e.id == "spanner_queues.E013"
             ]
         finally:
             queue_options.cache_clear()

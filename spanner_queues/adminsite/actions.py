@@ -3,10 +3,11 @@
 Every action runs in one transaction on the queue's database, together with its admin history
 (``LogEntry``): for a selection, all messages change or none does. Nothing here updates a row.
 "Deliver now" and "reschedule" ack each message and send it again, same key and payload, at the
-new time; unlike ``api.replace`` they first check, in the same transaction, that each message is
-still the one shown (same payload and send time), so a message acked or replaced by a receiver
-since the page was shown is neither resurrected nor overwritten (the action fails, changes
-nothing).
+new time; unlike ``api.replace``, every action (ack included) first checks, in the same
+transaction, that each message is still the one shown (same payload and send time), so a
+message acked or replaced by a receiver since the page was shown is neither resurrected,
+overwritten nor deleted (the action fails, changes nothing). Acks carry the lease the message
+was shown with (``StaleAck`` on the table engine if a receiver took it since).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def _unchanged(model: type[Queue], messages: Sequence[Message], db: str) -> None
 
 
 def _ack(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+    _unchanged(model, messages, db)
     api.ack_many(model, messages, using=db)
 
 
@@ -202,12 +204,15 @@ def perform(
     """Run ``action`` on ``messages`` and record it in the admin history, in one transaction.
     A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
     db = database(model)
-    content_type = ContentType.objects.get_for_model(model, for_concrete_model=False)
+    content_type = ContentType.objects.db_manager(db).get_for_model(
+        model, for_concrete_model=False
+    )
     change_message = action.change_message(model, deliver_time) + "."
 
     def run() -> None:
         action.apply(model, messages, deliver_time, db)
-        LogEntry.objects.bulk_create(
+        # the history goes through the queue's database, in the action's transaction
+        LogEntry.objects.using(db).bulk_create(
             LogEntry(
                 user_id=user_id,
                 content_type_id=content_type.pk,

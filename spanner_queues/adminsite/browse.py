@@ -46,9 +46,23 @@ def database(model: type[Queue]) -> str:
 # --- keys in URLs ---------------------------------------------------------------------------
 
 
+#: tokens of the values admin ``quote`` leaves unusable in a path (it writes ``_`` itself as
+#: ``_5F``, so none of these can come from another value)
+_SPECIAL = {"": "_", ".": "_2E", "..": "_2E_2E"}
+_SPECIAL_VALUES = {token: value for value, token in _SPECIAL.items()}
+
+
+def _quote_value(value: Any) -> str:
+    text = quote(str(value))
+    # an empty segment cannot be a path part; dot segments would walk up the path
+    return _SPECIAL.get(text, text)
+
+
 def key_token(key: Sequence[Any]) -> str:
-    """A message key as one URL path segment (admin ``quote`` escapes ``,`` and ``/``)."""
-    return ",".join(quote(str(value)) for value in key)
+    """A message key as one non-empty URL path segment: admin ``quote`` escapes ``,`` and
+    ``/``; an empty value is ``_`` and the values ``.`` and ``..`` are escaped, so that every
+    key has a link of its own."""
+    return ",".join(_quote_value(value) for value in key)
 
 
 def parse_key_token(model: type[Queue], token: str) -> tuple[Any, ...]:
@@ -58,7 +72,10 @@ def parse_key_token(model: type[Queue], token: str) -> tuple[Any, ...]:
     if len(parts) != len(fields):
         raise ValueError(f"expected {len(fields)} key value(s), got {len(parts)}")
     try:
-        return tuple(f.to_python(unquote(p)) for f, p in zip(fields, parts, strict=True))
+        return tuple(
+            f.to_python(_SPECIAL_VALUES[p] if p in _SPECIAL_VALUES else unquote(p))
+            for f, p in zip(fields, parts, strict=True)
+        )
     except ValidationError as exc:
         raise ValueError("; ".join(exc.messages)) from exc
 

@@ -52,10 +52,10 @@ from spanner_queues.adminsite.browse import (
     state_of,
 )
 from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_samples
+from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
-from spanner_queues.exceptions import QueueError, UnknownQueue
+from spanner_queues.exceptions import InvalidMessage, QueueError, UnknownQueue
 from spanner_queues.keys import key_names, row_to_message
-from spanner_queues.monitoring import VIEW_SAMPLE_INTERVAL, record_depth_samples
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for, get_queue, queue_models
 
@@ -125,6 +125,15 @@ class RescheduleForm(forms.Form):
         help_text="In the server's time zone.",
     )
 
+    def clean_deliver_time(self) -> datetime:
+        """A time every database can store, leases and back-off added (not 9999-12-31 in a
+        time zone behind UTC, nor year 1 ahead of it)."""
+        value: datetime = self.cleaned_data["deliver_time"]
+        try:
+            return _deliver_time(value, None) or value
+        except InvalidMessage as exc:
+            raise forms.ValidationError(str(exc)) from None
+
 
 class QueuesAdmin(admin.ModelAdmin):
     """Mounts the queue pages on an admin site; registered for the table-less ``Queues``."""
@@ -170,10 +179,12 @@ class QueuesAdmin(admin.ModelAdmin):
             raise PermissionDenied
 
     def _queue(self, label: str) -> type[Queue]:
+        """The queue named in the URL; a 404 that names no other queue (callers check the
+        view permission first)."""
         try:
             return get_queue(label)
-        except UnknownQueue as exc:
-            raise Http404(str(exc)) from exc
+        except UnknownQueue:
+            raise Http404("No such queue.") from None
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -218,11 +229,8 @@ class QueuesAdmin(admin.ModelAdmin):
                 measured[model._meta.label] = engine_for(model).stats(model)
             except (DatabaseError, QueueError) as exc:
                 errors[model._meta.label] = f"{type(exc).__name__}: {exc}"
-        record_depth_samples(
-            [m for m in models if m._meta.label in measured],
-            min_interval=VIEW_SAMPLE_INTERVAL,
-            stats=measured.values(),
-        )
+        # A GET writes nothing: depth samples are recorded by a worker or a cron job
+        # (record_depth_samples); the chart ends with the live counts of this page.
         rows = []
         for model in models:
             label = model._meta.label
@@ -346,11 +354,11 @@ class QueuesAdmin(admin.ModelAdmin):
 
     # --- actions ----------------------------------------------------------------------------
     def action_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        self._require_view(request)  # before the queue is looked up: nothing leaks
         model = self._queue(queue)
         back = HttpResponseRedirect(self._url("messages", model._meta.label_lower))
         if request.method != "POST":
             return back
-        self._require_view(request)
         action = ACTIONS.get(request.POST.get("action", ""))
         if action is None or not action.available(model):
             messages.warning(request, "No action selected.")

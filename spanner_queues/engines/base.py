@@ -38,6 +38,9 @@ class EngineFeatures:
     #: whether the queue stores the bookkeeping fields (``send_time``, ``attempts``,
     #: ``lease_token``, ``lease_expires_at``); when False the ORM neither reads nor writes them.
     stores_bookkeeping_fields: bool = True
+    #: whether ``ack_many`` accepts ``lease_tokens`` and refuses a stale ack (``StaleAck``)
+    #: instead of deleting a newer message sent under the same key. Native Spanner acks by key.
+    supports_lease_checked_ack: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,7 +71,8 @@ class BaseQueueEngine(ABC):
     - ``send_many`` writes through the caller's connection, in the caller's transaction.
     - ``receive`` never hands a message to two receivers while a lease on it is live, and never
       before its deliver time.
-    - ``ack`` deletes by key in the caller's transaction; no row raises ``MessageAlreadyAcked``.
+    - ``ack`` deletes by key in the caller's transaction; no row raises ``MessageAlreadyAcked``,
+      and the caller's transaction is then marked for rollback (never catch and continue).
     """
 
     features: ClassVar[EngineFeatures] = EngineFeatures()

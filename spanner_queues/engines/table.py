@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BinaryField, Max, Min, Q
+from django.db.models import BinaryField, Count, Max, Min, Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
@@ -30,6 +30,7 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
+    StaleAck,
 )
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
@@ -52,7 +53,17 @@ class _RowStatements:
     the same SQL as ``filter(<key>, deliver_time=...).update(...)`` and
     ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
 
-    __slots__ = ("claim_sql", "delete_sql", "fields", "insert_fields", "insert_sql", "key", "using")
+    __slots__ = (
+        "claim_sql",
+        "delete_leased_sql",
+        "delete_sql",
+        "fields",
+        "insert_fields",
+        "insert_sql",
+        "key",
+        "token_sql",
+        "using",
+    )
 
     def __init__(self, model: type[Queue], using: str) -> None:
         quote = connections[using].ops.quote_name
@@ -69,6 +80,9 @@ class _RowStatements:
         deliver = quote(self.fields["deliver_time"].column)
         self.claim_sql = f"UPDATE {table} SET {sets} WHERE {where} AND {deliver} = %s"
         self.delete_sql = f"DELETE FROM {table} WHERE {where}"
+        token = quote(self.fields["lease_token"].column)
+        self.delete_leased_sql = f"{self.delete_sql} AND {token} = %s"
+        self.token_sql = f"SELECT {token} FROM {table} WHERE {where}"
         # One message's INSERT, as bulk_create writes it, unless a column is filled by the
         # database (auto-increment keys, db_default) or needs a custom placeholder: then
         # bulk_create it stays.
@@ -130,10 +144,23 @@ class _RowStatements:
         row._state.adding = False
         row._state.db = self.using
 
-    def delete(self, key: Sequence[Any]) -> int:
+    def held_by(self, key: Sequence[Any]) -> list[str | None]:
+        """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""
         connection = connections[self.using]
         with connection.cursor() as cursor:
-            cursor.execute(self.delete_sql, self._key(key, connection))
+            cursor.execute(self.token_sql, self._key(key, connection))
+            return [row[0] for row in cursor.fetchall()]
+
+    def delete(self, key: Sequence[Any], lease_token: str | None = None) -> int:
+        """Delete by key; with ``lease_token``, only while the row still holds that token."""
+        connection = connections[self.using]
+        params = self._key(key, connection)
+        sql = self.delete_sql
+        if lease_token is not None:
+            sql = self.delete_leased_sql
+            params.append(self.fields["lease_token"].get_db_prep_value(lease_token, connection))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
             return cursor.rowcount
 
 
@@ -141,7 +168,7 @@ class TableQueueEngine(BaseQueueEngine):
     """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
     Spanner or PostgreSQL database."""
 
-    features = EngineFeatures(supports_native_queues=False)
+    features = EngineFeatures(supports_native_queues=False, supports_lease_checked_ack=True)
 
     def _statements(self, model: type[Queue], using: str) -> _RowStatements:
         cache: dict[tuple[type[Queue], str], _RowStatements] = self.__dict__.setdefault(
@@ -266,12 +293,14 @@ class TableQueueEngine(BaseQueueEngine):
             return []
 
         statements = self._statements(model, self.database)
+        skip_locked = driver_for(self.database).claims_skip_locked
 
         def claim() -> list[Message]:
             now = timezone.now()
-            due = list(
-                manager.filter(deliver_time__lte=now).order_by("deliver_time")[:max_messages]
-            )
+            rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
+            if skip_locked:  # rows another claim holds are passed over, not waited for
+                rows_due = rows_due.select_for_update(skip_locked=True)
+            due = list(rows_due[:max_messages])
             claimed = []
             for row in due:
                 attempt = row.attempts + 1
@@ -352,15 +381,72 @@ class TableQueueEngine(BaseQueueEngine):
         run_in_transaction(release, using=self.database, retries=self.params.transaction_retries)
 
     # --- acking ---------------------------------------------------------------------------
-    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
-        if len(keys) == 1:
-            deleted = self._statements(model, using).delete(keys[0])
-            if deleted != 1:
-                raise MessageAlreadyAcked(
-                    f"{model._meta.label}{keys[0]!r}: no such message; it was already acked "
-                    "(or deleted). Roll back: the work may have been done by another receiver."
-                )
+    def ack_many(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        using: str,
+        lease_tokens: Sequence[str | None] | None = None,
+    ) -> None:
+        """Delete the messages by key, all or none. With ``lease_tokens`` (one per key; None: by
+        key alone), a message whose row no longer holds that token (its lease expired and it was
+        delivered again, released, or replaced under the same key) is not deleted: ``StaleAck``.
+        On either failure the caller's transaction is marked for rollback."""
+        tokens = list(lease_tokens) if lease_tokens is not None else [None] * len(keys)
+        if len(tokens) != len(keys):
+            raise ValueError("lease_tokens must give one token (or None) per key.")
+        try:
+            if len(keys) == 1:
+                self._ack_one(model, keys[0], tokens[0], using)
+            else:
+                self._ack_several(model, keys, tokens, using)
+        except (MessageAlreadyAcked, StaleAck):
+            if connections[using].in_atomic_block:
+                transaction.set_rollback(True, using=using)
+            raise
+
+    def _ack_one(
+        self, model: type[Queue], key: tuple[Any, ...], token: str | None, using: str
+    ) -> None:
+        statements = self._statements(model, using)
+        if driver_for(using).replays_aborted_transactions:
+            # Read the row first: the DB-API checks what a replay fetches, not row counts, so
+            # a replay after the row was acked or claimed by another fails (and is retried from
+            # the start) instead of committing the caller's work without this DELETE.
+            held = statements.held_by(key)
+            if held and token is not None and held[0] != token:
+                raise self._stale(model, key)
+            if not held:
+                raise self._already_acked(model, key)
+        if statements.delete(key, token) == 1:
             return
+        if token is not None and rows(model, using).filter(key_filter(model, key)).exists():
+            raise self._stale(model, key)
+        raise self._already_acked(model, key)
+
+    @staticmethod
+    def _stale(model: type[Queue], key: tuple[Any, ...]) -> StaleAck:
+        return StaleAck(
+            f"{model._meta.label}{tuple(key)!r}: the lease this ack holds is no longer the "
+            "message's (it expired and the message was delivered again, released or "
+            "replaced under the same key); nothing acked. Roll back."
+        )
+
+    @staticmethod
+    def _already_acked(model: type[Queue], key: tuple[Any, ...]) -> MessageAlreadyAcked:
+        return MessageAlreadyAcked(
+            f"{model._meta.label}{tuple(key)!r}: no such message; it was already acked "
+            "(or deleted). Roll back: the work may have been done by another receiver."
+        )
+
+    def _ack_several(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        tokens: Sequence[str | None],
+        using: str,
+    ) -> None:
         duplicates = {k for k, n in Counter(map(tuple, keys)).items() if n > 1}
         if duplicates:
             raise MessageAlreadyAcked(
@@ -368,19 +454,35 @@ class TableQueueEngine(BaseQueueEngine):
                 "acked at most once."
             )
         manager = rows(model, using)
-        condition = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+        by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+        condition = Q(
+            *[
+                key_filter(model, k) & Q(lease_token=t) if t is not None else key_filter(model, k)
+                for k, t in zip(keys, tokens, strict=True)
+            ],
+            _connector=Q.OR,
+        )
         names = key_names(model)
 
         def delete_all() -> None:
             # All or nothing even in autocommit: the count of the DELETE itself decides, so a
             # concurrent ack between reading and deleting cannot make both callers succeed.
-            present = set(manager.filter(condition).values_list(*names))
+            present = set(manager.filter(by_key).values_list(*names))
             missing = [k for k in keys if tuple(k) not in present]
+            if not missing and any(t is not None for t in tokens):
+                held = set(manager.filter(condition).values_list(*names))
+                stale = [k for k in keys if tuple(k) not in held]
+                if stale:
+                    raise StaleAck(
+                        f"{model._meta.label}: the lease of {stale!r} is no longer the "
+                        "message's (delivered again, released or replaced under the same "
+                        "key); nothing acked. Roll back."
+                    )
             if not missing and manager.filter(condition)._raw_delete(using) == len(keys):
                 return
             raise MessageAlreadyAcked(
-                f"{model._meta.label}: no message with key(s) {missing or list(keys)!r}; already "
-                "acked (or deleted). Roll back the transaction."
+                f"{model._meta.label}: no message with key(s) {missing!r}; already acked (or "
+                "deleted). Roll back the transaction."
             )
 
         with transaction.atomic(using=using):
@@ -388,21 +490,27 @@ class TableQueueEngine(BaseQueueEngine):
 
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
+        """One aggregate query: every count comes from the same snapshot, so they always add up
+        (``total = ready + scheduled + leased``) even while messages arrive and leave."""
         manager = rows(model, self.database)
         now = timezone.now()
-        leased = Q(lease_expires_at__gt=now)
-        aggregate = manager.aggregate(oldest=Min("send_time"), max_attempts=Max("attempts"))
-        total = manager.count()
-        ready = manager.filter(deliver_time__lte=now).exclude(leased).count()
-        leased_count = manager.filter(leased).count()
+        leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
+        counted = manager.aggregate(
+            total=Count("deliver_time"),
+            ready=Count("deliver_time", filter=Q(deliver_time__lte=now) & ~leased),
+            leased=Count("deliver_time", filter=leased),
+            oldest=Min("send_time"),
+            max_attempts=Max("attempts"),
+        )
+        total, ready, leased_count = counted["total"], counted["ready"], counted["leased"]
         return QueueStats(
             queue=model._meta.label,
             total=total,
             ready=ready,
             leased=leased_count,
             scheduled=total - ready - leased_count,
-            oldest_send_time=aggregate["oldest"],
-            max_attempts=aggregate["max_attempts"],
+            oldest_send_time=counted["oldest"],
+            max_attempts=counted["max_attempts"],
             measured_at=now,
         )
 

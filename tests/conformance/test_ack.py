@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.db import transaction
 
 from spanner_queues import api
-from spanner_queues.exceptions import MessageAlreadyAcked
+from spanner_queues.engines import engines
+from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
+from spanner_queues.patterns import resend_later
 from tests.conftest import receive_due
 from tests.testapp.models import Account, UserTasks
 
@@ -60,4 +64,86 @@ def test_ack_does_not_check_the_lease_token() -> None:
     # As in Spanner: ack goes by key; an undelivered (scheduled) message can be cancelled too.
     UserTasks.send(user_id=9, message_id="cancel-me", payload="")
     api.ack_many(UserTasks, [{"user_id": 9, "message_id": "cancel-me"}])
+    assert not UserTasks.objects.exists()
+
+
+# --- a failed ack marks the transaction for rollback (issue 15 #9) ---------------------------
+def test_a_caught_already_acked_still_rolls_back_the_transaction() -> None:
+    """Spanner's rule on every engine: a failed ack is statement-level; the transaction must not
+    commit the receiver's writes without its ack, even if the receiver catches the error."""
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    message = receive_due(UserTasks)[0]
+    api.ack(message)
+    with transaction.atomic():
+        Account.objects.create(name="work done twice")
+        try:
+            api.ack(message)
+        except MessageAlreadyAcked:
+            pass
+    assert not Account.objects.exists()
+
+
+def test_a_caught_already_acked_from_ack_many_and_helpers_rolls_back() -> None:
+    UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "ab"])
+    a, b = receive_due(UserTasks, 2, max_messages=2)
+    api.ack(a)
+    with transaction.atomic():
+        Account.objects.create(name="batch")
+        with pytest.raises(MessageAlreadyAcked):
+            api.ack_many(UserTasks, [a, b])
+    with transaction.atomic():
+        Account.objects.create(name="helper")
+        with pytest.raises(MessageAlreadyAcked):
+            resend_later(a, after=timedelta(0))
+    assert not Account.objects.exists()
+    assert UserTasks.objects.filter(pk=(1, "b")).exists()
+
+
+# --- stale acks under reused keys (issue 15 #2) -----------------------------------------------
+def _lease_checked() -> None:
+    if not engines["default"].features.supports_lease_checked_ack:
+        pytest.skip("the engine acks by key alone (native Spanner)")
+
+
+def test_a_stale_ack_does_not_delete_a_newer_message_under_the_same_key() -> None:
+    _lease_checked()
+    UserTasks.send(user_id=1, message_id="k", payload="old")
+    old = receive_due(UserTasks)[0]
+    api.replace(UserTasks, {"user_id": 1, "message_id": "k"}, payload="new")  # a producer
+    with pytest.raises(StaleAck), transaction.atomic():
+        Account.objects.create(name="work on the old payload")
+        api.ack(old)
+    assert not Account.objects.exists()
+    assert bytes(UserTasks.objects.get(pk=(1, "k")).payload) == b"new"
+    with pytest.raises(StaleAck):  # the helpers carry the lease too: no checkpoint backwards
+        resend_later(old, after=timedelta(0), payload="older state")
+    with pytest.raises(StaleAck):
+        api.ack_many(UserTasks, [old])
+    assert bytes(UserTasks.objects.get(pk=(1, "k")).payload) == b"new"
+    assert UserTasks.objects.get(pk=(1, "k")).lease_token is None
+
+
+def test_a_released_message_is_not_acked_by_its_old_lease() -> None:
+    _lease_checked()
+    UserTasks.send_many([{"user_id": 2, "message_id": m, "payload": ""} for m in "xy"])
+    x, y = receive_due(UserTasks, 2, max_messages=2)
+    api.release(x)
+    with pytest.raises(StaleAck), transaction.atomic():
+        api.ack_many(UserTasks, [x, y])
+    assert UserTasks.objects.count() == 2  # all or nothing
+    api.ack(y)
+    api.ack_many(UserTasks, [{"user_id": 2, "message_id": "x"}])  # by key: still possible
+    assert not UserTasks.objects.exists()
+
+
+def test_a_renewed_lease_acks_with_its_new_token_and_the_old_one_is_stale() -> None:
+    _lease_checked()
+    if not engines["default"].features.rotates_lease_tokens:
+        pytest.skip("renewal keeps the token")
+    UserTasks.send(user_id=3, message_id="r", payload="")
+    first = receive_due(UserTasks)[0]
+    renewed = api.renew(first)
+    with pytest.raises(StaleAck):
+        api.ack(first)
+    api.ack(renewed)
     assert not UserTasks.objects.exists()

@@ -64,3 +64,41 @@ def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
         assert proc.returncode == 0, err
         claims.extend(tuple(json.loads(line)["key"]) for line in out.splitlines())
     assert sorted(claims) == sorted(m.key for m in sent)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_skips_rows_another_transaction_has_locked() -> None:
+    """Where the database has SELECT ... FOR UPDATE SKIP LOCKED (PostgreSQL), a claim passes
+    over rows another transaction holds instead of waiting for them."""
+    import threading
+
+    from django.db import connections, transaction
+
+    from spanner_queues import api
+    from spanner_queues.drivers import driver_for
+    from tests.testapp.models import Jobs
+
+    if not driver_for("default").claims_skip_locked:
+        pytest.skip("the database has no FOR UPDATE SKIP LOCKED")
+    Jobs.send(id="a", payload="")
+    Jobs.send(id="b", payload="")
+    locked, release = threading.Event(), threading.Event()
+
+    def hold_a() -> None:
+        try:
+            with transaction.atomic():
+                list(Jobs.objects.select_for_update().filter(id="a"))
+                locked.set()
+                release.wait(30)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold_a)
+    holder.start()
+    try:
+        assert locked.wait(30)
+        claimed = api.receive(Jobs, max_messages=2)
+    finally:
+        release.set()
+        holder.join(60)
+    assert [m.key for m in claimed] == [("b",)]

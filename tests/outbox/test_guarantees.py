@@ -182,3 +182,103 @@ def test_save_through_a_proxy_counts() -> None:
     assert [e["model"] for e in payloads(ModelEvents)] == ["outboxapp.author"]
     with pytest.raises(TransactionRequired):
         ProxyAuthor.objects.create(name="autocommit")
+
+
+def test_outbox_and_send_encode_payloads_with_one_configurable_encoder(registered: Any) -> None:
+    """send() refused {"at": datetime} (PayloadError) while the outbox encoded the same dict
+    with DjangoJSONEncoder. Now both use the engine's JSON_ENCODER (DjangoJSONEncoder by
+    default), so datetimes, Decimals and UUIDs come out the same."""
+    import json
+    import uuid
+    from decimal import Decimal
+
+    from django.core.serializers.json import DjangoJSONEncoder
+    from django.test import override_settings
+    from django.utils import timezone
+
+    document = {"at": timezone.now(), "amount": Decimal("1.10"), "ref": uuid.uuid4()}
+    expected = json.loads(json.dumps(document, cls=DjangoJSONEncoder))
+    registered(Note, queue=ModelEvents, payload=lambda note, **kw: document)
+    with transaction.atomic():
+        Note.objects.create(text="x")
+    [from_outbox] = payloads(ModelEvents)
+    sent = api.send(ModelEvents, object_id=1, message_id="sent", payload=document)
+    assert from_outbox == expected == sent.json()
+
+    class SetsAsLists(DjangoJSONEncoder):
+        def default(self, o: Any) -> Any:
+            return sorted(o) if isinstance(o, set) else super().default(o)
+
+    setting = {"default": {"OPTIONS": {"JSON_ENCODER": SetsAsLists}}}
+    with override_settings(SPANNER_QUEUES=setting):
+        sent = api.send(ModelEvents, object_id=2, message_id="s", payload={"tags": {"b", "a"}})
+        assert sent.json() == {"tags": ["a", "b"]}
+    with pytest.raises(PayloadError):
+        api.send(ModelEvents, object_id=3, message_id="s", payload={"tags": {"b", "a"}})
+
+
+def test_a_failed_save_leaves_no_plan_behind_for_a_later_save(registered: Any) -> None:
+    """pre_save stashed its plan on the instance; a save that failed before post_save left it
+    there, and a later save that should send nothing popped it and sent a spurious message."""
+    from django.db.models.signals import pre_save
+
+    from tests.outboxapp.models import Plain
+
+    registered(
+        Plain,
+        queue=ModelEvents,
+        fields=("name",),
+        key=lambda p, **kw: {"object_id": p.pk, "message_id": f"{kw['event']}-{p.name}"},
+    )
+    with transaction.atomic():
+        plain = Plain.objects.create(name="a")
+    assert ModelEvents.objects.count() == 1  # created
+
+    def fail(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the save fails after the outbox planned its message")
+
+    pre_save.connect(fail, sender=Plain)
+    try:
+        plain.name = "b"
+        with pytest.raises(RuntimeError), transaction.atomic():
+            plain.save()
+    finally:
+        pre_save.disconnect(fail, sender=Plain)
+    plain.counter = 5
+    with transaction.atomic():
+        plain.save(update_fields=["counter"])  # no tracked field changed: no message
+    assert ModelEvents.objects.count() == 1
+
+
+def test_send_for_outside_atomic_is_refused_even_with_nothing_registered() -> None:
+    from spanner_queues import outbox
+    from tests.outboxapp.models import Plain
+
+    plain = Plain.objects.create(name="p")
+    with pytest.raises(TransactionRequired):
+        outbox.send_for([plain], event="updated")
+    with transaction.atomic():
+        assert outbox.send_for([plain], event="updated") == []
+
+
+def test_outbox_queryset_refuses_signal_free_writes_of_registered_models(registered: Any) -> None:
+    from spanner_queues import outbox
+    from spanner_queues.exceptions import OutboxBypassed
+    from tests.outboxapp.models import Plain
+
+    rows = outbox.OutboxQuerySet(model=Plain)
+    rows.bulk_create([Plain(name="unregistered")])  # nothing registered: allowed
+    registered(Plain, queue=ModelEvents, key=lambda p, **kw: {"object_id": p.pk, "message_id": "m"})
+    for write in (
+        lambda: rows.bulk_create([Plain(name="x")]),
+        lambda: rows.update(counter=1),
+        lambda: rows.bulk_update(list(Plain.objects.all()), ["counter"]),
+    ):
+        with pytest.raises(OutboxBypassed), transaction.atomic():
+            write()
+    assert list(Plain.objects.values_list("counter", flat=True)) == [0]
+    with transaction.atomic(), outbox.manual_send():
+        rows.update(counter=2)
+        outbox.send_for(Plain.objects.all(), event="updated", changed=["counter"])
+    assert list(Plain.objects.values_list("counter", flat=True)) == [2]
+    assert ModelEvents.objects.count() == 1

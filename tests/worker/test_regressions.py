@@ -8,6 +8,7 @@ import logging
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,91 @@ def test_dead_letter_key_clash_leaves_the_message_and_says_why(
     assert WorkItemsDead.objects.get(pk="clash").as_message().json() == {
         "earlier": True
     }  # ...nor overwriting
+    # ...nor delivered again and again (it was released with back-off on every delivery,
+    # forever): parked until an operator resolves the clash.
+    from spanner_queues.worker import PARKED_UNTIL
+
+    assert WorkItems.objects.get(pk="clash").deliver_time == PARKED_UNTIL
+    caplog.clear()
+    with caplog.at_level(logging.ERROR, logger="spanner_queues"):
+        assert make_worker(WorkItems, burst=True).run().received == 0
+    assert "already holds key" not in caplog.text
+
+
+def test_a_receiver_raising_systemexit_stops_the_worker_and_leaves_the_message_leased(
+    make_worker: Callable[..., Worker], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A receiver raising SystemExit (a BaseException) used to kill its executor thread
+    silently: a burst ended with processed=0 failed=0 and exit 0. Now the worker stops and
+    run() raises WorkerCrashed; the message is neither acked nor released."""
+    from spanner_queues.exceptions import WorkerCrashed
+
+    WorkItems.send(id="bye", payload={"exit": 3})
+    WorkItems.send(id="other", payload={})
+    worker = make_worker(WorkItems, burst=True, concurrency=1, batch_size=1)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            raised.append(exc)
+
+    with caplog.at_level(logging.CRITICAL, logger="spanner_queues"):
+        thread = threading.Thread(target=run, daemon=True)
+        thread.start()
+        thread.join(60)
+    assert not thread.is_alive(), "the worker hung (its only executor thread had died)"
+    assert len(raised) == 1 and isinstance(raised[0], WorkerCrashed), raised
+    assert isinstance(raised[0].__cause__, SystemExit)
+    assert "SystemExit" in caplog.text and "bye" in caplog.text
+    row = WorkItems.objects.get(pk="bye")
+    assert row.attempts == 1 and row.lease_token  # leased: delivered again after its lease
+    assert not WorkLog.objects.filter(key="bye").exists()
+
+
+def test_a_replace_during_a_delivery_is_not_lost_to_that_deliverys_ack(
+    make_worker: Callable[..., Worker], events: Any, tmp_path: Path
+) -> None:
+    """The producer replaces a message while a worker runs the old one: the worker's ack used
+    to delete the new message (ack by key), so the new payload was never handled."""
+    from spanner_queues import api
+    from spanner_queues.engines import engines
+    from tests.conftest import wait_until
+    from tests.worker.conftest import running
+
+    if not engines["default"].features.supports_lease_checked_ack:
+        pytest.skip("the engine acks by key alone (native Spanner)")
+    go, trace = tmp_path / "go", tmp_path / "trace"
+    WorkItems.send(id="k", payload={"mode": "external", "block": str(go), "trace": str(trace)})
+    with running(make_worker(WorkItems, concurrency=1)):
+        wait_until(trace.exists)  # the old message is in its receiver
+        api.replace(WorkItems, {"id": "k"}, payload={"mode": "external", "note": "new"})
+        go.touch()
+        assert events.wait_for("lease_lost")  # the stale ack was refused...
+        assert events.wait_for("acked")  # ...and the new message was delivered and acked
+    assert not WorkItems.objects.exists()
+    assert WorkLog.objects.filter(key="k").count() == 2
+
+
+def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
+    make_worker: Callable[..., Worker],
+) -> None:
+    """Acks carry the lease token; a renewal that rotated it between the ack reading it and
+    the DELETE made the ack stale (a spurious lease_lost, and on Spanner a replayed ack
+    transaction that committed the receiver's work without its DELETE: a message left
+    behind). Once an ack has read a delivery's token, the renewer leaves that delivery alone."""
+    require("supports_lease_renewal")
+    WorkItems.send(id="r", payload={})
+    worker = make_worker(WorkItems)
+    assert worker._receive(worker.plans[0], 1) == 1
+    [delivery] = list(worker._deliveries)
+    token = delivery.message.lease_token
+    [frozen] = worker._freeze([delivery])
+    assert frozen.lease_token == token
+    worker._renew([delivery])  # what the renewer thread would do now
+    assert WorkItems.objects.get(pk="r").lease_token == token
+    from spanner_queues import api
+
+    api.ack(frozen)
+    assert not WorkItems.objects.filter(pk="r").exists()

@@ -254,3 +254,23 @@ def test_a_message_that_failed_then_succeeds_forgets_its_failures(
         assert events.wait_for("acked", timeout=60)
     assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
     assert not FailedDelivery.objects.exists()
+
+
+def test_a_periodic_schedule_whose_message_went_is_seeded_again_while_running(
+    make_worker: MakeWorker,
+) -> None:
+    """A periodic message that was dead-lettered (or deleted) stopped its schedule until a
+    worker restarted; the worker now re-seeds every reseed_interval."""
+    with running(make_worker(Ticks, reseed_interval=0.2)):
+        wait_until(lambda: WorkLog.objects.filter(note="tick").exists())
+        Ticks.objects.filter(name="tick").delete()  # e.g. dead-lettered by an operator
+        before = WorkLog.objects.filter(note="tick").count()
+        wait_until(lambda: WorkLog.objects.filter(note="tick").count() >= before + 2)
+    assert Ticks.objects.filter(name="tick").exists()
+
+
+def test_reseed_interval_must_be_positive(make_worker: MakeWorker) -> None:
+    from spanner_queues.exceptions import InvalidArgument
+
+    with pytest.raises(InvalidArgument):
+        make_worker(Ticks, reseed_interval=0)

@@ -4,7 +4,8 @@
 - ``block``: wait until this file exists before going on; ``pause``: sleep this many seconds;
 - ``fail``: raise on every attempt; ``fail_below``: raise while attempt < this;
 - ``retry_after``: raise ``Retry(after=...)`` on the first run of this key (per ``trace``);
-- ``outlive_lease``: keep running until well past the lease the message arrived with.
+- ``outlive_lease``: keep running until well past the lease the message arrived with;
+- ``exit``: raise ``SystemExit(exit)`` (a ``BaseException``, as ``sys.exit()`` in user code).
 Then it writes a ``WorkLog`` row in the ack transaction. With ``"mode": "external"`` in the
 payload, ``work_external`` (``atomic=False``) does the same outside any transaction and the worker
 acks afterwards: on SQLite an atomic receiver holds the database's single write lock while it
@@ -72,6 +73,8 @@ def _obey(message: Message, note: str) -> None:
         _wait_for_file(spec["block"])
     if "pause" in spec:
         time.sleep(spec["pause"])
+    if "exit" in spec:
+        raise SystemExit(spec["exit"])
     if spec.get("fail") or message.attempt < spec.get("fail_below", 0):
         raise RuntimeError(f"asked to fail (attempt {message.attempt})")
     if "retry_after" in spec and _runs(spec["trace"], message) == 1:

@@ -10,13 +10,21 @@ import math
 import sys
 import time
 from argparse import ArgumentParser, ArgumentTypeError
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from spanner_queues.exceptions import QueueError
-from spanner_queues.worker import FINAL_EVENTS, Worker, WorkerEvent, WorkerStats
+from spanner_queues.exceptions import QueueError, WorkerCrashed
+from spanner_queues.worker import (
+    FINAL_EVENTS,
+    MAX_CONCURRENCY,
+    MAX_PREFETCH,
+    Worker,
+    WorkerEvent,
+    WorkerStats,
+)
 
 
 def positive_int(value: str) -> int:
@@ -27,6 +35,21 @@ def positive_int(value: str) -> int:
     if number < 1:
         raise ArgumentTypeError(f"must be at least 1, not {number}")
     return number
+
+
+def bounded_int(high: int) -> Callable[[str], int]:
+    """An argparse type: an int from 1 to ``high``."""
+
+    def parse(value: str) -> int:
+        number = positive_int(value)
+        if number > high:
+            raise ArgumentTypeError(
+                f"must be at most {high}, not {number} (each receiver thread holds a database "
+                "connection; run more worker processes instead)"
+            )
+        return number
+
+    return parse
 
 
 def positive_seconds(value: str) -> float:
@@ -67,13 +90,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=bounded_int(MAX_CONCURRENCY),
             default=1,
             help="Receiver threads in this process (default: %(default)s).",
         )
         parser.add_argument(
             "--prefetch",
-            type=positive_int,
+            type=bounded_int(MAX_PREFETCH),
             default=1,
             help="Messages each thread may hold: one receive claims up to CONCURRENCY x "
             "PREFETCH minus those held, each then processed and acked in its own "
@@ -156,7 +179,10 @@ class Command(BaseCommand):
                 + (f", prefetch {worker.prefetch}" if worker.prefetch > 1 else "")
                 + mode
             )
-        worker.run()
+        try:
+            worker.run()
+        except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
+            raise CommandError(str(exc)) from exc
 
     # --- output -----------------------------------------------------------------------------
     def _on_event(self, event: WorkerEvent) -> None:

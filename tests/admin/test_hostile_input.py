@@ -1,0 +1,82 @@
+"""Admin under hostile input (issue 15 #12, #7): odd keys get their own links, out-of-range
+times and unknown queues answer cleanly, permission first; ack checks the message is unchanged."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from spanner_queues import api
+from spanner_queues.adminsite.browse import key_token, parse_key_token
+from tests.admin.conftest import OVERVIEW, action_url, queue_url
+from tests.admin.test_actions import SELECTED, log_entries, notes, run
+from tests.testapp.models import Jobs, UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.mark.parametrize("odd", ["", ".", "..", "_", "a,b", "x/y", "_2E"])
+def test_every_key_has_a_link_of_its_own(operator_client: Client, odd: str) -> None:
+    Jobs.send(id=odd, payload="odd")
+    token = key_token((odd,))
+    assert token not in ("", ".", "..")
+    assert parse_key_token(Jobs, token) == (odd,)
+    listing = operator_client.get(queue_url("testapp.Jobs"))
+    assert listing.status_code == 200
+    page = operator_client.get(f"{queue_url('testapp.Jobs')}messages/{token}/")
+    assert page.status_code == 200 and page.context["row"].message.key == (odd,)
+
+
+def test_composite_keys_with_empty_parts_round_trip(operator_client: Client) -> None:
+    UserTasks.send(user_id=1, message_id="", payload="")
+    token = key_token((1, ""))
+    assert parse_key_token(UserTasks, token) == (1, "")
+    assert operator_client.get(f"{queue_url('testapp.UserTasks')}messages/{token}/").status_code
+    assert operator_client.get(queue_url("testapp.UserTasks")).status_code == 200
+
+
+@pytest.mark.parametrize("when", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
+def test_reschedule_out_of_range_is_a_form_error(operator_client: Client, when: str) -> None:
+    sent = Jobs.send(id="a", payload="p")
+    response = operator_client.post(
+        action_url("testapp.Jobs"),
+        {"action": "reschedule", SELECTED: ["a"], "post": "yes", "deliver_time": when},
+    )
+    assert response.status_code == 200 and response.context["form"].errors
+    assert Jobs.objects.get(id="a").deliver_time == sent.deliver_time
+    assert log_entries(Jobs) == []
+
+
+def test_unknown_queue_in_an_action_url_checks_permission_first_and_lists_nothing(
+    client: Client, operator_client: Client, make_user: Any, login: Any
+) -> None:
+    response = operator_client.post(f"{OVERVIEW}nope.nope/actions/", {"action": "ack"})
+    assert response.status_code == 404
+    assert "testapp" not in response.content.decode()
+    anonymous = Client().post(f"{OVERVIEW}nope.nope/actions/", {"action": "ack"})
+    assert anonymous.status_code in (302, 403)  # to the login page, never a 404
+    nobody = login(make_user(name="nobody"))
+    assert nobody.post(f"{OVERVIEW}nope.nope/actions/").status_code == 403
+
+
+def test_ack_refuses_a_message_changed_since_it_was_shown(
+    operator_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like reschedule: a message replaced under its key since it was read is not deleted."""
+    from spanner_queues.adminsite import views
+
+    Jobs.send(id="k", payload="old")
+    real = views.get_messages
+
+    def replaced_meanwhile(model: Any, keys: Any) -> Any:
+        found = real(model, keys)
+        api.replace(Jobs, {"id": "k"}, payload="new")  # a producer, after the page read it
+        return found
+
+    monkeypatch.setattr(views, "get_messages", replaced_meanwhile)
+    _, done = run(operator_client, "testapp.Jobs", "ack", ["k"])
+    assert "Nothing was changed" in notes(done)[0]
+    assert bytes(Jobs.objects.get(id="k").payload) == b"new"
+    assert log_entries(Jobs) == []
