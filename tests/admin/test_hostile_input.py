@@ -39,13 +39,14 @@ def test_composite_keys_with_empty_parts_round_trip(operator_client: Client) -> 
 
 @pytest.mark.parametrize("when", ["9999-12-31T23:59:59-05:00", "0001-01-01T00:00:00+05:00"])
 def test_reschedule_out_of_range_is_a_form_error(operator_client: Client, when: str) -> None:
-    sent = Jobs.send(id="a", payload="p")
+    Jobs.send(id="a", payload="p")
+    stored = Jobs.objects.get(id="a").deliver_time  # (native: the commit's time, not send()'s)
     response = operator_client.post(
         action_url("testapp.Jobs"),
         {"action": "reschedule", SELECTED: ["a"], "post": "yes", "deliver_time": when},
     )
     assert response.status_code == 200 and response.context["form"].errors
-    assert Jobs.objects.get(id="a").deliver_time == sent.deliver_time
+    assert Jobs.objects.get(id="a").deliver_time == stored
     assert log_entries(Jobs) == []
 
 
@@ -61,6 +62,7 @@ def test_unknown_queue_in_an_action_url_checks_permission_first_and_lists_nothin
     assert nobody.post(f"{OVERVIEW}nope.nope/actions/").status_code == 403
 
 
+@pytest.mark.requires("stores_bookkeeping_fields")  # a replaced native message looks the same
 def test_ack_refuses_a_message_changed_since_it_was_shown(
     operator_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
