@@ -73,9 +73,7 @@ class QueueEmulator:
 
     def stop(self, grace: float = 1.0) -> None:
         if self._front is not None:
-            self._front.stopping.set()
-            with self._front._commits:
-                self._front._commits.notify_all()
+            self._front.shutdown()
         if self._server is not None:
             self._server.stop(grace).wait(grace + 5)
             self._server = None

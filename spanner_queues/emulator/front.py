@@ -96,6 +96,12 @@ class Front:
         self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.stopping = threading.Event()
 
+    def shutdown(self) -> None:
+        """End open RECEIVE streams (they look at ``stopping`` after each wait)."""
+        self.stopping.set()
+        with self._commits:
+            self._commits.notify_all()
+
     # --- catalog -------------------------------------------------------------------------
     def catalog(self, database: str) -> dict[str, s.QueueSchema]:
         with self._lock:
