@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from spanner_queues.adminsite.models import Queues
 from spanner_queues.adminsite.views import QueuesAdmin
-from spanner_queues.monitoring import Queues
 
 admin.site.register(Queues, QueuesAdmin)

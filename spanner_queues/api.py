@@ -17,10 +17,10 @@ from django.utils import timezone
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, LeaseLost
 from spanner_queues.keys import key_fields, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
-from spanner_queues.models import rows
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import held_lease_token
 from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:

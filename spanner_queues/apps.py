@@ -27,7 +27,7 @@ class SpannerQueuesConfig(AppConfig):
         from spanner_queues import checks  # noqa: F401  (registers the system checks)
 
         setting_changed.connect(_reset_engines, dispatch_uid="spanner_queues.reset_engines")
-        from spanner_queues.native import introspection
+        from spanner_queues import introspection
 
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py

@@ -20,70 +20,27 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
-from django.db.models.base import ModelBase
 from django.utils import timezone
 
+from spanner_queues.adminsite.models import QueueDepthSample, Queues  # noqa: F401  (admin)
+from spanner_queues.api import replace, send_many
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
-from spanner_queues.monitoring import QueueDepthSample, Queues  # noqa: F401  (admin models)
-from spanner_queues.payload import BYTES, JSON, STRING, json_value_text
+from spanner_queues.keys import row_to_message
+from spanner_queues.payload import BYTES
+from spanner_queues.storage import (  # noqa: F401  (public here too)
+    BOOKKEEPING_FIELDS,
+    UPDATE_REFUSED,
+    JSONPayloadField,
+    QueueBase,
+    QueueQuerySet,
+    payload_field,
+    rows,
+    stores_bookkeeping,
+)
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
-
-_UPDATE_REFUSED = (
-    "Queue messages cannot be updated (Spanner queues have no UPDATE). "
-    "Replace a message with ack + send, e.g. {label}.replace(...)."
-)
-
-
-#: table-engine bookkeeping; engines whose features say ``stores_bookkeeping_fields=False``
-#: (native queues) have no such columns, so the ORM neither selects nor inserts them.
-BOOKKEEPING_FIELDS = ("send_time", "attempts", "lease_token", "lease_expires_at")
-
-
-def stores_bookkeeping(model: type[models.Model]) -> bool:
-    """Whether the engine of queue ``model`` keeps the bookkeeping columns."""
-    try:
-        from spanner_queues.registry import engine_for
-
-        return engine_for(model).features.stores_bookkeeping_fields  # type: ignore[arg-type]
-    except Exception:  # not configured yet, historical migration model...: the default
-        return True
-
-
-class QueueQuerySet(models.QuerySet):
-    """A QuerySet that refuses UPDATE; delete (cancel or ack without assert) is allowed."""
-
-    def __init__(self, model: Any = None, query: Any = None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(model, query, *args, **kwargs)
-        if query is None and model is not None and not stores_bookkeeping(model):
-            self.query.add_deferred_loading(BOOKKEEPING_FIELDS)
-
-    def _insert(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
-        if not stores_bookkeeping(self.model):
-            fields = [f for f in fields if f.name not in BOOKKEEPING_FIELDS]
-        return super()._insert(objs, fields, *args, **kwargs)
-
-    _insert.queryset_only = False  # type: ignore[attr-defined]
-
-    def update(self, **kwargs: Any) -> int:
-        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
-
-    def bulk_update(self, *args: Any, **kwargs: Any) -> int:
-        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
-
-    def update_or_create(self, *args: Any, **kwargs: Any) -> Any:
-        raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=self.model.__name__))
-
-    def _update_bookkeeping(self, **kwargs: Any) -> int:
-        """Engine-only: update lease bookkeeping columns. Not part of the public API."""
-        return super().update(**kwargs)
-
-
-def rows(model: type[models.Model], using: str) -> QueueQuerySet:
-    """All rows of a queue on ``using``, ignoring custom default managers (engine use)."""
-    return QueueQuerySet(model=model, using=using)
 
 
 class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
@@ -98,45 +55,6 @@ class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore
 
     def __hash__(self) -> int:
         return id(self)
-
-
-class JSONPayloadField(models.TextField):
-    """The ``payload`` of a ``payload_type = "json"`` queue: canonical JSON text (keys
-    sorted, no spaces) in a text column, or Spanner's ``JSON`` column on native queues. Reads
-    give that text (a ``str``) whatever the database returns for the column."""
-
-    queue_payload_type = JSON
-    description = "JSON text (a queue payload)"
-
-    def from_db_value(self, value: Any, expression: Any, connection: Any) -> str | None:
-        if value is None or isinstance(value, str):
-            return value
-        return json_value_text(value).decode("utf-8")  # e.g. Spanner's JsonObject
-
-
-def payload_field(payload_type: str) -> models.Field:
-    """A new ``payload`` field for ``payload_type`` ("bytes", "string" or "json")."""
-    if payload_type == STRING:
-        return models.TextField(db_column="Payload", default="")
-    if payload_type == JSON:
-        return JSONPayloadField(db_column="Payload")
-    return models.BinaryField(db_column="Payload", default=bytes)
-
-
-class QueueBase(ModelBase):
-    """Gives a queue declaring ``QueueMeta.payload_type`` the matching ``payload`` field
-    (unless it declares the field itself; check E012 then compares the two)."""
-
-    def __new__(
-        mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any
-    ) -> QueueBase:
-        meta = attrs.get("QueueMeta") or next(
-            (b.QueueMeta for b in bases if hasattr(b, "QueueMeta")), None
-        )
-        declared = getattr(meta, "payload_type", BYTES)
-        if declared in (STRING, JSON) and "payload" not in attrs:
-            attrs["payload"] = payload_field(declared)
-        return super().__new__(mcs, name, bases, attrs, **kwargs)
 
 
 class Queue(models.Model, metaclass=QueueBase):
@@ -158,7 +76,7 @@ class Queue(models.Model, metaclass=QueueBase):
 
     def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding or kwargs.get("force_update") or kwargs.get("update_fields"):
-            raise MessageUpdateRefused(_UPDATE_REFUSED.format(label=type(self).__name__))
+            raise MessageUpdateRefused(UPDATE_REFUSED.format(label=type(self).__name__))
         kwargs["force_insert"] = True
         super().save(*args, **kwargs)
 
@@ -185,8 +103,6 @@ class Queue(models.Model, metaclass=QueueBase):
         The row is written through the caller's connection: it commits or rolls back with the
         caller's other writes. A key that already exists raises ``MessageAlreadyExists``.
         """
-        from spanner_queues.api import send_many
-
         return send_many(
             cls,
             [dict(key, payload=payload, deliver_time=deliver_time, delay=delay)],
@@ -199,8 +115,6 @@ class Queue(models.Model, metaclass=QueueBase):
     ) -> list[Message]:
         """Send several messages in one statement; each dict holds key fields, ``payload``,
         optionally ``deliver_time`` or ``delay``."""
-        from spanner_queues.api import send_many
-
         return send_many(cls, messages, using=using)
 
     @classmethod
@@ -215,13 +129,9 @@ class Queue(models.Model, metaclass=QueueBase):
     ) -> Message:
         """Delete any message under this key and send a new one, in one transaction
         (the heartbeat pattern: queues have no UPDATE)."""
-        from spanner_queues.api import replace
-
         return replace(
             cls, key, payload=payload, deliver_time=deliver_time, delay=delay, using=using
         )
 
     def as_message(self) -> Message:
-        from spanner_queues.api import row_to_message
-
         return row_to_message(type(self), self)

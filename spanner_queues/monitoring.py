@@ -1,4 +1,4 @@
-"""What the admin keeps about queues: its permissions and samples of queue depth over time.
+"""Samples of queue depth over time, for the admin's depth chart.
 
 ``record_depth_samples()`` stores one ``QueueDepthSample`` per declared queue from
 ``engine.stats()``. A worker (a ``periodic`` receiver) or a cron job calls it on its own
@@ -12,66 +12,19 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import models
 from django.utils import timezone
+
+from spanner_queues.adminsite.models import QueueDepthSample, Queues
+from spanner_queues.registry import engine_for, queue_models
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
     from spanner_queues.models import Queue
 
+__all__ = ["SAMPLE_RETENTION", "QueueDepthSample", "Queues", "record_depth_samples"]
+
 #: samples older than this are deleted when new ones are recorded.
 SAMPLE_RETENTION = timedelta(days=7)
-
-
-class Queues(models.Model):
-    """No table: carries the admin's permissions and its entry on the admin index.
-
-    ``view_queues`` lets staff see the queue pages; each kind of action has its own permission.
-    """
-
-    class Meta:
-        managed = False
-        verbose_name = "queue"
-        verbose_name_plural = "queues"
-        default_permissions = ("view",)
-        permissions = [
-            ("ack_message", "Can ack (delete) queue messages"),
-            ("reschedule_message", "Can deliver queue messages now or reschedule them"),
-            ("dead_letter_message", "Can move messages to and replay them from dead-letter queues"),
-        ]
-
-    def __str__(self) -> str:
-        return "queues"
-
-
-class QueueDepthSample(models.Model):
-    """The counts of one queue at one moment, for the admin's depth chart."""
-
-    queue = models.CharField(max_length=200)
-    measured_at = models.DateTimeField()
-    total = models.PositiveIntegerField()
-    ready = models.PositiveIntegerField()
-    scheduled = models.PositiveIntegerField()
-    leased = models.PositiveIntegerField()
-
-    class Meta:
-        verbose_name = "queue depth sample"
-        indexes = [models.Index(fields=["queue", "measured_at"], name="sq_depth_queue_time")]
-        default_permissions = ()
-
-    def __str__(self) -> str:
-        return f"{self.queue} at {self.measured_at:%Y-%m-%d %H:%M:%S}: {self.total}"
-
-    @classmethod
-    def from_stats(cls, stats: QueueStats) -> QueueDepthSample:
-        return cls(
-            queue=stats.queue,
-            measured_at=stats.measured_at,
-            total=stats.total,
-            ready=stats.ready,
-            scheduled=stats.scheduled,
-            leased=stats.leased,
-        )
 
 
 def _due(queue: str, now: datetime, min_interval: timedelta | None) -> bool:
@@ -94,8 +47,6 @@ def record_depth_samples(
     measured (by the overview) are used instead of asking the engine again. Samples older than
     ``SAMPLE_RETENTION`` are deleted.
     """
-    from spanner_queues.registry import engine_for, queue_models
-
     now = timezone.now()
     known = {s.queue: s for s in stats}
     samples = []

@@ -1,4 +1,6 @@
-"""Declared queues: every concrete ``Queue`` subclass of an installed app."""
+"""Declared queues: every concrete ``Queue`` subclass of an installed app, and the lookup from
+a queue to its engine. Imports no model module: a queue is recognised by its metaclass
+(``spanner_queues.storage.QueueBase``), so ``spanner_queues.models`` may call the verbs."""
 
 from __future__ import annotations
 
@@ -6,28 +8,26 @@ from typing import TYPE_CHECKING
 
 from django.apps import apps
 
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import UnknownQueue
-from spanner_queues.options import queue_options
+from spanner_queues.storage import is_queue
 
 if TYPE_CHECKING:
-    from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
+
+__all__ = ["engine_for", "get_queue", "queue_models"]
 
 
 def queue_models() -> list[type[Queue]]:
     """All declared queues, in app order."""
-    from spanner_queues.models import Queue
-
-    return [m for m in apps.get_models() if issubclass(m, Queue)]
+    return [m for m in apps.get_models() if is_queue(m)]
 
 
 def get_queue(queue: str | type[Queue]) -> type[Queue]:
     """Resolve a queue model from itself, its label (``"app.Model"``, case-insensitive), its
     model name when unambiguous, or its table name. Raise ``UnknownQueue`` otherwise."""
-    from spanner_queues.models import Queue
-
     if isinstance(queue, type):
-        if issubclass(queue, Queue) and not queue._meta.abstract:
+        if is_queue(queue):
             return queue
         raise UnknownQueue(f"{queue!r} is not a concrete Queue model.")
     wanted = str(queue).lower()
@@ -40,10 +40,3 @@ def get_queue(queue: str | type[Queue]) -> type[Queue]:
         return by_name[0]
     known = ", ".join(m._meta.label for m in models) or "none"
     raise UnknownQueue(f"No queue named {queue!r}. Declared queues: {known}.")
-
-
-def engine_for(model: type[Queue]) -> BaseQueueEngine:
-    """The engine the queue's ``QueueMeta.engine`` alias names."""
-    from spanner_queues.engines import engines
-
-    return engines[queue_options(model).engine]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from django.utils import timezone
 
-from spanner_queues.monitoring import QueueDepthSample
+from spanner_queues.adminsite.models import QueueDepthSample
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.utils.connection import BaseConnectionHandler
@@ -11,8 +11,12 @@ from django.utils.module_loading import import_string
 from spanner_queues.conf import DEFAULT_SETTING, parse_engine
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.exceptions import InvalidQueueEngine
+from spanner_queues.options import queue_options
 
-__all__ = ["BaseQueueEngine", "EngineFeatures", "QueueStats", "engines"]
+if TYPE_CHECKING:
+    from django.db.models import Model
+
+__all__ = ["BaseQueueEngine", "EngineFeatures", "QueueStats", "engine_for", "engines"]
 
 
 class EngineHandler(BaseConnectionHandler):
@@ -37,3 +41,8 @@ class EngineHandler(BaseConnectionHandler):
 
 
 engines = EngineHandler()
+
+
+def engine_for(model: type[Model]) -> BaseQueueEngine:
+    """The engine the queue's ``QueueMeta.engine`` alias names."""
+    return engines[queue_options(model).engine]

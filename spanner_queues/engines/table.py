@@ -34,9 +34,9 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
-from spanner_queues.models import rows
 from spanner_queues.options import queue_options
 from spanner_queues.payload import BYTES, payload_type, stored_text
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
