@@ -85,7 +85,7 @@ if DEMO_DATABASE == "sqlite":
     }
 elif DEMO_DATABASE in ("emulator", "emulator-native", "spanner"):
     if DEMO_DATABASE in ("emulator", "emulator-native"):
-        from spanner_queues.emulator import ensure_database, ensure_emulator
+        from spanner_queues.testing.emulator import ensure_database, ensure_emulator
 
         # emulator-native: the emulator behind the queue-aware front, which has queues.
         ensure_emulator(

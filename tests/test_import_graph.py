@@ -1,0 +1,233 @@
+"""The import graph of ``spanner_queues`` has no cycle, and the runtime never imports the emulator.
+
+Every module of the package is parsed with ``ast``; every ``import`` and ``from ... import`` node
+counts, wherever it sits: at module level, inside functions and methods, inside ``try`` blocks.
+Imports inside functions hide a cycle, they do not remove it.
+
+Choice: imports under ``if TYPE_CHECKING:`` are left out. They are never executed (every module
+has ``from __future__ import annotations``), so they only name types for the checker; a lower
+layer may name a higher layer's type in an annotation without depending on it at run time.
+
+``from pkg import name`` is an edge to ``pkg.name`` when that is a module of the package, else to
+``pkg``. Importing ``pkg.sub`` runs ``pkg/__init__.py`` too, but that implicit edge is not drawn:
+the package ``__init__`` modules here are thin (docstrings, re-exports of their own submodules).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import spanner_queues
+
+PACKAGE = "spanner_queues"
+ROOT = Path(spanner_queues.__file__).resolve().parent
+
+# The testing side: emulator processes and the queue-aware front. Nothing else imports them.
+TESTING = ("spanner_queues.emulator", "spanner_queues.testing")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in sorted(ROOT.rglob("*.py")):
+        if "migrations" in path.parts:
+            continue
+        found[_module_name(path)] = path
+    return found
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.AST) -> list[ast.Import | ast.ImportFrom]:
+    """All import nodes of ``tree``, skipping the bodies of ``if TYPE_CHECKING:`` blocks."""
+    nodes: list[ast.Import | ast.ImportFrom] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            nodes.append(node)
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return nodes
+
+
+def _edges(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    is_package = path.name == "__init__.py"
+    targets: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == PACKAGE:
+                    targets.add(alias.name)
+            continue
+        if node.level:
+            base = name.split(".") if is_package else name.split(".")[:-1]
+            base = base[: len(base) - (node.level - 1)]
+            source = ".".join(base + ([node.module] if node.module else []))
+        else:
+            source = node.module or ""
+        if source.split(".")[0] != PACKAGE:
+            continue
+        for alias in node.names:
+            sub = f"{source}.{alias.name}"
+            targets.add(sub if sub in modules else source)
+    return {t for t in targets if t in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the package modules it imports (at run time)."""
+    modules = _modules()
+    return {name: _edges(name, path, modules) for name, path in modules.items()}
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module, and modules importing themselves
+    (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            for child in children:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                    break
+                if child in on_stack:
+                    low[node] = min(low[node], index[child])
+            else:
+                work.pop()
+                if work:
+                    parent = work[-1][0]
+                    low[parent] = min(low[parent], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1 or node in graph[node]:
+                        found.append(sorted(component))
+    return found
+
+
+def _describe(graph: dict[str, set[str]], component: list[str]) -> str:
+    members = set(component)
+    edges = [f"{a} -> {b}" for a in component for b in sorted(graph[a] & members)]
+    return f"{len(component)} modules: " + "; ".join(edges)
+
+
+def test_the_graph_sees_imports_inside_functions() -> None:
+    graph = import_graph()
+    # apps.ready() imports checks inside a method: the graph must see it.
+    assert "spanner_queues.checks" in graph["spanner_queues.apps"]
+    assert "spanner_queues.engines.base" in graph["spanner_queues.engines"]
+
+
+def test_cycle_detection_finds_a_planted_cycle() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"d"}, "e": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"], ["d"]]
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    found = cycles(graph)
+    assert not found, "import cycles in spanner_queues:\n" + "\n".join(
+        _describe(graph, c) for c in found
+    )
+
+
+def test_runtime_modules_do_not_import_the_emulator() -> None:
+    graph = import_graph()
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not _within(module, TESTING)
+        for target in targets
+        if _within(target, TESTING)
+    )
+    assert not offenders, "runtime modules importing the testing side:\n" + "\n".join(offenders)
+
+
+# The floor of the layer picture (docs: CONTRIBUTING.md): the engines, Spanner SQL, row storage
+# and shared value types. They must not reach up to the verbs or anything above them.
+LOWER = (
+    "spanner_queues.engines",
+    "spanner_queues.native",
+    "spanner_queues.storage",
+    "spanner_queues.options",
+    "spanner_queues.keys",
+    "spanner_queues.message",
+    "spanner_queues.payload",
+    "spanner_queues.conf",
+    "spanner_queues.drivers",
+    "spanner_queues.transactions",
+    "spanner_queues.exceptions",
+    "spanner_queues.semantics",
+    "spanner_queues.failures",
+)
+UPPER = (
+    "spanner_queues.models",
+    "spanner_queues.api",
+    "spanner_queues.deadletter",
+    "spanner_queues.registry",
+    "spanner_queues.monitoring",
+    "spanner_queues.receivers",
+    "spanner_queues.worker",
+    "spanner_queues.patterns",
+    "spanner_queues.outbox",
+    "spanner_queues.admin",
+    "spanner_queues.adminsite",
+    "spanner_queues.checks",
+    "spanner_queues.management",
+    "spanner_queues.apps",
+    "spanner_queues.introspection",
+)
+
+
+def _within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def test_engines_and_below_do_not_import_the_verbs_or_above() -> None:
+    graph = import_graph()
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if _within(module, LOWER)
+        for target in targets
+        if _within(target, UPPER)
+    )
+    assert not offenders, "lower layers reaching up:\n" + "\n".join(offenders)
