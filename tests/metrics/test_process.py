@@ -99,12 +99,20 @@ def test_a_scrape_after_known_traffic_shows_the_counts(workers, tmp_path: Path) 
         ),
         TIMEOUT,
     )
+    # the worker reports an outcome just after its transaction commits: wait for the last ones
+    outcome = "spanner_queues_worker_messages_total"
+    wait_until(
+        lambda: (
+            w.value(outcome, queue=queue, outcome="acked") >= 4
+            and w.value(outcome, queue=queue, outcome="dead_lettered") >= 1
+        ),
+        TIMEOUT,
+    )
     m = w.scrape()
 
     def get(name: str, **labels: str) -> float:
         return m.get((name, frozenset(labels.items())), 0.0)
 
-    outcome = "spanner_queues_worker_messages_total"
     assert get(outcome, queue=queue, outcome="acked") == 4  # 3, and "retry" at its 2nd run
     assert get(outcome, queue=queue, outcome="retried") == 1
     assert get(outcome, queue=queue, outcome="failed") == 3  # max_attempts = 3
