@@ -239,3 +239,18 @@ def test_recordqueuedepth_stores_one_sample_per_queue() -> None:
     assert QueueDepthSample.objects.get(queue=Q).total == 2
     call_command("recordqueuedepth", "testapp.Jobs", "--min-interval", "3600", stdout=out)
     assert QueueDepthSample.objects.filter(queue=Q).count() == 1
+
+
+@pytest.mark.django_db
+def test_with_a_multiprocess_dir_the_view_adds_up_the_processes_files(
+    client, settings, monkeypatch, tmp_path
+) -> None:
+    """prometheus-client's multiprocess mode (several web processes): the view reads the
+    processes' files (none here: this process does not write any) and its own gauges."""
+    settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    Jobs.send(payload="a")
+    response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert 'spanner_queues_buffered_ready_messages{queue="testapp.Jobs"}' in response.text
+    assert "process_cpu_seconds_total" not in response.text  # not the default registry
