@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -416,8 +417,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
     metrics = _get()
     metrics.gauges.refresh(max_age=params.sample_interval)
     registry = prom.REGISTRY
-    import os
-
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several web processes: add them up
         from prometheus_client import CollectorRegistry, multiprocess
 
