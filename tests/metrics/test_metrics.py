@@ -224,7 +224,7 @@ def test_the_alert_rules_and_the_howto_name_only_metrics_that_exist() -> None:
 
 
 # --- the depth sampling command -------------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)  # (native queues' stats read committed rows)
 def test_recordqueuedepth_stores_one_sample_per_queue() -> None:
     from io import StringIO
 
