@@ -14,6 +14,7 @@ from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
+from spanner_queues import metrics
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, LeaseLost
 from spanner_queues.keys import key_fields, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
@@ -169,7 +170,10 @@ def send_many(
     outgoing = [build_message(model, spec) for spec in messages]
     if not outgoing:
         return []
-    return engine_for(model).send_many(model, outgoing, using=_database(model, using))
+    db = _database(model, using)
+    sent = engine_for(model).send_many(model, outgoing, using=db)
+    metrics.sent(model, len(sent), db)  # on commit; nothing while metrics are off
+    return sent
 
 
 def send(queue: str | type[Queue], *, using: str | None = None, **spec: Any) -> Message:
@@ -194,7 +198,9 @@ def replace(
 
     def run() -> Message:
         rows(model, db).filter(**outgoing.key).delete()
-        return engine_for(model).send_many(model, [outgoing], using=db)[0]
+        sent = engine_for(model).send_many(model, [outgoing], using=db)[0]
+        metrics.sent(model, 1, db)
+        return sent
 
     return run_in_transaction(run, using=db, retries=engine_for(model).params.transaction_retries)
 
@@ -259,6 +265,7 @@ def ack_many(
         engine.ack_many(model, keys, using=db, lease_tokens=tokens)
     else:
         engine.ack_many(model, keys, using=db)
+    metrics.acked(model, messages, db)  # on commit; nothing while metrics are off
     failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
     if failed_before:  # where failed runs are recorded, the record goes with the ack
         engine.clear_failures(model, failed_before, using=db)

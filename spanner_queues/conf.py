@@ -167,3 +167,60 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
         transaction_retries=retries,
         options={k: v for k, v in options.items() if k not in known},
     )
+
+
+# --- SPANNER_QUEUES_METRICS -----------------------------------------------------------------
+METRICS_KEYS = frozenset({"VIEW", "TOKEN", "SAMPLE_INTERVAL_SECONDS", "RECORD_DEPTH_SAMPLES"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricsParams:
+    """The ``SPANNER_QUEUES_METRICS`` setting (see ``spanner_queues.metrics``)."""
+
+    #: serve ``spanner_queues.metrics.metrics_view`` (404 otherwise)
+    view: bool = False
+    #: a bearer token the view accepts besides staff sessions
+    token: str | None = None
+    #: how often a worker reads the queue gauges (and the view at most)
+    sample_interval: float = 30.0
+    #: whether a worker serving metrics also stores depth samples for the admin's chart
+    record_depth_samples: bool = True
+
+
+def parse_metrics(raw: Any) -> MetricsParams:
+    """Validate ``SPANNER_QUEUES_METRICS``; ``InvalidQueueEngine`` with the reason."""
+    if raw is None:
+        return MetricsParams()
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueEngine("SPANNER_QUEUES_METRICS must be a dict.")
+    unknown = set(raw) - METRICS_KEYS
+    if unknown:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES_METRICS has unknown keys: {', '.join(sorted(unknown))}. "
+            f"Known: {', '.join(sorted(METRICS_KEYS))}."
+        )
+    token = raw.get("TOKEN")
+    if token is not None and (not isinstance(token, str) or len(token) < 16):
+        raise InvalidQueueEngine(
+            "SPANNER_QUEUES_METRICS['TOKEN'] must be a string of at least 16 characters."
+        )
+    interval = raw.get("SAMPLE_INTERVAL_SECONDS", 30.0)
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
+        0 < interval < float("inf")
+    ):
+        raise InvalidQueueEngine(
+            "SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'] must be a positive number, "
+            f"not {interval!r}."
+        )
+    return MetricsParams(
+        view=bool(raw.get("VIEW", False)),
+        token=token,
+        sample_interval=float(interval),
+        record_depth_samples=bool(raw.get("RECORD_DEPTH_SAMPLES", True)),
+    )
+
+
+def metrics_params() -> MetricsParams:
+    from django.conf import settings
+
+    return parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))

@@ -280,3 +280,10 @@ def mark_acked(message: Message) -> None:
 def acked_by_receiver(message: Message) -> bool:
     """Worker use: whether the receiver's code acked ``message`` (via a pattern helper)."""
     return (message.queue, message.key) in getattr(_local, "acked", set())
+
+
+def handled_by_running_receiver(message: Message) -> bool:
+    """Whether ``message`` is one the current thread's running receiver was handed by the
+    worker (which then reports it acked, or not, itself)."""
+    pending = _pending()
+    return pending is not None and (message.queue, message.key) in pending

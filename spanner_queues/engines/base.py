@@ -170,6 +170,12 @@ class BaseQueueEngine(ABC):
         receive through a background stream end it; for the others there is nothing to stop."""
         return None
 
+    def lease_expirations(self, model: type[Queue]) -> int:
+        """Leases on ``model``'s messages that ran out without an ack or release, as this
+        process saw them since it started (a counter, for Spanner's ``lease_expiration_count``
+        metric). Engines that cannot see expirations return 0."""
+        return 0
+
     @abstractmethod
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts of the queue's messages by state."""

@@ -501,6 +501,14 @@ class NativeQueueEngine(BaseQueueEngine):
             cursor.execute(self.cursor_dialect.purge(self.declaration(model)))
 
     # --- observing ------------------------------------------------------------------------
+    def lease_expirations(self, model: type[Queue]) -> int:
+        """Rows this process's ``RECEIVE_<Q>`` stream held whose lease ran out before they
+        were handed out (``Receiver.lease_expiration_count``). Leases that run out in a
+        receiver's hands are the worker's lost leases; Spanner's own metric counts both."""
+        with _streams_lock:
+            receiver = _streams.get((self.alias, model._meta.label))
+        return receiver.lease_expiration_count if receiver is not None else 0
+
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight
         messages count as ``ready`` and ``leased`` is always 0."""

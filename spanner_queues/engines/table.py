@@ -12,6 +12,7 @@ ABORTED) that reads the due rows and updates each with a compare-and-set on its 
 from __future__ import annotations
 
 import secrets
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
@@ -164,6 +165,12 @@ class _RowStatements:
             return cursor.rowcount
 
 
+#: leases found expired when their message was claimed again, per (alias, queue label), in
+#: this process (engines are per thread; the count is the process's)
+_lease_expirations: Counter[tuple[str, str]] = Counter()
+_lease_expirations_lock = threading.Lock()
+
+
 class TableQueueEngine(BaseQueueEngine):
     """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
     Spanner or PostgreSQL database."""
@@ -295,7 +302,10 @@ class TableQueueEngine(BaseQueueEngine):
         statements = self._statements(model, self.database)
         skip_locked = driver_for(self.database).claims_skip_locked
 
+        expired = [0]
+
         def claim() -> list[Message]:
+            expired[0] = 0
             now = timezone.now()
             rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
             if skip_locked:  # rows another claim holds are passed over, not waited for
@@ -318,6 +328,8 @@ class TableQueueEngine(BaseQueueEngine):
                     deliver_time=expires + self.params.backoff.delay(attempt, age),
                 )
                 if updated == 1:  # 0 only if another claimer won (SQLite without IMMEDIATE)
+                    # a lease still set: the last one ran out (acks delete, releases clear it)
+                    expired[0] += row.lease_expires_at is not None
                     claimed.append(
                         replace(
                             message, attempt=attempt, lease_token=token, lease_expires_at=expires
@@ -325,9 +337,17 @@ class TableQueueEngine(BaseQueueEngine):
                     )
             return claimed
 
-        return run_in_transaction(
+        claimed = run_in_transaction(
             claim, using=self.database, retries=self.params.transaction_retries
         )
+        if expired[0]:
+            with _lease_expirations_lock:
+                _lease_expirations[(self.alias, model._meta.label)] += expired[0]
+        return claimed
+
+    def lease_expirations(self, model: type[Queue]) -> int:
+        """Counted when a message whose lease ran out is claimed again (by this process)."""
+        return _lease_expirations[(self.alias, model._meta.label)]
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         manager = rows(model, self.database)

@@ -68,6 +68,16 @@ def non_negative_seconds(value: str) -> float:
     return positive_seconds(value)
 
 
+def port_number(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= number <= 65535:
+        raise ArgumentTypeError(f"must be a port from 0 to 65535, not {number}")
+    return number
+
+
 def worker_id(value: str) -> str:
     if not value or len(value) > 64 or not value.isprintable() or " " in value:
         raise ArgumentTypeError("must be 1-64 printable characters without spaces")
@@ -143,6 +153,27 @@ class Command(BaseCommand):
             help="Seconds between summary lines at -v1 and above (default: %(default)s).",
         )
         parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            help="Serve Prometheus metrics at http://METRICS_ADDR:PORT/metrics (needs the "
+            "'metrics' extra). Each worker on a host needs its own port; 0 picks a free one "
+            "(printed at start).",
+        )
+        parser.add_argument(
+            "--metrics-addr",
+            default="127.0.0.1",
+            help="Address the metrics server listens on (default: %(default)s; 0.0.0.0 for "
+            "every interface).",
+        )
+        parser.add_argument(
+            "--metrics-interval",
+            type=positive_seconds,
+            default=None,
+            help="Seconds between reads of the queue gauges (and depth samples) "
+            "(default: SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'], 30).",
+        )
+        parser.add_argument(
             "--worker-id",
             type=worker_id,
             default=None,
@@ -154,6 +185,10 @@ class Command(BaseCommand):
         self._verbosity = verbosity
         self._last: tuple[float, int] = (time.monotonic(), 0)
         lease = options["lease"]
+        listeners: list[Callable[[WorkerEvent], None]] = [self._on_event]
+        sampler = None
+        if options["metrics_port"] is not None:
+            sampler = self._start_metrics(options, listeners)
         try:
             worker = Worker(
                 options["queues"] or None,
@@ -165,7 +200,7 @@ class Command(BaseCommand):
                 lease=timedelta(seconds=lease) if lease else None,
                 poll_interval=options["poll_interval"],
                 worker_id=options["worker_id"],
-                listeners=[self._on_event],
+                listeners=listeners,
                 summary_interval=options["summary_interval"] if verbosity >= 1 else None,
             )
         except (QueueError, ValueError) as exc:
@@ -183,6 +218,37 @@ class Command(BaseCommand):
             worker.run()
         except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
             raise CommandError(str(exc)) from exc
+        finally:
+            if sampler is not None:
+                sampler.stop()
+
+    def _start_metrics(
+        self, options: dict[str, Any], listeners: list[Callable[[WorkerEvent], None]]
+    ) -> Any:
+        """Serve /metrics, count the worker's events, and start the sampler of the queue
+        gauges (and depth samples)."""
+        from spanner_queues import metrics
+        from spanner_queues.conf import metrics_params
+
+        try:
+            params = metrics_params()
+            _server, port = metrics.serve(options["metrics_port"], options["metrics_addr"])
+        except QueueError as exc:
+            raise CommandError(str(exc)) from exc
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve metrics on {options['metrics_addr']}:{options['metrics_port']}: "
+                f"{exc} (give each worker on a host its own --metrics-port, or 0 for a free one)"
+            ) from exc
+        listeners.append(metrics.WorkerMetrics())
+        sampler = metrics.Sampler(
+            options["metrics_interval"] or params.sample_interval,
+            record=params.record_depth_samples,
+        )
+        sampler.start()
+        self.stdout.write(f"metrics on http://{options['metrics_addr']}:{port}/metrics")
+        sys.stdout.flush()
+        return sampler
 
     # --- output -----------------------------------------------------------------------------
     def _on_event(self, event: WorkerEvent) -> None:

@@ -1,0 +1,434 @@
+"""Prometheus metrics: Spanner's five queue metrics per queue, and the worker's own.
+
+Needs prometheus-client (``pip install 'spanner-queues[metrics]'``). Nothing is counted until
+metrics are switched on in the process: ``runqueueworker --metrics-port`` does it,
+``SPANNER_QUEUES_METRICS["VIEW"] = True`` does it in web processes, or call ``enable()``.
+Until then the verbs' hooks (``sent``, ``acked``) return at once.
+
+Where each metric is counted (every process exports its own counts; Prometheus adds them up):
+
+- ``spanner_queues_message_send_count_total``: by the process that sends (``send``,
+  ``send_many``, ``replace``, the outbox, a retry's re-send, a dead letter), when its
+  transaction commits;
+- ``spanner_queues_message_ack_count_total``: by the process that acks, when its transaction
+  commits (the worker's acks of finished messages when it reports them acked);
+- ``spanner_queues_lease_expiration_count_total``: by the engine in this process
+  (``BaseQueueEngine.lease_expirations``);
+- ``spanner_queues_buffered_ready_messages``, ``spanner_queues_oldest_unacked_message_age_seconds``
+  and ``spanner_queues_queue_messages``: read from the database by ``engine.stats()`` (the
+  admin overview's source), at most every ``SAMPLE_INTERVAL_SECONDS``;
+- ``spanner_queues_worker_*``: from the events of the worker in this process
+  (``WorkerMetrics``, a ``Worker`` listener).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import DatabaseError, connections, transaction
+
+from spanner_queues.exceptions import QueueConfigurationError, QueueError
+
+if TYPE_CHECKING:
+    from django.http import HttpRequest, HttpResponse
+
+    from spanner_queues.engines.base import QueueStats
+    from spanner_queues.models import Queue
+    from spanner_queues.worker import WorkerEvent
+
+logger = logging.getLogger("spanner_queues.metrics")
+
+__all__ = [
+    "METRIC_NAMES",
+    "MetricsUnavailable",
+    "QueueGauges",
+    "Sampler",
+    "WorkerMetrics",
+    "acked",
+    "enable",
+    "enabled",
+    "metrics_view",
+    "sent",
+    "serve",
+]
+
+#: every metric family this module exports (the names Prometheus shows)
+METRIC_NAMES = frozenset(
+    {
+        "spanner_queues_buffered_ready_messages",
+        "spanner_queues_oldest_unacked_message_age_seconds",
+        "spanner_queues_queue_messages",
+        "spanner_queues_message_send_count_total",
+        "spanner_queues_message_ack_count_total",
+        "spanner_queues_lease_expiration_count_total",
+        "spanner_queues_worker_messages_received_total",
+        "spanner_queues_worker_messages_total",
+        "spanner_queues_worker_receiver_duration_seconds",
+        "spanner_queues_worker_in_flight_messages",
+        "spanner_queues_worker_lease_renewals_total",
+        "spanner_queues_worker_leases_lost_total",
+    }
+)
+
+#: worker events counted in ``spanner_queues_worker_messages_total{outcome=...}``
+OUTCOMES = ("acked", "retried", "failed", "dead_lettered", "discarded")
+#: events after which a started message is no longer in flight
+_FINISHED = frozenset({*OUTCOMES, "lease_lost", "already_acked", "returned", "crashed"})
+
+
+class MetricsUnavailable(QueueConfigurationError):
+    """Metrics were asked for but prometheus-client is not installed."""
+
+
+def _prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise MetricsUnavailable(
+            "spanner_queues metrics need prometheus-client: pip install 'spanner-queues[metrics]'."
+        ) from None
+    return prometheus_client
+
+
+class _Metrics:
+    """The metric objects, created once per process on the default registry."""
+
+    def __init__(self) -> None:
+        prom = _prometheus()
+        self.send_count = prom.Counter(
+            "spanner_queues_message_send_count",
+            "Messages sent by this process (counted when the sending transaction commits).",
+            ["queue"],
+        )
+        self.ack_count = prom.Counter(
+            "spanner_queues_message_ack_count",
+            "Messages acked by this process (counted when the acking transaction commits).",
+            ["queue"],
+        )
+        self.received = prom.Counter(
+            "spanner_queues_worker_messages_received",
+            "Messages received (leased) by the worker in this process.",
+            ["queue"],
+        )
+        self.outcomes = prom.Counter(
+            "spanner_queues_worker_messages",
+            "Messages the worker finished, by outcome: acked, retried, failed (one failed run), "
+            "dead_lettered, discarded. A last failed run is counted as failed and then "
+            "dead_lettered or discarded.",
+            ["queue", "outcome"],
+        )
+        self.duration = prom.Histogram(
+            "spanner_queues_worker_receiver_duration_seconds",
+            "Run time of receivers (acked, retried or failed runs), per message; each message "
+            "of a batch observes its batch's run time.",
+            ["queue", "receiver"],
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+        )
+        self.in_flight = prom.Gauge(
+            "spanner_queues_worker_in_flight_messages",
+            "Messages whose receiver is running in this process.",
+            ["queue"],
+            multiprocess_mode="livesum",
+        )
+        self.renewals = prom.Counter(
+            "spanner_queues_worker_lease_renewals",
+            "Leases the worker renewed.",
+            ["queue"],
+        )
+        self.leases_lost = prom.Counter(
+            "spanner_queues_worker_leases_lost",
+            "Messages the worker lost its lease on (expired, or taken by another receiver) "
+            "before it could ack them.",
+            ["queue"],
+        )
+        self.gauges = QueueGauges()
+        prom.REGISTRY.register(_QueueCollector(self.gauges))
+
+
+_lock = threading.Lock()
+_metrics: _Metrics | None = None
+
+
+def enable() -> None:
+    """Switch metrics on in this process (idempotent). ``MetricsUnavailable`` without
+    prometheus-client."""
+    global _metrics
+    with _lock:
+        if _metrics is None:
+            _metrics = _Metrics()
+
+
+def enabled() -> bool:
+    return _metrics is not None
+
+
+def _get() -> _Metrics:
+    enable()
+    assert _metrics is not None
+    return _metrics
+
+
+# --- counted by the verbs (spanner_queues.api) ----------------------------------------------
+def _on_commit(using: str, count: Any, n: int) -> None:
+    transaction.on_commit(lambda: count.inc(n), using=using, robust=True)
+
+
+def sent(model: type[Queue], n: int, using: str) -> None:
+    """``n`` messages of ``model`` were written in the current transaction on ``using``:
+    counted when it commits (not at all if it rolls back). A no-op while metrics are off."""
+    m = _metrics
+    if m is None or not n:
+        return
+    _on_commit(using, m.send_count.labels(model._meta.label), n)
+
+
+def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
+    """``messages`` were acked in the current transaction on ``using``: counted when it
+    commits. Messages a worker's running receiver acks itself are left out here: the worker
+    counts them when it reports them acked (``WorkerMetrics``). A no-op while metrics are off."""
+    m = _metrics
+    if m is None or not messages:
+        return
+    from spanner_queues.message import Message
+    from spanner_queues.receivers import handled_by_running_receiver
+
+    n = sum(1 for x in messages if not (isinstance(x, Message) and handled_by_running_receiver(x)))
+    if n:
+        _on_commit(using, m.ack_count.labels(model._meta.label), n)
+
+
+# --- the worker's events --------------------------------------------------------------------
+class WorkerMetrics:
+    """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
+    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, and
+    the acks of finished messages (``message_ack_count``)."""
+
+    def __init__(self) -> None:
+        self._m = _get()
+        self._lock = threading.Lock()
+        self._running: set[tuple[str, tuple]] = set()
+        self._lost: set[tuple[str, tuple]] = set()
+
+    def __call__(self, event: WorkerEvent) -> None:
+        message = event.message
+        if message is None:
+            return
+        m, name, queue = self._m, event.name, message.queue
+        ident = (queue, message.key)
+        if name == "received":
+            m.received.labels(queue).inc()
+        elif name == "started":
+            with self._lock:
+                if ident not in self._running:
+                    self._running.add(ident)
+                    m.in_flight.labels(queue).inc()
+        elif name == "renewed":
+            m.renewals.labels(queue).inc()
+        elif name == "renewal_failed":
+            with self._lock:
+                self._lost.add(ident)
+            m.leases_lost.labels(queue).inc()
+        if name in OUTCOMES:
+            m.outcomes.labels(queue, name).inc()
+        if name == "acked":
+            m.ack_count.labels(queue).inc()
+        if event.duration is not None and event.receiver and name in ("acked", "retried", "failed"):
+            m.duration.labels(queue, event.receiver).observe(event.duration)
+        if name in _FINISHED:
+            with self._lock:
+                if ident in self._running:
+                    self._running.discard(ident)
+                    m.in_flight.labels(queue).dec()
+                counted = ident in self._lost
+                self._lost.discard(ident)
+            if name == "lease_lost" and not counted:
+                m.leases_lost.labels(queue).inc()
+
+
+# --- gauges read from the database ----------------------------------------------------------
+class QueueGauges:
+    """The latest ``engine.stats()`` of every declared queue: the admin overview's source."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.stats: dict[str, QueueStats] = {}
+        self.measured: float | None = None
+
+    def refresh(self, max_age: float | None = None) -> list[QueueStats]:
+        """Read ``engine.stats()`` of every declared queue (one query per queue), unless the
+        last read is younger than ``max_age`` seconds. A queue whose read fails keeps no
+        gauge (logged)."""
+        from spanner_queues.registry import engine_for, queue_models
+
+        with self._lock:
+            if (
+                max_age is not None
+                and self.measured is not None
+                and time.monotonic() - self.measured < max_age
+            ):
+                return list(self.stats.values())
+            fresh: dict[str, QueueStats] = {}
+            for model in queue_models():
+                try:
+                    fresh[model._meta.label] = engine_for(model).stats(model)
+                except (DatabaseError, QueueError) as exc:
+                    logger.warning("queue metrics: stats of %s failed: %s", model._meta.label, exc)
+            self.stats = fresh
+            self.measured = time.monotonic()
+            return list(fresh.values())
+
+
+class _QueueCollector:
+    """Yields the gauges of ``QueueGauges`` and the engines' lease expirations at scrape time
+    (no database read: the gauges are refreshed by the sampler or the view)."""
+
+    def __init__(self, gauges: QueueGauges) -> None:
+        self.gauges = gauges
+
+    def describe(self) -> list[Any]:
+        return []  # (not described up front: collect() reads the registry of queues)
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        from spanner_queues.registry import engine_for, queue_models
+
+        ready = GaugeMetricFamily(
+            "spanner_queues_buffered_ready_messages",
+            "Messages due and not leased (native queues: due, leased or not), read from the "
+            "database.",
+            labels=["queue"],
+        )
+        oldest = GaugeMetricFamily(
+            "spanner_queues_oldest_unacked_message_age_seconds",
+            "Age of the oldest message in the queue (table engine: from its send time; native: "
+            "from its DeliverTime), 0 when empty; read from the database.",
+            labels=["queue"],
+        )
+        by_state = GaugeMetricFamily(
+            "spanner_queues_queue_messages",
+            "Messages in the queue by state (total, ready, scheduled, leased), read from the "
+            "database as the admin overview shows them.",
+            labels=["queue", "state"],
+        )
+        for stats in self.gauges.stats.values():
+            ready.add_metric([stats.queue], stats.ready)
+            age = stats.oldest_age
+            oldest.add_metric([stats.queue], age.total_seconds() if age is not None else 0.0)
+            for state in ("total", "ready", "scheduled", "leased"):
+                by_state.add_metric([stats.queue, state], getattr(stats, state))
+        expired = CounterMetricFamily(
+            "spanner_queues_lease_expiration_count",
+            "Leases that ran out without an ack or release, as the engine in this process saw "
+            "them (table engine: counted when the message is received again).",
+            labels=["queue"],
+        )
+        for model in queue_models():
+            try:
+                count = engine_for(model).lease_expirations(model)
+            except QueueError:
+                continue
+            expired.add_metric([model._meta.label], count)
+        yield from (ready, oldest, by_state, expired)
+
+
+class Sampler(threading.Thread):
+    """Every ``interval`` seconds: refresh the queue gauges and, with ``record``, store depth
+    samples for the admin's chart (``record_depth_samples``; a queue sampled less than
+    ``interval`` ago by another worker is skipped). Database errors are logged, never
+    raised."""
+
+    def __init__(self, interval: float, *, record: bool = True) -> None:
+        super().__init__(name="spanner_queues-metrics-sampler", daemon=True)
+        self.interval = interval
+        self.record = record
+        self.samples = 0
+        self._stop_event = threading.Event()
+        self._gauges = _get().gauges
+
+    def run(self) -> None:
+        from datetime import timedelta
+
+        try:
+            while True:
+                try:
+                    measured = self._gauges.refresh()
+                    if self.record and measured:
+                        from spanner_queues.monitoring import record_depth_samples
+
+                        record_depth_samples(
+                            min_interval=timedelta(seconds=self.interval * 0.9), stats=measured
+                        )
+                except Exception:
+                    logger.exception("queue metrics: sampling failed; trying again")
+                finally:
+                    for conn in connections.all(initialized_only=True):
+                        conn.close_if_unusable_or_obsolete()
+                self.samples += 1
+                if self._stop_event.wait(self.interval):
+                    return
+        finally:
+            connections.close_all()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+
+
+def serve(port: int, addr: str = "127.0.0.1") -> tuple[Any, int]:
+    """Serve the default registry at ``http://addr:port/metrics`` from a daemon thread;
+    port 0 picks a free port. Returns the server and the port it listens on."""
+    prom = _prometheus()
+    enable()
+    server, _thread = prom.start_http_server(port, addr=addr)
+    return server, server.server_port
+
+
+# --- the view for web processes -------------------------------------------------------------
+def _authorized(request: HttpRequest, token: str | None) -> bool:
+    header = request.headers.get("Authorization", "")
+    if token and header.startswith("Bearer "):
+        return hmac.compare_digest(header[len("Bearer ") :].encode(), token.encode())
+    user = getattr(request, "user", None)
+    return bool(user is not None and user.is_active and user.is_staff)
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Prometheus text of this process: the queue gauges (read from the database at most
+    every ``SAMPLE_INTERVAL_SECONDS``) and this process's send and ack counts.
+
+    404 unless ``SPANNER_QUEUES_METRICS["VIEW"]``; 403 unless the request carries
+    ``Authorization: Bearer <TOKEN>`` or comes from an active staff user."""
+    from django.http import Http404, HttpResponse
+
+    from spanner_queues.conf import metrics_params
+
+    params = metrics_params()
+    if not params.view:
+        raise Http404("Metrics are off (SPANNER_QUEUES_METRICS['VIEW']).")
+    if not _authorized(request, params.token):
+        return HttpResponse("Forbidden", status=403, content_type="text/plain")
+    prom = _prometheus()
+    metrics = _get()
+    metrics.gauges.refresh(max_age=params.sample_interval)
+    registry = prom.REGISTRY
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several web processes: add them up
+        from prometheus_client import CollectorRegistry, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry)
+        registry.register(_QueueCollector(metrics.gauges))
+    return HttpResponse(prom.generate_latest(registry), content_type=prom.CONTENT_TYPE_LATEST)
+
+
+def metric_names_in(text: str) -> Iterable[str]:
+    """Metric family names (``# TYPE`` lines) in Prometheus text; for tests and docs."""
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            name, kind = line.split()[2:4]
+            yield f"{name}_total" if kind == "counter" and not name.endswith("_total") else name

@@ -1,0 +1,45 @@
+"""Conformance: ``engine.lease_expirations(model)``, the count behind Spanner's
+``lease_expiration_count`` metric."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from tests.conftest import receive_due, wait_until
+from tests.testapp.models import Jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+SHORT = timedelta(seconds=0.3)
+
+
+def test_every_engine_reports_a_count() -> None:
+    count = engines["default"].lease_expirations(Jobs)
+    assert isinstance(count, int) and count >= 0
+
+
+@pytest.mark.requires("stores_bookkeeping_fields", "supports_custom_lease")
+def test_a_lease_that_ran_out_is_counted_when_the_message_is_claimed_again() -> None:
+    engine = engines["default"]
+    before = engine.lease_expirations(Jobs)
+    Jobs.send(id="lapse", payload="x")
+    [first] = receive_due(Jobs, lease=SHORT)
+    assert engine.lease_expirations(Jobs) == before
+    [again] = wait_until(lambda: api.receive(Jobs, lease=SHORT), timeout=30)
+    assert again.attempt == first.attempt + 1
+    assert engine.lease_expirations(Jobs) == before + 1
+
+
+@pytest.mark.requires("stores_bookkeeping_fields", "supports_release")
+def test_a_released_or_acked_lease_is_not_counted() -> None:
+    engine = engines["default"]
+    before = engine.lease_expirations(Jobs)
+    Jobs.send(id="kept", payload="x")
+    [first] = receive_due(Jobs)
+    api.release(first)
+    [again] = receive_due(Jobs)
+    api.ack(again)
+    assert engine.lease_expirations(Jobs) == before

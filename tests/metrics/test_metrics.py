@@ -1,0 +1,256 @@
+"""``spanner_queues.metrics`` in process: the verbs' counts on commit, the worker listener, the
+queue gauges, the view, the setting, and the Grafana dashboard's metric names."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from prometheus_client import REGISTRY, generate_latest
+
+from spanner_queues import api, metrics
+from spanner_queues.conf import parse_metrics
+from spanner_queues.exceptions import InvalidQueueEngine, QueueError
+from spanner_queues.message import Message
+from spanner_queues.worker import WorkerEvent
+from tests.testapp.models import Jobs
+
+ROOT = Path(__file__).resolve().parents[2]
+TOKEN = "t0ken-of-sixteen-or-more"
+Q = "testapp.Jobs"
+
+
+def value(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+@pytest.fixture(autouse=True)
+def on() -> None:
+    metrics.enable()
+
+
+# --- counted by the verbs -------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_a_send_is_counted_when_its_transaction_commits_and_never_if_it_rolls_back() -> None:
+    name = "spanner_queues_message_send_count_total"
+    before = value(name, queue=Q)
+    with transaction.atomic():
+        Jobs.send_many([{"payload": "a"}, {"payload": "b"}])
+        assert value(name, queue=Q) == before  # not yet committed
+    assert value(name, queue=Q) == before + 2
+    with pytest.raises(RuntimeError), transaction.atomic():
+        Jobs.send(payload="c")
+        raise RuntimeError
+    assert value(name, queue=Q) == before + 2
+    api.replace(Jobs, {"id": "r"}, payload="d")
+    assert value(name, queue=Q) == before + 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_ack_is_counted_when_its_transaction_commits() -> None:
+    name = "spanner_queues_message_ack_count_total"
+    Jobs.send_many([{"id": "a"}, {"id": "b"}])
+    before = value(name, queue=Q)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        api.ack_many(Jobs, [("a",)])
+        raise RuntimeError
+    assert value(name, queue=Q) == before
+    api.ack_many(Jobs, [("a",), ("b",)])
+    assert value(name, queue=Q) == before + 2
+
+
+# --- the worker listener --------------------------------------------------------------------
+def _message(key: str) -> Message:
+    return Message(
+        queue=Q, key=(key,), key_names=("id",), payload=b"", deliver_time=timezone.now(), attempt=1
+    )
+
+
+def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
+    listen = metrics.WorkerMetrics()
+    outcome = "spanner_queues_worker_messages_total"
+    names = {
+        "acked": value(outcome, queue=Q, outcome="acked"),
+        "failed": value(outcome, queue=Q, outcome="failed"),
+        "dead_lettered": value(outcome, queue=Q, outcome="dead_lettered"),
+        "ack": value("spanner_queues_message_ack_count_total", queue=Q),
+        "runs": value(
+            "spanner_queues_worker_receiver_duration_seconds_count", queue=Q, receiver="r"
+        ),
+        "lost": value("spanner_queues_worker_leases_lost_total", queue=Q),
+        "renewed": value("spanner_queues_worker_lease_renewals_total", queue=Q),
+    }
+    in_flight = "spanner_queues_worker_in_flight_messages"
+    a, b, c = _message("a"), _message("b"), _message("c")
+
+    def emit(name: str, message: Message, **info: object) -> None:
+        listen(WorkerEvent(name=name, worker_id="w", message=message, **info))
+
+    base = value(in_flight, queue=Q)
+    for m in (a, b, c):
+        emit("received", m)
+        emit("started", m, receiver="r")
+    assert value(in_flight, queue=Q) == base + 3
+    emit("renewed", a)
+    emit("acked", a, receiver="r", duration=0.5)
+    emit("failed", b, receiver="r", duration=0.1, error=RuntimeError())
+    emit("dead_lettered", b)  # after its last failed run: in flight only once
+    emit("renewal_failed", c)
+    emit("lease_lost", c)  # the same lost lease: counted once
+    assert value(in_flight, queue=Q) == base
+    assert value(outcome, queue=Q, outcome="acked") == names["acked"] + 1
+    assert value(outcome, queue=Q, outcome="failed") == names["failed"] + 1
+    assert value(outcome, queue=Q, outcome="dead_lettered") == names["dead_lettered"] + 1
+    assert value("spanner_queues_message_ack_count_total", queue=Q) == names["ack"] + 1
+    assert (
+        value("spanner_queues_worker_receiver_duration_seconds_count", queue=Q, receiver="r")
+        == names["runs"] + 2
+    )
+    assert value("spanner_queues_worker_leases_lost_total", queue=Q) == names["lost"] + 1
+    assert value("spanner_queues_worker_lease_renewals_total", queue=Q) == names["renewed"] + 1
+    emit("lease_lost", _message("d"))  # lost before it started: no renewal had failed
+    assert value("spanner_queues_worker_leases_lost_total", queue=Q) == names["lost"] + 2
+    assert value(in_flight, queue=Q) == base
+
+
+# --- gauges ---------------------------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_the_gauges_read_engine_stats_of_every_queue() -> None:
+    Jobs.send_many([{"payload": "a"}, {"payload": "b"}])
+    gauges = metrics._get().gauges
+    gauges.refresh()
+    assert value("spanner_queues_buffered_ready_messages", queue=Q) == 2
+    assert value("spanner_queues_queue_messages", queue=Q, state="total") == 2
+    assert value("spanner_queues_oldest_unacked_message_age_seconds", queue=Q) >= 0
+    Jobs.send(payload="c")
+    gauges.refresh(max_age=3600)  # read recently: not read again
+    assert value("spanner_queues_buffered_ready_messages", queue=Q) == 2
+    gauges.refresh()
+    assert value("spanner_queues_buffered_ready_messages", queue=Q) == 3
+
+
+def test_every_metric_name_is_exported() -> None:
+    text = generate_latest(REGISTRY).decode()
+    assert metrics.METRIC_NAMES <= set(metrics.metric_names_in(text))
+
+
+def test_without_prometheus_client_the_error_names_the_extra(monkeypatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(metrics.MetricsUnavailable, match=r"spanner-queues\[metrics\]") as info:
+        metrics._prometheus()
+    assert isinstance(info.value, QueueError)
+
+
+# --- the view -------------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_the_view_is_off_by_default(client, settings) -> None:
+    assert not hasattr(settings, "SPANNER_QUEUES_METRICS")
+    assert client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").status_code == 404
+
+
+@pytest.mark.django_db
+def test_the_view_wants_a_token_or_staff(client, settings, django_user_model) -> None:
+    settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}
+    assert client.get("/metrics/").status_code == 403
+    assert client.get("/metrics/", HTTP_AUTHORIZATION="Bearer wrong-token-wrong").status_code == 403
+    response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert 'spanner_queues_buffered_ready_messages{queue="testapp.Jobs"}' in response.text
+    user = django_user_model.objects.create_user("u", password="pw", is_staff=False)
+    client.force_login(user)
+    assert client.get("/metrics/").status_code == 403
+    user.is_staff = True
+    user.save()
+    assert client.get("/metrics/").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        [],
+        {"VIEW": True, "TOKN": "x"},
+        {"TOKEN": "short"},
+        {"SAMPLE_INTERVAL_SECONDS": 0},
+        {"SAMPLE_INTERVAL_SECONDS": "30"},
+    ],
+)
+def test_a_wrong_setting_says_why(raw) -> None:
+    with pytest.raises(InvalidQueueEngine, match="SPANNER_QUEUES_METRICS"):
+        parse_metrics(raw)
+
+
+def test_setting_defaults() -> None:
+    params = parse_metrics(None)
+    assert (params.view, params.token, params.sample_interval) == (False, None, 30.0)
+    assert params.record_depth_samples
+
+
+# --- docs -----------------------------------------------------------------------------------
+def _names(text: str) -> set[str]:
+    found = set(re.findall(r"spanner_queues_[a-z_]+", text))
+    return {re.sub(r"_(bucket|count|sum)$", "", n) if "duration" in n else n for n in found}
+
+
+@pytest.fixture
+def dashboard() -> Iterator[dict]:
+    yield json.loads((ROOT / "docs/grafana/spanner_queues.json").read_text())
+
+
+def test_the_grafana_dashboard_names_only_metrics_that_exist(dashboard: dict) -> None:
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    assert exprs
+    used = _names(" ".join(exprs))
+    assert used <= metrics.METRIC_NAMES, used - metrics.METRIC_NAMES
+    # the five of Spanner's are all on it
+    assert {
+        "spanner_queues_buffered_ready_messages",
+        "spanner_queues_message_send_count_total",
+        "spanner_queues_message_ack_count_total",
+        "spanner_queues_oldest_unacked_message_age_seconds",
+        "spanner_queues_lease_expiration_count_total",
+    } <= used
+
+
+def test_the_alert_rules_and_the_howto_name_only_metrics_that_exist() -> None:
+    for path in ("docs/prometheus/alerts.yml", "docs/howto/metrics.md"):
+        used = _names((ROOT / path).read_text())
+        assert used and used <= metrics.METRIC_NAMES, (path, used - metrics.METRIC_NAMES)
+
+
+# --- the depth sampling command -------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)  # (native queues' stats read committed rows)
+def test_recordqueuedepth_stores_one_sample_per_queue() -> None:
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from spanner_queues.monitoring import QueueDepthSample
+
+    Jobs.send_many([{"payload": "a"}, {"payload": "b"}])
+    out = StringIO()
+    call_command("recordqueuedepth", "testapp.Jobs", stdout=out)
+    assert "testapp.Jobs: total 2" in out.getvalue()
+    assert QueueDepthSample.objects.get(queue=Q).total == 2
+    call_command("recordqueuedepth", "testapp.Jobs", "--min-interval", "3600", stdout=out)
+    assert QueueDepthSample.objects.filter(queue=Q).count() == 1
+
+
+@pytest.mark.django_db
+def test_with_a_multiprocess_dir_the_view_adds_up_the_processes_files(
+    client, settings, monkeypatch, tmp_path
+) -> None:
+    """prometheus-client's multiprocess mode (several web processes): the view reads the
+    processes' files (none here: this process does not write any) and its own gauges."""
+    settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path))
+    Jobs.send(payload="a")
+    response = client.get("/metrics/", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200
+    assert 'spanner_queues_buffered_ready_messages{queue="testapp.Jobs"}' in response.text
+    assert "process_cpu_seconds_total" not in response.text  # not the default registry
