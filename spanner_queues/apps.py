@@ -31,3 +31,6 @@ class SpannerQueuesConfig(AppConfig):
 
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py
+        from spanner_queues.tasks.runner import connect
+
+        connect()  # the task receiver, for the queues of each QueueBackend in TASKS

@@ -225,3 +225,7 @@ class Queue(models.Model, metaclass=QueueBase):
         from spanner_queues.api import row_to_message
 
         return row_to_message(type(self), self)
+
+
+# The task queue and results of spanner_queues.tasks (they subclass Queue, so they come last).
+from spanner_queues.tasks.models import TaskMessage, TaskResultRecord  # noqa: E402, F401
