@@ -93,3 +93,19 @@ class SignupTests(TestCase):
         self.assertEqual(outcome.outcome, "acked")
         self.assertTrue(Thing.objects.filter(num=4, note="notified").exists())
         self.assertEqual(sent(Notifications), [])
+
+
+# --- tasks (docs/howto/tasks.md) -----------------------------------------------------------------
+@pytest.mark.django_db
+def test_drain_runs_tasks_in_the_test():
+    from tests.tasksapp.tasks import fail_after_write, make_thing
+
+    result = make_thing.enqueue(num=5)
+    failing = fail_after_write.enqueue(6)
+    outcomes = drain("spanner_queues.TaskMessage", expect=2)
+    assert len(outcomes.acked) == 2  # a failed task is acked: it is not run again
+    result.refresh()
+    failing.refresh()
+    assert result.status == "SUCCESSFUL" and result.return_value == 5
+    assert failing.status == "FAILED" and failing.errors[0].exception_class is ValueError
+    assert list(Thing.objects.values_list("num", flat=True)) == [5]

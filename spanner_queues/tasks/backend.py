@@ -44,7 +44,7 @@ from django_tasks.utils import get_random_id
 from typing_extensions import ParamSpec
 
 from spanner_queues import api
-from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.payload import JSON, payload_type
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.tasks.models import FINISHED, READY, TaskResultRecord, dumps
 from spanner_queues.transactions import run_in_transaction
@@ -55,10 +55,6 @@ P = ParamSpec("P")
 DEFAULT_QUEUE_MODEL = "spanner_queues.TaskMessage"
 
 __all__ = ["QueueBackend", "result_from_record"]
-
-
-class TaskQueueConfigurationError(QueueConfigurationError):
-    """A ``QUEUE_MODELS`` entry names no usable queue."""
 
 
 class QueueBackend(BaseTaskBackend):
@@ -95,11 +91,7 @@ class QueueBackend(BaseTaskBackend):
         return seen
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
-        if not apps.is_installed("django_tasks"):
-            yield checks.Error(
-                "spanner_queues.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
-                id="spanner_queues.E101",
-            )
+        yield from check_django_tasks_installed()
         for name, label in self.queue_models.items():
             try:
                 model = get_queue(label)
@@ -110,10 +102,15 @@ class QueueBackend(BaseTaskBackend):
                 )
                 continue
             pk = model._meta.pk
-            if getattr(pk, "max_length", None) is None or pk.max_length < 64:
+            if (
+                getattr(pk, "max_length", None) is None
+                or pk.max_length < 64
+                or payload_type(model) != JSON
+            ):
                 yield checks.Error(
                     f"TASKS[{self.alias!r}] QUEUE_MODELS[{name!r}]: {model._meta.label} needs a "
-                    "CharField primary key of at least 64 characters (the task result id).",
+                    "CharField primary key of at least 64 characters (the task result id) and "
+                    'QueueMeta.payload_type = "json".',
                     id="spanner_queues.E102",
                 )
 
@@ -191,6 +188,20 @@ class QueueBackend(BaseTaskBackend):
                 status__in=FINISHED, finished_at__lt=cutoff
             ).delete()[0]
         return deleted
+
+
+def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
+    """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
+    (registered by ``spanner_queues.tasks.runner.connect``, since Django's Tasks framework runs
+    backend checks only when its app is installed)."""
+    if apps.is_installed("django_tasks"):
+        return []
+    return [
+        checks.Error(
+            "spanner_queues.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
+            id="spanner_queues.E101",
+        )
+    ]
 
 
 def result_from_record(record: TaskResultRecord) -> TaskResult:

@@ -81,7 +81,14 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
     queue labels. Called from ``SpannerQueuesConfig.ready()``."""
     registry = registry if registry is not None else receivers
     labels: list[str] = []
-    for backend in queue_backends():
+    backends = queue_backends()
+    if backends:
+        from django.core import checks
+
+        from spanner_queues.tasks.backend import check_django_tasks_installed
+
+        checks.register(check_django_tasks_installed)
+    for backend in backends:
         for model in backend.all_queue_models():
             label = model._meta.label
             if label in labels:

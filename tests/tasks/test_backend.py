@@ -174,3 +174,21 @@ def test_retention_prunes_finished_results_only(settings) -> None:
     assert backend.prune_results() == 1
     assert list(TaskResultRecord.objects.values_list("id", flat=True)) == [waiting.id]
     assert TaskMessage.objects.count() == 2  # the queue is untouched by pruning
+
+
+def test_check_refuses_a_queue_model_that_cannot_carry_tasks() -> None:
+    backend = QueueBackend(
+        "checked",
+        {"OPTIONS": {"QUEUE_MODELS": {"a": "testapp.Greetings", "b": "nowhere.Queue"}}},
+    )
+    errors = list(backend.check())
+    assert [e.id for e in errors] == ["spanner_queues.E102", "spanner_queues.E102"]
+    assert "Greetings" in errors[0].msg and "nowhere" in errors[1].msg
+    assert list(task_backends["default"].check()) == []
+
+
+def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
+    from django.apps import apps
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_tasks")
+    assert [e.id for e in task_backends["default"].check()] == ["spanner_queues.E101"]
