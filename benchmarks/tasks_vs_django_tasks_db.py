@@ -13,7 +13,8 @@ connections) shared by both backends, ``benchmarks/tasks_settings.py``; the same
     message in the caller's transaction; django-tasks-db writes its one row.
 (b) drain: a backlog of N tasks run in-process: ``Worker(burst=True)`` on the task queue (per
     task: the claim, ``RUNNING`` committed, then the task with ``SUCCESSFUL`` and the ack in one
-    transaction) against ``db_worker --batch --no-startup-delay``.
+    transaction), also with ``prefetch`` (one claim for many tasks), against
+    ``db_worker --batch --no-startup-delay``.
 
 Prints the figures and the ratios (spanner_queues / django-tasks-db, higher is better).
 """
@@ -101,7 +102,7 @@ def bench_enqueue(n: int) -> dict[str, Any]:
     }
 
 
-def bench_drain(n: int, concurrency: list[int]) -> dict[str, Any]:
+def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str, Any]:
     from django.core.management import call_command
     from django.db import transaction
     from django_tasks_db.models import DBTaskResult
@@ -112,19 +113,21 @@ def bench_drain(n: int, concurrency: list[int]) -> dict[str, Any]:
 
     results: dict[str, Any] = {}
     ours_task = noop.using(backend="queues")
-    for c in concurrency:
+    variants = [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
+    for c, p in variants:
         with transaction.atomic():
             for i in range(n):
                 ours_task.enqueue(str(i))
         t0 = time.perf_counter()
         stats = Worker(
-            ["spanner_queues.TaskMessage"], burst=True, concurrency=c,
+            ["spanner_queues.TaskMessage"], burst=True, concurrency=c, prefetch=p,
             install_signal_handlers=False,
         ).run()
         elapsed = time.perf_counter() - t0
         done = TaskResultRecord.objects.filter(status="SUCCESSFUL").count()
         assert stats.processed == n and done == n and not TaskMessage.objects.exists(), stats
-        results[f"spanner_queues (concurrency {c})"] = {"tasks_per_s": n / elapsed, "n": n}
+        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p > 1 else ")")
+        results[name] = {"tasks_per_s": n / elapsed, "n": n}
         clear()
 
     with transaction.atomic():
@@ -147,6 +150,9 @@ def main() -> None:
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[1, 4], help="worker threads in (b)"
     )
+    parser.add_argument(
+        "--prefetch", type=int, nargs="*", default=[10], help="prefetch variants in (b)"
+    )
     parser.add_argument("--json", action="store_true", help="also print the raw figures")
     args = parser.parse_args()
 
@@ -162,7 +168,7 @@ def main() -> None:
             f"load {os.getloadavg()[0]:.1f}"
         )
         enqueue = bench_enqueue(args.enqueue)
-        drain = bench_drain(args.drain, args.concurrency)
+        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
         print(f"load after {os.getloadavg()[0]:.1f}")
 
     print(f"\n(a) enqueue: {args.enqueue} transactions of one ORM insert + one task")
