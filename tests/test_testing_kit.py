@@ -35,7 +35,7 @@ def test_signup_sends_a_notification():
 
 
 # --- drain a queue and get the outcomes ----------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_drain_runs_the_receivers_and_reports_outcomes():
     Notifications.send(id="a", payload={"num": 1})
     Notifications.send(id="b", payload={"kind": "busy"})
@@ -96,7 +96,7 @@ class SignupTests(TestCase):
 
 
 # --- tasks (docs/howto/tasks.md) -----------------------------------------------------------------
-@pytest.mark.django_db
+@pytest.mark.django_db(transaction=True)
 def test_drain_runs_tasks_in_the_test():
     from tests.tasksapp.tasks import fail_after_write, make_thing
 

@@ -165,7 +165,11 @@ def drain(
 ) -> Drained:
     """Run the receivers of ``queue`` on its due messages until none is due (at most
     ``max_messages``); with ``expect=n`` wait up to ``timeout`` seconds for ``n`` messages
-    (engines that stream, like native queues, hand due messages over a moment later)."""
+    (engines that stream, like native queues, hand due messages over a moment later).
+
+    Inside a test's transaction (``TestCase``, ``django_db``) each message runs in a savepoint;
+    Spanner has none, so there a failing receiver marks the test's transaction for rollback:
+    drain failures on Spanner in ``transaction=True`` tests."""
     model = get_queue(queue)
     specs = (registry if registry is not None else receivers).for_queue(model)
     if not specs:
