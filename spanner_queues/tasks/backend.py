@@ -19,6 +19,9 @@ Guarantees:
   ``queue_name`` (default: ``spanner_queues.TaskMessage``). Such a model has one ``CharField``
   primary key of at least 64 characters and ``QueueMeta.payload_type = "json"``, and no
   receiver of its own (the backend registers one).
+- ``"OPTIONS": {"ATOMIC_TASKS": False}``: run each task outside any transaction (for long
+  tasks, or tasks calling other systems: on SQLite an open write transaction holds the
+  database's single write lock); default ``True``, the task's writes commit with its success.
 - ``"OPTIONS": {"RESULT_RETENTION_SECONDS": 604800}``: finished results older than this are
   deleted by ``prune_results()`` (the task receiver calls it at most once a minute per
   process). ``None`` (the default) keeps them.
@@ -68,6 +71,8 @@ class QueueBackend(BaseTaskBackend):
     def __init__(self, alias: str, params: dict) -> None:
         super().__init__(alias, params)
         self.queue_models: dict[str, str] = dict(self.options.get("QUEUE_MODELS", {}))
+        #: whether a task runs in the transaction that records its success and acks it
+        self.atomic_tasks = bool(self.options.get("ATOMIC_TASKS", True))
         retention = self.options.get("RESULT_RETENTION_SECONDS")
         self.result_retention = timedelta(seconds=retention) if retention is not None else None
 

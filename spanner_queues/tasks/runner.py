@@ -7,9 +7,11 @@ It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the
    and the queue's delivery count, so other processes see the task running.
 2. The task function runs in a transaction on the queue's database; its database writes, the
    ``SUCCESSFUL`` status with the return value, and the ack of the message commit together.
-3. If the task raises an ``Exception``, that transaction rolls back (the task's writes with it)
-   and a second one writes ``FAILED`` with the exception class and traceback, and acks the
-   message: a failed task is not run again (Django's Tasks semantics).
+   With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside any transaction (its writes
+   commit as it makes them) and ``SUCCESSFUL`` commits with the ack after it returns.
+3. If the task raises an ``Exception``, that transaction rolls back (the task's writes with it,
+   when atomic) and a second one writes ``FAILED`` with the exception class and traceback, and
+   acks the message: a failed task is not run again (Django's Tasks semantics).
 
 The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
 task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id); an
@@ -140,23 +142,29 @@ def run_task(message: Message) -> None:
     task_started.send(type(backend), task_result=result)
     driver = driver_for(db)
 
-    def body() -> Any:
+    def call() -> Any:
         try:
             if task.takes_context:
                 value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
             else:
                 value = task.call(*result.args, **result.kwargs)
-            value = normalize_json(value)
+            return normalize_json(value)
         except Exception as exc:
-            if driver.is_retryable(exc):
+            if backend.atomic_tasks and driver.is_retryable(exc):
                 raise  # the transaction lost a race: run it again
             raise _TaskRaised(exc) from exc
+
+    def succeed(value: Any) -> Any:
         _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
         _ack(message, db)
         return value
 
     try:
-        value = run_in_transaction(body, using=db, retries=retries)
+        if backend.atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
+            value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
+        else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
+            value = call()
+            run_in_transaction(lambda: succeed(value), using=db, retries=retries)
     except _TaskRaised as raised:
         exc = raised.error
         error = {

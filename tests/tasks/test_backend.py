@@ -192,3 +192,20 @@ def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
 
     monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_tasks")
     assert [e.id for e in task_backends["default"].check()] == ["spanner_queues.E101"]
+
+
+def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"}, "ATOMIC_TASKS": False},
+        }
+    }
+    assert task_backends["default"].atomic_tasks is False
+    failing = tasks.fail_after_write.enqueue(8)
+    working = tasks.make_thing.enqueue(num=9)
+    run_worker(finished(failing, working))
+    assert failing.status == TaskResultStatus.FAILED
+    assert working.status == TaskResultStatus.SUCCESSFUL
+    assert sorted(Thing.objects.values_list("num", flat=True)) == [8, 9]  # committed as made
