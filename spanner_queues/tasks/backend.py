@@ -209,20 +209,30 @@ def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
     ]
 
 
-def result_from_record(record: TaskResultRecord) -> TaskResult:
-    """A ``TaskResult`` from a stored row; its task is looked up by path (the framework's
-    ``InvalidTaskError`` if the path no longer names a task)."""
+def _task_at(path: str) -> Task:
+    """The task a module attribute ``path`` names (the framework's ``InvalidTaskError`` if
+    none)."""
     from django.utils.module_loading import import_string
 
     try:
-        task = import_string(record.task_path)
+        task = import_string(path)
     except ImportError as exc:
-        raise InvalidTaskError(f"{record.task_path} is not a task: {exc}") from exc
+        raise InvalidTaskError(f"{path} is not a task: {exc}") from exc
     if not isinstance(task, Task):
-        raise InvalidTaskError(f"{record.task_path} is not a task.")
-    task = task.using(
-        queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
-    )
+        raise InvalidTaskError(f"{path} is not a task.")
+    return task
+
+
+def result_from_record(record: TaskResultRecord) -> TaskResult:
+    """A ``TaskResult`` from a stored row; its task is looked up by path (the framework's
+    ``InvalidTaskError`` if the path no longer names a task)."""
+    task = _task_at(record.task_path)
+    if (task.queue_name, task.backend, task.run_after) != (
+        record.queue_name, record.backend, record.run_after
+    ):
+        task = task.using(
+            queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
+        )
     result = TaskResult(
         task=task,
         id=record.id,

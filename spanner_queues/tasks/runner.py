@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
@@ -104,7 +105,8 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
 
 def run_task(message: Message) -> None:
     """Run the task of ``message`` (see the module docstring)."""
-    from django_tasks import TaskContext, task_backends
+    from django_tasks import TaskContext, TaskResultStatus, task_backends
+    from django_tasks.base import TaskError
     from django_tasks.signals import task_finished, task_started
     from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
@@ -117,8 +119,11 @@ def run_task(message: Message) -> None:
     result_id = message.json()["id"]
 
     def start() -> TaskResultRecord | None:
-        record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
-        if record is None or record.status in FINISHED:
+        try:
+            record = TaskResultRecord.objects.using(db).get(id=result_id)
+        except TaskResultRecord.DoesNotExist:
+            return None
+        if record.status in FINISHED:
             return record
         now = timezone.now()
         record.status = RUNNING
@@ -141,6 +146,7 @@ def run_task(message: Message) -> None:
     task = result.task
     task_started.send(type(backend), task_result=result)
     driver = driver_for(db)
+    value: Any = None
 
     def call() -> Any:
         try:
@@ -177,10 +183,15 @@ def run_task(message: Message) -> None:
             _ack(message, db)
 
         run_in_transaction(fail, using=db, retries=retries)
-    else:
-        object.__setattr__(result, "_return_value", value)
     mark_acked(message)  # acked above, in the task's (or the failure's) transaction
-    finished = result_from_record(record)
+    finished = replace(
+        result,
+        status=TaskResultStatus(record.status),
+        finished_at=record.finished_at,
+        errors=[TaskError(**e) for e in record.errors],
+    )
+    if record.status == SUCCESSFUL:
+        object.__setattr__(finished, "_return_value", value)
     task_finished.send(type(backend), task_result=finished)
     _maybe_prune(backend)
 
