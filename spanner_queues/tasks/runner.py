@@ -140,6 +140,7 @@ def run_task(message: Message) -> None:
     if record is None or record.status in FINISHED:
         # No row (pruned, or deleted by hand) or already finished: nothing to run.
         run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
+        mark_acked(message)
         return
     result = result_from_record(record)  # InvalidTaskError: a receiver failure, backed off
     backend = task_backends[record.backend]

@@ -209,3 +209,11 @@ def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker)
     assert failing.status == TaskResultStatus.FAILED
     assert working.status == TaskResultStatus.SUCCESSFUL
     assert sorted(Thing.objects.values_list("num", flat=True)) == [8, 9]  # committed as made
+
+
+def test_a_message_whose_result_row_is_gone_is_acked_without_running(run_worker) -> None:
+    result = tasks.make_thing.enqueue(num=10)
+    TaskResultRecord.objects.filter(id=result.id).delete()  # e.g. deleted by hand
+    events = run_worker(lambda: not TaskMessage.objects.exists())
+    assert not Thing.objects.exists()
+    assert not events.messages("already_acked") and not events.messages("failed")
