@@ -217,3 +217,52 @@ def test_a_message_whose_result_row_is_gone_is_acked_without_running(run_worker)
     events = run_worker(lambda: not TaskMessage.objects.exists())
     assert not Thing.objects.exists()
     assert not events.messages("already_acked") and not events.messages("failed")
+
+
+def test_signals_and_worker_side_retention(settings, run_worker) -> None:
+    from django_tasks.signals import task_finished, task_started
+
+    seen: list[tuple[str, str]] = []
+
+    def listen(sender, task_result, **kwargs) -> None:
+        seen.append((task_result.id, task_result.status))
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {
+                "QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"},
+                "RESULT_RETENTION_SECONDS": 3600,
+            },
+        }
+    }
+    old = tasks.add.enqueue(1, 1)
+    TaskResultRecord.objects.filter(id=old.id).update(
+        status="SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2)
+    )
+    TaskMessage.objects.filter(id=old.id).delete()
+    task_started.connect(listen)
+    task_finished.connect(listen)
+    try:
+        new = tasks.add.enqueue(2, 2)
+        run_worker(lambda: not TaskResultRecord.objects.filter(id=old.id).exists())
+    finally:
+        task_started.disconnect(listen)
+        task_finished.disconnect(listen)
+    assert seen == [(new.id, TaskResultStatus.RUNNING), (new.id, TaskResultStatus.SUCCESSFUL)]
+    new.refresh()
+    assert new.return_value == 4  # kept: not past its retention
+
+
+def test_admin_lists_results_read_only_with_filters(client, django_user_model) -> None:
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    result = tasks.add.enqueue(1, 2)
+    url = "/admin/spanner_queues/taskresultrecord/"
+    page = client.get(url, {"status__exact": "READY"})
+    assert page.status_code == 200 and result.id in page.content.decode()
+    assert result.id not in client.get(url, {"status__exact": "FAILED"}).content.decode()
+    assert client.get(url + "add/").status_code == 403
+    detail = client.get(f"{url}{result.id}/change/")
+    assert detail.status_code == 200 and b"Save" not in detail.content
