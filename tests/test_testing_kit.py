@@ -49,6 +49,13 @@ def test_drain_runs_the_receivers_and_reports_outcomes():
     assert [m.key for m in sent(Notifications)] == [("c",), ("b",)]  # c backs off, b in 5 min
 
 
+@pytest.mark.django_db(transaction=True)
+def test_the_fixtures(sent_to, drain_queue):
+    Notifications.send(id="f", payload={"num": 7})
+    sent_to(Notifications, count=1, id="f")
+    assert [o.outcome for o in drain_queue(Notifications, expect=1)] == ["acked"]
+
+
 # --- move time forward ---------------------------------------------------------------------------
 @pytest.mark.django_db
 def test_a_retry_runs_again_once_its_time_has_come():
