@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
@@ -26,6 +27,8 @@ def run_worker() -> Callable[..., WorkerEvents]:
                 worker.run()
             except BaseException as exc:
                 failures.append(exc)
+            finally:
+                connections.close_all()
 
         thread = threading.Thread(target=target, daemon=True)
         thread.start()
