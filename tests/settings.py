@@ -25,9 +25,11 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "spanner_queues",
+    "django_tasks",
     "tests.testapp",
     "tests.workerapp",
     "tests.outboxapp",
+    "tests.tasksapp",
 ]
 
 MIDDLEWARE = [
@@ -77,6 +79,15 @@ SPANNER_QUEUES = {
             "LEASE_SECONDS": 10,
             "BACKOFF": {"INITIAL_SECONDS": 0.2, "MULTIPLIER": 2, "MAX_SECONDS": 5},
         },
+    }
+}
+
+# Django's Tasks API on spanner_queues (tests/tasks): "default" and "emails" queue names
+TASKS = {
+    "default": {
+        "BACKEND": "spanner_queues.tasks.QueueBackend",
+        "QUEUES": ["default", "emails"],
+        "OPTIONS": {"QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"}},
     }
 }
 

@@ -1,5 +1,8 @@
 """Tools for testing projects that use spanner_queues; never imported by the runtime.
 
+- the test kit for your own queues, receivers and tasks (``docs/howto/testing.md``):
+  ``sent``/``assert_sent``, ``drain``, ``moved_clock``; pytest fixtures in
+  ``spanner_queues.testing.pytest_plugin``;
 - ``spanner_queues.testing.emulator``: private Cloud Spanner emulator processes and the
   queue-aware front (``QueueEmulator``, ``ensure_emulator``, ``start_emulator``, ...).
 
@@ -8,3 +11,27 @@ Nothing under ``spanner_queues`` outside ``testing`` and ``emulator`` imports th
 """
 
 from __future__ import annotations
+
+from spanner_queues.testing.kit import (
+    ClockNotMovable,
+    Drained,
+    MovableClock,
+    Outcome,
+    assert_sent,
+    clock_is_movable,
+    drain,
+    moved_clock,
+    sent,
+)
+
+__all__ = [
+    "ClockNotMovable",
+    "Drained",
+    "MovableClock",
+    "Outcome",
+    "assert_sent",
+    "clock_is_movable",
+    "drain",
+    "moved_clock",
+    "sent",
+]

@@ -1,0 +1,193 @@
+"""Django's Tasks API on spanner_queues (``QueueBackend``) against django-tasks-db.
+
+    .venv/bin/pip install -e '.[bench,tasks]'
+    .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py
+    .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py --enqueue 2000 --drain 2000 --json
+
+One machine, one run, one fresh SQLite file (WAL, ``transaction_mode="IMMEDIATE"``, persistent
+connections) shared by both backends, ``benchmarks/tasks_settings.py``; the same task function
+(``benchmarks.workerbench.tasks.noop``), sent to each backend with ``.using(backend=...)``:
+
+(a) enqueue: N transactions, each ``with atomic(): Order.objects.create(...)`` plus
+    ``noop.enqueue(...)``; alternating rounds of 100. Ours writes the result row and the
+    message in the caller's transaction; django-tasks-db writes its one row.
+(b) drain: a backlog of N tasks run in-process: ``Worker(burst=True)`` on the task queue (per
+    task: the claim, ``RUNNING`` committed, then the task with ``SUCCESSFUL`` and the ack in one
+    transaction), also with ``prefetch`` (one claim for many tasks), against
+    ``db_worker --batch --no-startup-delay``.
+
+Prints the figures and the ratios (spanner_queues / django-tasks-db, higher is better).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup(workdir: Path) -> None:
+    sys.path.insert(0, str(ROOT))
+    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.tasks_settings"
+    os.environ["SQ_BENCH_SQLITE_PATH"] = str(workdir / "bench.sqlite3")
+    os.environ.pop("SQ_BENCH_TRACE", None)
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", run_syncdb=True, verbosity=0)
+
+
+def clear() -> None:
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.workerbench.models import Order
+    from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+
+    Order.objects.all().delete()
+    TaskMessage.objects.all().delete()
+    TaskResultRecord.objects.all().delete()
+    DBTaskResult.objects.all().delete()
+
+
+def bench_enqueue(n: int) -> dict[str, Any]:
+    from django.db import transaction
+
+    from benchmarks.workerbench.models import Order
+    from benchmarks.workerbench.tasks import noop
+
+    ours_task = noop.using(backend="queues")
+    theirs_task = noop.using(backend="default")
+
+    def ours(i: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(n=i)
+            ours_task.enqueue(str(order.pk))
+
+    def theirs(i: int) -> None:
+        with transaction.atomic():
+            order = Order.objects.create(n=i)
+            theirs_task.enqueue(str(order.pk))
+
+    times: dict[str, list[float]] = {"spanner_queues": [], "django_tasks_db": []}
+    for i in range(50):  # warm-up
+        ours(i)
+        theirs(i)
+    clear()
+    for r in range(max(1, n // 100)):
+        for name, fn in (("spanner_queues", ours), ("django_tasks_db", theirs)):
+            for i in range(100):
+                t0 = time.perf_counter()
+                fn(r * 100 + i)
+                times[name].append(time.perf_counter() - t0)
+    clear()
+    return {
+        name: {
+            "ops_per_s": len(ts) / sum(ts),
+            "p50_ms": statistics.median(ts) * 1000,
+            "p99_ms": statistics.quantiles(ts, n=100)[98] * 1000,
+            "n": len(ts),
+        }
+        for name, ts in times.items()
+    }
+
+
+def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str, Any]:
+    from django.core.management import call_command
+    from django.db import transaction
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.workerbench.tasks import noop
+    from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+    from spanner_queues.worker import Worker
+
+    results: dict[str, Any] = {}
+    ours_task = noop.using(backend="queues")
+    variants = [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
+    for c, p in variants:
+        with transaction.atomic():
+            for i in range(n):
+                ours_task.enqueue(str(i))
+        t0 = time.perf_counter()
+        stats = Worker(
+            ["spanner_queues.TaskMessage"], burst=True, concurrency=c, prefetch=p,
+            install_signal_handlers=False,
+        ).run()
+        elapsed = time.perf_counter() - t0
+        done = TaskResultRecord.objects.filter(status="SUCCESSFUL").count()
+        assert stats.processed == n and done == n and not TaskMessage.objects.exists(), stats
+        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p > 1 else ")")
+        results[name] = {"tasks_per_s": n / elapsed, "n": n}
+        clear()
+
+    with transaction.atomic():
+        for i in range(n):
+            noop.enqueue(str(i))
+    t0 = time.perf_counter()
+    call_command("db_worker", batch=True, startup_delay=False, reload=False, verbosity=0)
+    elapsed = time.perf_counter() - t0
+    done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+    assert done == n, f"db_worker finished {done} of {n}"
+    results["django_tasks_db"] = {"tasks_per_s": n / elapsed, "n": n}
+    clear()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--enqueue", type=int, default=2000, help="transactions in (a)")
+    parser.add_argument("--drain", type=int, default=2000, help="backlog in (b)")
+    parser.add_argument(
+        "--concurrency", type=int, nargs="+", default=[1, 4], help="worker threads in (b)"
+    )
+    parser.add_argument(
+        "--prefetch", type=int, nargs="*", default=[10], help="prefetch variants in (b)"
+    )
+    parser.add_argument("--json", action="store_true", help="also print the raw figures")
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="sq-tasks-bench-") as tmp:
+        setup(Path(tmp))
+        import django
+        import django_tasks
+
+        print(
+            f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db 0.13 "
+            f"(django-tasks {django_tasks.__version__}): Python {platform.python_version()}, "
+            f"Django {django.get_version()}, SQLite (WAL, IMMEDIATE), {os.cpu_count()} CPUs, "
+            f"load {os.getloadavg()[0]:.1f}"
+        )
+        enqueue = bench_enqueue(args.enqueue)
+        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
+        print(f"load after {os.getloadavg()[0]:.1f}")
+
+    print(f"\n(a) enqueue: {args.enqueue} transactions of one ORM insert + one task")
+    for name, r in enqueue.items():
+        print(
+            f"  {name:<36} {r['ops_per_s']:8.0f} txn/s  "
+            f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
+        )
+    ratio = enqueue["spanner_queues"]["ops_per_s"] / enqueue["django_tasks_db"]["ops_per_s"]
+    print(f"  {'ratio (throughput)':<36} {ratio:.2f}x")
+
+    print(f"\n(b) drain a backlog of {args.drain} no-op tasks")
+    base = drain["django_tasks_db"]["tasks_per_s"]
+    for name, r in drain.items():
+        ratio = "" if name == "django_tasks_db" else f"  ratio {r['tasks_per_s'] / base:.2f}x"
+        print(f"  {name:<36} {r['tasks_per_s']:8.0f} tasks/s{ratio}")
+    if args.json:
+        print(json.dumps({"enqueue": enqueue, "drain": drain}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

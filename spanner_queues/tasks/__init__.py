@@ -1,0 +1,25 @@
+"""Django's Tasks API (the ``django-tasks`` backport on Django 5.2) on spanner_queues.
+
+    TASKS = {"default": {"BACKEND": "spanner_queues.tasks.QueueBackend"}}
+
+``enqueue()`` sends a message to a queue on the caller's connection, in the caller's
+transaction: the task commits with the caller's writes or not at all. ``manage.py
+runqueueworker`` runs it. See ``docs/howto/tasks.md``.
+
+``QueueBackend`` is imported lazily: the models of this package load with the app whether or
+not ``django-tasks`` is installed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["QueueBackend"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "QueueBackend":
+        from spanner_queues.tasks.backend import QueueBackend
+
+        return QueueBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

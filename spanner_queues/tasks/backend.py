@@ -1,0 +1,252 @@
+"""``QueueBackend``: a Tasks backend whose ``enqueue()`` is a queue send in the caller's
+transaction.
+
+Guarantees:
+
+- ``enqueue()`` writes the task's result row (``READY``) and its message on the queue's
+  database, on the caller's connection: inside the caller's ``atomic()`` block both commit or
+  roll back with the caller's writes (no ``on_commit``); outside one they commit together in a
+  transaction of their own.
+- ``run_after`` is the message's deliver time: no worker receives it before then.
+- ``get_result()`` reads the result row (``TaskResultDoesNotExist`` if there is none).
+- Priority is refused (``supports_priority = False``): queues deliver by deliver time only.
+
+``OPTIONS``:
+
+- ``"QUEUES"`` (top level, Django's own): allowed ``queue_name`` values (default
+  ``["default"]``; ``[]`` allows any).
+- ``"OPTIONS": {"QUEUE_MODELS": {"emails": "shop.EmailTasks"}}``: the queue model of a
+  ``queue_name`` (default: ``spanner_queues.TaskMessage``). Such a model has one ``CharField``
+  primary key of at least 64 characters and ``QueueMeta.payload_type = "json"``, and no
+  receiver of its own (the backend registers one).
+- ``"OPTIONS": {"ATOMIC_TASKS": False}``: run each task outside any transaction (for long
+  tasks, or tasks calling other systems: on SQLite an open write transaction holds the
+  database's single write lock); default ``True``, the task's writes commit with its success.
+- ``"OPTIONS": {"RESULT_RETENTION_SECONDS": 604800}``: finished results older than this are
+  deleted by ``prune_results()`` (the task receiver calls it at most once a minute per
+  process). ``None`` (the default) keeps them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any, TypeVar
+
+from django.apps import apps
+from django.core import checks
+from django.db import transaction
+from django.utils import timezone
+from django_tasks import TaskResult, TaskResultStatus
+from django_tasks.backends.base import BaseTaskBackend
+from django_tasks.base import Task, TaskError
+from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+from django_tasks.signals import task_enqueued
+from django_tasks.utils import get_random_id
+from typing_extensions import ParamSpec
+
+from spanner_queues import api
+from spanner_queues.payload import JSON, payload_type
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.tasks.models import FINISHED, READY, TaskResultRecord, dumps
+from spanner_queues.transactions import run_in_transaction
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+DEFAULT_QUEUE_MODEL = "spanner_queues.TaskMessage"
+
+__all__ = ["QueueBackend", "result_from_record"]
+
+
+class QueueBackend(BaseTaskBackend):
+    """Tasks on spanner_queues: transactional enqueue, runs on ``runqueueworker``."""
+
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = False  # queues deliver by deliver time; no engine orders by priority
+
+    def __init__(self, alias: str, params: dict) -> None:
+        super().__init__(alias, params)
+        self.queue_models: dict[str, str] = dict(self.options.get("QUEUE_MODELS", {}))
+        #: whether a task runs in the transaction that records its success and acks it
+        self.atomic_tasks = bool(self.options.get("ATOMIC_TASKS", True))
+        retention = self.options.get("RESULT_RETENTION_SECONDS")
+        self.result_retention = timedelta(seconds=retention) if retention is not None else None
+
+    # --- configuration ----------------------------------------------------------------------
+    def queue_model(self, queue_name: str) -> Any:
+        """The queue model of ``queue_name``."""
+        return get_queue(self.queue_models.get(queue_name, DEFAULT_QUEUE_MODEL))
+
+    def all_queue_models(self) -> list[Any]:
+        """Every queue model this backend sends to (the default one included)."""
+        labels = {DEFAULT_QUEUE_MODEL, *self.queue_models.values()}
+        return [get_queue(label) for label in sorted(labels)]
+
+    def databases(self) -> list[str]:
+        """The databases of this backend's queues (its result rows live beside them)."""
+        seen: list[str] = []
+        for model in self.all_queue_models():
+            db = engine_for(model).database
+            if db not in seen:
+                seen.append(db)
+        return seen
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        yield from check_django_tasks_installed()
+        for name, label in self.queue_models.items():
+            try:
+                model = get_queue(label)
+            except Exception as exc:
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}] QUEUE_MODELS[{name!r}]: {exc}",
+                    id="spanner_queues.E102",
+                )
+                continue
+            pk = model._meta.pk
+            if (
+                getattr(pk, "max_length", None) is None
+                or pk.max_length < 64
+                or payload_type(model) != JSON
+            ):
+                yield checks.Error(
+                    f"TASKS[{self.alias!r}] QUEUE_MODELS[{name!r}]: {model._meta.label} needs a "
+                    "CharField primary key of at least 64 characters (the task result id) and "
+                    'QueueMeta.payload_type = "json".',
+                    id="spanner_queues.E102",
+                )
+
+    # --- enqueue ----------------------------------------------------------------------------
+    def enqueue(self, task: Task[P, T], args: P.args, kwargs: P.kwargs) -> TaskResult[T]:  # type: ignore[valid-type]
+        """Write the result row and send the task's message in the caller's transaction."""
+        self.validate_task(task)
+        model = self.queue_model(task.queue_name)
+        db = engine_for(model).database
+        now = timezone.now()
+        result: TaskResult[T] = TaskResult(
+            task=task,
+            id=get_random_id(),
+            status=TaskResultStatus.READY,
+            enqueued_at=now,
+            started_at=None,
+            last_attempted_at=None,
+            finished_at=None,
+            args=args,
+            kwargs=kwargs,
+            backend=self.alias,
+            errors=[],
+            worker_ids=[],
+        )
+        record = TaskResultRecord(
+            id=result.id,
+            task_path=task.module_path,
+            backend=self.alias,
+            queue_name=task.queue_name,
+            queue=model._meta.label,
+            priority=task.priority,
+            takes_context=task.takes_context,
+            status=READY,
+            args_json=dumps(result.args),
+            kwargs_json=dumps(result.kwargs),
+            enqueued_at=now,
+            run_after=task.run_after,
+        )
+        pk_name = model._meta.pk.name
+        payload = {"id": result.id, "task": task.module_path, "backend": self.alias}
+
+        def write() -> None:
+            record.save(using=db, force_insert=True)
+            api.send(
+                model, using=db, payload=payload, deliver_time=task.run_after,
+                **{pk_name: result.id},
+            )
+
+        if transaction.get_connection(db).in_atomic_block:
+            with transaction.atomic(using=db, savepoint=False):  # the caller's transaction
+                write()
+        else:
+            retries = engine_for(model).params.transaction_retries
+            run_in_transaction(write, using=db, retries=retries)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    # --- results ----------------------------------------------------------------------------
+    def get_result(self, result_id: str) -> TaskResult:
+        """The result of task ``result_id``, as stored now."""
+        for db in self.databases():
+            record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
+            if record is not None:
+                return result_from_record(record)
+        raise TaskResultDoesNotExist(result_id)
+
+    def prune_results(self, *, now: Any = None) -> int:
+        """Delete finished results older than ``RESULT_RETENTION_SECONDS``; return how many."""
+        if self.result_retention is None:
+            return 0
+        cutoff = (now or timezone.now()) - self.result_retention
+        deleted = 0
+        for db in self.databases():
+            deleted += TaskResultRecord.objects.using(db).filter(
+                status__in=FINISHED, finished_at__lt=cutoff
+            ).delete()[0]
+        return deleted
+
+
+def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
+    """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
+    (registered by ``spanner_queues.tasks.runner.connect``, since Django's Tasks framework runs
+    backend checks only when its app is installed)."""
+    if apps.is_installed("django_tasks"):
+        return []
+    return [
+        checks.Error(
+            "spanner_queues.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
+            id="spanner_queues.E101",
+        )
+    ]
+
+
+def _task_at(path: str) -> Task:
+    """The task a module attribute ``path`` names (the framework's ``InvalidTaskError`` if
+    none)."""
+    from django.utils.module_loading import import_string
+
+    try:
+        task = import_string(path)
+    except ImportError as exc:
+        raise InvalidTaskError(f"{path} is not a task: {exc}") from exc
+    if not isinstance(task, Task):
+        raise InvalidTaskError(f"{path} is not a task.")
+    return task
+
+
+def result_from_record(record: TaskResultRecord) -> TaskResult:
+    """A ``TaskResult`` from a stored row; its task is looked up by path (the framework's
+    ``InvalidTaskError`` if the path no longer names a task)."""
+    task = _task_at(record.task_path)
+    if (task.queue_name, task.backend, task.run_after) != (
+        record.queue_name, record.backend, record.run_after
+    ):
+        task = task.using(
+            queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
+        )
+    result = TaskResult(
+        task=task,
+        id=record.id,
+        status=TaskResultStatus(record.status),
+        enqueued_at=record.enqueued_at,
+        started_at=record.started_at,
+        last_attempted_at=record.last_attempted_at,
+        finished_at=record.finished_at,
+        args=record.args,
+        kwargs=record.kwargs,
+        backend=record.backend,
+        errors=[TaskError(**e) for e in record.errors],
+        worker_ids=record.worker_ids,
+    )
+    if record.return_value_json:
+        object.__setattr__(result, "_return_value", json.loads(record.return_value_json))
+    return result

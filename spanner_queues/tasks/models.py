@@ -1,0 +1,92 @@
+"""The task queue and the task results, shipped by the ``spanner_queues`` app.
+
+``TaskMessage`` is a JSON-payload queue keyed by the task result's id; ``TaskResultRecord``
+keeps one row per enqueued task (status, arguments, return value, errors, workers). Both live
+on the task queue's database, so ``enqueue()`` writes them in one transaction. JSON is kept as
+text (``TextField``): every database stores it, the Spanner emulator included.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.serializers.json import DjangoJSONEncoder
+from django.db import models
+
+from spanner_queues.models import Queue
+
+#: statuses of ``django_tasks.TaskResultStatus`` (kept here so the model needs no django-tasks)
+READY, RUNNING, FAILED, SUCCESSFUL = "READY", "RUNNING", "FAILED", "SUCCESSFUL"
+STATUS_CHOICES = [(s, s.capitalize()) for s in (READY, RUNNING, FAILED, SUCCESSFUL)]
+FINISHED = (FAILED, SUCCESSFUL)
+
+
+class TaskMessage(Queue):
+    """The default queue of ``spanner_queues.tasks.QueueBackend``: one message per task."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+
+    class Meta:
+        verbose_name = "task message"
+
+    class QueueMeta:
+        payload_type = "json"
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+class TaskResultRecord(models.Model):
+    """One enqueued task and what became of it (read-only in the admin)."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+    task_path = models.CharField(max_length=300)
+    backend = models.CharField(max_length=100)
+    queue_name = models.CharField(max_length=100)
+    queue = models.CharField(max_length=200)
+    priority = models.IntegerField(default=0)
+    takes_context = models.BooleanField(default=False)
+    status = models.CharField(max_length=10, choices=STATUS_CHOICES, default=READY)
+    args_json = models.TextField(default="[]")
+    kwargs_json = models.TextField(default="{}")
+    return_value_json = models.TextField(blank=True, default="")
+    #: ``[{"exception_class_path": ..., "traceback": ...}, ...]``
+    errors_json = models.TextField(default="[]")
+    worker_ids_json = models.TextField(default="[]")
+    #: deliveries of the task's message, as the queue counts them (the last one seen)
+    attempts = models.PositiveIntegerField(default=0)
+    enqueued_at = models.DateTimeField()
+    run_after = models.DateTimeField(null=True, blank=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    last_attempted_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "task result"
+        default_permissions = ("view",)
+        indexes = [models.Index(fields=["status", "finished_at"], name="sq_task_status_finished")]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} {self.id} {self.status}"
+
+    @property
+    def args(self) -> list[Any]:
+        return json.loads(self.args_json)
+
+    @property
+    def kwargs(self) -> dict[str, Any]:
+        return json.loads(self.kwargs_json)
+
+    @property
+    def errors(self) -> list[dict[str, str]]:
+        return json.loads(self.errors_json)
+
+    @property
+    def worker_ids(self) -> list[str]:
+        return json.loads(self.worker_ids_json)
+
+    @property
+    def return_value(self) -> Any:
+        return json.loads(self.return_value_json) if self.return_value_json else None

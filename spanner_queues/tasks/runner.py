@@ -1,0 +1,223 @@
+"""The receiver that runs enqueued tasks inside ``manage.py runqueueworker``.
+
+It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the app is ready
+(``connect()``), as a non-atomic receiver that manages its own transactions:
+
+1. ``RUNNING`` is committed first (its own short transaction), with this process's worker id
+   and the queue's delivery count, so other processes see the task running.
+2. The task function runs in a transaction on the queue's database; its database writes, the
+   ``SUCCESSFUL`` status with the return value, and the ack of the message commit together.
+   With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside any transaction (its writes
+   commit as it makes them) and ``SUCCESSFUL`` commits with the ack after it returns.
+3. If the task raises an ``Exception``, that transaction rolls back (the task's writes with it,
+   when atomic) and a second one writes ``FAILED`` with the exception class and traceback, and
+   acks the message: a failed task is not run again (Django's Tasks semantics).
+
+The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
+task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id); an
+error before the task starts (an unknown task path) is a receiver failure the worker backs off.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import replace
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from spanner_queues import api
+from spanner_queues.drivers import driver_for
+from spanner_queues.message import Message
+from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.tasks.models import (
+    FAILED,
+    FINISHED,
+    RUNNING,
+    SUCCESSFUL,
+    TaskResultRecord,
+    dumps,
+)
+from spanner_queues.transactions import run_in_transaction
+
+#: the worker id recorded in results: host and process
+WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
+RECEIVER_NAME = "spanner_queues.tasks.runner.run_task"
+_prune_lock = threading.Lock()
+_next_prune = [0.0]
+
+
+class _TaskRaised(Exception):
+    """Carries the task's own exception out of the transaction that ran it."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def queue_backends() -> list[Any]:
+    """The configured ``TASKS`` backends that are ``QueueBackend``s (none without ``TASKS``)."""
+    configured = getattr(settings, "TASKS", None) or {}
+    out = []
+    for alias, conf in configured.items():
+        try:
+            cls = import_string(conf.get("BACKEND", ""))
+        except ImportError:
+            continue  # django-tasks' own checks report it
+        from spanner_queues.tasks.backend import QueueBackend
+
+        if isinstance(cls, type) and issubclass(cls, QueueBackend):
+            from django_tasks import task_backends
+
+            out.append(task_backends[alias])
+    return out
+
+
+def connect(registry: ReceiverRegistry | None = None) -> list[str]:
+    """Register ``run_task`` for the queues of every configured ``QueueBackend``; return the
+    queue labels. Called from ``SpannerQueuesConfig.ready()``."""
+    registry = registry if registry is not None else receivers
+    labels: list[str] = []
+    backends = queue_backends()
+    if backends:
+        from django.core import checks
+
+        from spanner_queues.tasks.backend import check_django_tasks_installed
+
+        checks.register(check_django_tasks_installed)
+    for backend in backends:
+        for model in backend.all_queue_models():
+            label = model._meta.label
+            if label in labels:
+                continue
+            labels.append(label)
+            registry.register(
+                ReceiverSpec(func=run_task, queue=label, name=RECEIVER_NAME, atomic=False)
+            )
+    return labels
+
+
+def run_task(message: Message) -> None:
+    """Run the task of ``message`` (see the module docstring)."""
+    from django_tasks import TaskContext, TaskResultStatus, task_backends
+    from django_tasks.base import TaskError
+    from django_tasks.signals import task_finished, task_started
+    from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
+
+    from spanner_queues.tasks.backend import result_from_record
+
+    model = get_queue(message.queue)
+    engine = engine_for(model)
+    db = engine.database
+    retries = engine.params.transaction_retries
+    result_id = message.json()["id"]
+
+    def start() -> TaskResultRecord | None:
+        try:
+            record = TaskResultRecord.objects.using(db).get(id=result_id)
+        except TaskResultRecord.DoesNotExist:
+            return None
+        if record.status in FINISHED:
+            return record
+        now = timezone.now()
+        record.status = RUNNING
+        record.worker_ids_json = dumps([*record.worker_ids, WORKER_ID])
+        record.attempts = message.attempt
+        record.started_at = record.started_at or now
+        record.last_attempted_at = now
+        record.save(using=db, update_fields=[
+            "status", "worker_ids_json", "attempts", "started_at", "last_attempted_at",
+        ])
+        return record
+
+    record = run_in_transaction(start, using=db, retries=retries)
+    if record is None or record.status in FINISHED:
+        # No row (pruned, or deleted by hand) or already finished: nothing to run.
+        run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
+        mark_acked(message)
+        return
+    result = result_from_record(record)  # InvalidTaskError: a receiver failure, backed off
+    backend = task_backends[record.backend]
+    task = result.task
+    task_started.send(type(backend), task_result=result)
+    driver = driver_for(db)
+    value: Any = None
+
+    def call() -> Any:
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+            else:
+                value = task.call(*result.args, **result.kwargs)
+            return normalize_json(value)
+        except Exception as exc:
+            if backend.atomic_tasks and driver.is_retryable(exc):
+                raise  # the transaction lost a race: run it again
+            raise _TaskRaised(exc) from exc
+
+    def succeed(value: Any) -> Any:
+        _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
+        _ack(message, db)
+        return value
+
+    try:
+        if backend.atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
+            value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
+        else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
+            value = call()
+            run_in_transaction(lambda: succeed(value), using=db, retries=retries)
+    except _TaskRaised as raised:
+        exc = raised.error
+        error = {
+            "exception_class_path": get_module_path(type(exc)),
+            "traceback": get_exception_traceback(exc),
+        }
+
+        def fail() -> None:
+            _finish(record, db, FAILED, errors_json=dumps([*record.errors, error]))
+            _ack(message, db)
+
+        run_in_transaction(fail, using=db, retries=retries)
+    mark_acked(message)  # acked above, in the task's (or the failure's) transaction
+    finished = replace(
+        result,
+        status=TaskResultStatus(record.status),
+        finished_at=record.finished_at,
+        errors=[TaskError(**e) for e in record.errors],
+    )
+    if record.status == SUCCESSFUL:
+        object.__setattr__(finished, "_return_value", value)
+    task_finished.send(type(backend), task_result=finished)
+    _maybe_prune(backend)
+
+
+def _finish(record: TaskResultRecord, db: str, status: str, **fields: Any) -> None:
+    record.status = status
+    record.finished_at = timezone.now()
+    for name, value in fields.items():
+        setattr(record, name, value)
+    record.save(using=db, update_fields=["status", "finished_at", *fields])
+
+
+def _ack(message: Message, db: str) -> None:
+    api.ack(message, using=db)
+
+
+def _maybe_prune(backend: Any) -> None:
+    """At most once a minute per process: delete finished results past their retention."""
+    if getattr(backend, "result_retention", None) is None:
+        return
+    with _prune_lock:
+        if time.monotonic() < _next_prune[0]:
+            return
+        _next_prune[0] = time.monotonic() + 60.0
+    backend.prune_results()
+
+
+__all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task"]

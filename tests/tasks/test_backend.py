@@ -1,0 +1,268 @@
+"""spanner_queues.tasks.QueueBackend: transactional enqueue, results, and runs by the worker."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import transaction
+from django.utils import timezone
+from django_tasks import TaskResultStatus, default_task_backend, task_backends
+from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
+
+from spanner_queues.receivers import receivers
+from spanner_queues.tasks import QueueBackend
+from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+from spanner_queues.tasks.runner import RECEIVER_NAME
+from tests.tasksapp import tasks
+from tests.tasksapp.models import EmailTasks, Thing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finished(*results):
+    def check() -> bool:
+        for r in results:
+            r.refresh()
+        return all(r.is_finished for r in results)
+
+    return check
+
+
+def test_backend_is_configured_with_honest_flags() -> None:
+    assert isinstance(task_backends["default"], QueueBackend)
+    assert default_task_backend.supports_defer
+    assert default_task_backend.supports_get_result
+    assert default_task_backend.supports_async_task
+    assert not default_task_backend.supports_priority
+
+
+def test_the_task_queues_have_the_task_receiver() -> None:
+    for queue in (TaskMessage, EmailTasks):
+        assert [s.name for s in receivers.for_queue(queue)] == [RECEIVER_NAME]
+
+
+def test_validation_errors_are_the_frameworks_own() -> None:
+    with pytest.raises(InvalidTaskError, match="priority"):
+        tasks.add.using(priority=10)
+    with pytest.raises(InvalidTaskError, match="not valid"):
+        tasks.add.using(queue_name="nowhere")
+    with pytest.raises(InvalidTaskError, match="aware"):
+        tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
+
+
+def test_enqueue_rolled_back_with_the_callers_transaction_leaves_nothing() -> None:
+    class Boom(Exception):
+        pass
+
+    with pytest.raises(Boom), transaction.atomic():
+        Thing.objects.create(num=1)
+        result = tasks.add.enqueue(1, 2)
+        assert TaskMessage.objects.filter(id=result.id).exists()  # same connection: visible
+        raise Boom
+    assert not Thing.objects.exists()
+    assert not TaskMessage.objects.exists()
+    assert not TaskResultRecord.objects.exists()
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(result.id)
+
+
+def test_enqueue_commits_with_the_caller_and_the_worker_runs_it(run_worker) -> None:
+    with transaction.atomic():
+        Thing.objects.create(num=1)
+        result = tasks.add.enqueue(2, 3)
+    assert result.status == TaskResultStatus.READY
+    stored = tasks.add.get_result(result.id)
+    assert stored.status == TaskResultStatus.READY and stored.args == [2, 3]
+    run_worker(finished(result))
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == 5
+    assert result.attempts == 1 and len(result.worker_ids) == 1
+    assert result.started_at and result.finished_at and result.last_attempted_at
+    assert not TaskMessage.objects.exists()  # acked
+
+
+def test_task_writes_commit_with_its_success(run_worker) -> None:
+    result = tasks.make_thing.enqueue(num=7)
+    run_worker(finished(result))
+    assert result.return_value == 7
+    assert list(Thing.objects.values_list("num", flat=True)) == [7]
+
+
+def test_failure_is_failed_with_traceback_and_its_writes_rolled_back(run_worker) -> None:
+    result = tasks.fail_after_write.enqueue(4)
+    run_worker(finished(result))
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is ValueError
+    assert "no thing 4" in result.errors[0].traceback
+    with pytest.raises(ValueError, match="failed"):
+        result.return_value  # noqa: B018
+    assert not Thing.objects.exists()
+    assert not TaskMessage.objects.exists()  # acked: a failed task is not run again
+
+
+def test_a_return_value_that_is_not_json_fails_the_task(run_worker) -> None:
+    result = tasks.returns_object.enqueue()
+    run_worker(finished(result))
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TypeError
+
+
+def test_async_task(run_worker) -> None:
+    Thing.objects.create(num=1)
+    result = tasks.async_add.enqueue(1, 2)
+    run_worker(finished(result))
+    assert result.return_value == 4
+
+
+def test_takes_context_gets_the_attempt_and_result(run_worker) -> None:
+    result = tasks.attempt_and_id.enqueue()
+    run_worker(finished(result))
+    assert result.return_value == {"attempt": 1, "id": result.id}
+
+
+def test_queue_name_goes_to_its_own_queue_model(run_worker) -> None:
+    result = tasks.send_email.enqueue("a@example.com")
+    assert EmailTasks.objects.filter(id=result.id).exists()
+    assert not TaskMessage.objects.exists()
+    run_worker(finished(result))
+    assert result.return_value == "sent to a@example.com"
+
+
+def test_run_after_is_the_deliver_time(run_worker) -> None:
+    later = tasks.add.using(run_after=timezone.now() + timedelta(hours=1)).enqueue(1, 1)
+    now = tasks.add.enqueue(2, 2)
+    message = TaskMessage.objects.get(id=later.id)
+    assert message.deliver_time >= timezone.now() + timedelta(minutes=59)
+    events = run_worker(finished(now))
+    acked = [m.key for m in events.messages("acked") if m.queue == TaskMessage._meta.label]
+    assert acked == [(now.id,)]
+    later.refresh()
+    assert later.status == TaskResultStatus.READY
+    assert TaskMessage.objects.filter(id=later.id).exists()
+
+
+def test_aenqueue_and_aget_result() -> None:
+    async def scenario() -> None:
+        result = await tasks.add.aenqueue(1, 2)
+        fetched = await tasks.add.aget_result(result.id)
+        assert fetched.status == TaskResultStatus.READY and fetched.args == [1, 2]
+        await result.arefresh()
+        assert result.status == TaskResultStatus.READY
+
+    async_to_sync(scenario)()
+
+
+def test_retention_prunes_finished_results_only(settings) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {
+                "QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"},
+                "RESULT_RETENTION_SECONDS": 3600,
+            },
+        }
+    }
+    backend = task_backends["default"]
+    old = tasks.add.enqueue(1, 1)
+    waiting = tasks.add.enqueue(2, 2)
+    TaskResultRecord.objects.filter(id=old.id).update(
+        status="SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2)
+    )
+    assert backend.prune_results() == 1
+    assert list(TaskResultRecord.objects.values_list("id", flat=True)) == [waiting.id]
+    assert TaskMessage.objects.count() == 2  # the queue is untouched by pruning
+
+
+def test_check_refuses_a_queue_model_that_cannot_carry_tasks() -> None:
+    backend = QueueBackend(
+        "checked",
+        {"OPTIONS": {"QUEUE_MODELS": {"a": "testapp.Greetings", "b": "nowhere.Queue"}}},
+    )
+    errors = list(backend.check())
+    assert [e.id for e in errors] == ["spanner_queues.E102", "spanner_queues.E102"]
+    assert "Greetings" in errors[0].msg and "nowhere" in errors[1].msg
+    assert list(task_backends["default"].check()) == []
+
+
+def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
+    from django.apps import apps
+
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_tasks")
+    assert [e.id for e in task_backends["default"].check()] == ["spanner_queues.E101"]
+
+
+def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {"QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"}, "ATOMIC_TASKS": False},
+        }
+    }
+    assert task_backends["default"].atomic_tasks is False
+    failing = tasks.fail_after_write.enqueue(8)
+    working = tasks.make_thing.enqueue(num=9)
+    run_worker(finished(failing, working))
+    assert failing.status == TaskResultStatus.FAILED
+    assert working.status == TaskResultStatus.SUCCESSFUL
+    assert sorted(Thing.objects.values_list("num", flat=True)) == [8, 9]  # committed as made
+
+
+def test_a_message_whose_result_row_is_gone_is_acked_without_running(run_worker) -> None:
+    result = tasks.make_thing.enqueue(num=10)
+    TaskResultRecord.objects.filter(id=result.id).delete()  # e.g. deleted by hand
+    events = run_worker(lambda: not TaskMessage.objects.exists())
+    assert not Thing.objects.exists()
+    assert not events.messages("already_acked") and not events.messages("failed")
+
+
+def test_signals_and_worker_side_retention(settings, run_worker) -> None:
+    from django_tasks.signals import task_finished, task_started
+
+    seen: list[tuple[str, str]] = []
+
+    def listen(sender, task_result, **kwargs) -> None:
+        seen.append((task_result.id, task_result.status))
+
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": {
+                "QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"},
+                "RESULT_RETENTION_SECONDS": 3600,
+            },
+        }
+    }
+    old = tasks.add.enqueue(1, 1)
+    TaskResultRecord.objects.filter(id=old.id).update(
+        status="SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2)
+    )
+    TaskMessage.objects.filter(id=old.id).delete()
+    task_started.connect(listen)
+    task_finished.connect(listen)
+    try:
+        new = tasks.add.enqueue(2, 2)
+        run_worker(lambda: not TaskResultRecord.objects.filter(id=old.id).exists())
+    finally:
+        task_started.disconnect(listen)
+        task_finished.disconnect(listen)
+    assert seen == [(new.id, TaskResultStatus.RUNNING), (new.id, TaskResultStatus.SUCCESSFUL)]
+    new.refresh()
+    assert new.return_value == 4  # kept: not past its retention
+
+
+def test_admin_lists_results_read_only_with_filters(client, django_user_model) -> None:
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    result = tasks.add.enqueue(1, 2)
+    url = "/admin/spanner_queues/taskresultrecord/"
+    page = client.get(url, {"status__exact": "READY"})
+    assert page.status_code == 200 and result.id in page.content.decode()
+    assert result.id not in client.get(url, {"status__exact": "FAILED"}).content.decode()
+    assert client.get(url + "add/").status_code == 403
+    detail = client.get(f"{url}{result.id}/change/")
+    assert detail.status_code == 200 and b"Save" not in detail.content

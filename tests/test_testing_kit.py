@@ -1,0 +1,118 @@
+"""The test kit (spanner_queues.testing), as docs/howto/testing.md shows it: each test here is
+the documentation's example for one helper."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import transaction
+from django.test import TestCase
+
+from spanner_queues.testing import (
+    ClockNotMovable,
+    assert_sent,
+    clock_is_movable,
+    drain,
+    moved_clock,
+    sent,
+)
+from tests.tasksapp.models import Notifications, Thing
+
+pytest_plugins = ["spanner_queues.testing.pytest_plugin"]
+
+
+# --- assert what was sent ----------------------------------------------------------------------
+@pytest.mark.django_db
+def test_signup_sends_a_notification():
+    with transaction.atomic():
+        Notifications.send(id="welcome-1", payload={"num": 1, "kind": "welcome"})
+    [message] = assert_sent(Notifications, kind="welcome")
+    assert message.key_dict == {"id": "welcome-1"}
+    assert_sent(Notifications, count=1, id="welcome-1")
+    with pytest.raises(AssertionError, match="found 0"):
+        assert_sent(Notifications, kind="goodbye")
+
+
+# --- drain a queue and get the outcomes ----------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_drain_runs_the_receivers_and_reports_outcomes():
+    Notifications.send(id="a", payload={"num": 1})
+    Notifications.send(id="b", payload={"kind": "busy"})
+    Notifications.send(id="c", payload={"kind": "broken"})
+    outcomes = drain(Notifications)
+    assert [o.message.key for o in outcomes.acked] == [("a",)]
+    assert [o.message.key for o in outcomes.retried] == [("b",)]
+    [failed] = outcomes.failed
+    assert failed.message.key == ("c",) and str(failed.error) == "cannot notify"
+    assert list(Thing.objects.values_list("num", flat=True)) == [1]  # the receiver's write
+    assert [m.key for m in sent(Notifications)] == [("c",), ("b",)]  # c backs off, b in 5 min
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fixtures(sent_to, drain_queue):
+    Notifications.send(id="f", payload={"num": 7})
+    sent_to(Notifications, count=1, id="f")
+    assert [o.outcome for o in drain_queue(Notifications, expect=1)] == ["acked"]
+
+
+# --- move time forward ---------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_a_retry_runs_again_once_its_time_has_come():
+    if not clock_is_movable(Notifications):
+        pytest.skip("native queues take time from Spanner")
+    with moved_clock() as clock:
+        Notifications.send(id="later", payload={"num": 2}, delay=timedelta(hours=1))
+        assert drain(Notifications) == []  # not due yet
+        clock.advance(timedelta(hours=1))
+        assert [o.message.key for o in drain(Notifications).acked] == [("later",)]
+
+
+@pytest.mark.django_db
+def test_the_queue_clock_fixture_moves_leases_too(queue_clock):
+    from spanner_queues import api
+
+    Notifications.send(id="leased", payload={"num": 3})
+    [first] = api.receive(Notifications)  # leased, then "the worker died"
+    assert drain(Notifications) == []  # still leased
+    queue_clock.advance(timedelta(minutes=10))  # the lease has expired (and its back-off)
+    [outcome] = drain(Notifications)
+    assert outcome.outcome == "acked" and outcome.message.attempt == first.attempt + 1
+
+
+@pytest.mark.django_db
+@pytest.mark.requires("supports_native_queues")
+def test_the_clock_cannot_move_native_queues():
+    with pytest.raises(ClockNotMovable), moved_clock(Notifications):
+        pass
+
+
+# --- messages sent inside a TestCase transaction -------------------------------------------------
+@pytest.mark.unless("supports_native_queues")
+class SignupTests(TestCase):
+    """One transaction per test, rolled back at the end: nothing commits, and the kit still
+    sees what the code under test sent, and drains it, on the test's connection."""
+
+    def test_sent_inside_the_test_transaction(self):
+        Notifications.send(id="tc", payload={"num": 4})
+        assert_sent(Notifications, id="tc", num=4)
+        [outcome] = drain(Notifications)
+        self.assertEqual(outcome.outcome, "acked")
+        self.assertTrue(Thing.objects.filter(num=4, note="notified").exists())
+        self.assertEqual(sent(Notifications), [])
+
+
+# --- tasks (docs/howto/tasks.md) -----------------------------------------------------------------
+@pytest.mark.django_db(transaction=True)
+def test_drain_runs_tasks_in_the_test():
+    from tests.tasksapp.tasks import fail_after_write, make_thing
+
+    result = make_thing.enqueue(num=5)
+    failing = fail_after_write.enqueue(6)
+    outcomes = drain("spanner_queues.TaskMessage", expect=2)
+    assert len(outcomes.acked) == 2  # a failed task is acked: it is not run again
+    result.refresh()
+    failing.refresh()
+    assert result.status == "SUCCESSFUL" and result.return_value == 5
+    assert failing.status == "FAILED" and failing.errors[0].exception_class is ValueError
+    assert list(Thing.objects.values_list("num", flat=True)) == [5]
