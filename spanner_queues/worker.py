@@ -665,16 +665,7 @@ class Worker:
                 m = d.message
                 try:
                     if features.supports_attempt_count:
-                        run_in_transaction(
-                            lambda m=m, db=db, model=d.model: (
-                                api.ack_many(model, [m], using=db),
-                                api.send_many(
-                                    model, [dict(m.key_dict, payload=m.payload)], using=db
-                                ),
-                            ),
-                            using=db,
-                            retries=engine.params.transaction_retries,
-                        )
+                        api.requeue(m, using=db)
                     elif features.supports_release:
                         api.release(m)
                     else:
@@ -839,20 +830,19 @@ class Worker:
 
         def move() -> None:
             now = timezone.now()
-            api.ack_many(model, [d.message for d in mine], using=db)
-            api.send_many(
-                model,
-                [
+            outgoing = [
+                api.build_message(
+                    model,
                     dict(
                         d.message.key_dict,
                         payload=d.message.payload,
                         deliver_time=now
                         + (exc.after if exc.after is not None else _backoff(d.message, engine)),
-                    )
-                    for d in mine
-                ],
-                using=db,
-            )
+                    ),
+                )
+                for d in mine
+            ]
+            engine.requeue(model, [d.message for d in mine], outgoing, using=db)
 
         try:
             run_in_transaction(move, using=db, retries=engine.params.transaction_retries)

@@ -137,6 +137,58 @@ class BaseQueueEngine(ABC):
     def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
         """Delete messages by key in the caller's transaction; all or ``MessageAlreadyAcked``."""
 
+    def ack_messages(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Ack received messages in the caller's transaction with the leases they carry (where
+        ``supports_lease_checked_ack``, a message whose row no longer holds its token raises
+        ``StaleAck``; one without a token is acked by key), and forget their recorded failures.
+        All or nothing; on failure the caller's transaction is marked for rollback."""
+        if not messages:
+            return
+        self._ack_held(model, messages, using=using)
+        failed_before = [m.key for m in messages if m.attempt > 1]
+        if failed_before:
+            self.clear_failures(model, failed_before, using=using)
+
+    def requeue(
+        self,
+        model: type[Queue],
+        messages: Sequence[Message],
+        outgoing: Sequence[OutgoingMessage],
+        *,
+        using: str,
+        to: type[Queue] | None = None,
+        missing_ok: bool = False,
+    ) -> list[Message]:
+        """Ack ``messages`` and send ``outgoing`` (to ``to``, default the same queue) in the
+        caller's transaction on ``using``: both or neither. The ack is the one of
+        ``ack_messages`` (lease-checked where the engine can; ``MessageAlreadyAcked`` or
+        ``StaleAck`` and nothing is sent). The new messages start afresh: no attempt counted,
+        no failure remembered. With ``missing_ok`` whatever is under the keys is deleted, held
+        or not, and a missing message is no error (``api.replace``: no lease is held)."""
+        keys = [m.key for m in messages]
+        if missing_ok:
+            self.discard(model, keys, using=using)
+        elif messages:
+            self._ack_held(model, messages, using=using)
+        moved = to is not None and to is not model
+        forget = keys if moved or missing_ok else [m.key for m in messages if m.attempt > 1]
+        if forget:
+            self.clear_failures(model, forget, using=using)
+        return self.send_many(to or model, outgoing, using=using) if outgoing else []
+
+    def _ack_held(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        keys = [m.key for m in messages]
+        if self.features.supports_lease_checked_ack:
+            tokens = [m.lease_token for m in messages]
+            self.ack_many(model, keys, using=using, lease_tokens=tokens)  # type: ignore[call-arg]
+        else:
+            self.ack_many(model, keys, using=using)
+
+    def discard(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+        """Delete whatever messages are under ``keys`` in the caller's transaction, held or
+        not; a missing one is no error."""
+        raise self._unsupported("discarding by key")
+
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         """Extend leases; return the renewed messages (new token, new expiry). Messages whose
         lease was lost are left out of the result."""

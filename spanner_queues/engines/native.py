@@ -40,7 +40,7 @@ from spanner_queues.exceptions import (
     NotSupportedByEngine,
     QueueConfigurationError,
 )
-from spanner_queues.keys import key_fields, key_names
+from spanner_queues.keys import key_fields, key_filter, key_names
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.native import client
 from spanner_queues.native.ddl import GOOGLESQL, QueueDeclaration, declare, dialect, duration
@@ -465,6 +465,12 @@ class NativeQueueEngine(BaseQueueEngine):
                         "acked (or deleted). Roll back: the work may have been done by "
                         "another receiver."
                     ) from exc
+
+    def discard(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+        from spanner_queues.models import rows
+
+        for key in keys:
+            rows(model, using).filter(key_filter(model, key)).delete()
 
     def ack_mutations(
         self,
