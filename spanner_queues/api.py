@@ -22,7 +22,7 @@ from spanner_queues.exceptions import (
     QueueConfigurationError,
 )
 from spanner_queues.keys import key_fields, key_names, row_to_message
-from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import held_lease_token, mark_acked
 from spanner_queues.registry import engine_for, get_queue
@@ -53,11 +53,6 @@ def _database(model: type[Queue], using: str | None) -> str:
     """A queue lives in its engine's database; ``using`` may only name that database (or an
     alias of the same connection settings, e.g. in tests)."""
     return using or engine_for(model).database
-
-
-#: the latest deliver time accepted: leases and back-off are added to it, and every database
-#: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
-LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
 
 
 def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> datetime | None:

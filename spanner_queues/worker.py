@@ -58,6 +58,7 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
+    NotSupportedByEngine,
     QueueConfigurationError,
     Retry,
     WorkerCrashed,
@@ -655,27 +656,24 @@ class Worker:
         run_now = []
         for d in unit:
             db, engine, _ = self._cached(d.model)
-            features = engine.features
-            if features.supports_attempt_count and d.message.attempt > 1:
-                run_now.append(d)
-                continue
             with self._renew_lock:
-                if d.lease_lost:
+                if d.lease_lost:  # reported (and not run) by the run below
+                    run_now.append(d)
                     continue
                 m = d.message
                 try:
-                    if features.supports_attempt_count:
-                        api.requeue(m, using=db)
-                    elif features.supports_release:
-                        api.release(m)
-                    else:
-                        continue  # left to its lease expiry
+                    done = engine.return_unstarted(d.model, m, using=db)
                 except (LeaseLost, MessageAlreadyAcked):
                     logger.warning("%s: lease lost before it was given back", m)
                     continue
                 except Exception:
                     logger.exception("%s: giving it back failed; left to lease expiry", m)
                     continue
+            if done == "run":
+                run_now.append(d)
+                continue
+            if done == "kept":
+                continue  # left to its lease expiry
             self._count("returned")
             logger.debug(
                 "%s: prefetched, not started; given back at stop",
@@ -793,20 +791,10 @@ class Worker:
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
+        # the lease held now (renewed); messages the receiver acked itself are done
         pending = [m for m in self._freeze(deliveries) if not acked_by_receiver(m)]
-        if pending:  # (api.ack_many, with the queue's engine already looked up)
-            model = deliveries[0].model
-            engine = self._cached(model)[1]
-            keys = [m.key for m in pending]
-            if engine.features.supports_lease_checked_ack:  # the lease held now (renewed)
-                tokens = [m.lease_token for m in pending]
-                engine.ack_many(model, keys, using=db, lease_tokens=tokens)
-            else:
-                engine.ack_many(model, keys, using=db)
-        failed_before = [d.message.key for d in deliveries if d.message.attempt > 1]
-        if failed_before:  # engines with a failure ledger forget it with the ack
-            model = deliveries[0].model
-            self._cached(model)[1].clear_failures(model, failed_before, using=db)
+        model = deliveries[0].model
+        self._cached(model)[1].ack_messages(model, pending, using=db)
 
     def _freeze(self, deliveries: list[_Delivery]) -> list[Message]:
         """The deliveries' messages with the lease held now; no renewal rotates their tokens
@@ -829,20 +817,7 @@ class Worker:
         db, engine, _ = self._cached(model)
 
         def move() -> None:
-            now = timezone.now()
-            outgoing = [
-                api.build_message(
-                    model,
-                    dict(
-                        d.message.key_dict,
-                        payload=d.message.payload,
-                        deliver_time=now
-                        + (exc.after if exc.after is not None else _backoff(d.message, engine)),
-                    ),
-                )
-                for d in mine
-            ]
-            engine.requeue(model, [d.message for d in mine], outgoing, using=db)
+            engine.retry(model, [d.message for d in mine], after=exc.after, using=db)
 
         try:
             run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
@@ -878,8 +853,7 @@ class Worker:
             self._emit("lease_lost", message=d.message, error=exc)
 
     def _over_limit(self, d: _Delivery) -> bool:
-        limit = self._cached(d.model)[2].max_attempts
-        return bool(limit and d.message.attempt > limit)
+        return self._cached(d.model)[1].exhausted(d.model, d.message)
 
     def _failed(
         self,
@@ -910,37 +884,28 @@ class Worker:
             )
             if d.lease_lost:
                 continue
-            db, engine, options = self._cached(d.model)
-            try:
-                attempt = run_in_transaction(
-                    lambda m=m, d=d, db=db, engine=engine: engine.record_failure(
-                        d.model, m, exc, using=db
-                    ),
-                    using=db,
-                    retries=engine.params.transaction_retries,
-                )
-            except Exception:
-                logger.exception("%s: recording the failure failed", m)
-                attempt = m.attempt
-            if options.max_attempts and attempt >= options.max_attempts:
+            db, engine, _ = self._cached(d.model)
+            if engine.fail(d.model, m, exc, using=db).exhausted:
                 self._give_up([d], exc)
-            elif engine.features.supports_release:
+            else:
                 self._release(d)
 
     def _release(self, d: _Delivery, *, deliver_time: datetime | None = None) -> None:
+        """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
+        engine can; else it comes back after its lease."""
         engine = self._cached(d.model)[1]
-        due = deliver_time or timezone.now() + _backoff(d.message, engine)
         with self._renew_lock:
             if d.lease_lost:
                 return
             try:
-                api.release(d.message, deliver_time=due)
+                given = engine.give_back(d.model, d.message, deliver_time=deliver_time)
             except LeaseLost:
                 logger.warning("%s: lease lost before release", d.message)
             except Exception:
                 logger.exception("%s: release failed; left to lease expiry", d.message)
             else:
-                self._emit("released", message=d.message)
+                if given:
+                    self._emit("released", message=d.message)
 
     def _give_up(self, deliveries: list[_Delivery], exc: BaseException | None) -> None:
         for d in deliveries:
@@ -960,12 +925,10 @@ class Worker:
                     self._emit("dead_lettered", message=m, error=exc)
                     self._next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
-                    db = self._database(d.model)
-                    engine = self._cached(d.model)[1]
+                    db, engine, _ = self._cached(d.model)
                     run_in_transaction(
-                        lambda m=m, db=db, model=d.model, engine=engine: (
-                            api.ack_many(model, [m], using=db),
-                            engine.clear_failures(model, [m.key], using=db),
+                        lambda m=m, db=db, model=d.model, engine=engine: engine.ack_messages(
+                            model, [m], using=db
                         ),
                         using=db,
                     )
@@ -980,7 +943,7 @@ class Worker:
                     )
                     self._emit("discarded", message=m, error=exc)
                     self._next_seed = 0.0
-                elif self._cached(d.model)[1].features.supports_release:
+                else:
                     self._release(d)
             except MessageAlreadyAcked:
                 logger.warning("%s: already acked; nothing to dead-letter", m)
@@ -1002,8 +965,7 @@ class Worker:
                     f"{PARKED_UNTIL:%Y-%m-%d}",
                     extra=_extra("dead_letter_clash", m),
                 )
-                if self._cached(d.model)[1].features.supports_release:
-                    self._release(d, deliver_time=PARKED_UNTIL)
+                self._release(d, deliver_time=PARKED_UNTIL)
 
     # --- lease renewal ----------------------------------------------------------------------
     def _renewer(self) -> None:
@@ -1032,17 +994,17 @@ class Worker:
         by_model: dict[Any, list[_Delivery]] = {}
         for d in due:
             by_model.setdefault(d.model, []).append(d)
-        for model, group in by_model.items():
-            if not self._cached(model)[1].features.supports_lease_renewal:
-                for d in group:
-                    d.renew_at = None
-                continue
+        for group in by_model.values():
             with self._renew_lock:
                 group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue
                 try:
                     renewed = api.renew_many([d.message for d in group])
+                except NotSupportedByEngine:  # the lease is what it is: no renewal
+                    for d in group:
+                        d.renew_at = None
+                    continue
                 except Exception:
                     logger.exception("lease renewal failed; trying again")
                     now = timezone.now()
@@ -1098,11 +1060,6 @@ def _renew_at(message: Message, now: datetime) -> datetime | None:
     if message.lease_expires_at is None:
         return None
     return now + (message.lease_expires_at - now) / 2
-
-
-def _backoff(message: Message, engine: Any) -> timedelta:
-    age = timezone.now() - (message.send_time or timezone.now())
-    return engine.params.backoff.delay(max(message.attempt, 1), age)
 
 
 def _extra(action: str, message: Message) -> dict[str, Any]:
