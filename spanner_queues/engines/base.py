@@ -185,16 +185,18 @@ class BaseQueueEngine(ABC):
         """Ack ``messages`` and send ``outgoing`` (to ``to``, default the same queue) in the
         caller's transaction on ``using``: both or neither. The ack is the one of
         ``ack_messages`` (lease-checked where the engine can; ``MessageAlreadyAcked`` or
-        ``StaleAck`` and nothing is sent). The new messages start afresh: no attempt counted,
-        no failure remembered. With ``missing_ok`` whatever is under the keys is deleted, held
-        or not, and a missing message is no error (``api.replace``: no lease is held)."""
+        ``StaleAck`` and nothing is sent). The new messages start afresh: no delivery
+        counted, and the failures recorded of a message that failed before, or that moves to
+        another queue, are forgotten. With ``missing_ok`` whatever is under the keys is
+        deleted, held or not, a missing message is no error and recorded failures stay
+        (``api.replace``: no lease is held)."""
         keys = [m.key for m in messages]
         if missing_ok:
-            self.discard(model, keys, using=using)
+            self.delete_any(model, keys, using=using)
         elif messages:
             self._ack_held(model, messages, using=using)
         moved = to is not None and to is not model
-        forget = keys if moved or missing_ok else [m.key for m in messages if m.attempt > 1]
+        forget = keys if moved else [m.key for m in messages if m.attempt > 1]
         if forget:
             self.clear_failures(model, forget, using=using)
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
@@ -207,10 +209,21 @@ class BaseQueueEngine(ABC):
         else:
             self.ack_many(model, keys, using=using)
 
-    def discard(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+    def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the
+        caller's transaction: ack them as ``ack_messages`` does and forget every failure
+        recorded of them (the failed run just recorded included)."""
+        if not messages:
+            return
+        self._ack_held(model, messages, using=using)
+        self.clear_failures(model, [m.key for m in messages], using=using)
+
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
         """Delete whatever messages are under ``keys`` in the caller's transaction, held or
         not; a missing one is no error."""
-        raise self._unsupported("discarding by key")
+        raise self._unsupported("deleting by key")
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         """Extend leases; return the renewed messages (new token, new expiry). Messages whose

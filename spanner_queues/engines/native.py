@@ -247,7 +247,9 @@ class NativeQueueEngine(BaseQueueEngine):
         self._require_googlesql("Acking with DML")
         messages_on_wire.delete(self, model, keys, using=using)
 
-    def discard(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
         from spanner_queues.models import rows
 
         for key in keys:

@@ -488,7 +488,9 @@ class TableQueueEngine(BaseQueueEngine):
         with transaction.atomic(using=using):
             delete_all()
 
-    def discard(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
         if keys:
             by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
             rows(model, using).filter(by_key).delete()

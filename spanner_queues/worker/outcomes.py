@@ -205,7 +205,7 @@ class Outcomes:
                 elif options.discard_after_max_attempts:
                     db, engine, _ = self.held.cached(d.model)
                     run_in_transaction(
-                        lambda m=m, db=db, model=d.model, engine=engine: engine.ack_messages(
+                        lambda m=m, db=db, model=d.model, engine=engine: engine.discard(
                             model, [m], using=db
                         ),
                         using=db,
