@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
@@ -15,13 +16,17 @@ from django.db.models import Model
 from django.utils import timezone
 
 from spanner_queues import metrics
-from spanner_queues.exceptions import InvalidArgument, InvalidMessage, LeaseLost
-from spanner_queues.keys import key_fields, row_to_message
-from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.exceptions import (
+    InvalidArgument,
+    InvalidMessage,
+    LeaseLost,
+    QueueConfigurationError,
+)
+from spanner_queues.keys import key_fields, key_names, row_to_message
+from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
-from spanner_queues.receivers import held_lease_token
+from spanner_queues.receivers import held_lease_token, mark_acked
 from spanner_queues.registry import engine_for, get_queue
-from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -35,6 +40,8 @@ __all__ = [
     "renew",
     "renew_many",
     "replace",
+    "requeue",
+    "requeue_many",
     "row_to_message",
     "send",
     "send_many",
@@ -47,11 +54,6 @@ def _database(model: type[Queue], using: str | None) -> str:
     """A queue lives in its engine's database; ``using`` may only name that database (or an
     alias of the same connection settings, e.g. in tests)."""
     return using or engine_for(model).database
-
-
-#: the latest deliver time accepted: leases and back-off are added to it, and every database
-#: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
-LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
 
 
 def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> datetime | None:
@@ -190,19 +192,122 @@ def replace(
     delay: timedelta | None = None,
     using: str | None = None,
 ) -> Message:
-    """Delete any message under ``key`` and send a new one in one transaction."""
+    """Delete any message under ``key`` (held or not, present or not) and send a new one in
+    one transaction (``requeue`` of whatever is there)."""
     model = get_queue(queue)
     spec = dict(key, payload=payload, deliver_time=deliver_time, delay=delay)
     outgoing = build_message(model, spec)
-    db = _database(model, using)
+    names = key_names(model)
+    there = Message(
+        queue=model._meta.label,
+        key=tuple(outgoing.key[n] for n in names),
+        key_names=names,
+        payload=b"",
+        deliver_time=None,
+    )
+    return _requeue(model, [there], [outgoing], to=None, using=using, missing_ok=True)[0]
 
-    def run() -> Message:
-        rows(model, db).filter(**outgoing.key).delete()
-        sent = engine_for(model).send_many(model, [outgoing], using=db)[0]
-        metrics.sent(model, 1, db)
+
+_SAME: Any = object()
+
+
+def requeue(
+    message: Message,
+    *,
+    deliver_time: datetime | None = None,
+    delay: timedelta | None = None,
+    payload: Any = _SAME,
+    to: str | type[Queue] | None = None,
+    using: str | None = None,
+) -> Message:
+    """Ack ``message`` and send it again under the same key, due at ``deliver_time`` (or
+    ``delay`` from now, or now), with ``payload`` (default: the same), to queue ``to``
+    (default: the same; another queue must have the same key fields: dead-lettering, replay).
+
+    Guarantees: the ack and the send are one transaction (the caller's when there is one):
+    both or neither. The ack holds ``message``'s lease (inside a receiver run by the worker:
+    the worker's current, renewed token; a listed message: by key), so where the engine checks
+    leases (``supports_lease_checked_ack``) a message delivered again or replaced meanwhile
+    raises ``StaleAck``, and a message already gone ``MessageAlreadyAcked``; nothing is sent
+    and the caller's transaction is marked for rollback. The new message starts afresh: no
+    attempt counted, no failure remembered. Inside a receiver the worker does not ack
+    ``message`` again."""
+    return _requeue_held([message], payload, deliver_time, delay, to, using)[0]
+
+
+def requeue_many(
+    messages: Sequence[Message],
+    *,
+    deliver_time: datetime | None = None,
+    delay: timedelta | None = None,
+    to: str | type[Queue] | None = None,
+    using: str | None = None,
+) -> list[Message]:
+    """``requeue`` for messages of one queue, each with its own payload, in one transaction."""
+    return _requeue_held(messages, _SAME, deliver_time, delay, to, using)
+
+
+def _requeue_held(
+    messages: Sequence[Message],
+    payload: Any,
+    deliver_time: datetime | None,
+    delay: timedelta | None,
+    to: str | type[Queue] | None,
+    using: str | None,
+) -> list[Message]:
+    if not messages:
+        return []
+    model = get_queue(messages[0].queue)
+    target = get_queue(to) if to is not None else model
+    if target is not model:
+        if key_names(target) != key_names(model):
+            raise QueueConfigurationError(
+                f"{target._meta.label} cannot hold messages of {model._meta.label}: key fields "
+                f"{key_names(target)} differ from {key_names(model)}."
+            )
+        if engine_for(target).alias != engine_for(model).alias:
+            raise QueueConfigurationError(
+                f"{target._meta.label} and {model._meta.label} are served by different queue "
+                "engines; a message moves between them only in one transaction of one engine."
+            )
+    outgoing = [
+        build_message(
+            target,
+            dict(
+                m.key_dict,
+                payload=m.payload if payload is _SAME else payload,
+                deliver_time=deliver_time,
+                delay=delay,
+            ),
+        )
+        for m in messages
+    ]
+    held = [dataclass_replace(m, lease_token=held_lease_token(m)) for m in messages]
+    sent = _requeue(model, held, outgoing, to=target, using=using)
+    for m in messages:
+        mark_acked(m)
+    return sent
+
+
+def _requeue(
+    model: type[Queue],
+    messages: Sequence[Message],
+    outgoing: Sequence[OutgoingMessage],
+    *,
+    to: type[Queue] | None,
+    using: str | None,
+    missing_ok: bool = False,
+) -> list[Message]:
+    engine, db = engine_for(model), _database(model, using)
+
+    def run() -> list[Message]:
+        sent = engine.requeue(model, messages, outgoing, using=db, to=to, missing_ok=missing_ok)
+        metrics.sent(to or model, len(sent), db)  # on commit; nothing while metrics are off
+        if not missing_ok:  # (replace deletes whatever is there: not an ack of a message)
+            metrics.acked(model, messages, db)
         return sent
 
-    return run_in_transaction(run, using=db, retries=engine_for(model).params.transaction_retries)
+    return run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
 
 
 def receive(

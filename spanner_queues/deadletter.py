@@ -14,13 +14,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from spanner_queues.api import _database, ack_many, send_many
+from spanner_queues.api import requeue
 from spanner_queues.exceptions import QueueConfigurationError, UnknownQueue
-from spanner_queues.keys import key_names
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
-from spanner_queues.registry import engine_for, get_queue, queue_models
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.registry import get_queue, queue_models
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -41,19 +39,7 @@ def sources_of(dead_letter_queue: str | type[Queue]) -> list[type[Queue]]:
 
 
 def _move(message: Message, source: type[Queue], target: type[Queue], using: str | None) -> Message:
-    if key_names(source) != key_names(target):
-        raise QueueConfigurationError(
-            f"{target._meta.label} cannot hold messages of {source._meta.label}: key fields "
-            f"{key_names(target)} differ from {key_names(source)}."
-        )
-    db = _database(source, using)
-
-    def move() -> Message:
-        ack_many(source, [message], using=db)
-        engine_for(source).clear_failures(source, [message.key], using=db)
-        return send_many(target, [dict(message.key_dict, payload=message.payload)], using=db)[0]
-
-    return run_in_transaction(move, using=db, retries=engine_for(source).params.transaction_retries)
+    return requeue(message, to=target, using=using)
 
 
 def dead_letter(message: Message, *, using: str | None = None) -> Message:

@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from datetime import timezone as dt_timezone
 from typing import Any
 
 from spanner_queues.payload import decode_json
+
+#: the latest deliver time accepted: leases and back-off are added to it, and every database
+#: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
+LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

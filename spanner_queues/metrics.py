@@ -207,7 +207,8 @@ def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
 class WorkerMetrics:
     """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
     messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, and
-    the acks of finished messages (``message_ack_count``)."""
+    the acks of finished messages (``message_ack_count``) and the ack and send of each
+    ``Retry`` (``message_send_count``)."""
 
     def __init__(self) -> None:
         self._m = _get()
@@ -238,6 +239,9 @@ class WorkerMetrics:
             m.outcomes.labels(queue, name).inc()
         if name == "acked":
             m.ack_count.labels(queue).inc()
+        elif name == "retried":  # Retry: the engine acked and re-sent it in one transaction
+            m.ack_count.labels(queue).inc()
+            m.send_count.labels(queue).inc()
         if event.duration is not None and event.receiver and name in ("acked", "retried", "failed"):
             m.duration.labels(queue, event.receiver).observe(event.duration)
         if name in _FINISHED:

@@ -26,7 +26,7 @@ from spanner_queues import api
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
 from spanner_queues.message import Message
 from spanner_queues.models import rows
-from spanner_queues.receivers import ReceiverRegistry, mark_acked, receiver, receivers
+from spanner_queues.receivers import ReceiverRegistry, receiver, receivers
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
@@ -73,21 +73,13 @@ def resend_later(
     """
     if (after is None) == (deliver_time is None):
         raise InvalidArgument("Pass exactly one of after= or deliver_time=.")
-    model = get_queue(message.queue)
-    db = _db(model, using)
-    spec = dict(
-        message.key_dict,
-        payload=message.payload if payload is _SAME else payload,
+    return api.requeue(
+        message,
         deliver_time=deliver_time,
         delay=after,
+        payload=message.payload if payload is _SAME else payload,
+        using=using,
     )
-
-    def run() -> Message:
-        api.ack_many(model, [message], using=db)
-        mark_acked(message)
-        return api.send_many(model, [spec], using=db)[0]
-
-    return run_in_transaction(run, using=db, retries=_retries(model))
 
 
 def checkpoint(

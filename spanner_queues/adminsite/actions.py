@@ -95,9 +95,7 @@ def _resend(
     model: type[Queue], messages: Sequence[Message], when: datetime | None, db: str
 ) -> None:
     _unchanged(model, messages, db)
-    api.ack_many(model, messages, using=db)
-    specs = [dict(m.key_dict, payload=m.payload, deliver_time=when) for m in messages]
-    api.send_many(model, specs, using=db)
+    api.requeue_many(messages, deliver_time=when, using=db)
 
 
 def _dead_letter(

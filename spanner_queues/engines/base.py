@@ -3,23 +3,31 @@ talks to a ``BaseQueueEngine`` and branches only on ``engine.features``."""
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from django.core import checks
+from django.utils import timezone
 
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
-from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
+from spanner_queues.exceptions import InvalidMessage, InvalidQueueEngine, NotSupportedByEngine
+from spanner_queues.message import LATEST_DELIVER_TIME, OutgoingMessage
+from spanner_queues.options import queue_options
+from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
-    from spanner_queues.message import Message, OutgoingMessage
+    from spanner_queues.message import Message
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
+
+
+logger = logging.getLogger("spanner_queues.engines")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,6 +70,21 @@ class QueueStats:
         if self.oldest_send_time is None:
             return None
         return max(self.measured_at - self.oldest_send_time, timedelta(0))
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What ``fail`` decided about a failed run: the number of the attempt that failed, and
+    whether it was the last one allowed (``QueueMeta.max_attempts``): then the message is
+    dead-lettered or discarded, else given back due after the back-off."""
+
+    attempt: int
+    exhausted: bool
+
+
+#: what ``return_unstarted`` did: given back due now, to be run now (giving it back would spend
+#: an attempt that never ran), or kept (left to its lease expiry: the engine cannot give back)
+Unstarted = Literal["returned", "run", "kept"]
 
 
 class BaseQueueEngine(ABC):
@@ -137,6 +160,71 @@ class BaseQueueEngine(ABC):
     def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
         """Delete messages by key in the caller's transaction; all or ``MessageAlreadyAcked``."""
 
+    def ack_messages(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Ack received messages in the caller's transaction with the leases they carry (where
+        ``supports_lease_checked_ack``, a message whose row no longer holds its token raises
+        ``StaleAck``; one without a token is acked by key), and forget their recorded failures.
+        All or nothing; on failure the caller's transaction is marked for rollback."""
+        if not messages:
+            return
+        self._ack_held(model, messages, using=using)
+        failed_before = [m.key for m in messages if m.attempt > 1]
+        if failed_before:
+            self.clear_failures(model, failed_before, using=using)
+
+    def requeue(
+        self,
+        model: type[Queue],
+        messages: Sequence[Message],
+        outgoing: Sequence[OutgoingMessage],
+        *,
+        using: str,
+        to: type[Queue] | None = None,
+        missing_ok: bool = False,
+    ) -> list[Message]:
+        """Ack ``messages`` and send ``outgoing`` (to ``to``, default the same queue) in the
+        caller's transaction on ``using``: both or neither. The ack is the one of
+        ``ack_messages`` (lease-checked where the engine can; ``MessageAlreadyAcked`` or
+        ``StaleAck`` and nothing is sent). The new messages start afresh: no delivery
+        counted, and the failures recorded of a message that failed before, or that moves to
+        another queue, are forgotten. With ``missing_ok`` whatever is under the keys is
+        deleted, held or not, a missing message is no error and recorded failures stay
+        (``api.replace``: no lease is held)."""
+        keys = [m.key for m in messages]
+        if missing_ok:
+            self.delete_any(model, keys, using=using)
+        elif messages:
+            self._ack_held(model, messages, using=using)
+        moved = to is not None and to is not model
+        forget = keys if moved else [m.key for m in messages if m.attempt > 1]
+        if forget:
+            self.clear_failures(model, forget, using=using)
+        return self.send_many(to or model, outgoing, using=using) if outgoing else []
+
+    def _ack_held(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        keys = [m.key for m in messages]
+        if self.features.supports_lease_checked_ack:
+            tokens = [m.lease_token for m in messages]
+            self.ack_many(model, keys, using=using, lease_tokens=tokens)  # type: ignore[call-arg]
+        else:
+            self.ack_many(model, keys, using=using)
+
+    def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the
+        caller's transaction: ack them as ``ack_messages`` does and forget every failure
+        recorded of them (the failed run just recorded included)."""
+        if not messages:
+            return
+        self._ack_held(model, messages, using=using)
+        self.clear_failures(model, [m.key for m in messages], using=using)
+
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        """Delete whatever messages are under ``keys`` in the caller's transaction, held or
+        not; a missing one is no error."""
+        raise self._unsupported("deleting by key")
+
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         """Extend leases; return the renewed messages (new token, new expiry). Messages whose
         lease was lost are left out of the result."""
@@ -162,6 +250,97 @@ class BaseQueueEngine(ABC):
         """Forget recorded failures of ``keys`` in the caller's transaction (acked,
         dead-lettered or discarded). Nothing to do where attempts are counted on the rows."""
         return None
+
+    # --- attempts, back-off and giving back (the worker's outcome policy asks these) ----------
+    def backoff(self, message: Message) -> timedelta:
+        """How long a message waits before its next delivery after ``message.attempt`` failed
+        (``SPANNER_QUEUES[alias]["OPTIONS"]["BACKOFF"]``; hourly once it is old)."""
+        age = timezone.now() - (message.send_time or timezone.now())
+        return self.params.backoff.delay(max(message.attempt, 1), age)
+
+    def exhausted(self, model: type[Queue], message: Message) -> bool:
+        """Whether ``message`` was delivered more often than ``QueueMeta.max_attempts`` allows
+        (runs lost to lease expiry count): it must not run again."""
+        limit = queue_options(model).max_attempts
+        return bool(limit and message.attempt > limit)
+
+    def fail(
+        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
+    ) -> Failure:
+        """Count a failed run of ``message`` (``record_failure``, in a transaction of its own;
+        if that fails, it is logged and the delivery's attempt number stands) and say whether
+        it was the last attempt allowed."""
+        try:
+            attempt = run_in_transaction(
+                lambda: self.record_failure(model, message, error, using=using),
+                using=using,
+                retries=self.params.transaction_retries,
+            )
+        except Exception:
+            logger.exception("%s: recording the failure failed", message)
+            attempt = message.attempt
+        limit = queue_options(model).max_attempts
+        return Failure(attempt=attempt, exhausted=bool(limit and attempt >= limit))
+
+    def give_back(
+        self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
+    ) -> bool:
+        """Give a held message back before its lease ends, due at ``deliver_time`` (default:
+        after the back-off for its attempt). False where the engine cannot release
+        (``supports_release``): the message then comes back after its lease. ``LeaseLost`` if
+        the lease is no longer held."""
+        if not self.features.supports_release:
+            return False
+        due = deliver_time or timezone.now() + self.backoff(message)
+        self.release(model, message, deliver_time=due)
+        return True
+
+    def return_unstarted(self, model: type[Queue], message: Message, *, using: str) -> Unstarted:
+        """Give back a received message that was never run, due now, without spending one of
+        its attempts (the delivery counted one; enough graceful stops would otherwise
+        dead-letter a message that never ran):
+
+        - engines that count deliveries: a first delivery is acked and sent again under its
+          key in one transaction (``requeue``: attempts back to 0); a later one (it failed
+          before) is to be ``"run"`` now, so that its attempt is one that ran;
+        - the others (attempts are failed runs, not deliveries): released due now, or
+          ``"kept"`` (left to its lease expiry) where the engine cannot release.
+        """
+        if not self.features.supports_attempt_count:
+            given = self.give_back(model, message, deliver_time=timezone.now())
+            return "returned" if given else "kept"
+        if message.attempt > 1:
+            return "run"
+        again = OutgoingMessage(key=message.key_dict, payload=message.payload)
+        run_in_transaction(
+            lambda: self.requeue(model, [message], [again], using=using),
+            using=using,
+            retries=self.params.transaction_retries,
+        )
+        return "returned"
+
+    def retry(
+        self,
+        model: type[Queue],
+        messages: Sequence[Message],
+        *,
+        after: timedelta | None,
+        using: str,
+    ) -> list[Message]:
+        """``raise Retry(after=...)``: ``requeue`` each message under its key with its
+        payload, due ``after`` from now (default: after its back-off), in the caller's
+        transaction."""
+        now = timezone.now()
+        again = []
+        for m in messages:
+            due = now + (after if after is not None else self.backoff(m))
+            if due > LATEST_DELIVER_TIME:
+                raise InvalidMessage(
+                    f"{m}: retry due {due}, after {LATEST_DELIVER_TIME:%Y-%m-%d}, the latest a "
+                    "queue accepts."
+                )
+            again.append(OutgoingMessage(key=m.key_dict, payload=m.payload, deliver_time=due))
+        return self.requeue(model, messages, again, using=using)
 
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None

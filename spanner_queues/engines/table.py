@@ -508,6 +508,13 @@ class TableQueueEngine(BaseQueueEngine):
         with transaction.atomic(using=using):
             delete_all()
 
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        if keys:
+            by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
+            rows(model, using).filter(by_key).delete()
+
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
         """One aggregate query: every count comes from the same snapshot, so they always add up

@@ -25,7 +25,7 @@ def test_graceful_stops_with_prefetch_do_not_dead_letter_a_message_that_never_ra
     """Worker(prefetch>1): at stop(), prefetched-but-unstarted messages are released. The claim
     already counted a delivery (attempts + 1) and release keeps it, so each graceful stop
     (a deploy, an autoscaler) burns one attempt of every prefetched message. After
-    max_attempts stops, _over_limit() sends the message to the dead-letter queue without its
+    max_attempts stops, the exhausted check sends the message to the dead-letter queue without its
     receiver ever having run or failed. Here: WorkItems.max_attempts = 3, three stops, then a
     normal worker dead-letters the message instead of running it."""
     require("supports_release")
@@ -33,11 +33,11 @@ def test_graceful_stops_with_prefetch_do_not_dead_letter_a_message_that_never_ra
     for _ in range(3):
         worker = make_worker(WorkItems, concurrency=1, prefetch=2)
         # What run() does: one claim puts the message in the buffer; stop() comes before an
-        # executor starts it; the executor then returns it (_return_unstarted).
-        assert worker._receive(worker.plans[0], 2) == 1
+        # executor starts it; the executor then returns it (Outcomes.return_unstarted).
+        assert worker.intake.receive(worker.plans[0], 2) == 1
         worker.stop()
-        worker._units.put(None)
-        executor = threading.Thread(target=worker._executor)
+        worker.held.units.put(None)
+        executor = threading.Thread(target=worker.execution.run)
         executor.start()
         executor.join(30)
         assert worker.stats.returned == 1
@@ -154,12 +154,12 @@ def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
     require("supports_lease_renewal")
     WorkItems.send(id="r", payload={})
     worker = make_worker(WorkItems)
-    assert worker._receive(worker.plans[0], 1) == 1
-    [delivery] = list(worker._deliveries)
+    assert worker.intake.receive(worker.plans[0], 1) == 1
+    [delivery] = list(worker.held.deliveries)
     token = delivery.message.lease_token
-    [frozen] = worker._freeze([delivery])
+    [frozen] = worker.held.freeze([delivery])
     assert frozen.lease_token == token
-    worker._renew([delivery])  # what the renewer thread would do now
+    worker.leases.renew([delivery])  # what the renewer thread would do now
     assert WorkItems.objects.get(pk="r").lease_token == token
     from spanner_queues import api
 

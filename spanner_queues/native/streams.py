@@ -1,0 +1,157 @@
+"""This process's ``RECEIVE_<Q>`` streams and the renewal of their leases.
+
+One stream per (engine alias, queue) and process, shared by every thread (engines are per
+thread, like database connections; streams must not be). A stream stopped by a permanent error
+is started afresh by the next receive (the queue may have been created, or the permission
+granted, since). Every stream is stopped at exit, so none outlives the program. A renewal of
+in-flight messages renews, in the same ``RENEWLEASE_<Q>`` call, the rows the stream holds that
+are due for renewal.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from spanner_queues.message import Message
+from spanner_queues.native import client
+from spanner_queues.native.messages import key_from_row
+from spanner_queues.native.receive import Delivery, Receiver
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.native import NativeQueueEngine
+    from spanner_queues.models import Queue
+
+#: Spanner's lease: 10 s from delivery or renewal, not configurable.
+NATIVE_LEASE = timedelta(seconds=10)
+
+_streams: dict[tuple[str, str], Receiver] = {}
+_streams_lock = threading.Lock()
+
+
+def stop_all_streams(wait: float | None = 5.0) -> None:
+    """Stop every RECEIVE stream of this process (at exit, so none outlives the program)."""
+    with _streams_lock:
+        receivers = list(_streams.values())
+        _streams.clear()
+    for receiver in receivers:
+        receiver.stop(wait)
+
+
+atexit.register(stop_all_streams)
+
+
+def stop_streams(alias: str, label: str | None = None, wait: float | None = None) -> None:
+    """Stop the streams of ``alias`` (of queue ``label`` only, when given); ``wait`` seconds
+    for each to end. Leased rows not yet taken come back after their lease."""
+    with _streams_lock:
+        keys = [k for k in _streams if k[0] == alias and (label is None or k[1] == label)]
+        receivers = [_streams.pop(k) for k in keys]
+    for receiver in receivers:
+        receiver.stop(wait)
+
+
+def stream_for(engine: NativeQueueEngine, model: type[Queue], want: int = 1) -> Receiver:
+    """The running stream of ``model`` on ``engine``'s alias, started if needed, told that a
+    caller wants ``want`` messages."""
+    label = model._meta.label
+    stream_key = (engine.alias, label)
+    with _streams_lock:
+        receiver = _streams.get(stream_key)
+        if receiver is not None and receiver.fatal is not None:
+            # A permanent error stopped it (``take`` raised it): start afresh, the queue
+            # may have been created or the permission granted since.
+            del _streams[stream_key]
+            receiver = None
+        if receiver is None:
+            receiver = _streams[stream_key] = _open(engine, model)
+        receiver.want(want)
+        receiver.start()
+        return receiver
+
+
+def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
+    database = engine.spanner()
+    decl = engine.declaration(model)
+    n = len(decl.keys)
+    payload_type = decl.payload_type
+    deadline = engine.max_duration_seconds + 30  # the call's own gRPC deadline
+    current: dict[str, Any] = {}
+
+    def open_stream(max_batch_size: int) -> Any:
+        sql = engine.receive_sql(model, max_batch_size)
+        with database.snapshot() as snapshot:  # a pooled session, as the client
+            call = client.receive_stream(database, snapshot._session, sql, deadline)
+            current["call"] = call
+            try:
+                yield from client.rows_of(call)
+            finally:
+                current.pop("call", None)
+
+    def cancel() -> None:
+        call = current.get("call")
+        if call is not None:
+            call.cancel()
+
+    def parse(row: Sequence[Any]) -> Delivery:
+        return Delivery(
+            key=key_from_row(model, row[:n]),
+            payload=client.payload_from_wire(payload_type, row[n]),
+            deliver_time=row[n + 1],
+            lease_token=row[n + 2],
+            lease_expires_at=row[n + 3],
+            last_in_batch=bool(row[n + 4]),
+        )
+
+    def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
+        return renew_tokens(engine, model, tokens, database)
+
+    return Receiver(
+        model._meta.label,
+        open_stream,
+        parse,
+        buffer_size=engine.buffer_size,
+        lease_margin=engine.lease_margin,
+        cancel=cancel,
+        renew=renew,
+        batch_size=engine.batch_size,
+        stall_seconds=NATIVE_LEASE.total_seconds() / 2,
+    )
+
+
+def renew_tokens(
+    engine: NativeQueueEngine, model: type[Queue], tokens: list[str], database: Any = None
+) -> dict[str, tuple[str | None, Any]]:
+    """One ``RENEWLEASE_<Q>`` for ``tokens``: old token -> (new token, new expiry)."""
+    return client.renew(
+        database or engine.spanner(),
+        engine.renew_sql(model, len(tokens)),
+        engine.dialect.renew_params(tokens),
+    )
+
+
+def renew_leases(
+    engine: NativeQueueEngine, model: type[Queue], messages: Sequence[Message]
+) -> list[Message]:
+    """One ``RENEWLEASE_<Q>`` call for ``messages`` and, together with them, the rows this
+    process's stream holds for the queue that are due for renewal. Messages whose lease was
+    lost are left out of the result."""
+    with _streams_lock:
+        receiver = _streams.get((engine.alias, model._meta.label))
+    held = receiver.held_tokens_due() if receiver is not None else []
+    tokens = list(dict.fromkeys([m.lease_token for m in messages if m.lease_token] + held))
+    if not tokens:
+        return []
+    renewed = renew_tokens(engine, model, tokens)
+    if held and receiver is not None:
+        receiver.apply_renewals(renewed, held)
+    result = []
+    for message in messages:
+        new_token, expires = renewed.get(message.lease_token or "", (None, None))
+        if new_token:  # no row, or a NULL new token: the lease is lost
+            result.append(replace(message, lease_token=new_token, lease_expires_at=expires))
+    return result

@@ -1,0 +1,135 @@
+"""What the worker tells its listeners: ``WorkerEvent`` (one per thing it did), ``WorkerStats``
+(counters), ``WorkerEvents`` (a listener that records them and lets tests wait), and
+``Emitter``, which calls the listeners and keeps the counters.
+
+A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
+goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
+``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
+``already_acked``, ``returned``, ``crashed``, ``renewed``, ``renewal_failed``, ``idle``,
+``stopping``, ``summary``, ``stopped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spanner_queues.message import Message
+
+logger = logging.getLogger("spanner_queues.worker")
+
+#: events after which a message has left the worker's hands
+FINAL_EVENTS = frozenset(
+    {
+        "acked",
+        "failed",
+        "retried",
+        "dead_lettered",
+        "discarded",
+        "lease_lost",
+        "already_acked",
+        "returned",
+        "crashed",
+    }
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkerEvent:
+    """Something the worker did. ``message`` is set for per-message events."""
+
+    name: str
+    worker_id: str
+    message: Message | None = None
+    receiver: str | None = None
+    duration: float | None = None
+    error: BaseException | None = None
+    stats: WorkerStats | None = None
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """Counters since the worker started (a snapshot when carried by an event)."""
+
+    received: int = 0
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead_lettered: int = 0
+    discarded: int = 0
+    lease_lost: int = 0
+    already_acked: int = 0
+    #: prefetched messages given back unstarted at stop
+    returned: int = 0
+    started: float = field(default_factory=time.monotonic)
+
+    def copy(self) -> WorkerStats:
+        return WorkerStats(**{name: getattr(self, name) for name in self.__slots__})
+
+
+class WorkerEvents:
+    """A listener that records events and lets tests wait for them (no sleeps)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self.counts: Counter[str] = Counter()
+        self.history: list[WorkerEvent] = []
+
+    def __call__(self, event: WorkerEvent) -> None:
+        with self._cond:
+            self.counts[event.name] += 1
+            self.history.append(event)
+            self._cond.notify_all()
+
+    def wait_for(self, name: str, count: int = 1, timeout: float = 30.0) -> bool:
+        """Block until ``name`` happened ``count`` times; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.counts[name] >= count, timeout)
+
+    def messages(self, name: str) -> list[Message]:
+        with self._cond:
+            return [e.message for e in self.history if e.name == name and e.message]
+
+
+class Emitter:
+    """Calls the listeners with each event and keeps the worker's counters (under ``lock``)."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        listeners: Sequence[Callable[[WorkerEvent], None]],
+        lock: threading.Condition,
+    ) -> None:
+        self.worker_id = worker_id
+        self.listeners = list(listeners)
+        self.stats = WorkerStats()
+        self._lock = lock
+
+    def emit(self, name: str, **info: Any) -> None:
+        if not self.listeners:
+            return
+        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("worker event listener failed on %s", name)
+
+    def count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+
+def log_extra(action: str, message: Message) -> dict[str, Any]:
+    """The structured ``extra`` of a per-message log record."""
+    return {
+        "action": action,
+        "queue": message.queue,
+        "message_key": message.key,
+        "attempt": message.attempt,
+    }

@@ -1,0 +1,275 @@
+"""Execution: the executor threads. Each takes a unit (one message, or one batch), runs its
+receiver and acks the messages, in the receiver's transaction when it is ``atomic``:
+
+- An ``atomic`` receiver's writes and the ack of its message commit in one transaction; a
+  non-atomic receiver runs outside any transaction, then its messages are acked.
+- The ack holds the lease held now (renewals rotate it) and refuses a message whose lease was
+  lost while the receiver ran (``LeaseLost``: nothing acked, the writes roll back).
+- What happens after a failure, ``Retry`` or a lost lease is ``outcomes``'s business.
+- A receiver that raises a ``BaseException`` that is not an ``Exception``: its transaction rolls
+  back, the message is left leased, the worker stops and ``run()`` raises ``WorkerCrashed``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from django.db import connections
+from django.utils import timezone
+
+from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry
+from spanner_queues.message import Message
+from spanner_queues.receivers import (
+    NoReceiver,
+    ReceiverRegistry,
+    ReceiverSpec,
+    acked_by_receiver,
+    set_pending,
+)
+from spanner_queues.transactions import run_in_transaction
+from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.outcomes import Outcomes
+from spanner_queues.worker.state import Delivery, Holdings, Plan
+
+logger = logging.getLogger("spanner_queues.worker")
+
+
+class Execution:
+    """Runs units taken from ``held.units`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        held: Holdings,
+        events: Emitter,
+        outcomes: Outcomes,
+        *,
+        plans: Sequence[Plan],
+        registry: ReceiverRegistry,
+        concurrency: int,
+        prefetch: int,
+        batch_size: int,
+    ) -> None:
+        self.held = held
+        self.events = events
+        self.outcomes = outcomes
+        self.plans = plans
+        self.registry = registry
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.batch_size = batch_size
+
+    def run(self) -> None:
+        """An executor thread: take units and run them until told to end (None)."""
+        try:
+            while True:
+                unit = self.held.units.get()
+                if unit is None:
+                    return
+                with self.held.cond:
+                    self.held.waiting -= 1
+                    unstarted = self.held.stopping and self.prefetch > 1
+                    if self.prefetch > 1 and self.held.waiting == self.concurrency - 1:
+                        self.held.cond.notify_all()  # below the low-water mark: claim more
+                try:
+                    plan = next(p for p in self.plans if p.model is unit[0].model)
+                    if unstarted:
+                        unit_now = self.outcomes.return_unstarted(unit)
+                        if unit_now:
+                            self.run_unit(plan, unit_now)
+                    else:
+                        self.run_unit(plan, unit)
+                except Exception:
+                    logger.exception("worker error; message(s) left to lease expiry")
+                except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
+                    self.crash(unit, exc)
+                finally:
+                    with self.held.cond:
+                        for d in unit:
+                            d.done = True
+                        self.held.deliveries.difference_update(unit)
+                        self.held.in_flight -= 1
+                        self.held.cond.notify_all()
+                        if self.held.stopping and self.held.in_flight == 0:
+                            self.held.renew_cond.notify_all()
+                    recycle_connections()
+        finally:
+            connections.close_all()
+
+    def crash(self, unit: list[Delivery], exc: BaseException) -> None:
+        """A receiver raised a BaseException that is not an Exception: its transaction has
+        rolled back; leave its messages leased (delivered again after their lease), stop the
+        worker, and have ``run()`` raise ``WorkerCrashed``. The executor thread lives on to
+        finish (or give back) the other units, as on ``stop()``."""
+        for d in unit:
+            logger.critical(
+                "%s attempt %d: the receiver raised %s (%s); stopping the worker; the message "
+                "is left leased and will be delivered again after its lease",
+                d.message,
+                d.message.attempt,
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra=log_extra("crashed", d.message),
+            )
+            self.events.emit("crashed", message=d.message, error=exc)
+        with self.held.cond:
+            if self.held.crashed is None:
+                self.held.crashed = exc
+        self.held.stop()
+
+    def still_mine(self, deliveries: list[Delivery]) -> list[Delivery]:
+        """The deliveries whose lease is still held; the others (lost by renewal, or expired
+        while waiting in the prefetch buffer) are reported and not run."""
+        now = timezone.now()
+        mine, lost = [], []
+        for d in deliveries:
+            expires = d.message.lease_expires_at
+            if d.lease_lost or (expires is not None and expires <= now):
+                lost.append(d)
+            else:
+                mine.append(d)
+        if lost:
+            lost_before = LeaseLost("lease lost or expired before the receiver ran")
+            self.outcomes.lease_lost(lost, lost_before)
+        return mine
+
+    def run_unit(self, plan: Plan, unit: list[Delivery]) -> None:
+        if plan.batch:
+            self.run_batch(plan, unit)
+        else:
+            for d in unit:
+                self.run_single(plan, d)
+
+    def run_single(self, plan: Plan, delivery: Delivery) -> None:
+        if not self.still_mine([delivery]):
+            return
+        message = delivery.message
+        if self.outcomes.exhausted(delivery):
+            self.outcomes.give_up([delivery], None)
+            return
+        try:
+            spec = self.registry.route(plan.specs, message)
+        except NoReceiver as exc:
+            self.outcomes.failed([delivery], exc, None)
+            return
+        self.execute(spec, [delivery])
+
+    def run_batch(self, plan: Plan, deliveries: list[Delivery]) -> None:
+        todo = []
+        for d in self.still_mine(deliveries):
+            if self.outcomes.exhausted(d):
+                self.outcomes.give_up([d], None)
+            else:
+                todo.append(d)
+        groups: dict[str, tuple[ReceiverSpec, list[Delivery]]] = {}
+        for d in todo:
+            try:
+                spec = self.registry.route(plan.specs, d.message)
+            except NoReceiver as exc:
+                self.outcomes.failed([d], exc, None)
+                continue
+            groups.setdefault(spec.name, (spec, []))[1].append(d)
+        for spec, group in groups.values():
+            size = spec.max_batch_size or self.batch_size
+            for i in range(0, len(group), size):
+                self.execute(spec, group[i : i + size])
+
+    def execute(self, spec: ReceiverSpec, deliveries: list[Delivery]) -> None:
+        model = deliveries[0].model
+        db, engine, _ = self.held.cached(model)
+        retries = engine.params.transaction_retries
+        started = time.monotonic()
+        for d in deliveries:
+            self.events.emit("started", message=d.message, receiver=spec.name)
+
+        by_key = {(d.message.queue, d.message.key): d for d in deliveries}
+
+        def current(message: Message) -> Message:
+            """The lease held now, for an ack by the receiver's code (a pattern helper)."""
+            return self.held.freeze([by_key[(message.queue, message.key)]])[0]
+
+        def body() -> None:
+            with self.held.renew_lock:  # (again on a retried transaction: renew while it runs)
+                for d in deliveries:
+                    d.acking = False
+            messages = [d.message for d in deliveries]
+            # (again on a retried transaction: its acks rolled back)
+            set_pending(messages, current=current)
+            spec.func(messages if spec.batch else messages[0])
+            if spec.atomic:
+                self.ack(deliveries, db)
+
+        try:
+            try:
+                if spec.atomic:
+                    run_in_transaction(body, using=db, retries=retries)
+                else:
+                    body()  # outside any transaction: external side effects, then ack
+                    run_in_transaction(
+                        lambda: self.ack(deliveries, db), using=db, retries=retries
+                    )
+            finally:
+                set_pending(None)
+        except Retry as exc:
+            self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
+        except LeaseLost as exc:
+            self.outcomes.lease_lost(deliveries, exc)
+        except MessageAlreadyAcked as exc:
+            self.events.count("already_acked", len(deliveries))
+            for d in deliveries:
+                logger.warning(
+                    "%s: already acked by someone else (its lease had expired); this "
+                    "delivery's transaction was rolled back",
+                    d.message,
+                    extra=log_extra("already_acked", d.message),
+                )
+                self.events.emit(
+                    "already_acked", message=d.message, receiver=spec.name, error=exc
+                )
+        except Exception as exc:
+            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+        else:
+            duration = time.monotonic() - started
+            self.events.count("processed", len(deliveries))
+            for d in deliveries:
+                logger.debug(
+                    "%s attempt %d acked (%s, %.3f s)",
+                    d.message,
+                    d.message.attempt,
+                    spec.name,
+                    duration,
+                    extra=log_extra("acked", d.message),
+                )
+                self.events.emit(
+                    "acked", message=d.message, receiver=spec.name, duration=duration
+                )
+
+    def ack(self, deliveries: list[Delivery], db: str) -> None:
+        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost)."""
+        lost = [d for d in deliveries if d.lease_lost]
+        if lost:
+            raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
+        # the lease held now (renewed); messages the receiver acked itself are done
+        pending = [m for m in self.held.freeze(deliveries) if not acked_by_receiver(m)]
+        model = deliveries[0].model
+        self.held.cached(model)[1].ack_messages(model, pending, using=db)
+
+
+def recycle_connections() -> None:
+    """Between messages: Django's ``close_old_connections()`` (close connections that are
+    broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
+    ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
+    thread's life: a message is not a request, and reconnecting per message costs a new
+    client per message (on Spanner a new client, session and maintenance thread each time)."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
+            close_at, conn.close_at = conn.close_at, None
+            try:
+                conn.close_if_unusable_or_obsolete()
+            finally:
+                if conn.connection is not None:
+                    conn.close_at = close_at
+        else:
+            conn.close_if_unusable_or_obsolete()

@@ -1,0 +1,221 @@
+"""Intake: what the worker receives and when. The loop claims at most the free slots
+(``concurrency`` threads, each holding up to ``prefetch`` units; a batch queue fills one slot
+with up to ``batch_size`` messages); with ``prefetch > 1`` it claims again only when fewer than
+``concurrency`` units are left waiting. Received messages whose lease already expired are
+skipped. Between rounds it re-seeds the periodic schedules and emits summaries."""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.receivers import ReceiverRegistry
+from spanner_queues.registry import get_queue
+from spanner_queues.worker.events import Emitter
+from spanner_queues.worker.execution import recycle_connections
+from spanner_queues.worker.state import Delivery, Holdings, Plan, renew_at
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+logger = logging.getLogger("spanner_queues.worker")
+
+
+def plan_queues(
+    queues: Sequence[str | type[Queue]] | None, registry: ReceiverRegistry, batch_size: int
+) -> list[Plan]:
+    """One ``Plan`` per queue to run (default: every queue that has receivers);
+    ``QueueConfigurationError`` for an unknown queue or one without receivers."""
+    by_queue = registry.by_queue()  # raises for receivers of undeclared queues
+    if not by_queue:
+        raise QueueConfigurationError(
+            "No receivers are registered. Declare them with @receiver(Queue) in a "
+            "'receivers' module of an installed app."
+        )
+    if queues:
+        labels = []
+        for queue in queues:
+            label = get_queue(queue)._meta.label  # UnknownQueue for undeclared names
+            if label not in by_queue:
+                raise QueueConfigurationError(
+                    f"Queue {label} has no receiver. Queues with receivers: "
+                    f"{', '.join(sorted(by_queue))}."
+                )
+            if label not in labels:
+                labels.append(label)
+    else:
+        labels = list(by_queue)
+    plans = []
+    for label in labels:
+        specs = tuple(by_queue[label])
+        batch = specs[0].batch
+        size = max((s.max_batch_size or batch_size) for s in specs) if batch else 1
+        plans.append(Plan(get_queue(label), specs, batch, size))
+    return plans
+
+
+class Intake:
+    """Receives for the worker's plans into ``held.units`` (see the module docstring)."""
+
+    def __init__(
+        self,
+        held: Holdings,
+        events: Emitter,
+        *,
+        plans: Sequence[Plan],
+        registry: ReceiverRegistry,
+        concurrency: int,
+        prefetch: int,
+        batch_size: int,
+        burst: bool,
+        max_messages: int | None,
+        lease: timedelta | None,
+        poll_interval: float,
+        reseed_interval: float | None,
+        summary_interval: float | None,
+    ) -> None:
+        self.held = held
+        self.events = events
+        self.plans = plans
+        self.registry = registry
+        self.concurrency = concurrency
+        self.prefetch = prefetch
+        self.batch_size = batch_size
+        self.burst = burst
+        self.max_messages = max_messages
+        self.lease = lease
+        self.poll_interval = poll_interval
+        self.reseed_interval = reseed_interval
+        self.summary_interval = summary_interval
+
+    @property
+    def queue_labels(self) -> list[str]:
+        return [p.label for p in self.plans]
+
+    def seed(self) -> None:
+        """Send the first run of every ``periodic`` schedule of this worker's queues whose
+        message is missing (at start, every ``reseed_interval`` and after a message was
+        dead-lettered or discarded): a schedule whose message was dead-lettered, discarded
+        or deleted starts again without a restart."""
+        from spanner_queues.patterns import seed_schedules
+
+        if self.reseed_interval is not None:
+            self.held.next_seed = time.monotonic() + self.reseed_interval
+        try:
+            for message in seed_schedules(self.queue_labels, registry=self.registry):
+                logger.info("seeded periodic schedule %s", message, extra={"action": "seeded"})
+        except Exception:
+            logger.exception("seeding periodic schedules failed", extra={"action": "error"})
+
+    def free_slots(self) -> int:
+        return self.concurrency * self.prefetch - self.held.in_flight
+
+    def wants_more(self) -> bool:
+        # prefetch=1: a free thread. Otherwise also fewer units waiting than threads, so that
+        # a claim takes many messages at once rather than one each time one finishes.
+        return self.free_slots() > 0 and self.held.waiting < self.concurrency
+
+    def loop(self) -> None:
+        """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
+        round finds nothing due while nothing is held; or after ``max_messages``)."""
+        start = 0
+        errors = 0
+        interval = self.summary_interval
+        next_summary = time.monotonic() + interval if interval else None
+        while True:
+            with self.held.cond:
+                self.held.cond.wait_for(lambda: self.held.stopping or self.wants_more())
+                if self.held.stopping:
+                    return
+                idle_before = self.held.in_flight == 0
+            if self.reseed_interval is not None and time.monotonic() >= self.held.next_seed:
+                self.seed()
+            if next_summary is not None and time.monotonic() >= next_summary:
+                self.events.emit("summary", stats=self.events.stats.copy())
+                next_summary = time.monotonic() + (self.summary_interval or 0)
+            got = 0
+            try:
+                for offset in range(len(self.plans)):
+                    plan = self.plans[(start + offset) % len(self.plans)]
+                    with self.held.cond:
+                        free = self.free_slots()
+                    if free <= 0 or self.held.stopping:
+                        break
+                    if plan.batch:
+                        want = plan.batch_size
+                    elif self.prefetch == 1:
+                        want = min(free, self.batch_size)
+                    else:
+                        want = free
+                    if self.max_messages is not None:
+                        want = min(want, self.max_messages - self.events.stats.received)
+                    if want <= 0:
+                        break
+                    got += self.receive(plan, want)
+                errors = 0
+            except Exception:
+                errors += 1
+                logger.exception("receive failed (%d in a row)", errors, extra={"action": "error"})
+                self.idle_wait(min(5.0, max(self.poll_interval, 0.1) * 2**errors))
+                continue
+            start += 1
+            received = self.events.stats.received
+            if self.max_messages is not None and received >= self.max_messages:
+                return
+            if got:
+                continue
+            if self.burst:
+                if idle_before:
+                    return  # a whole round found nothing due while nothing was in flight
+                with self.held.cond:  # wait for in-flight work to finish, then look again
+                    busy = self.held.in_flight
+                    self.held.cond.wait_for(
+                        lambda busy=busy: self.held.stopping or self.held.in_flight < busy,
+                        timeout=1.0,
+                    )
+                continue
+            self.events.emit("idle")
+            self.idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
+            recycle_connections()
+
+    def idle_wait(self, seconds: float) -> None:
+        with self.held.cond:
+            self.held.cond.wait_for(lambda: self.held.stopping, timeout=seconds)
+
+    def receive(self, plan: Plan, want: int) -> int:
+        messages = api.receive(plan.model, max_messages=want, lease=self.lease)
+        if not messages:
+            return 0
+        now = timezone.now()
+        fresh = [m for m in messages if m.lease_expires_at is None or m.lease_expires_at > now]
+        if len(fresh) < len(messages):  # sat too long in a buffer: someone else's now
+            logger.warning(
+                "%d received message(s) of %s had an expired lease; skipped",
+                len(messages) - len(fresh),
+                plan.label,
+            )
+        deliveries = [
+            Delivery(message=m, model=plan.model, renew_at=renew_at(m, now)) for m in fresh
+        ]
+        units = [deliveries] if plan.batch else [[d] for d in deliveries]
+        with self.held.cond:
+            self.events.stats.received += len(messages)
+            self.held.deliveries.update(deliveries)
+            taken = len([u for u in units if u])
+            self.held.in_flight += taken
+            self.held.waiting += taken
+            self.held.renew_cond.notify_all()
+        for unit in units:
+            if unit:
+                for d in unit:
+                    self.events.emit("received", message=d.message)
+                self.held.units.put(unit)
+        return len(messages)

@@ -1,0 +1,98 @@
+"""Leases: one renewer thread renews the leases of every message the worker holds (running
+or waiting in the prefetch buffer), halfway through each lease. A renewal that loses a lease
+marks the delivery lost: the worker then no longer acks, retries or releases it. A delivery
+whose token an ack has read (``acking``) is left alone until the ack commits. Engines that
+cannot renew (``NotSupportedByEngine``) keep the lease they gave."""
+
+from __future__ import annotations
+
+import logging
+from datetime import timedelta
+from typing import Any
+
+from django.db import connections
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.exceptions import NotSupportedByEngine
+from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.state import Delivery, Holdings, renew_at
+
+logger = logging.getLogger("spanner_queues.worker")
+
+
+class Renewer:
+    """Renews the leases of ``held.deliveries`` (see the module docstring)."""
+
+    def __init__(self, held: Holdings, events: Emitter) -> None:
+        self.held = held
+        self.events = events
+
+    def run(self) -> None:
+        """The renewer thread: until the worker stops and holds nothing."""
+        try:
+            while True:
+                with self.held.cond:
+                    if self.held.stopping and self.held.in_flight == 0:
+                        return
+                    now = timezone.now()
+                    live = [
+                        d
+                        for d in self.held.deliveries
+                        if not d.done and not d.lease_lost and not d.acking
+                    ]
+                    due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
+                    if not due:
+                        upcoming = [d.renew_at for d in live if d.renew_at is not None]
+                        wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
+                        self.held.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
+                        continue
+                self.renew(due)
+        finally:
+            connections.close_all()
+
+    def renew(self, due: list[Delivery]) -> None:
+        by_model: dict[Any, list[Delivery]] = {}
+        for d in due:
+            by_model.setdefault(d.model, []).append(d)
+        for group in by_model.values():
+            with self.held.renew_lock:
+                group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
+                if not group:
+                    continue
+                try:
+                    renewed = api.renew_many([d.message for d in group])
+                except NotSupportedByEngine:  # the lease is what it is: no renewal
+                    for d in group:
+                        d.renew_at = None
+                    continue
+                except Exception:
+                    logger.exception("lease renewal failed; trying again")
+                    now = timezone.now()
+                    for d in group:
+                        expires = d.message.lease_expires_at
+                        if expires is not None and expires <= now:
+                            self.mark_lost(d)
+                        else:
+                            d.renew_at = now + timedelta(milliseconds=200)
+                    continue
+                by_key = {m.key: m for m in renewed}
+                now = timezone.now()
+                for d in group:
+                    new = by_key.get(d.message.key)
+                    if new is None:
+                        self.mark_lost(d)
+                    else:
+                        d.message = new
+                        d.renew_at = renew_at(new, now)
+                        self.events.emit("renewed", message=new)
+
+    def mark_lost(self, d: Delivery) -> None:
+        d.lease_lost = True
+        logger.warning(
+            "%s attempt %d: lease renewal failed; the message is no longer this worker's",
+            d.message,
+            d.message.attempt,
+            extra=log_extra("lease_lost", d.message),
+        )
+        self.events.emit("renewal_failed", message=d.message)

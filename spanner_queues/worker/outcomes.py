@@ -1,0 +1,248 @@
+"""Outcome policy: what happens to a message after its receiver ran (or could not run).
+
+- ``raise Retry(after=...)``: the message is acked and sent again under the same key, due
+  ``after`` later (default: the engine's back-off), in one transaction (``engine.retry``).
+- Any other exception: the failure is counted (``engine.fail``); past ``max_attempts`` the
+  message moves to its dead-letter queue, or is dropped (logged) with
+  ``discard_after_max_attempts``; else it is given back due after the engine's back-off
+  (``engine.give_back``; engines that cannot release leave it to its lease expiry).
+- A message whose lease was lost is not acked, retried, released or dead-lettered.
+- At stop, prefetched messages never started are given back (``engine.return_unstarted``).
+
+Which of these an engine can do is the engine's business: nothing here reads its features.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+from spanner_queues.deadletter import dead_letter
+from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, MessageAlreadyExists, Retry
+from spanner_queues.receivers import ReceiverSpec
+from spanner_queues.transactions import run_in_transaction
+from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.state import Delivery, Holdings
+
+logger = logging.getLogger("spanner_queues.worker")
+
+#: where a message whose key clashes in its dead-letter queue waits for an operator
+PARKED_UNTIL = datetime(8999, 1, 1, tzinfo=dt_timezone.utc)
+
+
+class Outcomes:
+    """Acts on a run's outcome for the worker (see the module docstring)."""
+
+    def __init__(self, held: Holdings, events: Emitter) -> None:
+        self.held = held
+        self.events = events
+
+    def return_unstarted(self, unit: list[Delivery]) -> list[Delivery]:
+        """At stop: give back prefetched messages that were not started, due now, without
+        spending one of their attempts (the claim counted one; a release would keep it, and
+        enough graceful stops would then dead-letter a message that never ran):
+
+        - first delivery (attempt 1): ack and send it again under its key in one transaction,
+          as if it had never been received (attempts back to 0; its send time restarts);
+        - a later delivery (it failed before): run it now, like in-flight work, so that its
+          attempt is one that ran;
+        - engines that count no attempts: release it where the engine can release, else leave
+          it to its lease expiry.
+
+        Returns the deliveries to run now (their lease lost: to be reported by the run).
+        """
+        run_now = []
+        for d in unit:
+            db, engine, _ = self.held.cached(d.model)
+            with self.held.renew_lock:
+                if d.lease_lost:  # reported (and not run) by the run below
+                    run_now.append(d)
+                    continue
+                m = d.message
+                try:
+                    done = engine.return_unstarted(d.model, m, using=db)
+                except (LeaseLost, MessageAlreadyAcked):
+                    logger.warning("%s: lease lost before it was given back", m)
+                    continue
+                except Exception:
+                    logger.exception("%s: giving it back failed; left to lease expiry", m)
+                    continue
+            if done == "run":
+                run_now.append(d)
+                continue
+            if done == "kept":
+                continue  # left to its lease expiry
+            self.events.count("returned")
+            logger.debug(
+                "%s: prefetched, not started; given back at stop",
+                d.message,
+                extra=log_extra("returned", d.message),
+            )
+            self.events.emit("returned", message=d.message)
+        return run_now
+
+    def retry(
+        self, deliveries: list[Delivery], exc: Retry, spec: ReceiverSpec, duration: float
+    ) -> None:
+        self.held.freeze(deliveries)
+        mine = [d for d in deliveries if not d.lease_lost]
+        if len(mine) < len(deliveries):
+            self.lease_lost([d for d in deliveries if d.lease_lost], exc)
+        if not mine:
+            return
+        model = mine[0].model
+        db, engine, _ = self.held.cached(model)
+
+        def move() -> None:
+            engine.retry(model, [d.message for d in mine], after=exc.after, using=db)
+
+        try:
+            run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
+        except MessageAlreadyAcked as err:
+            for d in mine:
+                logger.warning("%s: already acked; not retried", d.message)
+                self.events.emit("already_acked", message=d.message, error=err)
+            return
+        except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
+            self.lease_lost(mine, err)
+            return
+        self.events.count("retried", len(mine))
+        for d in mine:
+            logger.info(
+                "%s attempt %d: retry after %s%s",
+                d.message,
+                d.message.attempt,
+                exc.after,
+                f" ({exc.reason})" if exc.reason else "",
+                extra=log_extra("retried", d.message),
+            )
+            self.events.emit("retried", message=d.message, receiver=spec.name, duration=duration)
+
+    def lease_lost(self, deliveries: list[Delivery], exc: BaseException) -> None:
+        self.events.count("lease_lost", len(deliveries))
+        for d in deliveries:
+            logger.warning(
+                "%s attempt %d: lease lost; not acked (it will be delivered again)",
+                d.message,
+                d.message.attempt,
+                extra=log_extra("lease_lost", d.message),
+            )
+            self.events.emit("lease_lost", message=d.message, error=exc)
+
+    def exhausted(self, d: Delivery) -> bool:
+        return self.held.cached(d.model)[1].exhausted(d.model, d.message)
+
+    def failed(
+        self,
+        deliveries: list[Delivery],
+        exc: BaseException,
+        spec: ReceiverSpec | None,
+        duration: float | None = None,
+    ) -> None:
+        self.events.count("failed", len(deliveries))
+        for d in deliveries:
+            m = d.message
+            logger.error(
+                "%s attempt %d failed in %s: %s: %s",
+                m,
+                m.attempt,
+                spec.name if spec else "(no receiver)",
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra=log_extra("failed", m),
+            )
+            self.events.emit(
+                "failed",
+                message=m,
+                receiver=spec.name if spec else None,
+                duration=duration,
+                error=exc,
+            )
+            if d.lease_lost:
+                continue
+            db, engine, _ = self.held.cached(d.model)
+            if engine.fail(d.model, m, exc, using=db).exhausted:
+                self.give_up([d], exc)
+            else:
+                self.release(d)
+
+    def release(self, d: Delivery, *, deliver_time: datetime | None = None) -> None:
+        """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
+        engine can; else it comes back after its lease."""
+        engine = self.held.cached(d.model)[1]
+        with self.held.renew_lock:
+            if d.lease_lost:
+                return
+            try:
+                given = engine.give_back(d.model, d.message, deliver_time=deliver_time)
+            except LeaseLost:
+                logger.warning("%s: lease lost before release", d.message)
+            except Exception:
+                logger.exception("%s: release failed; left to lease expiry", d.message)
+            else:
+                if given:
+                    self.events.emit("released", message=d.message)
+
+    def give_up(self, deliveries: list[Delivery], exc: BaseException | None) -> None:
+        for d in deliveries:
+            m = self.held.freeze([d])[0]
+            options = self.held.cached(d.model)[2]
+            try:
+                if options.dead_letter_queue:
+                    dead_letter(m)
+                    self.events.count("dead_lettered")
+                    logger.error(
+                        "%s: %d attempts, moved to dead-letter queue %s",
+                        m,
+                        m.attempt,
+                        options.dead_letter_queue,
+                        extra=log_extra("dead_lettered", m),
+                    )
+                    self.events.emit("dead_lettered", message=m, error=exc)
+                    self.held.next_seed = 0.0  # a periodic message may have gone: re-seed
+                elif options.discard_after_max_attempts:
+                    db, engine, _ = self.held.cached(d.model)
+                    run_in_transaction(
+                        lambda m=m, db=db, model=d.model, engine=engine: engine.discard(
+                            model, [m], using=db
+                        ),
+                        using=db,
+                    )
+                    self.events.count("discarded")
+                    logger.error(  # (no payload bytes: they may hold personal data)
+                        "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
+                        "%d bytes",
+                        m,
+                        m.attempt,
+                        len(m.payload),
+                        extra=log_extra("discarded", m),
+                    )
+                    self.events.emit("discarded", message=m, error=exc)
+                    self.held.next_seed = 0.0
+                else:
+                    self.release(d)
+            except MessageAlreadyAcked:
+                logger.warning("%s: already acked; nothing to dead-letter", m)
+            except LeaseLost:  # StaleAck: delivered again or replaced meanwhile
+                logger.warning("%s: lease lost; not dead-lettered (delivered again)", m)
+            except MessageAlreadyExists:
+                # The dead-letter queue already holds this key (an earlier dead letter, a
+                # periodic or heartbeat key). Neither lose nor overwrite it, and do not deliver
+                # it again and again: park it in its queue, due at PARKED_UNTIL, logged once.
+                # An operator resolves the clash (replay or ack the dead letter), then delivers
+                # it now from the admin; it is then dead-lettered.
+                logger.error(
+                    "%s: %d attempts, but dead-letter queue %s already holds key %r; parked in "
+                    "its queue (due %s): resolve the clash in the admin, then deliver it now",
+                    m,
+                    m.attempt,
+                    options.dead_letter_queue,
+                    m.key,
+                    f"{PARKED_UNTIL:%Y-%m-%d}",
+                    extra=log_extra("dead_letter_clash", m),
+                )
+                self.release(d, deliver_time=PARKED_UNTIL)
+
+    # --- lease renewal ----------------------------------------------------------------------

@@ -1,0 +1,111 @@
+"""What a worker holds, shared by its parts: the deliveries (received messages with their
+current lease), the units waiting for an executor, the slot counters, and the locks.
+
+Locking: ``cond`` (and ``renew_cond``, on the same lock) guard the counters, ``deliveries``
+and ``stopping``; ``renew_lock`` is held by a renewal, and by whoever reads a delivery's lease
+token to ack, retry, release or dead-letter it (``freeze``), so the token acked with is the
+row's until the ack commits.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from datetime import datetime
+from queue import SimpleQueue
+from typing import TYPE_CHECKING, Any
+
+from spanner_queues import api
+from spanner_queues.message import Message
+from spanner_queues.options import queue_options
+from spanner_queues.registry import engine_for
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import BaseQueueEngine
+    from spanner_queues.models import Queue
+    from spanner_queues.options import QueueOptions
+    from spanner_queues.receivers import ReceiverSpec
+
+
+@dataclass(eq=False, slots=True)
+class Delivery:
+    """A message this worker holds, with its current (possibly renewed) lease."""
+
+    message: Message
+    model: type[Queue]
+    renew_at: datetime | None
+    lease_lost: bool = False
+    done: bool = False
+    #: set (under the renew lock) once an ack, retry or dead letter read this delivery's lease
+    #: token: the renewer no longer rotates it, so the token acked with is the row's until the
+    #: ack commits (a rotation in between would make the ack stale, and on Spanner a replayed
+    #: ack transaction could then commit without its DELETE)
+    acking: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """One queue this worker runs: its receivers, and how many messages make a unit."""
+
+    model: type[Queue]
+    specs: tuple[ReceiverSpec, ...]
+    batch: bool
+    batch_size: int
+
+    @property
+    def label(self) -> str:
+        return self.model._meta.label
+
+
+#: a unit: one message, or the messages of one batch; None tells an executor to end
+Unit = list[Delivery]
+
+
+class Holdings:
+    """The worker's shared state (see the module docstring for its locking)."""
+
+    def __init__(self) -> None:
+        lock = threading.RLock()
+        self.cond = threading.Condition(lock)
+        # the renewer's own wake-ups (new deliveries, stop), not one per finished message
+        self.renew_cond = threading.Condition(lock)
+        self.renew_lock = threading.RLock()
+        self.stopping = False
+        self.in_flight = 0  # units (slots) taken, running or waiting
+        self.waiting = 0  # units received and not yet taken by an executor
+        self.deliveries: set[Delivery] = set()  # held: running or waiting
+        self.units: SimpleQueue[Unit | None] = SimpleQueue()
+        #: monotonic time of the next re-seed of periodic schedules (0: at the next round)
+        self.next_seed = 0.0
+        #: the first BaseException (not an Exception) a receiver raised; run() re-raises it
+        self.crashed: BaseException | None = None
+        self._per_queue: dict[type[Queue], tuple[str, BaseQueueEngine, QueueOptions]] = {}
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopping = True
+            self.cond.notify_all()
+            self.renew_cond.notify_all()
+
+    def freeze(self, deliveries: list[Delivery]) -> list[Message]:
+        """The deliveries' messages with the lease held now; no renewal rotates their tokens
+        from here on (``acking``)."""
+        with self.renew_lock:
+            for d in deliveries:
+                d.acking = True
+            return [d.message for d in deliveries]
+
+    def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
+        """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
+        cached = self._per_queue.get(model)
+        if cached is None:
+            cached = (api._database(model, None), engine_for(model), queue_options(model))
+            self._per_queue[model] = cached
+        return cached
+
+
+def renew_at(message: Message, now: datetime) -> datetime | None:
+    """Halfway through the remaining lease (Spanner extends by 10 s: renew every ~5 s)."""
+    if message.lease_expires_at is None:
+        return None
+    return now + (message.lease_expires_at - now) / 2
