@@ -53,6 +53,7 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.deadletter import dead_letter
+from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import (
     InvalidArgument,
     LeaseLost,
@@ -625,6 +626,16 @@ class Worker:
             self._per_queue[model] = cached
         return cached
 
+    @contextlib.contextmanager
+    def _lease_lock(self, model: type[Queue]) -> Iterator[None]:
+        """``_renew_lock`` for writing leases of ``model`` (renew, release, give back), taken
+        after the database's write lock (SQLite: one per file and process), in the order of a
+        receiver's transaction, which holds the write lock and then takes ``_renew_lock`` to
+        ack. The other order deadlocked: the ack waited for ``_renew_lock`` while its holder
+        waited for the write lock."""
+        with driver_for(self._database(model)).write_lock(), self._renew_lock:
+            yield
+
     def _still_mine(self, deliveries: list[_Delivery]) -> list[_Delivery]:
         """The deliveries whose lease is still held; the others (lost by renewal, or expired
         while waiting in the prefetch buffer) are reported and not run."""
@@ -659,7 +670,7 @@ class Worker:
             if features.supports_attempt_count and d.message.attempt > 1:
                 run_now.append(d)
                 continue
-            with self._renew_lock:
+            with self._lease_lock(d.model):
                 if d.lease_lost:
                     continue
                 m = d.message
@@ -940,7 +951,7 @@ class Worker:
     def _release(self, d: _Delivery, *, deliver_time: datetime | None = None) -> None:
         engine = self._cached(d.model)[1]
         due = deliver_time or timezone.now() + _backoff(d.message, engine)
-        with self._renew_lock:
+        with self._lease_lock(d.model):
             if d.lease_lost:
                 return
             try:
@@ -1047,7 +1058,7 @@ class Worker:
                 for d in group:
                     d.renew_at = None
                 continue
-            with self._renew_lock:
+            with self._lease_lock(model):
                 group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue
