@@ -55,8 +55,8 @@ class Renewer:
         by_model: dict[Any, list[Delivery]] = {}
         for d in due:
             by_model.setdefault(d.model, []).append(d)
-        for group in by_model.values():
-            with self.held.renew_lock:
+        for model, group in by_model.items():
+            with self.held.lease_lock(model):
                 group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue

@@ -55,7 +55,7 @@ class Outcomes:
         run_now = []
         for d in unit:
             db, engine, _ = self.held.cached(d.model)
-            with self.held.renew_lock:
+            with self.held.lease_lock(d.model):
                 if d.lease_lost:  # reported (and not run) by the run below
                     run_now.append(d)
                     continue
@@ -172,7 +172,7 @@ class Outcomes:
         """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
         engine can; else it comes back after its lease."""
         engine = self.held.cached(d.model)[1]
-        with self.held.renew_lock:
+        with self.held.lease_lock(d.model):
             if d.lease_lost:
                 return
             try:

@@ -9,13 +9,16 @@ row's until the ack commits.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from spanner_queues import api
+from spanner_queues.drivers import driver_for
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for
@@ -94,6 +97,16 @@ class Holdings:
             for d in deliveries:
                 d.acking = True
             return [d.message for d in deliveries]
+
+    @contextlib.contextmanager
+    def lease_lock(self, model: type[Queue]) -> Iterator[None]:
+        """``renew_lock`` for writing leases of ``model`` (renew, release, give back), taken
+        after the database's write lock (SQLite: one per file and process), in the order of a
+        receiver's transaction, which holds the write lock and then takes ``renew_lock`` to
+        ack. The other order deadlocked: the ack waited for ``renew_lock`` while its holder
+        waited for the write lock."""
+        with driver_for(self.cached(model)[0]).write_lock(), self.renew_lock:
+            yield
 
     def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
         """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""

@@ -175,10 +175,6 @@ def test_two_workers_share_a_queue_without_doing_anything_twice(
     assert not WorkItems.objects.exists()
 
 
-# On SQLite (table engine) about one run in eight leaves one message due but unclaimed by the
-# surviving workers (a liveness bug under investigation: see the session notes); the storm runs
-# where issue 11 requires it, on native queues.
-@pytest.mark.requires("supports_native_queues")
 def test_sigkill_storm_loses_nothing_and_commits_no_effect_twice(
     children: Start, tmp_path: Path
 ) -> None:

@@ -7,13 +7,17 @@ import json
 import logging
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from spanner_queues.worker import Worker
-from tests.worker.conftest import require
+from spanner_queues.drivers import driver_for
+from spanner_queues.registry import engine_for
+from spanner_queues.worker import Worker, WorkerEvents
+from tests.conftest import wait_until
+from tests.worker.conftest import require, running
 from tests.workerapp.models import WorkItems, WorkItemsDead, WorkLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -165,3 +169,41 @@ def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
 
     api.ack(frozen)
     assert not WorkItems.objects.filter(pk="r").exists()
+
+
+@pytest.mark.requires("stores_bookkeeping_fields")  # renewal through a table transaction
+def test_a_renewal_waiting_for_the_write_lock_does_not_block_the_ack_holding_it(
+    make_worker: Callable[..., Worker],
+    events: WorkerEvents,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An atomic receiver's transaction holds the database's write lock (SQLite: one per file)
+    until its ack commits, and the ack reads the lease under the worker's renewal lock. The
+    renewer took the renewal lock first and then waited for the write lock: each waited for
+    the other (until the lock and busy timeouts, again on every retry), and on SQLite every
+    worker process on the database stalled with it (the SIGKILL storm's "due message never
+    received"). Here the renewer comes for the write lock while the receiver runs; the ack must
+    not wait for it."""
+    require("supports_lease_renewal")
+    go = tmp_path / "go"
+    WorkItems.send(id="held", payload={"block": str(go)})
+    driver = type(driver_for(engine_for(WorkItems).database))
+    write_lock = driver.write_lock
+    renewer_waits: list[str] = []
+
+    def recorded(self: Any) -> Any:
+        if threading.current_thread().name == "sq-renewer":
+            renewer_waits.append("write_lock")
+        return write_lock(self)
+
+    monkeypatch.setattr(driver, "write_lock", recorded)
+    with running(make_worker(WorkItems, lease=timedelta(seconds=2))):
+        assert events.wait_for("started")  # the receiver runs in its transaction, blocked
+        before = len(renewer_waits)
+        wait_until(lambda: len(renewer_waits) > before)  # a renewal comes for the write lock
+        go.touch()
+        # Well inside the lock timeouts (tests.settings: 20 s) that alone ended the deadlock.
+        assert events.wait_for("acked", timeout=15)
+    assert list(WorkLog.objects.values_list("key", flat=True)) == ["held"]
+    assert not WorkItems.objects.exists()

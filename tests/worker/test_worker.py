@@ -117,7 +117,11 @@ def test_lost_lease_is_not_acked(
     monkeypatch.setattr(api, "renew_many", lambda messages: [])  # every renewal loses
     go = tmp_path / "go"
     WorkItems.send(payload={"block": str(go)})
-    with running(make_worker(WorkItems, lease=timedelta(seconds=0.4))):
+    # max_messages=1: where the renewal waits for the write lock that the receiver's
+    # transaction holds (SQLite), the lease is found lost after the message is due again, and
+    # the worker must not take that next delivery before it stops.
+    worker = make_worker(WorkItems, lease=timedelta(seconds=0.4), max_messages=1)
+    with running(worker):
         assert events.wait_for("renewal_failed")
         go.touch()
         assert events.wait_for("lease_lost")
