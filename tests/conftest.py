@@ -71,6 +71,25 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "unless(*flags): run only where the default queue engine lacks these flags"
     )
+    config.addinivalue_line(
+        "markers",
+        "engine_independent: the behaviour does not depend on the database or the queue engine "
+        "(documentation, argument and declaration checks that never reach a database): runs "
+        "once, under tests.settings; deselected under every other settings module",
+    )
+
+
+#: The settings module whose run covers the ``engine_independent`` tests.
+ENGINE_INDEPENDENT_SETTINGS = "tests.settings"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get("DJANGO_SETTINGS_MODULE") == ENGINE_INDEPENDENT_SETTINGS:
+        return
+    once = [item for item in items if item.get_closest_marker("engine_independent")]
+    if once:
+        config.hook.pytest_deselected(items=once)
+        items[:] = [item for item in items if not item.get_closest_marker("engine_independent")]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
