@@ -186,9 +186,10 @@ class _SpannerFlush:
             ops.execute_sql_flush(ops.sql_flush(no_style(), full))
 
 
-@pytest.fixture(autouse=True, scope="session")
-def _quick_spanner_flush(request: pytest.FixtureRequest) -> Any:
-    """On Spanner, transactional tests end with ``_SpannerFlush`` instead of Django's flush."""
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Any:
+    """pytest-django's test databases; on the emulator, transactional tests then end with
+    ``_SpannerFlush`` instead of Django's flush."""
     from django.db import connections
     from django.test import TransactionTestCase
 
@@ -196,8 +197,7 @@ def _quick_spanner_flush(request: pytest.FixtureRequest) -> Any:
     if not (spanner and os.environ.get("SPANNER_EMULATOR_HOST")):  # not the wire tests' fake
         yield
         return
-    request.getfixturevalue("django_db_setup")
-    with request.getfixturevalue("django_db_blocker").unblock():
+    with django_db_blocker.unblock():
         flushes = {alias: _SpannerFlush(alias) for alias in spanner}
     original = TransactionTestCase._fixture_teardown
 
