@@ -263,6 +263,7 @@ def test_attempt_limit_moves_the_message_to_the_dead_letter_queue(children: Star
     assert "dead-letter queue workerapp.WorkItemsDead" in log
 
 
+@pytest.mark.engine_independent  # refused by the command before any engine is used
 def test_configuration_errors_exit_non_zero_before_receiving(children: Start) -> None:
     WorkItems.send(payload={})
     unknown = children("workerapp.Nope", "--burst", name="unknown")
