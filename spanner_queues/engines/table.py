@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BinaryField, Count, Max, Min, Q
+from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
@@ -173,9 +173,11 @@ class _InsertStatement:
     None where the ORM must write the row: a column filled by the database (auto-increment
     key, ``db_default``), a custom placeholder, or a column this statement does not know."""
 
-    __slots__ = ("key_names", "label", "plan", "sql", "text", "using")
+    __slots__ = ("key_names", "label", "plain_times", "plan", "sql", "text", "using")
 
     _CONSTANT = {"attempts": 0, "lease_token": None, "lease_expires_at": None}
+    # what each parameter is: a constant, the payload, a time (deliver or send), a key value
+    _CONST, _PAYLOAD, _DELIVER, _SENT, _KEY = range(5)
 
     def __init__(self, model: type[Queue], using: str) -> None:
         connection = connections[using]
@@ -186,9 +188,7 @@ class _InsertStatement:
         self.key_names = key_names(model)
         self.text = payload_type(model) != BYTES  # a text column: STRING or JSON payloads
         fields = list(meta.local_concrete_fields)
-        # (role, field, constant parameter): role is the key attname, "payload", "deliver_time",
-        # "send_time" or None for a constant
-        plan: list[tuple[str | None, Any, Any]] = []
+        plan: list[tuple[int, Any, Any]] = []  # (what, field, constant or key attname)
         plain = True
         for f in fields:
             if (
@@ -197,16 +197,26 @@ class _InsertStatement:
                 or (hasattr(f, "get_placeholder") and not isinstance(f, BinaryField))
             ):
                 plain = False
-            elif f.attname in self.key_names or f.name in ("payload", "deliver_time"):
-                plan.append((f.attname if f.attname in self.key_names else f.name, f, None))
+            elif f.attname in self.key_names:
+                plan.append((self._KEY, f, f.attname))
+            elif f.name == "payload":
+                plan.append((self._PAYLOAD, f, None))
+            elif f.name == "deliver_time":
+                plan.append((self._DELIVER, f, None))
             elif f.name == "send_time":
-                plan.append(("send_time", f, None))
+                plan.append((self._SENT, f, None))
             elif f.name in self._CONSTANT:
-                value = f.get_db_prep_save(self._CONSTANT[f.name], connection)
-                plan.append((None, f, value))
+                plan.append(
+                    (self._CONST, f, f.get_db_prep_save(self._CONSTANT[f.name], connection))
+                )
             else:
                 plain = False
         self.plan = tuple(plan)
+        # Plain DateTimeFields prepare an aware datetime as the backend adapts it (what
+        # get_db_prep_save comes to for one, without its checks for naive values).
+        self.plain_times = all(
+            type(f) is DateTimeField for what, f, _ in plan if what in (self._DELIVER, self._SENT)
+        )
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(
             # a bytes payload: never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
@@ -217,27 +227,29 @@ class _InsertStatement:
         self.sql = f"INSERT INTO {table} ({columns}) VALUES ({values})" if plain else None
 
     def send(self, m: OutgoingMessage, now: datetime) -> Message:
-        """Insert ``m`` (sent at ``now``) and return it as sent."""
+        """Insert ``m`` (sent at ``now``, an aware datetime) and return it as sent."""
         connection = connections[self.using]  # this thread's
         # A deliver time in the past means "now", as Spanner does for Send.
         deliver_time = max(m.deliver_time, now) if m.deliver_time else now
         key = m.key
-        prepared_now = None
+        if self.plain_times:
+            adapt = connection.ops.adapt_datetimefield_value
+            sent = adapt(now)
+            due = sent if deliver_time is now else adapt(deliver_time)
         params = []
-        for role, f, constant in self.plan:
-            if role is None:
-                params.append(constant)
-            elif role == "payload":
+        for what, f, extra in self.plan:
+            if what == self._KEY:
+                params.append(f.get_db_prep_save(key[extra], connection))
+            elif what == self._CONST:
+                params.append(extra)
+            elif what == self._PAYLOAD:
                 payload = stored_text(m.payload) if self.text else m.payload
                 params.append(f.get_db_prep_save(payload, connection))
-            elif role == "send_time" or (role == "deliver_time" and deliver_time is now):
-                if prepared_now is None:
-                    prepared_now = f.get_db_prep_save(now, connection)
-                params.append(prepared_now)
-            elif role == "deliver_time":
-                params.append(f.get_db_prep_save(deliver_time, connection))
+            elif not self.plain_times:
+                value = now if what == self._SENT else deliver_time
+                params.append(f.get_db_prep_save(value, connection))
             else:
-                params.append(f.get_db_prep_save(key[role], connection))
+                params.append(sent if what == self._SENT else due)
         with connection.cursor() as cursor:
             cursor.execute(self.sql, params)
         return Message(
@@ -317,9 +329,8 @@ class TableQueueEngine(BaseQueueEngine):
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
         now = timezone.now()
-        driver = driver_for(using)
         parent_field = queue_options(model).interleave_in_parent
-        if parent_field and not driver.supports_interleave:
+        if parent_field and not driver_for(using).supports_interleave:
             self._check_parents(model, parent_field, messages, using)
         try:
             if len(messages) == 1:
@@ -341,6 +352,7 @@ class TableQueueEngine(BaseQueueEngine):
             rows(model, using).bulk_create(new_rows)
         except Exception as exc:
             keys = ", ".join(str(tuple(m.key.values())) for m in messages)
+            driver = driver_for(using)
             if isinstance(exc, IntegrityError) and driver.is_duplicate_key(exc):
                 raise MessageAlreadyExists(
                     f"{model._meta.label}: a message with key {keys} already exists "
