@@ -54,7 +54,9 @@ def _pre_save(
     if not regs or raw:
         return
     possible = possible_events(instance, update_fields)
-    firing = [r for r in regs for e in possible if r.fires(e, restrict(None, update_fields, r))]
+    firing = [
+        r for r in regs if any(r.fires(e, restrict(None, update_fields, r)) for e in possible)
+    ]
     stack = instance.__dict__.setdefault(_STASH, [])
     if not firing:
         # One entry per save, even when nothing can fire: post_save pops its own save's
