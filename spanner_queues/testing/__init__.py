@@ -12,17 +12,7 @@ Nothing under ``spanner_queues`` outside ``testing`` and ``emulator`` imports th
 
 from __future__ import annotations
 
-from spanner_queues.testing.kit import (
-    ClockNotMovable,
-    Drained,
-    MovableClock,
-    Outcome,
-    assert_sent,
-    clock_is_movable,
-    drain,
-    moved_clock,
-    sent,
-)
+from typing import Any
 
 __all__ = [
     "ClockNotMovable",
@@ -35,3 +25,13 @@ __all__ = [
     "moved_clock",
     "sent",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """The kit's names, imported on first use: ``spanner_queues.testing.emulator`` is imported
+    by settings modules before Django's apps are loaded, and the kit needs the models."""
+    if name in __all__:
+        from spanner_queues.testing import kit
+
+        return getattr(kit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
