@@ -3,6 +3,7 @@ engine and delegates across the seam; none knows how a queue is stored."""
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace as dataclass_replace
@@ -30,6 +31,7 @@ from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
+    from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
 
 __all__ = [
@@ -125,41 +127,62 @@ def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
     return value
 
 
-def build_message(model: type[Queue], spec: Mapping[str, Any]) -> OutgoingMessage:
-    """Validate one message before anything is written: key fields, payload, deliver time."""
-    engine = engine_for(model)
+@functools.cache
+def _send_plan(model: type[Queue]) -> tuple[dict[str, Any], tuple[Any, ...], str]:
+    """Per queue (declarations do not change): key fields by name and attname, the key fields
+    in key order, the payload type."""
+    key = key_fields(model)
+    return {f.name: f for f in key} | {f.attname: f for f in key}, key, payload_type(model)
+
+
+def build_message(
+    model: type[Queue], spec: Mapping[str, Any], *, engine: BaseQueueEngine | None = None
+) -> OutgoingMessage:
+    """Validate one message before anything is written: key fields, payload, deliver time.
+    ``engine``: the queue's engine, when the caller has it already."""
+    if engine is None:
+        engine = engine_for(model)
     if not isinstance(spec, Mapping):
         raise InvalidMessage(
             f"{model._meta.label}: a message is a mapping of key fields and payload, not "
             f"{type(spec).__name__} {spec!r}."
         )
-    fields = {f.name: f for f in key_fields(model)} | {f.attname: f for f in key_fields(model)}
+    fields, ordered, kind = _send_plan(model)
     key: dict[str, Any] = {}
     for name, value in spec.items():
         if name in _RESERVED:
             continue
-        if name not in fields:
+        field = fields.get(name)
+        if field is None:
             raise InvalidMessage(
                 f"{model._meta.label}: {name!r} is not a key field; key fields are "
-                f"{', '.join(f.name for f in key_fields(model))}."
+                f"{', '.join(f.name for f in ordered)}."
             )
         if isinstance(value, Model):  # a related object given for a ForeignKey key field
             value = value.pk
-        key[fields[name].attname] = _key_value(model, fields[name], value)
-    for field in key_fields(model):
-        if field.attname not in key:
-            if not field.has_default():
-                raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} is missing.")
-            key[field.attname] = _key_value(model, field, field.get_default())
+        key[field.attname] = _key_value(model, field, value)
+    if len(key) != len(ordered):
+        for field in ordered:
+            if field.attname not in key:
+                if not field.has_default():
+                    raise InvalidMessage(
+                        f"{model._meta.label}: key field {field.name!r} is missing."
+                    )
+                key[field.attname] = _key_value(model, field, field.get_default())
+    params = engine.params
+    deliver_time = spec.get("deliver_time")
+    delay = spec.get("delay")
     return OutgoingMessage(
         key=key,
         payload=encode_payload(
             spec.get("payload", b""),
-            payload_type=payload_type(model),
-            max_bytes=engine.params.max_payload_bytes,
-            encoder=engine.params.json_encoder,
+            payload_type=kind,
+            max_bytes=params.max_payload_bytes,
+            encoder=params.json_encoder,
         ),
-        deliver_time=_deliver_time(spec.get("deliver_time"), spec.get("delay")),
+        deliver_time=(
+            None if deliver_time is None and delay is None else _deliver_time(deliver_time, delay)
+        ),
     )
 
 
@@ -169,11 +192,27 @@ def send_many(
     """Send messages in the caller's transaction (one INSERT). Every message is validated
     first, so a bad one writes nothing."""
     model = get_queue(queue)
-    outgoing = [build_message(model, spec) for spec in messages]
+    engine = engine_for(model)
+    outgoing = [build_message(model, spec, engine=engine) for spec in messages]
+    return send_outgoing(model, outgoing, using=using, engine=engine)
+
+
+def send_outgoing(
+    model: type[Queue],
+    outgoing: Sequence[OutgoingMessage],
+    *,
+    using: str | None = None,
+    engine: BaseQueueEngine | None = None,
+) -> list[Message]:
+    """Write messages already validated by ``build_message`` in the caller's transaction (one
+    INSERT); ``send_many`` without validating them again (the outbox builds its messages
+    before the row is written and sends them after)."""
     if not outgoing:
         return []
-    db = _database(model, using)
-    sent = engine_for(model).send_many(model, outgoing, using=db)
+    if engine is None:
+        engine = engine_for(model)
+    db = using or engine.database
+    sent = engine.send_many(model, outgoing, using=db)
     metrics.sent(model, len(sent), db)  # on commit; nothing while metrics are off
     return sent
 

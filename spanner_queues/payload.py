@@ -19,6 +19,7 @@ are refused.
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
@@ -35,23 +36,23 @@ PAYLOAD_TYPES = (BYTES, STRING, JSON)
 DEFAULT_JSON_ENCODER: type[json.JSONEncoder] = DjangoJSONEncoder
 
 
-def _dumps(
-    value: Any, *, canonical: bool, encoder: type[json.JSONEncoder] | None = None
-) -> bytes:
+def _dumps(value: Any, *, canonical: bool, encoder: type[json.JSONEncoder] | None = None) -> bytes:
     try:
-        return json.dumps(
-            value,
-            cls=encoder or DEFAULT_JSON_ENCODER,
-            separators=(",", ":"),
-            ensure_ascii=False,
-            allow_nan=False,
-            sort_keys=canonical,
-        ).encode("utf-8")
+        return (
+            _json_encoder(encoder or DEFAULT_JSON_ENCODER, canonical).encode(value).encode("utf-8")
+        )
     except (TypeError, ValueError, OverflowError, RecursionError) as exc:
         # (UnicodeEncodeError is a ValueError: a lone surrogate in a string of the JSON)
         raise PayloadError(
             f"Payload of type {type(value).__name__} is not bytes, str or JSON-serialisable: {exc}"
         ) from exc
+
+
+@functools.cache
+def _json_encoder(cls: type[json.JSONEncoder], canonical: bool) -> json.JSONEncoder:
+    """One encoder instance per class and form (what ``json.dumps(cls=...)`` builds on every
+    call; ``encode`` keeps no state between calls)."""
+    return cls(separators=(",", ":"), ensure_ascii=False, allow_nan=False, sort_keys=canonical)
 
 
 def canonical_json(text: bytes | str) -> bytes:

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError, connections, transaction
-from django.db.models import BinaryField, Count, Max, Min, Q
+from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
@@ -165,6 +165,104 @@ class _RowStatements:
             return cursor.rowcount
 
 
+class _InsertStatement:
+    """One message's INSERT as ``bulk_create`` writes it (every concrete column, in model
+    order), written once per queue and database, without building a model instance: the key,
+    payload and time parameters are prepared per message by their fields as the ORM prepares
+    them (``get_db_prep_save``), the constant ones (``attempts`` 0, no lease) once. ``sql`` is
+    None where the ORM must write the row: a column filled by the database (auto-increment
+    key, ``db_default``), a custom placeholder, or a column this statement does not know."""
+
+    __slots__ = ("key_names", "label", "plain_times", "plan", "sql", "text", "using")
+
+    _CONSTANT = {"attempts": 0, "lease_token": None, "lease_expires_at": None}
+    # what each parameter is: a constant, the payload, a time (deliver or send), a key value
+    _CONST, _PAYLOAD, _DELIVER, _SENT, _KEY = range(5)
+
+    def __init__(self, model: type[Queue], using: str) -> None:
+        connection = connections[using]
+        quote = connection.ops.quote_name
+        meta = model._meta
+        self.using = using
+        self.label = meta.label
+        self.key_names = key_names(model)
+        self.text = payload_type(model) != BYTES  # a text column: STRING or JSON payloads
+        fields = list(meta.local_concrete_fields)
+        plan: list[tuple[int, Any, Any]] = []  # (what, field, constant or key attname)
+        plain = True
+        for f in fields:
+            if (
+                getattr(f, "db_returning", False)
+                or (hasattr(f, "has_db_default") and f.has_db_default())
+                or (hasattr(f, "get_placeholder") and not isinstance(f, BinaryField))
+            ):
+                plain = False
+            elif f.attname in self.key_names:
+                plan.append((self._KEY, f, f.attname))
+            elif f.name == "payload":
+                plan.append((self._PAYLOAD, f, None))
+            elif f.name == "deliver_time":
+                plan.append((self._DELIVER, f, None))
+            elif f.name == "send_time":
+                plan.append((self._SENT, f, None))
+            elif f.name in self._CONSTANT:
+                plan.append(
+                    (self._CONST, f, f.get_db_prep_save(self._CONSTANT[f.name], connection))
+                )
+            else:
+                plain = False
+        self.plan = tuple(plan)
+        # Plain DateTimeFields prepare an aware datetime as the backend adapts it (what
+        # get_db_prep_save comes to for one, without its checks for naive values).
+        self.plain_times = all(
+            type(f) is DateTimeField for what, f, _ in plan if what in (self._DELIVER, self._SENT)
+        )
+        columns = ", ".join(quote(f.column) for f in fields)
+        values = ", ".join(
+            # a bytes payload: never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
+            f.get_placeholder(b"", None, connection) if isinstance(f, BinaryField) else "%s"
+            for f in fields
+        )
+        table = quote(meta.db_table)
+        self.sql = f"INSERT INTO {table} ({columns}) VALUES ({values})" if plain else None
+
+    def send(self, m: OutgoingMessage, now: datetime) -> Message:
+        """Insert ``m`` (sent at ``now``, an aware datetime) and return it as sent."""
+        connection = connections[self.using]  # this thread's
+        # A deliver time in the past means "now", as Spanner does for Send.
+        deliver_time = max(m.deliver_time, now) if m.deliver_time else now
+        key = m.key
+        if self.plain_times:
+            adapt = connection.ops.adapt_datetimefield_value
+            sent = adapt(now)
+            due = sent if deliver_time is now else adapt(deliver_time)
+        params = []
+        for what, f, extra in self.plan:
+            if what == self._KEY:
+                params.append(f.get_db_prep_save(key[extra], connection))
+            elif what == self._CONST:
+                params.append(extra)
+            elif what == self._PAYLOAD:
+                payload = stored_text(m.payload) if self.text else m.payload
+                params.append(f.get_db_prep_save(payload, connection))
+            elif not self.plain_times:
+                value = now if what == self._SENT else deliver_time
+                params.append(f.get_db_prep_save(value, connection))
+            else:
+                params.append(sent if what == self._SENT else due)
+        with connection.cursor() as cursor:
+            cursor.execute(self.sql, params)
+        return Message(
+            queue=self.label,
+            key=tuple(key[n] for n in self.key_names),
+            key_names=self.key_names,
+            payload=m.payload,
+            deliver_time=deliver_time,
+            attempt=0,
+            send_time=now,
+        )
+
+
 #: leases found expired when their message was claimed again, per (alias, queue label), in
 #: this process (engines are per thread; the count is the process's)
 _lease_expirations: Counter[tuple[str, str]] = Counter()
@@ -231,30 +329,30 @@ class TableQueueEngine(BaseQueueEngine):
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
         now = timezone.now()
-        text = payload_type(model) != BYTES  # a text column: STRING or JSON payloads
-        new_rows = [
-            model(
-                **m.key,
-                payload=stored_text(m.payload) if text else m.payload,
-                # A deliver time in the past means "now", as Spanner does for Send.
-                deliver_time=max(m.deliver_time, now) if m.deliver_time else now,
-                send_time=now,
-                attempts=0,
-            )
-            for m in messages
-        ]
-        driver = driver_for(using)
         parent_field = queue_options(model).interleave_in_parent
-        if parent_field and not driver.supports_interleave:
+        if parent_field and not driver_for(using).supports_interleave:
             self._check_parents(model, parent_field, messages, using)
-        statements = self._statements(model, using) if len(new_rows) == 1 else None
         try:
-            if statements is not None and statements.insert_fields is not None:
-                statements.insert(new_rows[0])  # one message (an outbox send): no ORM compile
-            else:
-                rows(model, using).bulk_create(new_rows)
+            if len(messages) == 1:
+                insert = self._insert_statement(model, using)
+                if insert.sql is not None:  # one message (an outbox send): no ORM at all
+                    return [insert.send(messages[0], now)]
+            text = payload_type(model) != BYTES  # a text column: STRING or JSON payloads
+            new_rows = [
+                model(
+                    **m.key,
+                    payload=stored_text(m.payload) if text else m.payload,
+                    # A deliver time in the past means "now", as Spanner does for Send.
+                    deliver_time=max(m.deliver_time, now) if m.deliver_time else now,
+                    send_time=now,
+                    attempts=0,
+                )
+                for m in messages
+            ]
+            rows(model, using).bulk_create(new_rows)
         except Exception as exc:
             keys = ", ".join(str(tuple(m.key.values())) for m in messages)
+            driver = driver_for(using)
             if isinstance(exc, IntegrityError) and driver.is_duplicate_key(exc):
                 raise MessageAlreadyExists(
                     f"{model._meta.label}: a message with key {keys} already exists "
@@ -267,6 +365,15 @@ class TableQueueEngine(BaseQueueEngine):
                 ) from exc
             raise
         return [row_to_message(model, r) for r in new_rows]
+
+    def _insert_statement(self, model: type[Queue], using: str) -> _InsertStatement:
+        cache: dict[tuple[type[Queue], str], _InsertStatement] = self.__dict__.setdefault(
+            "_insert_statements", {}
+        )
+        statement = cache.get((model, using))
+        if statement is None:  # (the SQL is the same for every thread's connection)
+            statement = cache[(model, using)] = _InsertStatement(model, using)
+        return statement
 
     @staticmethod
     def _check_parents(

@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, router
 from django.db.models import QuerySet
 
-from spanner_queues.api import send_many
+from spanner_queues.api import send_outgoing
 from spanner_queues.exceptions import InvalidArgument, OutboxBypassed, TransactionRequired
 from spanner_queues.outbox.registration import EVENTS, registered, require_transaction
 
 if TYPE_CHECKING:
     from django.db.models import Model
 
-    from spanner_queues.message import Message
+    from spanner_queues.message import Message, OutgoingMessage
     from spanner_queues.models import Queue
 
 
@@ -42,7 +42,7 @@ def send_for(
     if event not in EVENTS:
         raise InvalidArgument(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
     names = None if changed is None else frozenset(changed)
-    batches: dict[tuple[str, str], tuple[type[Queue], list[dict[str, Any]]]] = {}
+    batches: dict[tuple[str, str], tuple[type[Queue], list[OutgoingMessage]]] = {}
     for instance in objs:
         concrete = instance._meta.concrete_model or type(instance)
         db = using or instance._state.db or router.db_for_write(concrete, instance=instance)
@@ -62,14 +62,14 @@ def send_for(
             require_transaction(registration, db, f"outbox.send_for(..., event={event!r})")
             if event != "updated":
                 own = frozenset()
-            spec = registration.build(
+            spec = registration.build_outgoing(
                 instance, event, registration.field_names if own is None else own
             )
             queue = registration.queue_model()
             batches.setdefault((queue._meta.label, db), (queue, []))[1].append(spec)
     sent: list[Message] = []
     for (_, db), (queue, specs) in batches.items():
-        sent.extend(send_many(queue, specs, using=db))
+        sent.extend(send_outgoing(queue, specs, using=db))
     return sent
 
 

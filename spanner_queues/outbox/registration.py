@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, router, transaction
 from django.db.models import Field, Model
 
-from spanner_queues.api import build_message, send_many
+from spanner_queues.api import build_message, send_outgoing
 from spanner_queues.exceptions import (
     InvalidMessage,
     PayloadError,
@@ -22,6 +22,7 @@ from spanner_queues.outbox.builders import default_key_builder, field_value, jso
 from spanner_queues.registry import engine_for, get_queue
 
 if TYPE_CHECKING:
+    from spanner_queues.message import OutgoingMessage
     from spanner_queues.models import Queue
 
 #: The model events a registration can listen to.
@@ -100,6 +101,14 @@ class Registration:
         Raises ``PayloadError`` or ``InvalidMessage`` naming the registration; nothing is
         written here.
         """
+        outgoing = self.build_outgoing(instance, event, changed)
+        return {**outgoing.key, "payload": outgoing.payload}
+
+    def build_outgoing(
+        self, instance: Model, event: str, changed: frozenset[str]
+    ) -> OutgoingMessage:
+        """``build`` as the validated message ``send_specs`` writes without validating it
+        again."""
         queue = self.queue_model()
         changed = changed & self.field_names
         where = f"outbox {self.model._meta.label} {event} -> {queue._meta.label}"
@@ -127,10 +136,9 @@ class Registration:
         if "payload" in key or "deliver_time" in key or "delay" in key:
             raise InvalidMessage(f"{where}: the key builder returned non-key entries.")
         try:
-            outgoing = build_message(queue, {**key, "payload": payload})
+            return build_message(queue, {**key, "payload": payload})
         except QueueError as exc:
             raise type(exc)(f"{where}: {exc} The save or delete was aborted.") from exc
-        return {**outgoing.key, "payload": outgoing.payload}
 
     def default_payload(
         self, instance: Model, event: str, changed: frozenset[str]
@@ -157,13 +165,18 @@ def registrations(model: type[Model] | None = None) -> list[Registration]:
     return list(registered.get(model._meta.concrete_model or model, []))
 
 
-def send_specs(specs: list[tuple[Registration, Any]], using: str) -> None:
-    by_queue: dict[str, tuple[type[Queue], list[Any]]] = {}
-    for registration, spec in specs:
+def send_specs(specs: list[tuple[Registration, OutgoingMessage]], using: str) -> None:
+    """Write the messages ``build_outgoing`` made (validated then), one INSERT per queue."""
+    if len(specs) == 1:
+        registration, outgoing = specs[0]
+        send_outgoing(registration.queue_model(), [outgoing], using=using)
+        return
+    by_queue: dict[str, tuple[type[Queue], list[OutgoingMessage]]] = {}
+    for registration, outgoing in specs:
         queue = registration.queue_model()
-        by_queue.setdefault(queue._meta.label, (queue, []))[1].append(spec)
+        by_queue.setdefault(queue._meta.label, (queue, []))[1].append(outgoing)
     for queue, batch in by_queue.values():
-        send_many(queue, batch, using=using)
+        send_outgoing(queue, batch, using=using)
 
 
 def poison(using: str) -> None:

@@ -4,7 +4,7 @@ registered model and its proxies."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.db.models import Model
@@ -19,6 +19,9 @@ from spanner_queues.outbox.registration import (
     send_specs,
 )
 
+if TYPE_CHECKING:
+    from spanner_queues.message import OutgoingMessage
+
 _STASH = "_spanner_queues_outbox"  # per-instance, between pre_save and post_save of one save
 _connected: dict[type[Model], set[type[Model]]] = {}  # concrete model -> senders connected
 
@@ -32,7 +35,7 @@ class _Planned:
         self,
         event: str,
         changed: frozenset[str] | None,
-        specs: list[tuple[Registration, dict[str, Any]]] | None,
+        specs: list[tuple[Registration, OutgoingMessage]] | None,
     ) -> None:
         self.event = event
         self.changed = changed
@@ -51,7 +54,9 @@ def _pre_save(
     if not regs or raw:
         return
     possible = possible_events(instance, update_fields)
-    firing = [r for r in regs for e in possible if r.fires(e, restrict(None, update_fields, r))]
+    firing = [
+        r for r in regs if any(r.fires(e, restrict(None, update_fields, r)) for e in possible)
+    ]
     stack = instance.__dict__.setdefault(_STASH, [])
     if not firing:
         # One entry per save, even when nothing can fire: post_save pops its own save's
@@ -106,7 +111,7 @@ def _build_all(
     event: str,
     changed: frozenset[str] | None,
     update_fields: frozenset[str] | None,
-) -> list[tuple[Registration, dict[str, Any]]]:
+) -> list[tuple[Registration, OutgoingMessage]]:
     specs = []
     for registration in regs:
         names = restrict(changed, update_fields, registration)
@@ -115,7 +120,7 @@ def _build_all(
                 names = frozenset()
             elif names is None:
                 names = registration.field_names
-            specs.append((registration, registration.build(instance, event, names)))
+            specs.append((registration, registration.build_outgoing(instance, event, names)))
     return specs
 
 
@@ -129,7 +134,7 @@ def _pre_delete(sender: type[Model], instance: Model, using: str, **kwargs: Any)
         # Django's Collector runs pre_delete inside atomic(); this guards manual sends.
         require_transaction(registration, using, f"{sender._meta.label}.delete()")
     try:
-        specs = [(r, r.build(instance, "deleted", frozenset())) for r in regs]
+        specs = [(r, r.build_outgoing(instance, "deleted", frozenset())) for r in regs]
         send_specs(specs, using)  # before the row's DELETE, in the Collector's transaction
     except BaseException:
         poison(using)

@@ -137,3 +137,30 @@ def test_replace_swaps_the_message_under_one_key() -> None:
     UserTasks.replace(user_id=7, message_id="fresh", payload="3")  # no previous message: fine
     rows = {r.message_id: bytes(r.payload) for r in UserTasks.objects.all()}
     assert rows == {"hb": b"2", "fresh": b"3"}
+
+
+@pytest.mark.requires("stores_bookkeeping_fields")  # the engine writes the row (native: Spanner)
+@pytest.mark.parametrize("count", [1, 2])  # one message (a prepared INSERT) and a batch
+def test_sent_messages_are_what_was_stored(count: int) -> None:
+    """``send``/``send_many`` return each message as its row holds it: key, payload bytes,
+    deliver time (now, or the later time asked for), send time, never delivered."""
+    later = timezone.now() + timedelta(hours=1)
+    specs = [
+        {"user_id": 7, "message_id": f"m{n}", "payload": {"n": n}, "deliver_time": later}
+        for n in range(count)
+    ]
+    specs[0].pop("deliver_time")
+    before = timezone.now()
+    with transaction.atomic():
+        sent = UserTasks.send_many(specs)
+    assert [m.key for m in sent] == [(7, f"m{n}") for n in range(count)]
+    for message in sent:
+        row = UserTasks.objects.get(user_id=7, message_id=message.key[1])
+        assert message.queue == UserTasks._meta.label
+        assert message.key_names == ("user_id", "message_id")
+        assert message.payload == bytes(row.payload) == f'{{"n":{message.key[1][1:]}}}'.encode()
+        assert message.deliver_time == row.deliver_time
+        assert message.send_time == row.send_time
+        assert message.attempt == row.attempts == 0 and message.lease_token is None
+    assert before <= sent[0].deliver_time <= timezone.now()
+    assert all(m.deliver_time == later for m in sent[1:])
