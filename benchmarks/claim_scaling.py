@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/claim_scaling.py                      # PostgreSQL and the emulator
     .venv/bin/python benchmarks/claim_scaling.py --backend postgres --depth 5000
     .venv/bin/python benchmarks/claim_scaling.py --backend emulator --depth 300 --batch 1
+    .venv/bin/python benchmarks/claim_scaling.py --backend emulator --claim-window 0   # head
+    .venv/bin/python benchmarks/claim_scaling.py --backend postgres --no-skip-locked
 
 Each backend gets a private server for the run: a PostgreSQL cluster (``tests.postgres_server``:
 ``initdb`` in a temporary directory, ``fsync=off``) or an ``emulator_main`` on a free port
@@ -60,9 +62,16 @@ def _count_dbapi_replays() -> list[int]:
     return replays
 
 
-def claimer(backend: str, batch: int) -> None:
+def claimer(backend: str, batch: int, skip_locked: bool, window: int | None) -> None:
     """One claim process: connect, say READY, wait for GO, drain, print RESULT."""
     _django(backend)
+    from spanner_queues import drivers
+
+    if not skip_locked:  # to compare: claims that wait on each other's rows
+        drivers.Driver.claims_skip_locked = property(lambda self: False)  # type: ignore[assignment]
+    if window is not None:  # 0: every claim reads the head of the DeliverTime index
+        for driver in (drivers.Driver, drivers.SpannerDriver):
+            driver.claim_window = window
     from django.db import transaction
 
     from spanner_queues import api
@@ -104,12 +113,12 @@ def _fill(depth: int) -> None:
         Jobs.send_many([{"payload": {"n": n}} for n in range(start, min(start + 500, depth))])
 
 
-def _drain(backend: str, workers: int, depth: int, batch: int) -> dict[str, Any]:
+def _drain(backend: str, workers: int, depth: int, batch: int, extra: list[str]) -> dict[str, Any]:
     from django.db import connections
 
     _fill(depth)
     connections.close_all()
-    cmd = [sys.executable, __file__, "--claimer", backend, "--batch", str(batch)]
+    cmd = [sys.executable, __file__, "--claimer", backend, "--batch", str(batch), *extra]
     procs = [
         subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         for _ in range(workers)
@@ -162,21 +171,21 @@ def _start(backend: str) -> str:
     return f"Spanner emulator at {host}"
 
 
-def run_backend(backend: str, workers: list[int], depth: int, batch: int) -> str:
+def run_backend(backend: str, workers: list[int], depth: int, batch: int, extra: list[str]) -> str:
     sys.path.insert(0, str(ROOT))
     where = _start(backend)
     _django(backend)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
-    lines = [f"{where}; depth {depth}, batch {batch}, {os.cpu_count()} CPUs"]
+    lines = [f"{where}; depth {depth}, batch {batch}, {os.cpu_count()} CPUs {' '.join(extra)}"]
     lines.append(
         f"{'workers':>7} {'msg/s':>9} {'vs 1':>6} {'aborted txn/msg':>16} "
         f"{'(claim retries':>15} {'+ DB-API replays)':>18} {'empty receives':>15}"
     )
     base = None
     for n in workers:
-        r = _drain(backend, n, depth, batch)
+        r = _drain(backend, n, depth, batch, extra)
         base = base or r["per_second"]
         lines.append(
             f"{n:>7} {r['per_second']:>9.0f} {r['per_second'] / base:>5.2f}x "
@@ -194,11 +203,20 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2,4", help="claimer process counts (1,2,4)")
     parser.add_argument("--depth", type=int, default=None, help="messages per drain")
     parser.add_argument("--batch", type=int, default=1, help="max_messages per receive (1)")
+    parser.add_argument(
+        "--no-skip-locked", action="store_true", help="PostgreSQL claims without SKIP LOCKED"
+    )
+    parser.add_argument(
+        "--claim-window", type=int, default=None, help="override Driver.claim_window (0: head)"
+    )
     parser.add_argument("--claimer", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.claimer:
-        claimer(args.claimer, args.batch)
+        claimer(args.claimer, args.batch, not args.no_skip_locked, args.claim_window)
         return
+    extra = ["--no-skip-locked"] if args.no_skip_locked else []
+    if args.claim_window is not None:
+        extra += ["--claim-window", str(args.claim_window)]
     workers = [int(n) for n in args.workers.split(",")]
     command = " ".join(["python", "benchmarks/claim_scaling.py", *sys.argv[1:]])
     for backend in args.backend or ["postgres", "emulator"]:
@@ -208,9 +226,9 @@ def main() -> None:
             cmd += ["--batch", str(args.batch)]
             if args.depth:
                 cmd += ["--depth", str(args.depth)]
-            subprocess.run(cmd, check=True, cwd=ROOT)
+            subprocess.run([*cmd, *extra], check=True, cwd=ROOT)
             continue
-        print(run_backend(backend, workers, args.depth or DEPTH[backend], args.batch))
+        print(run_backend(backend, workers, args.depth or DEPTH[backend], args.batch, extra))
         print(f"load average {os.getloadavg()[0]:.2f}; reproduce: {command}")
 
 

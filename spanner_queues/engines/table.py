@@ -27,7 +27,7 @@ from django.utils import timezone
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.table_acks import TableAcks
-from spanner_queues.engines.table_sql import RowStatements, row_statements
+from spanner_queues.engines.table_sql import RowStatements, pick_due, row_statements
 from spanner_queues.exceptions import (
     InvalidMessage,
     LeaseLost,
@@ -170,20 +170,29 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         lease = lease or self.params.lease
         manager = rows(model, self.database)
 
-        if not manager.filter(deliver_time__lte=timezone.now()).exists():
-            # Nothing due: answered by a read outside any write transaction, so idle receivers
-            # take no write lock (SQLite) and no read-write transaction (Spanner).
+        driver = driver_for(self.database)
+        due_now = manager.filter(deliver_time__lte=timezone.now())
+        # Nothing due: answered by a read outside any write transaction, so idle receivers
+        # take no write lock (SQLite) and no read-write transaction (Spanner).
+        picked = None
+        if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
+            picked = pick_due(model, due_now, max_messages, driver.claim_window)
+            if picked is None:
+                return []
+        elif not due_now.exists():
             return []
 
         statements = self._statements(model, self.database)
-        skip_locked = driver_for(self.database).claims_skip_locked
+        skip_locked = driver.claims_skip_locked
 
         expired = [0]
 
-        def claim() -> list[Message]:
+        def claim(keys: Q | None) -> list[Message]:
             expired[0] = 0
             now = timezone.now()
             rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
+            if keys is not None:  # read (and lock) only the rows picked
+                rows_due = rows_due.filter(keys)
             if skip_locked:  # rows another claim holds are passed over, not waited for
                 rows_due = rows_due.select_for_update(skip_locked=True)
             due = list(rows_due[:max_messages])
@@ -213,9 +222,10 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
                     )
             return claimed
 
-        claimed = run_in_transaction(
-            claim, using=self.database, retries=self.params.transaction_retries
-        )
+        retries = self.params.transaction_retries
+        claimed = run_in_transaction(lambda: claim(picked), using=self.database, retries=retries)
+        if picked is not None and not claimed:  # all taken meanwhile: from the head, as elsewhere
+            claimed = run_in_transaction(lambda: claim(None), using=self.database, retries=retries)
         if expired[0]:
             with _lease_expirations_lock:
                 _lease_expirations[(self.alias, model._meta.label)] += expired[0]

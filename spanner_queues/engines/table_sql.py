@@ -1,4 +1,5 @@
-"""The table engine's hand-compiled statements: the per-message SQL of the hot path.
+"""The table engine's claim helpers and hand-compiled statements (the per-message SQL of the
+hot path).
 
 Written once per queue and database alias (``row_statements``, for every thread); what they
 save over the equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.py``
@@ -7,14 +8,15 @@ save over the equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.p
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import BinaryField
+from django.db.models import BinaryField, Q, QuerySet
 
-from spanner_queues.keys import key_fields
+from spanner_queues.keys import key_fields, key_filter, key_names
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -148,3 +150,17 @@ def row_statements(model: type[Queue], using: str) -> RowStatements:
     if statements is None:
         statements = _cache.setdefault((model, using), RowStatements(model, using))
     return statements
+
+
+def pick_due(model: type[Queue], due: QuerySet[Any], max_messages: int, window: int) -> Q | None:
+    """The keys of ``max_messages`` rows picked at random among the first
+    ``window * max_messages`` of ``due`` in deliver-time order (None: nothing is due), read
+    outside any read-write transaction. A claim that then reads only these rows locks only
+    them, instead of the head of the DeliverTime index that every claimer reads: N claimers
+    collide only when they pick the same row (about ``(N - 1) / window`` of claims)."""
+    head = due.order_by("deliver_time").values_list(*key_names(model))
+    keys = list(head[: max_messages * window])
+    if not keys:
+        return None
+    chosen = random.sample(keys, min(max_messages, len(keys)))
+    return Q(*[key_filter(model, tuple(k)) for k in chosen], _connector=Q.OR)
