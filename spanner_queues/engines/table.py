@@ -6,7 +6,10 @@ The queue table holds the user's key columns, ``Payload`` and ``DeliverTime`` pl
 for that attempt, so one indexed range scan on ``DeliverTime`` finds every due message, and a
 message whose lease expires without an ack becomes due again after its back-off. A claim is a
 short read-write transaction (SQLite: ``BEGIN IMMEDIATE``; Spanner: serialisable, retried on
-ABORTED) that reads the due rows and updates each with a compare-and-set on its deliver time.
+ABORTED) that reads the due rows and updates each with a compare-and-set on its deliver time;
+on PostgreSQL it passes over rows other claims hold (``SKIP LOCKED``), on Spanner it reads only
+rows picked at random among the first due ones (``Driver.claim_window``). Acks are in
+``table_acks``, the hand-compiled per-message SQL in ``table_sql``.
 """
 
 from __future__ import annotations
@@ -21,13 +24,13 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import IntegrityError
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Q
 from django.utils import timezone
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.table_acks import TableAcks
-from spanner_queues.engines.table_sql import RowStatements, pick_due, row_statements
+from spanner_queues.engines.table_sql import RowStatements, pick_due, queue_stats, row_statements
 from spanner_queues.exceptions import (
     InvalidMessage,
     LeaseLost,
@@ -288,29 +291,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
 
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
-        """One aggregate query: every count comes from the same snapshot, so they always add up
-        (``total = ready + scheduled + leased``) even while messages arrive and leave."""
-        manager = rows(model, self.database)
-        now = timezone.now()
-        leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
-        counted = manager.aggregate(
-            total=Count("deliver_time"),
-            ready=Count("deliver_time", filter=Q(deliver_time__lte=now) & ~leased),
-            leased=Count("deliver_time", filter=leased),
-            oldest=Min("send_time"),
-            max_attempts=Max("attempts"),
-        )
-        total, ready, leased_count = counted["total"], counted["ready"], counted["leased"]
-        return QueueStats(
-            queue=model._meta.label,
-            total=total,
-            ready=ready,
-            leased=leased_count,
-            scheduled=total - ready - leased_count,
-            oldest_send_time=counted["oldest"],
-            max_attempts=counted["max_attempts"],
-            measured_at=now,
-        )
+        return queue_stats(model, rows(model, self.database))
 
     def check(self) -> list[checks.CheckMessage]:
         return driver_for(self.database).check()

@@ -1,5 +1,5 @@
-"""The table engine's claim helpers and hand-compiled statements (the per-message SQL of the
-hot path).
+"""The table engine's SQL: the hand-compiled per-message statements of the hot path, the claim
+window, and the stats aggregate.
 
 Written once per queue and database alias (``row_statements``, for every thread); what they
 save over the equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.py``
@@ -14,8 +14,10 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
-from django.db.models import BinaryField, Q, QuerySet
+from django.db.models import BinaryField, Count, Max, Min, Q, QuerySet
+from django.utils import timezone
 
+from spanner_queues.engines.base import QueueStats
 from spanner_queues.keys import key_fields, key_filter, key_names
 
 if TYPE_CHECKING:
@@ -164,3 +166,28 @@ def pick_due(model: type[Queue], due: QuerySet[Any], max_messages: int, window: 
         return None
     chosen = random.sample(keys, min(max_messages, len(keys)))
     return Q(*[key_filter(model, tuple(k)) for k in chosen], _connector=Q.OR)
+
+
+def queue_stats(model: type[Queue], manager: QuerySet[Any]) -> QueueStats:
+    """One aggregate query: every count comes from the same snapshot, so they always add up
+    (``total = ready + scheduled + leased``) even while messages arrive and leave."""
+    now = timezone.now()
+    leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
+    counted = manager.aggregate(
+        total=Count("deliver_time"),
+        ready=Count("deliver_time", filter=Q(deliver_time__lte=now) & ~leased),
+        leased=Count("deliver_time", filter=leased),
+        oldest=Min("send_time"),
+        max_attempts=Max("attempts"),
+    )
+    total, ready, leased_count = counted["total"], counted["ready"], counted["leased"]
+    return QueueStats(
+        queue=model._meta.label,
+        total=total,
+        ready=ready,
+        leased=leased_count,
+        scheduled=total - ready - leased_count,
+        oldest_send_time=counted["oldest"],
+        max_attempts=counted["max_attempts"],
+        measured_at=now,
+    )
