@@ -102,7 +102,7 @@ LOGGING = {
 def emulator_databases(*, queues: bool, test_prefix: str) -> tuple[str, dict[str, dict]]:
     """(instance, DATABASES) on a private Spanner emulator (``queues``: behind the queue-aware
     front), started here unless ``SPANNER_EMULATOR_HOST`` is set (as in child processes)."""
-    from spanner_queues.testing.emulator import ensure_emulator
+    from spanner_queues.emulator import ensure_emulator  # not .testing: it imports models
 
     instance = os.environ.get("SQ_SPANNER_INSTANCE", "sq-test")
     ensure_emulator(instance, queues=queues)
