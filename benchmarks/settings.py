@@ -3,6 +3,8 @@
 ``SQ_BENCH_DATABASE=sqlite`` (default): a SQLite file (WAL, ``transaction_mode="IMMEDIATE"``)
 at ``SQ_BENCH_SQLITE_PATH``. ``SQ_BENCH_DATABASE=emulator``: a Spanner emulator (started by
 ``benchmarks/core.py`` before Django is set up) and the database ``SQ_BENCH_SPANNER_DATABASE``.
+``SQ_BENCH_DATABASE=postgres``: the PostgreSQL server at ``SQ_PG_HOST``:``SQ_PG_PORT``
+(``benchmarks/claim_scaling.py`` starts a private one).
 """
 
 from __future__ import annotations
@@ -45,8 +47,18 @@ elif BACKEND == "emulator":
         }
     }
     INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]  # must be first
+elif BACKEND == "postgres":  # a server started by the benchmark (tests.postgres_server)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": os.environ.get("SQ_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ["SQ_PG_PORT"],
+            "USER": "postgres",
+            "NAME": "postgres",
+        }
+    }
 else:
-    raise ValueError(f"SQ_BENCH_DATABASE must be sqlite or emulator, not {BACKEND!r}")
+    raise ValueError(f"SQ_BENCH_DATABASE must be sqlite, emulator or postgres, not {BACKEND!r}")
 
 SPANNER_QUEUES = {
     "default": {

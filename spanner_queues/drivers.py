@@ -67,6 +67,13 @@ class Driver:
         not SQLite nor Spanner, which has no FOR UPDATE)."""
         return bool(getattr(self.connection.features, "has_select_for_update_skip_locked", False))
 
+    #: 0: a claim reads the first due rows of the DeliverTime index in its read-write
+    #: transaction. K > 0: it picks its rows at random among the first K x max_messages due
+    #: rows, read outside the transaction, and reads (locks) only those; for databases with
+    #: no ``SKIP LOCKED`` whose read-write transactions lock what they read (Spanner), where
+    #: N claimers of the head would abort each other.
+    claim_window = 0
+
     def check(self) -> list[checks.CheckMessage]:
         return []
 
@@ -179,6 +186,7 @@ class SpannerDriver(Driver):
     vendor = "spanner"
     supports_interleave = True
     replays_aborted_transactions = True
+    claim_window = 8
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -24,6 +25,19 @@ from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 
 T = TypeVar("T")
 logger = logging.getLogger("spanner_queues.transactions")
+
+#: transactions run again after a retryable error (Spanner ABORTED, SQLite "locked",
+#: PostgreSQL serialization failure), per database alias, in this process: benchmarks read it
+#: to count aborted claims per message (``retry_counts()``)
+_retries: dict[str, int] = {}
+_retries_lock = threading.Lock()
+
+
+def retry_counts() -> dict[str, int]:
+    """How many times ``run_in_transaction`` ran a transaction again, per alias, in this
+    process (a copy)."""
+    with _retries_lock:
+        return dict(_retries)
 
 
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
@@ -53,6 +67,8 @@ def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) ->
             if attempt >= retries or not driver.is_retryable(exc):
                 raise
             attempt += 1
+            with _retries_lock:
+                _retries[using] = _retries.get(using, 0) + 1
             delay = min(0.2, 0.002 * (2**attempt)) * (0.5 + random.random())
             logger.debug("transaction retry %d on %s after %r", attempt, using, exc)
             time.sleep(delay)

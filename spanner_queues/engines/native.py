@@ -264,9 +264,7 @@ class NativeQueueEngine(BaseQueueEngine):
         """Ack with ``Ack`` mutations in one batch commit, outside any Django transaction.
         ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing is acked,
         unless ``ignore_not_found``. Returns the commit timestamp."""
-        return messages_on_wire.ack_mutations(
-            self, model, keys, ignore_not_found=ignore_not_found
-        )
+        return messages_on_wire.ack_mutations(self, model, keys, ignore_not_found=ignore_not_found)
 
     def purge(self, model: type[Queue], *, using: str | None = None) -> None:
         """Delete every message of the queue (tests, maintenance)."""
