@@ -27,22 +27,16 @@ from concurrent import futures
 from typing import Any, NoReturn
 
 import grpc
-from google.cloud.spanner_admin_database_v1.types import spanner_database_admin as admin_types
-from google.longrunning import operations_pb2
-from google.protobuf import empty_pb2
 
 from spanner_queues.emulator import backend as b
 from spanner_queues.emulator import queues as q
 from spanner_queues.emulator import schema as s
 from spanner_queues.emulator import statements as st
+from spanner_queues.emulator.ddl_calls import SchemaCalls
 from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
 
 logger = logging.getLogger("spanner_queues.emulator")
 
-UpdateDatabaseDdlRequest = admin_types.UpdateDatabaseDdlRequest.pb()
-CreateDatabaseRequest = admin_types.CreateDatabaseRequest.pb()
-DropDatabaseRequest = admin_types.DropDatabaseRequest.pb()
-Operation = operations_pb2.Operation
 
 #: server-streaming methods of the Spanner API (every other method is unary-unary).
 STREAMING = frozenset(
@@ -88,9 +82,7 @@ class Front:
             options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
         )
         self.backend = b.Backend(self.channel)
-        self._catalogs: dict[str, dict[str, s.QueueSchema]] = {}
-        #: what this front saw declared (CREATE QUEUE text, OPTIONS), by database and queue.
-        self._declared: dict[str, dict[str, s.QueueSchema]] = collections.defaultdict(dict)
+        self.schema = SchemaCalls(self.backend, self.forward)
         self._lock = threading.Lock()
         self._commits = threading.Condition()
         self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -102,27 +94,17 @@ class Front:
         with self._commits:
             self._commits.notify_all()
 
-    # --- catalog -------------------------------------------------------------------------
+    # --- catalog (SchemaCalls) ------------------------------------------------------------
     def catalog(self, database: str) -> dict[str, s.QueueSchema]:
-        with self._lock:
-            known = self._catalogs.get(database)
-        if known is None:
-            known = s.catalog_from_ddl(self.backend.database_ddl(database))
-            with self._lock:
-                self._catalogs[database] = known
-        return known
-
-    def _forget(self, database: str) -> None:
-        with self._lock:
-            self._catalogs.pop(database, None)
+        return self.schema.catalog(database)
 
     # --- routing -------------------------------------------------------------------------
     def handler(self, method: str) -> grpc.RpcMethodHandler:
         own: dict[str, Callable[..., Any]] = {
-            b.ADMIN + "UpdateDatabaseDdl": self.update_ddl,
-            b.ADMIN + "CreateDatabase": self.create_database,
-            b.ADMIN + "GetDatabaseDdl": self.get_ddl,
-            b.ADMIN + "DropDatabase": self.drop_database,
+            b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
+            b.ADMIN + "CreateDatabase": self.schema.create_database,
+            b.ADMIN + "GetDatabaseDdl": self.schema.get_ddl,
+            b.ADMIN + "DropDatabase": self.schema.drop_database,
             b.SPANNER + "ExecuteSql": self.execute_sql,
             b.SPANNER + "ExecuteBatchDml": self.execute_batch_dml,
             b.SPANNER + "Commit": self.commit,
@@ -130,8 +112,9 @@ class Front:
         }
         if method == DESCRIBE:
             return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: json.dumps({"queues": True, "dialects": ["googlesql"]})
-                .encode()
+                lambda request, context: json.dumps(
+                    {"queues": True, "dialects": ["googlesql"]}
+                ).encode()
             )
         if method == b.SPANNER + "ExecuteStreamingSql":
             return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
@@ -220,90 +203,6 @@ class Front:
                 self._abort_with(context, exc)
 
     # --- DDL -----------------------------------------------------------------------------
-    def _translate_ddl(self, database: str, statements: list[str]) -> list[str]:
-        out = []
-        for statement in statements:
-            if not s.is_queue_statement(statement):
-                out.append(statement)
-                continue
-            text = s.strip_comments(statement).lstrip().upper()
-            if text.startswith("CREATE"):
-                queue, table = s.parse_create_queue(statement)
-                self._declared[database][queue.name.upper()] = queue
-                out.append(table)
-            elif text.startswith("DROP"):
-                name, table = s.parse_drop_queue(statement)
-                self._declared[database].pop(name.upper(), None)
-                out.append(table)
-            else:
-                name, table_stmt, options = s.parse_alter_queue(statement)
-                if options is not None:
-                    seen = self._declared[database].get(name.upper())
-                    base = seen or self.catalog(database).get(name.upper())
-                    if base is None:
-                        raise q.QueueRefusal("NOT_FOUND", f"Queue not found: {name}")
-                    self._declared[database][name.upper()] = s.QueueSchema(
-                        base.name,
-                        base.keys,
-                        base.key_types,
-                        base.payload_type,
-                        declared=None,
-                        options=options,
-                    )
-                if table_stmt is not None:
-                    out.append(table_stmt)
-        return out
-
-    def update_ddl(self, request: bytes, context: Any) -> bytes:
-        req = UpdateDatabaseDdlRequest.FromString(request)
-        if not any(s.is_queue_statement(x) for x in req.statements):
-            response = self.forward(b.ADMIN + "UpdateDatabaseDdl", request, context)
-            self._forget(req.database)
-            return response
-        translated = self._translate_ddl(req.database, list(req.statements))
-        self._forget(req.database)
-        if not translated:  # only ALTER QUEUE ... SET OPTIONS: nothing for the emulator
-            done = Operation(
-                name=f"{req.database}/operations/front{int(time.time() * 1e6)}", done=True
-            )
-            done.response.Pack(empty_pb2.Empty())
-            return done.SerializeToString()
-        del req.statements[:]
-        req.statements.extend(translated)
-        try:
-            return self.forward(b.ADMIN + "UpdateDatabaseDdl", req.SerializeToString(), context)
-        finally:
-            self._forget(req.database)
-
-    def create_database(self, request: bytes, context: Any) -> bytes:
-        req = CreateDatabaseRequest.FromString(request)
-        if any(s.is_queue_statement(x) for x in req.extra_statements):
-            name = s.unquote(req.create_statement.split()[-1])
-            database = f"{req.parent}/databases/{name}"
-            translated = self._translate_ddl(database, list(req.extra_statements))
-            del req.extra_statements[:]
-            req.extra_statements.extend(translated)
-            request = req.SerializeToString()
-        return self.forward(b.ADMIN + "CreateDatabase", request, context)
-
-    def get_ddl(self, request: bytes, context: Any) -> bytes:
-        response = b.GetDatabaseDdlResponse.FromString(
-            self.forward(b.ADMIN + "GetDatabaseDdl", request, context)
-        )
-        database = b.GetDatabaseDdlRequest.FromString(request).database
-        shown = list(s.present_ddl(response.statements, self._declared.get(database, {})))
-        del response.statements[:]
-        response.statements.extend(shown)
-        return response.SerializeToString()
-
-    def drop_database(self, request: bytes, context: Any) -> bytes:
-        database = DropDatabaseRequest.FromString(request).database
-        response = self.forward(b.ADMIN + "DropDatabase", request, context)
-        self._forget(database)
-        self._declared.pop(database, None)
-        self.backend.forget(database)
-        return response
-
     # --- transactions --------------------------------------------------------------------
     def begin_transaction(self, request: bytes, context: Any) -> bytes:
         response = self.forward(b.SPANNER + "BeginTransaction", request, context)
