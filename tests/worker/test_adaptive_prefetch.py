@@ -104,3 +104,25 @@ def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units
     worker.held.unit_seconds = 0.2  # slow receivers: one each
     take.adapt(full=True)
     assert take.depth == 1
+
+
+def test_messages_claimed_ahead_are_given_back_unstarted_at_stop(
+    make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "AHEAD_SECONDS", 1e6)  # every receiver is quick
+    go = tmp_path / "go"
+    WorkItems.send_many([{"payload": {}} for _ in range(5)])
+    worker = make_worker(WorkItems, concurrency=1)
+    with running(worker):
+        assert events.wait_for("acked", 5)  # timed and grown: the next claim takes several
+        assert worker.intake.depth > 1
+        WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(8)])
+        assert events.wait_for("started", 6)
+        ahead = events.counts["received"] - 6
+        assert ahead >= 1  # claimed ahead of the one running
+        worker.stop()
+        go.touch()
+    assert events.counts["acked"] == 6
+    assert events.counts["returned"] == ahead and worker.stats.returned == ahead
+    left = list(WorkItems.objects.all())
+    assert len(left) == 7 and all(row.attempts == 0 for row in left)  # no attempt spent
