@@ -55,6 +55,8 @@ TEMPLATES = [
     }
 ]
 STATIC_URL = "/static/"
+# The admin tests create users: the default PBKDF2 hasher spends about a second of CPU on each.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 # Child processes (worker tests) are pointed at the parent's test database by SQ_DATABASE_NAME.
 _db_name = os.environ.get("SQ_DATABASE_NAME", str(VAR / "tests.sqlite3"))

@@ -26,6 +26,7 @@ def test_valid_configuration_has_no_errors() -> None:
     assert [m for m in check_queues() if m.level >= checks.WARNING] == []
 
 
+@pytest.mark.engine_independent
 @pytest.mark.parametrize(
     ("setting", "error"),
     [
@@ -54,6 +55,7 @@ def test_sqlite_without_immediate_is_an_error() -> None:
     assert driver.check() == []
 
 
+@pytest.mark.engine_independent
 def test_parse_engine_defaults_and_shortcuts() -> None:
     params = parse_engine("default", {})
     assert params.engine == TABLE_ENGINE and params.lease == timedelta(seconds=10)
@@ -74,6 +76,7 @@ def test_engine_handler_resets_on_setting_change() -> None:
     assert engines["default"].params.lease == before
 
 
+@pytest.mark.engine_independent
 def test_payload_encoding() -> None:
     assert encode_payload(b"a") == b"a" and encode_payload(bytearray(b"b")) == b"b"
     assert encode_payload("é") == "é".encode()
@@ -84,6 +87,7 @@ def test_payload_encoding() -> None:
         decode_json(b"\xff")
 
 
+@pytest.mark.engine_independent
 def test_payload_encoding_by_payload_type() -> None:
     assert encode_payload("é", payload_type="string") == "é".encode()
     assert encode_payload(b"ok", payload_type="string") == b"ok"
@@ -100,6 +104,7 @@ def test_payload_encoding_by_payload_type() -> None:
         encode_payload(b"", payload_type="xml")
 
 
+@pytest.mark.engine_independent
 def test_payload_type_is_validated_by_a_check() -> None:
     from django.db import models
     from django.test.utils import isolate_apps
@@ -150,6 +155,7 @@ def test_payload_type_is_validated_by_a_check() -> None:
         assert "FloatField" in floaty
 
 
+@pytest.mark.engine_independent
 def test_driver_error_classification() -> None:
     from google.api_core import exceptions as gexc
     from google.cloud.spanner_dbapi.exceptions import RetryAborted
@@ -168,6 +174,7 @@ def test_driver_error_classification() -> None:
     assert not sqlite.is_retryable(OperationalError("no such table"))
 
 
+@pytest.mark.engine_independent
 def test_postgresql_retries_serialization_failures_and_deadlocks_psycopg3_and_psycopg2() -> None:
     """The driver read ``exc.__cause__.sqlstate`` only: psycopg2's ``pgcode`` and errors
     further down the chain were not retried."""
@@ -228,11 +235,13 @@ def test_run_in_transaction_retries_from_a_clean_slate(monkeypatch: pytest.Monke
     assert Account.objects.count() == 1
 
 
+@pytest.mark.engine_independent
 def test_use_tz_false_is_an_error() -> None:
     with override_settings(USE_TZ=False):
         assert "spanner_queues.E009" in _ids(check_queues())
 
 
+@pytest.mark.engine_independent
 def test_unknown_queue_meta_option_lists_the_known_ones() -> None:
     from spanner_queues.checks import _check_queue_model
 
@@ -253,6 +262,7 @@ def test_unknown_queue_meta_option_lists_the_known_ones() -> None:
     assert "dead_letter_queue" in errors[0].hint and "max_attempts" in errors[0].hint
 
 
+@pytest.mark.engine_independent
 def test_misspelt_engine_options_are_errors() -> None:
     setting = {"default": {"ENGINE": "table", "OPTIONS": {"LEASE_SECOND": 5}}}
     with override_settings(SPANNER_QUEUES=setting):
@@ -274,6 +284,7 @@ def test_schema_option_drift_from_migrations_is_a_warning() -> None:
     assert _check_schema_options(Jobs, {}) == []  # not migrated yet: nothing to compare
 
 
+@pytest.mark.engine_independent
 @pytest.mark.parametrize(
     ("policy", "reason"),
     [
@@ -322,6 +333,7 @@ def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str
         assert "row_deletion_policy" in error.msg and reason in error.msg
 
 
+@pytest.mark.engine_independent
 @pytest.mark.parametrize(
     ("source", "target", "ok"),
     [

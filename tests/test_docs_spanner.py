@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from spanner_queues.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
 from spanner_queues.options import RowDeletion
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "howto"
+pytestmark = pytest.mark.engine_independent  # the pages and the SQL the dialects render
 DECL = QueueDeclaration("q", (KeyColumn("k", "IntegerField"),))
 #: Cloud Monitoring's queue metrics (spanner.googleapis.com/queue/...).
 GOOGLE_QUEUE_METRICS = (

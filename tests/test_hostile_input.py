@@ -28,6 +28,7 @@ def _ids(model: Any) -> list[str]:
     return sorted(m.id for m in _check_fields(model))
 
 
+@pytest.mark.engine_independent
 @isolate_apps("tests.testapp")
 @pytest.mark.parametrize("name", ["lease_token", "payload", "deliver_time", "attempts"])
 def test_a_key_field_named_like_a_queue_column_is_an_error(name: str) -> None:
@@ -42,6 +43,7 @@ def test_a_key_field_named_like_a_queue_column_is_an_error(name: str) -> None:
     assert "spanner_queues.E010" in _ids(model)
 
 
+@pytest.mark.engine_independent
 @isolate_apps("tests.testapp")
 @pytest.mark.parametrize("name", ["delay", "using", "send", "replace"])
 def test_a_field_named_like_a_send_argument_or_method_is_an_error(name: str) -> None:
@@ -51,6 +53,7 @@ def test_a_field_named_like_a_send_argument_or_method_is_an_error(name: str) -> 
     assert _ids(model) == ["spanner_queues.E010"]
 
 
+@pytest.mark.engine_independent
 @isolate_apps("tests.testapp")
 def test_queue_columns_redeclared_with_another_type_are_errors() -> None:
     class Retyped(Queue):
@@ -64,11 +67,13 @@ def test_queue_columns_redeclared_with_another_type_are_errors() -> None:
     assert _ids(Retyped) == ["spanner_queues.E011", "spanner_queues.E011"]
 
 
+@pytest.mark.engine_independent
 def test_declared_test_queues_pass() -> None:
     assert _ids(Jobs) == [] and _ids(UserTasks) == []
 
 
 # --- settings -------------------------------------------------------------------------------
+@pytest.mark.engine_independent
 @pytest.mark.parametrize(
     "options",
     [
@@ -144,6 +149,7 @@ def test_receive_refuses_bad_arguments_and_burns_no_attempt(kwargs: dict) -> Non
     assert Jobs.objects.get(id="a").attempts == 0
 
 
+@pytest.mark.engine_independent
 @pytest.mark.parametrize(
     "kwargs", [{"concurrency": 100000}, {"concurrency": 0}, {"prefetch": "2"}, {"lease": 5}]
 )
@@ -152,6 +158,7 @@ def test_worker_refuses_bad_arguments_with_a_queue_error(kwargs: dict) -> None:
         Worker(["workerapp.WorkItems"], install_signal_handlers=False, **kwargs)
 
 
+@pytest.mark.engine_independent
 def test_runqueueworker_concurrency_100000_is_a_clear_error() -> None:
     with pytest.raises(CommandError, match="must be at most 1024"):
         call_command("runqueueworker", "workerapp.WorkItems", "--concurrency", "100000")

@@ -25,6 +25,7 @@ def _state(*labels: str) -> ProjectState:
     return state
 
 
+@pytest.mark.engine_independent
 def test_autodetector_writes_queue_operations() -> None:
     with_queue = _state("testapp.Jobs", "testapp.Account")
     without = _state("testapp.Account")
@@ -35,6 +36,7 @@ def test_autodetector_writes_queue_operations() -> None:
     assert deleted[0].describe() == "Delete queue Jobs"
 
 
+@pytest.mark.engine_independent
 def test_row_deletion_policy_is_a_schema_option_written_into_migrations() -> None:
     from django.db import models
     from django.test.utils import isolate_apps
@@ -55,6 +57,7 @@ def test_row_deletion_policy_is_a_schema_option_written_into_migrations() -> Non
         assert declared_schema_options(Expiring) == {"row_deletion_policy": policy}
 
 
+@pytest.mark.engine_independent
 def test_create_queue_serialises_with_its_options() -> None:
     op = CreateQueue("Q", [], queue_options={"interleave_in_parent": "upload"})
     text, imports = MigrationWriter.serialize(op)

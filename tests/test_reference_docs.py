@@ -8,12 +8,15 @@ import inspect
 import re
 from pathlib import Path
 
+import pytest
+
 from spanner_queues import exceptions, receivers
 from spanner_queues.conf import COMMON_OPTIONS
 from spanner_queues.management.commands.runqueueworker import Command
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference"
+pytestmark = pytest.mark.engine_independent  # the pages and the code, no database
 BACKOFF_KEYS = {
     "INITIAL_SECONDS",
     "MULTIPLIER",

@@ -12,18 +12,10 @@ Nothing under ``spanner_queues`` outside ``testing`` and ``emulator`` imports th
 
 from __future__ import annotations
 
-from spanner_queues.testing.kit import (
-    ClockNotMovable,
-    Drained,
-    MovableClock,
-    Outcome,
-    assert_sent,
-    clock_is_movable,
-    drain,
-    moved_clock,
-    sent,
-)
+from typing import Any
 
+#: the kit's names, imported on first use: settings modules import
+#: ``spanner_queues.testing.emulator`` before Django's apps are loaded, and the kit needs them
 __all__ = [
     "ClockNotMovable",
     "Drained",
@@ -35,3 +27,12 @@ __all__ = [
     "moved_clock",
     "sent",
 ]
+_KIT = frozenset(__all__)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _KIT:
+        from spanner_queues.testing import kit
+
+        return getattr(kit, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
