@@ -26,6 +26,7 @@ throughput, lower for latency).
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import platform
@@ -117,7 +118,10 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
     from spanner_queues.worker import Worker
 
     results: dict[str, Any] = {}
-    variants = [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
+    # the adaptive prefetch (the default) where this version of the worker has it
+    adaptive = inspect.signature(Worker).parameters["prefetch"].default is None
+    variants: list[tuple[int, int | None]] = [(c, None) for c in concurrency if adaptive]
+    variants += [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
     for c, p in variants:
         for start in range(0, n, 500):
             OrderTasks.send_many([{"payload": ""} for _ in range(min(500, n - start))])
@@ -131,7 +135,9 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
         ).run()
         elapsed = time.perf_counter() - t0
         assert stats.processed == n and not OrderTasks.objects.exists(), stats
-        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p > 1 else ")")
+        name = f"spanner_queues (concurrency {c}, " + (
+            "adaptive prefetch)" if p is None else f"prefetch {p})"
+        )
         results[name] = {"msg_per_s": n / elapsed, "n": n}
 
     # Not a per-message ack: a batch receiver acks each batch of up to 100 in one transaction.
@@ -154,6 +160,81 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
     results["django_tasks_db"] = {"msg_per_s": n / elapsed, "n": n}
     clear()
     return results
+
+
+# --- (b') drain by the commands, process start included ---------------------------------
+def _timed_command(args: list[str], workdir: Path, name: str) -> float:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("SQ_BENCH_TRACE", None)
+    with open(workdir / f"{name}.log", "wb") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.run(
+            [sys.executable, "-m", "django", *args], env=env, cwd=ROOT, stdout=out, stderr=out
+        )
+        elapsed = time.perf_counter() - t0
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(args)} exited {proc.returncode}: see {name}.log")
+    return elapsed
+
+
+def bench_commands(n: int, workdir: Path) -> dict[str, Any]:
+    """``runqueueworker --burst`` with no tuning flags (a no-op receiver, then a batch
+    receiver) against ``db_worker --batch --interval 0``, each a child process timed from its
+    start to its exit."""
+    from django.db import connections, transaction
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.workerbench.models import OrderBatches, OrderTasks
+    from benchmarks.workerbench.tasks import noop
+
+    results: dict[str, Any] = {}
+    runs = [
+        ("runqueueworker --burst", OrderTasks, "workerbench.OrderTasks"),
+        ("runqueueworker --burst (batch receiver)", OrderBatches, "workerbench.OrderBatches"),
+    ]
+    for name, model, label in runs:
+        for start in range(0, n, 500):
+            model.send_many([{"payload": ""} for _ in range(min(500, n - start))])
+        connections.close_all()
+        elapsed = _timed_command(["runqueueworker", label, "--burst", "-v0"], workdir, "cmd")
+        left = model.objects.count()
+        assert left == 0, f"{name} left {left} messages"
+        results[name] = {"msg_per_s": n / elapsed, "n": n, "seconds": elapsed}
+
+    with transaction.atomic():
+        for i in range(n):
+            noop.enqueue(str(i))
+    connections.close_all()
+    args = ["db_worker", "--batch", "--interval", "0", "--no-startup-delay", "-v0"]
+    elapsed = _timed_command(args, workdir, "db_worker")
+    done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+    assert done == n, f"db_worker finished {done} of {n}"
+    results["db_worker --batch --interval 0"] = {"msg_per_s": n / elapsed, "n": n}
+    clear()
+    return results
+
+
+def bench_bare_sqlite(n: int, workdir: Path) -> dict[str, Any]:
+    """The floor of a per-message ack: Python's sqlite3, no Django, on a file with the same
+    pragmas, ``BEGIN IMMEDIATE; DELETE one row; COMMIT`` per row."""
+    import sqlite3
+
+    synchronous = os.environ.get("SQ_BENCH_SYNCHRONOUS", "FULL")
+    db = sqlite3.connect(workdir / "bare.sqlite3", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={synchronous}")
+    db.execute("CREATE TABLE bare (id INTEGER PRIMARY KEY, payload TEXT)")
+    db.execute("BEGIN")
+    db.executemany("INSERT INTO bare VALUES (?, '')", ((i,) for i in range(n)))
+    db.execute("COMMIT")
+    t0 = time.perf_counter()
+    for i in range(n):
+        db.execute("BEGIN IMMEDIATE")
+        db.execute("DELETE FROM bare WHERE id = ?", (i,))
+        db.execute("COMMIT")
+    elapsed = time.perf_counter() - t0
+    db.close()
+    return {"txn_per_s": n / elapsed, "n": n}
 
 
 # --- (c) latency -----------------------------------------------------------------------------
@@ -236,6 +317,10 @@ def bench_latency(rate: float, seconds: float, workdir: Path) -> dict[str, Any]:
     return results
 
 
+def goal(label: str, measured: str, target: str, met: bool) -> None:
+    print(f"  {label:<58} {measured:>14}  target {target:<8} {'met' if met else 'NOT MET'}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--enqueue", type=int, default=2000, help="transactions in (a)")
@@ -248,12 +333,25 @@ def main() -> None:
         type=int,
         nargs="*",
         default=[10, 100],
-        help="prefetch variants in (b), at each concurrency (each message still acked alone)",
+        help="fixed prefetch variants in (b), at each concurrency (each message still acked "
+        "alone); the adaptive default and prefetch 1 always run",
     )
     parser.add_argument("--rate", type=float, default=20.0, help="messages per second in (c)")
     parser.add_argument("--seconds", type=float, default=10.0, help="duration of (c)")
+    parser.add_argument(
+        "--synchronous",
+        choices=["FULL", "NORMAL"],
+        default=os.environ.get("SQ_BENCH_SYNCHRONOUS", "NORMAL"),
+        help="PRAGMA synchronous for both (default: NORMAL, as issue 14's goals)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the raw figures")
     args = parser.parse_args()
+    os.environ["SQ_BENCH_SYNCHRONOUS"] = args.synchronous
+    command = (
+        ".venv/bin/python benchmarks/worker_vs_django_tasks_db.py "
+        f"--synchronous {args.synchronous} --enqueue {args.enqueue} --drain {args.drain} "
+        f"--rate {args.rate:g} --seconds {args.seconds:g}"
+    )
 
     with tempfile.TemporaryDirectory(prefix="sq-worker-bench-") as tmp:
         workdir = Path(tmp)
@@ -264,10 +362,12 @@ def main() -> None:
         print(
             f"# worker vs django-tasks-db {getattr(django_tasks_db, '__version__', '0.13')}: "
             f"Python {platform.python_version()}, Django {django.get_version()}, "
-            f"SQLite (WAL, IMMEDIATE), {os.cpu_count()} CPUs, "
-            f"load {os.getloadavg()[0]:.1f}"
+            f"SQLite (WAL, IMMEDIATE, synchronous={args.synchronous}), "
+            f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
         )
         enqueue = bench_enqueue(args.enqueue)
+        bare = bench_bare_sqlite(args.drain, workdir)
+        commands = bench_commands(args.drain, workdir)
         drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
         latency = bench_latency(args.rate, args.seconds, workdir)
         print(f"load after {os.getloadavg()[0]:.1f}")
@@ -282,10 +382,17 @@ def main() -> None:
     ratio = ours["ops_per_s"] / theirs["ops_per_s"]
     print(f"  {'ratio (throughput)':<42} {ratio:.2f}x")
 
-    print(f"\n(b) drain a backlog of {args.drain} with a no-op receiver/task")
-    base = drain["django_tasks_db"]["msg_per_s"]
+    print(f"\n(b) drain a backlog of {args.drain}, the commands, process start included")
+    base = commands["db_worker --batch --interval 0"]["msg_per_s"]
+    for name, r in commands.items():
+        ratio = "" if name.startswith("db_worker") else f"  ratio {r['msg_per_s'] / base:.1f}x"
+        print(f"  {name:<42} {r['msg_per_s']:8.0f} msg/s{ratio}")
+    print(f"  {'bare sqlite3 BEGIN IMMEDIATE/DELETE/COMMIT':<42} {bare['txn_per_s']:8.0f} txn/s")
+
+    print(f"\n(b) drain a backlog of {args.drain} in-process (Worker(burst=True), db_worker)")
+    in_base = drain["django_tasks_db"]["msg_per_s"]
     for name, r in drain.items():
-        ratio = "" if name == "django_tasks_db" else f"  ratio {r['msg_per_s'] / base:.1f}x"
+        ratio = "" if name == "django_tasks_db" else f"  ratio {r['msg_per_s'] / in_base:.1f}x"
         print(f"  {name:<42} {r['msg_per_s']:8.0f} msg/s{ratio}")
 
     print(
@@ -294,14 +401,44 @@ def main() -> None:
     )
     for name, r in latency.items():
         print(f"  {name:<42} p50 {r['p50_ms']:8.1f} ms  p99 {r['p99_ms']:8.1f} ms")
-    ours, theirs = latency["spanner_queues"], latency["django_tasks_db"]
+    lat_ours, lat_theirs = latency["spanner_queues"], latency["django_tasks_db"]
     print(
-        f"  {'ratio (ours / theirs)':<42} p50 {ours['p50_ms'] / theirs['p50_ms']:.3f}  "
-        f"(1/{theirs['p50_ms'] / ours['p50_ms']:.0f})  "
-        f"p99 {ours['p99_ms'] / theirs['p99_ms']:.3f}"
+        f"  {'ratio (ours / theirs)':<42} p50 {lat_ours['p50_ms'] / lat_theirs['p50_ms']:.3f}  "
+        f"(1/{lat_theirs['p50_ms'] / lat_ours['p50_ms']:.0f})  "
+        f"p99 {lat_ours['p99_ms'] / lat_theirs['p99_ms']:.3f}"
     )
+
+    print(f"\nIssue 14's goals (reproduce: {command})")
+    defaults = commands["runqueueworker --burst"]["msg_per_s"]
+    batch = commands["runqueueworker --burst (batch receiver)"]["msg_per_s"]
+    r = defaults / base
+    goal("Defaults: runqueueworker --burst / db_worker", f"{r:.1f}x", ">= 10x", r >= 10)
+    # the drain itself (no process start): Worker(burst=True) at its defaults, concurrency 1
+    per_message = next(v for k, v in drain.items() if "concurrency 1, adaptive" in k)
+    r = per_message["msg_per_s"] / bare["txn_per_s"]
+    goal(
+        f"Per-message ack: Worker defaults / bare loop ({bare['txn_per_s']:.0f}/s)",
+        f"{r:.0%}",
+        ">= 25%",
+        r >= 0.25,
+    )
+    r = batch / base
+    goal("Batch receivers: runqueueworker --burst / db_worker", f"{r:.1f}x", ">= 50x", r >= 50)
+    r = lat_theirs["p50_ms"] / lat_ours["p50_ms"]
+    goal("Latency: commit-to-start p50, db_worker / ours", f"1/{r:.0f}", "<= 1/20", r >= 20)
     if args.json:
-        print(json.dumps({"enqueue": enqueue, "drain": drain, "latency": latency}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "enqueue": enqueue,
+                    "commands": commands,
+                    "bare_sqlite": bare,
+                    "drain": drain,
+                    "latency": latency,
+                },
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -6,15 +6,19 @@ together from parts of one job each: ``intake`` (receive, prefetch, slots), ``ex
 failure, dead-letter, discard), ``leases`` (the renewer thread), ``events`` (listeners and
 counters), ``signals`` (SIGTERM/SIGINT), sharing ``state.Holdings``. Guarantees:
 
-- It never holds more messages than it has free slots (``concurrency`` threads): a receive asks
-  for at most the free slots (a batch queue fills one slot with up to ``batch_size`` messages).
-  With ``prefetch=N`` (opt-in, default 1) it holds up to ``N`` units per thread: one receive
-  claims up to ``concurrency * N`` minus those held, and claims again only when fewer than
-  ``concurrency`` are left waiting. Each message is still processed on its own, in its own
-  transaction with its ack; waiting messages' leases are renewed like running ones; a waiting
-  message whose lease was lost or has expired is not run. On ``stop()`` messages that were
-  prefetched but not started are given back due now without spending an attempt (first
-  delivery: ack and re-send in one transaction) or, if they had failed before, run first.
+- It never holds more messages than it has free slots: ``concurrency`` threads, each holding
+  up to ``prefetch`` units (a batch queue fills one slot with up to ``batch_size`` messages).
+  One receive claims up to ``concurrency * prefetch`` minus those held, and, past one unit per
+  thread, claims again only when fewer than ``concurrency`` are left waiting. By default
+  (``prefetch=None``) the prefetch adapts (``intake``): one unit per free thread until a unit
+  was timed, then, while receives come back full, doubling up to what a thread can start within
+  ``min(0.25 s, lease / 2)`` at the measured average run time (at most 100); slow receivers
+  take one. ``prefetch=N`` fixes it (1: claim only for free threads). Each message is still
+  processed on its own, in its own transaction with its ack; waiting messages' leases are
+  renewed like running ones; a waiting message whose lease was lost or has expired is not run.
+  On ``stop()`` messages that were prefetched but not started are given back due now without
+  spending an attempt (first delivery: ack and re-send in one transaction) or, if they had
+  failed before, run first.
 - An ``atomic`` receiver's writes and the ack of its message commit in one transaction.
 - ``raise Retry(after=...)``: the receiver's writes roll back; the message is acked and sent
   again under the same key, due ``after`` later, in one transaction.
@@ -111,7 +115,7 @@ class Worker:
         queues: Sequence[str | type[Queue]] | None = None,
         *,
         concurrency: int = 1,
-        prefetch: int = 1,
+        prefetch: int | None = None,
         batch_size: int = 10,
         burst: bool = False,
         max_messages: int | None = None,
@@ -126,7 +130,8 @@ class Worker:
         abort: Callable[[], None] = abort_process,
     ) -> None:
         _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
+        if prefetch is not None:
+            _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
         _require_int("batch_size", batch_size, 1, None)
         if max_messages is not None:
             _require_int("max_messages", max_messages, 1, None)

@@ -35,6 +35,9 @@ from spanner_queues.worker.state import Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
 
+#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
+EWMA_WEIGHT = 0.2
+
 
 class Execution:
     """Runs units taken from ``held.units`` (see the module docstring)."""
@@ -48,7 +51,7 @@ class Execution:
         plans: Sequence[Plan],
         registry: ReceiverRegistry,
         concurrency: int,
-        prefetch: int,
+        prefetch: int | None,
         batch_size: int,
     ) -> None:
         self.held = held
@@ -57,7 +60,11 @@ class Execution:
         self.plans = plans
         self.registry = registry
         self.concurrency = concurrency
-        self.prefetch = prefetch
+        #: units may wait for a thread: prefetch > 1, or adaptive (None)
+        self.ahead = prefetch is None or prefetch > 1
+        #: a fixed prefetch > 1 gives back every unit not started at stop (adaptive: those
+        #: claimed ahead of a free thread, ``Delivery.ahead``)
+        self.fixed_prefetch = prefetch is not None and prefetch > 1
         self.batch_size = batch_size
 
     def run(self) -> None:
@@ -67,11 +74,13 @@ class Execution:
                 unit = self.held.units.get()
                 if unit is None:
                     return
-                with self.held.cond:
-                    self.held.waiting -= 1
-                    unstarted = self.held.stopping and self.prefetch > 1
-                    if self.prefetch > 1 and self.held.waiting == self.concurrency - 1:
-                        self.held.cond.notify_all()  # below the low-water mark: claim more
+                held = self.held
+                with held.cond:
+                    held.waiting -= 1
+                    unstarted = held.stopping and (self.fixed_prefetch or unit[0].ahead)
+                    if self.ahead and held.waiting == self.concurrency - 1:
+                        held.cond.notify_all()  # below the low-water mark: claim more
+                started = 0.0
                 try:
                     plan = next(p for p in self.plans if p.model is unit[0].model)
                     if unstarted:
@@ -79,17 +88,24 @@ class Execution:
                         if unit_now:
                             self.run_unit(plan, unit_now)
                     else:
+                        started = time.monotonic()
                         self.run_unit(plan, unit)
                 except Exception:
                     logger.exception("worker error; message(s) left to lease expiry")
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
                     self.crash(unit, exc)
                 finally:
+                    took = time.monotonic() - started if started else None
                     with self.held.cond:
                         for d in unit:
                             d.done = True
                         self.held.deliveries.difference_update(unit)
                         self.held.in_flight -= 1
+                        if took is not None:  # for the adaptive prefetch (intake)
+                            avg = self.held.unit_seconds
+                            self.held.unit_seconds = (
+                                took if avg is None else avg + (took - avg) * EWMA_WEIGHT
+                            )
                         self.held.cond.notify_all()
                         if self.held.stopping and self.held.in_flight == 0:
                             self.held.renew_cond.notify_all()
@@ -233,15 +249,17 @@ class Execution:
         else:
             duration = time.monotonic() - started
             self.events.count("processed", len(deliveries))
+            debug = logger.isEnabledFor(logging.DEBUG)  # no log record built per message else
             for d in deliveries:
-                logger.debug(
-                    "%s attempt %d acked (%s, %.3f s)",
-                    d.message,
-                    d.message.attempt,
-                    spec.name,
-                    duration,
-                    extra=log_extra("acked", d.message),
-                )
+                if debug:
+                    logger.debug(
+                        "%s attempt %d acked (%s, %.3f s)",
+                        d.message,
+                        d.message.attempt,
+                        spec.name,
+                        duration,
+                        extra=log_extra("acked", d.message),
+                    )
                 self.events.emit(
                     "acked", message=d.message, receiver=spec.name, duration=duration
                 )

@@ -1,8 +1,17 @@
 """Intake: what the worker receives and when. The loop claims at most the free slots
-(``concurrency`` threads, each holding up to ``prefetch`` units; a batch queue fills one slot
-with up to ``batch_size`` messages); with ``prefetch > 1`` it claims again only when fewer than
+(``concurrency`` threads, each holding up to ``depth`` units; a batch queue fills one slot
+with up to ``batch_size`` messages); with ``depth > 1`` it claims again only when fewer than
 ``concurrency`` units are left waiting. Received messages whose lease already expired are
-skipped. Between rounds it re-seeds the periodic schedules and emits summaries."""
+skipped. Between rounds it re-seeds the periodic schedules and emits summaries.
+
+``depth`` is ``prefetch`` when given. Adaptive (``prefetch=None``, the default) it starts at 1
+and is recomputed after each receive from the moving average ``d`` of a unit's run time: it
+may hold ``fit = min(AHEAD_SECONDS, lease / 2) / d`` units per thread (at least 1, at most
+``AUTO_PREFETCH_MAX``), so what a thread holds can be started well before its lease ends. It
+doubles (up to ``fit``) only after a receive that came back full (a backlog) once a unit has
+been timed, and drops to ``fit`` at once when receivers slow down: slow receivers (``d``
+above ``AHEAD_SECONDS / 2``) take one message per free thread.
+"""
 
 from __future__ import annotations
 
@@ -27,6 +36,11 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 logger = logging.getLogger("spanner_queues.worker")
+
+#: adaptive prefetch: most seconds of work one thread holds waiting (at the measured average)
+AHEAD_SECONDS = 0.25
+#: adaptive prefetch: most units one thread holds
+AUTO_PREFETCH_MAX = 100
 
 
 def plan_queues(
@@ -73,7 +87,7 @@ class Intake:
         plans: Sequence[Plan],
         registry: ReceiverRegistry,
         concurrency: int,
-        prefetch: int,
+        prefetch: int | None,
         batch_size: int,
         burst: bool,
         max_messages: int | None,
@@ -88,6 +102,8 @@ class Intake:
         self.registry = registry
         self.concurrency = concurrency
         self.prefetch = prefetch
+        #: units each thread may hold now (see the module docstring)
+        self.depth = 1 if prefetch is None else prefetch
         self.batch_size = batch_size
         self.burst = burst
         self.max_messages = max_messages
@@ -95,6 +111,8 @@ class Intake:
         self.poll_interval = poll_interval
         self.reseed_interval = reseed_interval
         self.summary_interval = summary_interval
+        #: the lease the last receive got, in seconds (None: the engine gives none)
+        self.lease_seconds: float | None = None
 
     @property
     def queue_labels(self) -> list[str]:
@@ -116,10 +134,10 @@ class Intake:
             logger.exception("seeding periodic schedules failed", extra={"action": "error"})
 
     def free_slots(self) -> int:
-        return self.concurrency * self.prefetch - self.held.in_flight
+        return self.concurrency * self.depth - self.held.in_flight
 
     def wants_more(self) -> bool:
-        # prefetch=1: a free thread. Otherwise also fewer units waiting than threads, so that
+        # depth 1: a free thread. Otherwise also fewer units waiting than threads, so that
         # a claim takes many messages at once rather than one each time one finishes.
         return self.free_slots() > 0 and self.held.waiting < self.concurrency
 
@@ -151,7 +169,7 @@ class Intake:
                         break
                     if plan.batch:
                         want = plan.batch_size
-                    elif self.prefetch == 1:
+                    elif self.depth == 1:
                         want = min(free, self.batch_size)
                     else:
                         want = free
@@ -159,7 +177,10 @@ class Intake:
                         want = min(want, self.max_messages - self.events.stats.received)
                     if want <= 0:
                         break
-                    got += self.receive(plan, want)
+                    n = self.receive(plan, want)
+                    got += n
+                    if self.prefetch is None:
+                        self.adapt(full=n >= want)
                 errors = 0
             except Exception:
                 errors += 1
@@ -186,6 +207,21 @@ class Intake:
             self.idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
             recycle_connections()
 
+    def adapt(self, *, full: bool) -> None:
+        """Adaptive prefetch: recompute ``depth`` after a receive (module docstring)."""
+        took = self.held.unit_seconds
+        if took is None:
+            return  # nothing timed yet: one per free thread
+        budget = AHEAD_SECONDS if self.lease_seconds is None else min(
+            AHEAD_SECONDS, self.lease_seconds / 2
+        )
+        if took > 0:
+            fit = max(1, min(AUTO_PREFETCH_MAX, int(budget / took)))
+        else:  # too quick for the clock
+            fit = AUTO_PREFETCH_MAX if budget > 0 else 1
+        depth = min(self.depth * 2, fit) if full else min(self.depth, fit)
+        self.depth = depth
+
     def idle_wait(self, seconds: float) -> None:
         with self.held.cond:
             self.held.cond.wait_for(lambda: self.held.stopping, timeout=seconds)
@@ -195,6 +231,8 @@ class Intake:
         if not messages:
             return 0
         now = timezone.now()
+        expires = messages[0].lease_expires_at
+        self.lease_seconds = None if expires is None else (expires - now).total_seconds()
         fresh = [m for m in messages if m.lease_expires_at is None or m.lease_expires_at > now]
         if len(fresh) < len(messages):  # sat too long in a buffer: someone else's now
             logger.warning(
@@ -207,6 +245,10 @@ class Intake:
         ]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         with self.held.cond:
+            # units beyond the threads free now wait: given back if the worker stops first
+            for unit in units[max(0, self.concurrency - self.held.in_flight) :]:
+                for d in unit:
+                    d.ahead = True
             self.events.stats.received += len(messages)
             self.held.deliveries.update(deliveries)
             taken = len([u for u in units if u])

@@ -44,6 +44,9 @@ class Delivery:
     #: ack commits (a rotation in between would make the ack stale, and on Spanner a replayed
     #: ack transaction could then commit without its DELETE)
     acking: bool = False
+    #: claimed ahead of a free thread (prefetch): given back, not run, if the worker stops
+    #: before it starts
+    ahead: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +79,8 @@ class Holdings:
         self.stopping = False
         self.in_flight = 0  # units (slots) taken, running or waiting
         self.waiting = 0  # units received and not yet taken by an executor
+        #: moving average of the seconds one unit takes to run and ack (None: none ran yet)
+        self.unit_seconds: float | None = None
         self.deliveries: set[Delivery] = set()  # held: running or waiting
         self.units: SimpleQueue[Unit | None] = SimpleQueue()
         #: monotonic time of the next re-seed of periodic schedules (0: at the next round)

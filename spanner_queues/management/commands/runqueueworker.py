@@ -107,11 +107,13 @@ class Command(BaseCommand):
         parser.add_argument(
             "--prefetch",
             type=bounded_int(MAX_PREFETCH),
-            default=1,
+            default=None,
             help="Messages each thread may hold: one receive claims up to CONCURRENCY x "
             "PREFETCH minus those held, each then processed and acked in its own "
-            "transaction; unstarted ones are given back at stop. For short receivers and "
-            "backlogs; 1 claims only for free threads (default: %(default)s).",
+            "transaction; unstarted ones are given back at stop. 1 claims only for free "
+            "threads. Default: adaptive (one per free thread; up to 100 while a backlog and "
+            "quick receivers allow, never more than a thread starts within 0.25 s or half "
+            "the lease).",
         )
         parser.add_argument(
             "--batch-size",
@@ -185,7 +187,8 @@ class Command(BaseCommand):
         self._verbosity = verbosity
         self._last: tuple[float, int] = (time.monotonic(), 0)
         lease = options["lease"]
-        listeners: list[Callable[[WorkerEvent], None]] = [self._on_event]
+        # no listener at -v0: the worker then builds no event objects at all
+        listeners: list[Callable[[WorkerEvent], None]] = [self._on_event] if verbosity else []
         sampler = None
         if options["metrics_port"] is not None:
             sampler = self._start_metrics(options, listeners)
@@ -211,7 +214,11 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"runqueueworker {worker.worker_id}: queues {', '.join(worker.queue_labels)}; "
                 f"concurrency {worker.concurrency}"
-                + (f", prefetch {worker.prefetch}" if worker.prefetch > 1 else "")
+                + (
+                    ", prefetch adaptive"
+                    if worker.prefetch is None
+                    else f", prefetch {worker.prefetch}"
+                )
                 + mode
             )
         try:
@@ -261,6 +268,8 @@ class Command(BaseCommand):
             self.stdout.write(self._summary(event.stats))
         elif event.name == "stopping" and self._verbosity >= 1:
             self.stdout.write("stopping: finishing in-flight messages")
+        else:
+            return
         sys.stdout.flush()
 
     def _summary(self, stats: WorkerStats) -> str:

@@ -1,0 +1,129 @@
+"""The adaptive prefetch (``Worker(prefetch=None)``, the default): one message per free thread
+until a unit was timed; a backlog of quick messages is then claimed in growing batches; slow
+receivers take one message per free thread. Tests observe claims and events; no timing
+assertions (the time budget is patched to make receivers "quick" or "slow" for sure)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanner_queues import api
+from spanner_queues.worker import Worker, WorkerEvents, intake
+from tests.worker.conftest import require, running
+from tests.workerapp.models import WorkItems, WorkLog
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MakeWorker = Callable[..., Worker]
+
+
+def _count_receives(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes asked of and returned by ``api.receive``: (max_messages, got)."""
+    sizes: list[Any] = []
+    real = api.receive
+
+    def receive(*args: Any, **kwargs: Any) -> list[Any]:
+        got = real(*args, **kwargs)
+        sizes.append((kwargs.get("max_messages"), len(got)))
+        return got
+
+    monkeypatch.setattr(api, "receive", receive)
+    return sizes
+
+
+def test_adaptive_is_the_default() -> None:
+    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False)
+    assert worker.prefetch is None and worker.intake.depth == 1
+
+
+def test_a_backlog_of_quick_messages_is_claimed_in_batches(
+    make_worker: MakeWorker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "AHEAD_SECONDS", 1e6)  # every receiver is quick: half the lease
+    sizes = _count_receives(monkeypatch)
+    sent = WorkItems.send_many([{"payload": {}} for _ in range(120)])
+    stats = make_worker(WorkItems, burst=True, concurrency=1).run()
+    assert stats.processed == 120 and stats.received == 120 and stats.failed == 0
+    logged = list(WorkLog.objects.values_list("key", flat=True))
+    assert sorted(logged) == sorted(m.key[0] for m in sent)  # each once, in its own txn
+    assert events.counts["acked"] == 120 and events.counts["returned"] == 0
+    got = [n for _, n in sizes if n]
+    assert got[0] == 1  # nothing timed yet: one for the free thread
+    assert max(got) > 2  # then the claims grew
+    assert all(asked is None or asked <= intake.AUTO_PREFETCH_MAX for asked, _ in sizes)
+
+
+def test_slow_receivers_take_one_message_per_free_thread(
+    make_worker: MakeWorker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "AHEAD_SECONDS", 0.0)  # every receiver is slow
+    sizes = _count_receives(monkeypatch)
+    WorkItems.send_many([{"payload": {}} for _ in range(30)])
+    stats = make_worker(WorkItems, burst=True, concurrency=2).run()
+    assert stats.processed == 30
+    assert all(asked <= 2 for asked, _ in sizes)  # never more than the free threads
+
+
+def test_a_slow_receiver_holds_nothing_waiting(
+    make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "AHEAD_SECONDS", 0.0)  # every receiver is slow
+    go = tmp_path / "go"
+    WorkItems.send_many([{"payload": {}} for _ in range(5)])
+    with running(make_worker(WorkItems, concurrency=1)) as worker:
+        assert events.wait_for("acked", 5)  # timed: the receiver is slow
+        WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(6)])
+        assert events.wait_for("started", 6)
+        assert events.counts["received"] == 6  # one running, none claimed ahead
+        assert len(worker.held.deliveries) == 1
+        go.touch()
+        assert events.wait_for("acked", 11)
+    assert not WorkItems.objects.exists()
+
+
+def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units() -> None:
+    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False)
+    take = worker.intake
+    take.lease_seconds = 10.0
+    take.adapt(full=True)
+    assert take.depth == 1  # nothing timed yet
+    worker.held.unit_seconds = 0.001  # quick: 0.25 s holds 250, capped
+    depths = []
+    for _ in range(9):
+        take.adapt(full=True)
+        depths.append(take.depth)
+    assert depths[:4] == [2, 4, 8, 16] and depths[-1] == intake.AUTO_PREFETCH_MAX
+    take.adapt(full=False)  # a short backlog keeps it
+    assert take.depth == intake.AUTO_PREFETCH_MAX
+    take.lease_seconds = 0.02  # a short lease: what is held must start within half of it
+    take.adapt(full=True)
+    assert take.depth == 10
+    worker.held.unit_seconds = 0.2  # slow receivers: one each
+    take.adapt(full=True)
+    assert take.depth == 1
+
+
+def test_messages_claimed_ahead_are_given_back_unstarted_at_stop(
+    make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    require("supports_release")  # as with a fixed prefetch (native: left to their lease)
+    monkeypatch.setattr(intake, "AHEAD_SECONDS", 1e6)  # every receiver is quick
+    go = tmp_path / "go"
+    WorkItems.send_many([{"payload": {}} for _ in range(5)])
+    worker = make_worker(WorkItems, concurrency=1)
+    with running(worker):
+        assert events.wait_for("acked", 5)  # timed and grown: the next claim takes several
+        assert worker.intake.depth > 1
+        WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(8)])
+        assert events.wait_for("started", 6)
+        ahead = events.counts["received"] - 6
+        assert ahead >= 1  # claimed ahead of the one running
+        worker.stop()
+        go.touch()
+    assert events.counts["acked"] == 6
+    assert events.counts["returned"] == ahead and worker.stats.returned == ahead
+    left = list(WorkItems.objects.all())
+    assert len(left) == 7 and all(row.attempts == 0 for row in left)  # no attempt spent
