@@ -107,9 +107,11 @@ def test_burst_drains_then_exits_0(children: Start) -> None:
 def test_sigterm_finishes_in_flight_work_and_exits_0(children: Start, tmp_path: Path) -> None:
     go, trace = tmp_path / "go", tmp_path / "trace"
     WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace)})
-    WorkItems.send(id="b", payload={})
+    # due once "a" is in flight (queues have no order: "b" must not be claimed first)
+    later = WorkItems.send(id="b", payload={}, delay=timedelta(seconds=1))
     child = children("workerapp.WorkItems", "--concurrency", "1", "-v2")
     wait_until(trace.exists, timeout=TIMEOUT)  # "a" is in flight
+    wait_until(lambda: timezone.now() >= later.deliver_time, timeout=TIMEOUT)  # "b" is due
     child.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
     go.touch()
