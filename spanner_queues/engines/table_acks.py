@@ -19,6 +19,10 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 
+class _NotAll(Exception):
+    """One of a batch's DELETEs found no row (rolls its savepoint back)."""
+
+
 class TableAcks:
     """``ack_many`` and ``delete_any`` of ``TableQueueEngine``."""
 
@@ -94,6 +98,10 @@ class TableAcks:
                 f"{model._meta.label}: key(s) {sorted(duplicates)!r} given twice; a message is "
                 "acked at most once."
             )
+        if not driver_for(using).replays_aborted_transactions and self._delete_each(
+            model, keys, tokens, using
+        ):
+            return
         manager = rows(model, using)
         by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
         condition = Q(
@@ -128,6 +136,29 @@ class TableAcks:
 
         with transaction.atomic(using=using):
             delete_all()
+
+    @staticmethod
+    def _delete_each(
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        tokens: Sequence[str | None],
+        using: str,
+    ) -> bool:
+        """The common case, fast: each key's prepared DELETE (with its token) in one savepoint,
+        instead of a set-based DELETE built as an ORM filter of ``len(keys)`` ORs (SQLite: batch
+        receivers drained 2,541 → 6,165 msg/s, ``benchmarks/worker_vs_django_tasks_db.py``). False
+        (and nothing deleted) as soon as one finds no row: the set-based path then names every
+        missing or stale key. Not where the driver replays aborted transactions (Spanner), whose
+        replay checks fetched rows, not counts."""
+        statements = row_statements(model, using)
+        try:
+            with transaction.atomic(using=using):
+                for key, token in zip(keys, tokens, strict=True):
+                    if statements.delete(key, token) != 1:
+                        raise _NotAll
+        except _NotAll:
+            return False
+        return True
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
