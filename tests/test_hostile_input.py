@@ -131,7 +131,7 @@ def test_send_many_of_non_mappings_is_invalid_message() -> None:
     assert not Jobs.objects.exists()
 
 
-@pytest.mark.requires("stores_bookkeeping_fields")  # not yet checked on native: see notes
+@pytest.mark.requires("stores_bookkeeping_fields")  # "burns no attempt" reads the attempts column
 @pytest.mark.parametrize(
     "kwargs",
     [

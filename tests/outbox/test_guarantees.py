@@ -184,7 +184,7 @@ def test_save_through_a_proxy_counts() -> None:
         ProxyAuthor.objects.create(name="autocommit")
 
 
-@pytest.mark.requires("stores_bookkeeping_fields")  # not yet checked on native: see notes
+@pytest.mark.requires("stores_bookkeeping_fields")  # reads the send_time column
 def test_outbox_and_send_encode_payloads_with_one_configurable_encoder(registered: Any) -> None:
     """send() refused {"at": datetime} (PayloadError) while the outbox encoded the same dict
     with DjangoJSONEncoder. Now both use the engine's JSON_ENCODER (DjangoJSONEncoder by

@@ -90,7 +90,7 @@ def test_dead_letter_key_clash_leaves_the_message_and_says_why(
     assert "already holds key" not in caplog.text
 
 
-@pytest.mark.requires("stores_bookkeeping_fields")  # not yet checked on native: see notes
+@pytest.mark.requires("stores_bookkeeping_fields")  # reads the attempts column
 def test_a_receiver_raising_systemexit_stops_the_worker_and_leaves_the_message_leased(
     make_worker: Callable[..., Worker], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -147,7 +147,7 @@ def test_a_replace_during_a_delivery_is_not_lost_to_that_deliverys_ack(
     assert WorkLog.objects.filter(key="k").count() == 2
 
 
-@pytest.mark.requires("stores_bookkeeping_fields")  # not yet checked on native: see notes
+@pytest.mark.requires("stores_bookkeeping_fields")  # reads the lease_token column
 def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
     make_worker: Callable[..., Worker],
 ) -> None:

@@ -174,7 +174,6 @@ def test_dispatch_by_key_column_and_payload_field(make_worker: MakeWorker, tmp_p
     assert not Tasks.objects.exists() and not Events.objects.exists()
 
 
-@pytest.mark.requires("stores_bookkeeping_fields")  # not yet checked on native: see notes
 def test_resend_later_inside_a_receiver_is_not_acked_twice(
     make_worker: MakeWorker, events: WorkerEvents
 ) -> None:
