@@ -404,11 +404,8 @@ def ack_many(
     if not keys:
         return
     engine, db = engine_for(model), _database(model, using)
-    if engine.features.supports_lease_checked_ack:
-        tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
-        engine.ack_many(model, keys, using=db, lease_tokens=tokens)
-    else:
-        engine.ack_many(model, keys, using=db)
+    tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
+    engine.ack_keys(model, keys, tokens, using=db)
     metrics.acked(model, messages, db)  # on commit; nothing while metrics are off
     failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
     if failed_before:  # where failed runs are recorded, the record goes with the ack

@@ -202,10 +202,23 @@ class BaseQueueEngine(ABC):
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
 
     def _ack_held(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
-        keys = [m.key for m in messages]
+        self.ack_keys(
+            model, [m.key for m in messages], [m.lease_token for m in messages], using=using
+        )
+
+    def ack_keys(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        lease_tokens: Sequence[str | None],
+        *,
+        using: str,
+    ) -> None:
+        """``ack_many`` with each key's lease token (None: by key alone) where the engine
+        checks leases (``supports_lease_checked_ack``: a row that no longer holds its token
+        raises ``StaleAck``); by key alone where it does not (native Spanner)."""
         if self.features.supports_lease_checked_ack:
-            tokens = [m.lease_token for m in messages]
-            self.ack_many(model, keys, using=using, lease_tokens=tokens)  # type: ignore[call-arg]
+            self.ack_many(model, keys, using=using, lease_tokens=lease_tokens)  # type: ignore[call-arg]
         else:
             self.ack_many(model, keys, using=using)
 
