@@ -15,36 +15,23 @@ import pytest
 
 from spanner_queues import api
 from spanner_queues.monitoring import QueueDepthSample
+from tests.children import ROOT, TIMEOUT, Child
 from tests.conftest import wait_until
 from tests.workerapp.models import WorkItems, WorkItemsDead, WorkLog
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 180
 LINE = re.compile(r"^(?P<name>[a-z_]+)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$")
 
 
-class Worker:
+class Worker(Child):
     """A ``runqueueworker`` child serving metrics on a port it picks and prints."""
 
     def __init__(self, env: dict[str, str], tmp: Path, *args: str, name: str = "w") -> None:
-        self.out, self.err = tmp / f"{name}.out", tmp / f"{name}.err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "django", "runqueueworker", *args],
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=err,
-                text=True,
-            )
+        super().__init__(env, tmp, *args, name=name)
         wait_until(lambda: "metrics on " in self.output() or self.proc.poll() is not None, TIMEOUT)
         found = re.search(r"metrics on (http://\S+)", self.output())
         assert found, self.output()
         self.url = found.group(1)
-
-    def output(self) -> str:
-        return self.out.read_text() + self.err.read_text()
 
     def scrape(self) -> dict[tuple[str, frozenset], float]:
         with urllib.request.urlopen(self.url, timeout=30) as response:

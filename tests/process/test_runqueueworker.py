@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -23,12 +21,11 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
+from tests.children import TIMEOUT, Child
 from tests.conftest import wait_until
 from tests.workerapp.models import Tasks, WorkItems, WorkItemsDead, WorkLog
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
-ROOT = Path(__file__).resolve().parents[2]
-TIMEOUT = 180
 # The emulator runs one read-write transaction at a time (every claim and ack): fewer there.
 MANY = int(
     os.environ.get("SQ_PROCESS_MESSAGES", 150 if os.environ.get("SPANNER_EMULATOR_HOST") else 500)
@@ -38,38 +35,6 @@ MANY = int(
 STORM = int(
     os.environ.get("SQ_STORM_MESSAGES", 60 if os.environ.get("SPANNER_EMULATOR_HOST") else 200)
 )
-
-
-class Child:
-    """A ``runqueueworker`` child process with its output in files."""
-
-    def __init__(self, env: dict[str, str], tmp: Path, *args: str, name: str = "w") -> None:
-        self.out = tmp / f"{name}.out"
-        self.err = tmp / f"{name}.err"
-        with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "django", "runqueueworker", *args],
-                env=env,
-                cwd=ROOT,
-                stdout=out,
-                stderr=err,
-                text=True,
-            )
-
-    def wait(self) -> int:
-        try:
-            return self.proc.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            raise
-
-    def output(self) -> str:
-        return self.out.read_text() + self.err.read_text()
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 Start = Callable[..., Child]
