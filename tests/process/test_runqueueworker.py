@@ -71,12 +71,13 @@ def test_burst_drains_then_exits_0(children: Start) -> None:
 
 def test_sigterm_finishes_in_flight_work_and_exits_0(children: Start, tmp_path: Path) -> None:
     go, trace = tmp_path / "go", tmp_path / "trace"
-    WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace)})
-    # due once "a" is in flight (queues have no order: "b" must not be claimed first)
-    later = WorkItems.send(id="b", payload={}, delay=timedelta(seconds=1))
+    # "a" sends "b" once unblocked, in its own transaction: "b" is due once the worker is
+    # stopping. (Sent beside "a" it could be received first: queues have no order, and a child
+    # can take longer to start than any delay allows. Sent by the test while "a" runs, it would
+    # wait for SQLite's write lock, which the atomic receiver holds.)
+    WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace), "then_send": "b"})
     child = children("workerapp.WorkItems", "--concurrency", "1", "-v2")
     wait_until(trace.exists, timeout=TIMEOUT)  # "a" is in flight
-    wait_until(lambda: timezone.now() >= later.deliver_time, timeout=TIMEOUT)  # "b" is due
     child.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
     go.touch()

@@ -207,13 +207,12 @@ def test_stop_finishes_in_flight_and_receives_no_more(
     make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path
 ) -> None:
     go = tmp_path / "go"
-    first = WorkItems.send(id="a", payload={"block": str(go)})
-    # due once "a" is in flight (queues have no order: "b" must not be claimed first)
-    later = WorkItems.send(id="b", payload={}, delay=timedelta(seconds=1))
+    # "a" sends "b" once unblocked, in its transaction: due once the worker is stopping (queues
+    # have no order: "b" sent beside "a" could be received first)
+    first = WorkItems.send(id="a", payload={"block": str(go), "then_send": "b"})
     worker = make_worker(WorkItems, concurrency=1)
     with running(worker):
         assert events.wait_for("started")
-        wait_until(lambda: timezone.now() >= later.deliver_time)  # "b" is due
         worker.stop()
         go.touch()
     assert events.messages("acked") and events.messages("acked")[0].key == first.key

@@ -2,6 +2,8 @@
 
 - ``trace``: a file to append ``{"key", "attempt", "pid", "at", "deliver_time"}`` to on start;
 - ``block``: wait until this file exists before going on; ``pause``: sleep this many seconds;
+- ``then_send``: once unblocked, send a ``WorkItems`` message with this id (in the receiver's
+  transaction: due when this one's work commits);
 - ``fail``: raise on every attempt; ``fail_below``: raise while attempt < this;
 - ``retry_after``: raise ``Retry(after=...)`` on the first run of this key (per ``trace``);
 - ``outlive_lease``: keep running until well past the lease the message arrived with;
@@ -71,6 +73,8 @@ def _obey(message: Message, note: str) -> None:
         _trace(spec["trace"], message)
     if "block" in spec:
         _wait_for_file(spec["block"])
+    if "then_send" in spec:
+        WorkItems.send(id=spec["then_send"], payload={})
     if "pause" in spec:
         time.sleep(spec["pause"])
     if "exit" in spec:
