@@ -42,6 +42,10 @@ class Driver:
     #: what was fetched (django_spanner): a DML row count checked in Python is then not
     #: re-checked, so a statement whose outcome matters must be preceded by a read of it.
     replays_aborted_transactions = False
+    #: whether one write lock serves every writer of the database (SQLite): a receiver's
+    #: transaction then holds it while the receiver runs, so nobody renews a lease, nor claims
+    #: a message, meanwhile.
+    single_writer = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -77,12 +81,14 @@ class Driver:
     def check(self) -> list[checks.CheckMessage]:
         return []
 
-    def write_lock(self) -> contextlib.AbstractContextManager[Any]:
+    def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
         """A context held around the outermost read-write transaction spanner_queues opens
-        itself (``run_in_transaction``), never around a caller's ``atomic()`` block. A null
-        context unless the database has a single write lock that threads of one process would
-        otherwise queue on by sleeping."""
-        return contextlib.nullcontext()
+        itself (``run_in_transaction``), never around a caller's ``atomic()`` block; it yields
+        whether the lock is held. A null context (always held) unless the database has a
+        single write lock that threads of one process would otherwise queue on by sleeping.
+        ``timeout``: how long to wait for it (default: the connection's lock timeout, after
+        which the transaction goes on without it, under the database's own locking)."""
+        return contextlib.nullcontext(True)
 
 
 #: one re-entrant lock per SQLite database file (by real path, and by each name it was seen
@@ -92,13 +98,13 @@ _sqlite_write_locks_guard = threading.Lock()
 
 
 @contextlib.contextmanager
-def _acquired(lock: threading.RLock, timeout: float) -> Iterator[None]:
-    # Bounded by the connection's busy timeout: if the lock is not had by then (e.g. a receiver
-    # waits on another thread that needs it), go on without it; SQLite's own locking still
-    # applies, exactly as without this lock.
+def _acquired(lock: threading.RLock, timeout: float) -> Iterator[bool]:
+    # Bounded (by default by the connection's busy timeout): if the lock is not had by then
+    # (e.g. a receiver waits on another thread that needs it), the caller goes on without it;
+    # SQLite's own locking still applies, exactly as without this lock.
     got = lock.acquire(timeout=timeout)
     try:
-        yield
+        yield got
     finally:
         if got:
             lock.release()
@@ -107,12 +113,13 @@ def _acquired(lock: threading.RLock, timeout: float) -> Iterator[None]:
 class SQLiteDriver(Driver):
     vendor = "sqlite"
     no_native_queues_reason = "SQLite has no queues (CREATE QUEUE is Cloud Spanner DDL)."
+    single_writer = True
 
     def is_retryable(self, exc: BaseException) -> bool:
         text = str(exc).lower()
         return "database is locked" in text or "database table is locked" in text
 
-    def write_lock(self) -> contextlib.AbstractContextManager[Any]:
+    def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
         """SQLite has one write lock per database file. Threads of one process that collide
         on it are parked by SQLite's busy handler, which sleeps (1, 2, 5, 10 ms...) and so
         wastes most of the time of short transactions; queuing them on a process-wide
@@ -129,7 +136,8 @@ class SQLiteDriver(Driver):
             with _sqlite_write_locks_guard:
                 lock = _sqlite_write_locks.setdefault(key, threading.RLock())
                 _sqlite_write_locks[name] = lock
-        timeout = float((settings.get("OPTIONS") or {}).get("timeout", 5))
+        if timeout is None:
+            timeout = float((settings.get("OPTIONS") or {}).get("timeout", 5))
         return _acquired(lock, timeout)
 
     def check(self) -> list[checks.CheckMessage]:

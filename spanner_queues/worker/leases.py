@@ -20,6 +20,10 @@ from spanner_queues.worker.state import Delivery, Holdings, renew_at
 
 logger = logging.getLogger("spanner_queues.worker")
 
+#: how long a renewal waits for the database's write lock held elsewhere in this process
+#: before it tries again later (seconds).
+LOCK_WAIT = 0.25
+
 
 class Renewer:
     """Renews the leases of ``held.deliveries`` (see the module docstring)."""
@@ -56,7 +60,15 @@ class Renewer:
         for d in due:
             by_model.setdefault(d.model, []).append(d)
         for model, group in by_model.items():
-            with self.held.lease_lock(model):
+            with self.held.lease_lock(model, wait=LOCK_WAIT) as got:
+                if not got:
+                    # The database's write lock is busy in this process (SQLite: an atomic
+                    # receiver holds it while it runs; nobody can claim its rows meanwhile).
+                    # Try again shortly rather than wait holding anything an ack needs.
+                    later = timezone.now() + timedelta(seconds=LOCK_WAIT)
+                    for d in group:
+                        d.renew_at = later
+                    continue
                 group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
                 if not group:
                     continue

@@ -104,14 +104,28 @@ class Holdings:
             return [d.message for d in deliveries]
 
     @contextlib.contextmanager
-    def lease_lock(self, model: type[Queue]) -> Iterator[None]:
+    def lease_lock(self, model: type[Queue], wait: float | None = None) -> Iterator[bool]:
         """``renew_lock`` for writing leases of ``model`` (renew, release, give back), taken
         after the database's write lock (SQLite: one per file and process), in the order of a
         receiver's transaction, which holds the write lock and then takes ``renew_lock`` to
         ack. The other order deadlocked: the ack waited for ``renew_lock`` while its holder
-        waited for the write lock."""
-        with driver_for(self.cached(model)[0]).write_lock(), self.renew_lock:
-            yield
+        waited for the write lock.
+
+        Yields whether both are held. ``wait`` None: wait as long as the write lock is held
+        elsewhere (an atomic receiver of this process can hold it for as long as it runs; going
+        on without it would wait in the database's lock with ``renew_lock`` held, and stall
+        every ack of the process). A number: give up after that many seconds and yield False,
+        holding neither (the renewer then tries again later)."""
+        driver = driver_for(self.cached(model)[0])
+        while True:
+            with driver.write_lock(timeout=wait) as got:
+                if got:
+                    with self.renew_lock:
+                        yield True
+                    return
+            if wait is not None:
+                yield False
+                return
 
     def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
         """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""

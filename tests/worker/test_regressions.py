@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.registry import engine_for
@@ -192,10 +193,10 @@ def test_a_renewal_waiting_for_the_write_lock_does_not_block_the_ack_holding_it(
     write_lock = driver.write_lock
     renewer_waits: list[str] = []
 
-    def recorded(self: Any) -> Any:
+    def recorded(self: Any, timeout: float | None = None) -> Any:
         if threading.current_thread().name == "sq-renewer":
             renewer_waits.append("write_lock")
-        return write_lock(self)
+        return write_lock(self, timeout)
 
     monkeypatch.setattr(driver, "write_lock", recorded)
     with running(make_worker(WorkItems, lease=timedelta(seconds=2))):
@@ -206,4 +207,31 @@ def test_a_renewal_waiting_for_the_write_lock_does_not_block_the_ack_holding_it(
         # Well inside the lock timeouts (tests.settings: 20 s) that alone ended the deadlock.
         assert events.wait_for("acked", timeout=15)
     assert list(WorkLog.objects.values_list("key", flat=True)) == ["held"]
+    assert not WorkItems.objects.exists()
+
+
+@pytest.mark.requires("stores_bookkeeping_fields")  # renewal through a table transaction
+def test_an_atomic_receiver_that_outlives_the_write_lock_timeout_keeps_its_work(
+    make_worker: Callable[..., Worker],
+    events: WorkerEvents,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On SQLite an atomic receiver holds the database's write lock until its ack commits, so
+    no renewal can be written meanwhile (and nobody can claim its message either). The renewer
+    waited for the write lock for the connection's lock timeout, then went on without it and
+    waited in SQLite's busy handler, on every transaction retry, while holding the renewal
+    lock that the finished receiver needed to ack: the ack (and every other ack of the
+    process) waited for all those retries, about 25 s here, and the renewal failed with
+    "database is locked". Here the lock timeout is 0.5 s and the receiver runs for 2.5 s: the
+    renewer must wait its turn instead, and no renewal fails."""
+    require("supports_lease_renewal")
+    options = connections.settings[engine_for(WorkItems).database].get("OPTIONS", {})
+    if "timeout" in options:  # SQLite's busy timeout: also the wait for the write lock
+        monkeypatch.setitem(options, "timeout", 0.5)
+    WorkItems.send(id="long", payload={"pause": 2.5})
+    with running(make_worker(WorkItems, lease=timedelta(seconds=0.4), max_messages=1)):
+        assert events.wait_for("acked", timeout=30) or events.wait_for("lease_lost", timeout=1)
+    assert events.counts["acked"] == 1 and events.counts["lease_lost"] == 0
+    assert events.counts["renewal_failed"] == 0
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [("long", 1)]
     assert not WorkItems.objects.exists()
