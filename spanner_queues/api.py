@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues import metrics
+from spanner_queues import clock, metrics
 from spanner_queues.exceptions import (
     InvalidArgument,
     InvalidMessage,
@@ -66,7 +66,7 @@ def _deliver_time(deliver_time: datetime | None, delay: timedelta | None) -> dat
         if not isinstance(delay, timedelta):
             raise InvalidMessage(f"delay must be a timedelta, not {type(delay).__name__}.")
         try:
-            deliver_time = timezone.now() + delay
+            deliver_time = clock.now() + delay
         except OverflowError:
             raise InvalidMessage(f"delay {delay} is out of range.") from None
     elif deliver_time is not None:

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
-from django.utils import timezone
+
+from spanner_queues import clock
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
@@ -75,12 +76,12 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
     if row is None:
         row = manager.create(
             queue=message.queue, message_key=text, failures=1, last_error=detail,
-            updated_at=timezone.now(),
+            updated_at=clock.now(),
         )
     else:
         row.failures += 1
         row.last_error = detail
-        row.updated_at = timezone.now()
+        row.updated_at = clock.now()
         row.save(using=using, update_fields=["failures", "last_error", "updated_at"])
     return row.failures
 

@@ -12,8 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.utils import timezone
-
+from spanner_queues import clock
 from spanner_queues.adminsite.models import QueueDepthSample, Queues
 from spanner_queues.registry import engine_for, queue_models
 
@@ -47,7 +46,7 @@ def record_depth_samples(
     measured (by the overview) are used instead of asking the engine again. Samples older than
     ``SAMPLE_RETENTION`` are deleted.
     """
-    now = timezone.now()
+    now = clock.now()
     known = {s.queue: s for s in stats}
     samples = []
     for model in queue_models() if queues is None else queues:

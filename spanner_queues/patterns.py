@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
 from spanner_queues.message import Message
 from spanner_queues.models import rows
@@ -148,7 +148,7 @@ def window_deliver_time(
     over the window instead of all arriving on the boundary."""
     if window <= timedelta(0):
         raise InvalidArgument("window must be positive.")
-    now = now or timezone.now()
+    now = now or clock.now()
     step = window.total_seconds()
     epoch = datetime(1970, 1, 1, tzinfo=now.tzinfo or timezone.get_current_timezone())
     elapsed = (now - epoch).total_seconds()
@@ -179,7 +179,7 @@ def schedules(registry: ReceiverRegistry | None = None) -> list[Schedule]:
 def next_run(message: Message, every: timedelta, *, now: datetime | None = None) -> datetime:
     """The next due time after ``message``'s: its deliver time plus ``every``, skipping runs
     missed while no worker was up (so a schedule never fires twice to catch up)."""
-    now = now or timezone.now()
+    now = now or clock.now()
     due = (message.deliver_time or now) + every
     if due <= now:
         missed = (now - due) // every + 1

@@ -197,6 +197,7 @@ LOWER = (
     "spanner_queues.exceptions",
     "spanner_queues.semantics",
     "spanner_queues.failures",
+    "spanner_queues.clock",
 )
 UPPER = (
     "spanner_queues.models",
@@ -231,3 +232,9 @@ def test_engines_and_below_do_not_import_the_verbs_or_above() -> None:
         if _within(target, UPPER)
     )
     assert not offenders, "lower layers reaching up:\n" + "\n".join(offenders)
+
+
+def test_the_clock_is_the_bottom_layer() -> None:
+    """``clock`` is read by every layer (the worker's threads included): it imports nothing of
+    the package, so any module may import it without a cycle."""
+    assert import_graph()["spanner_queues.clock"] == set()

@@ -3,12 +3,18 @@ the documentation's example for one helper."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import importlib.util
+import sys
+import threading
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import transaction
 from django.test import TestCase
+from django.utils import timezone
 
+from spanner_queues import clock as spanner_clock
+from spanner_queues import patterns
 from spanner_queues.testing import (
     ClockNotMovable,
     assert_sent,
@@ -80,6 +86,72 @@ def test_the_queue_clock_fixture_moves_leases_too(queue_clock):
     assert outcome.outcome == "acked" and outcome.message.attempt == first.attempt + 1
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_started_inside_the_block_follows_the_clock():
+    if not clock_is_movable(Notifications):
+        pytest.skip("native queues take time from Spanner")
+    from spanner_queues.worker import Worker
+
+    with moved_clock() as clock:
+        Notifications.send(id="tomorrow", payload={"num": 8}, delay=timedelta(days=1))
+        clock.advance(timedelta(days=1))
+        worker = Worker(["tasksapp.Notifications"], burst=True, install_signal_handlers=False)
+        ran = []
+        thread = threading.Thread(target=lambda: ran.append(worker.run()))
+        thread.start()
+        thread.join(120)
+    assert ran and ran[0].processed == 1
+    assert Thing.objects.filter(num=8, note="notified").exists()
+
+
+@pytest.mark.engine_independent
+def test_code_loaded_or_run_anywhere_inside_the_block_reads_the_moved_time():
+    """Read in a thread started in the block, by ``now`` imported by name, and by a module of
+    the package loaded for the first time inside the block (a fresh copy of ``patterns``)."""
+    if not clock_is_movable():
+        pytest.skip("native queues take time from Spanner")
+    name = "spanner_queues._patterns_loaded_late"
+    read: dict[str, datetime] = {}
+
+    def in_a_thread() -> None:
+        from spanner_queues.clock import now
+
+        spec = importlib.util.spec_from_file_location(name, patterns.__file__)
+        late = importlib.util.module_from_spec(spec)
+        sys.modules[name] = late
+        try:
+            spec.loader.exec_module(late)
+            read["window"] = late.window_deliver_time(timedelta(days=1))
+        finally:
+            del sys.modules[name]
+        read["now"] = now()
+
+    with moved_clock() as clock:
+        clock.advance(timedelta(days=2))
+        thread = threading.Thread(target=in_a_thread)
+        thread.start()
+        thread.join(60)
+    real = timezone.now()
+    assert read["window"] > real + timedelta(days=1)  # real time would give at most a day
+    assert read["now"] > real + timedelta(days=1)
+
+
+@pytest.mark.engine_independent
+def test_moved_clocks_nest():
+    if not clock_is_movable():
+        pytest.skip("native queues take time from Spanner")
+    with moved_clock() as outer:
+        outer.advance(timedelta(days=10))
+        with moved_clock() as inner:
+            inner.advance(timedelta(days=10))
+            assert spanner_clock.now() > timezone.now() + timedelta(days=19)
+            outer.advance(timedelta(days=10))  # moves the inner clock too
+            assert spanner_clock.now() > timezone.now() + timedelta(days=29)
+        assert timezone.now() + timedelta(days=19) < spanner_clock.now()
+        assert spanner_clock.now() < timezone.now() + timedelta(days=21)
+    assert spanner_clock.installed() is None
+
+
 @pytest.mark.django_db
 @pytest.mark.requires("supports_native_queues")
 def test_the_clock_cannot_move_native_queues():
@@ -100,6 +172,15 @@ class SignupTests(TestCase):
         self.assertEqual(outcome.outcome, "acked")
         self.assertTrue(Thing.objects.filter(num=4, note="notified").exists())
         self.assertEqual(sent(Notifications), [])
+
+    def test_the_clock_moves_inside_the_test_transaction(self):
+        with moved_clock() as clock:
+            Notifications.send(id="tc-later", payload={"num": 9}, delay=timedelta(hours=2))
+            self.assertEqual(drain(Notifications), [])
+            clock.advance(timedelta(hours=2))
+            [outcome] = drain(Notifications)
+        self.assertEqual(outcome.outcome, "acked")
+        self.assertTrue(Thing.objects.filter(num=9, note="notified").exists())
 
 
 # --- tasks (docs/howto/tasks.md) -----------------------------------------------------------------

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.utils import timezone
-
+from spanner_queues import clock
 from spanner_queues.adminsite.models import QueueDepthSample
 
 if TYPE_CHECKING:
@@ -47,7 +46,7 @@ class DepthChart:
 def recent_samples(queue: str, live: QueueStats | None = None) -> list[QueueDepthSample]:
     """The queue's samples within ``CHART_WINDOW``, oldest first, thinned to ``MAX_POINTS``,
     ending with ``live`` counts (not stored) so that the chart ends at what the page shows."""
-    now = live.measured_at if live else timezone.now()
+    now = live.measured_at if live else clock.now()
     samples = list(
         QueueDepthSample.objects.filter(queue=queue, measured_at__gte=now - CHART_WINDOW).order_by(
             "measured_at"

@@ -28,6 +28,7 @@ from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.adminsite.actions import (
     ACTIONS,
     VIEW_PERMISSION,
@@ -260,7 +261,7 @@ class QueuesAdmin(admin.ModelAdmin):
             request,
             "Queues",
             rows=rows,
-            now=timezone.now(),
+            now=clock.now(),
         )
         return TemplateResponse(request, "spanner_queues/admin/overview.html", context)
 
@@ -270,7 +271,7 @@ class QueuesAdmin(admin.ModelAdmin):
         model = self._queue(queue)
         engine = engine_for(model)
         bookkeeping = has_bookkeeping(engine)
-        now = timezone.now()
+        now = clock.now()
         state = request.GET.get("state", "")
         state = state if state in STATES else ""
         term = request.GET.get("q", "").strip()
@@ -344,7 +345,7 @@ class QueuesAdmin(admin.ModelAdmin):
             request,
             str(message),
             **self._queue_context(model),
-            row=self._row(model, message, timezone.now()),
+            row=self._row(model, message, clock.now()),
             key_items=list(message.key_dict.items()),
             payload=render_payload(message.payload),
             actions=actions_for(model, request.user),
@@ -382,7 +383,7 @@ class QueuesAdmin(admin.ModelAdmin):
         form = RescheduleForm(request.POST if confirmed else None, initial=_initial_time())
         if confirmed and (form.is_valid() or not action.needs_time):
             return self._perform(request, model, action, keys, found, form)
-        now = timezone.now()
+        now = clock.now()
         context = self._context(
             request,
             "Are you sure?",
@@ -446,4 +447,5 @@ def _try_stats(model: type[Queue]) -> QueueStats | None:
 
 
 def _initial_time() -> dict[str, datetime]:
-    return {"deliver_time": timezone.localtime().replace(microsecond=0) + timedelta(hours=1)}
+    now = timezone.localtime(clock.now())
+    return {"deliver_time": now.replace(microsecond=0) + timedelta(hours=1)}

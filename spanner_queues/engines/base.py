@@ -11,8 +11,8 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from django.core import checks
-from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
 from spanner_queues.exceptions import InvalidMessage, InvalidQueueEngine, NotSupportedByEngine
 from spanner_queues.message import LATEST_DELIVER_TIME, OutgoingMessage
@@ -268,7 +268,7 @@ class BaseQueueEngine(ABC):
     def backoff(self, message: Message) -> timedelta:
         """How long a message waits before its next delivery after ``message.attempt`` failed
         (``SPANNER_QUEUES[alias]["OPTIONS"]["BACKOFF"]``; hourly once it is old)."""
-        age = timezone.now() - (message.send_time or timezone.now())
+        age = clock.now() - (message.send_time or clock.now())
         return self.params.backoff.delay(max(message.attempt, 1), age)
 
     def exhausted(self, model: type[Queue], message: Message) -> bool:
@@ -304,7 +304,7 @@ class BaseQueueEngine(ABC):
         the lease is no longer held."""
         if not self.features.supports_release:
             return False
-        due = deliver_time or timezone.now() + self.backoff(message)
+        due = deliver_time or clock.now() + self.backoff(message)
         self.release(model, message, deliver_time=due)
         return True
 
@@ -320,7 +320,7 @@ class BaseQueueEngine(ABC):
           ``"kept"`` (left to its lease expiry) where the engine cannot release.
         """
         if not self.features.supports_attempt_count:
-            given = self.give_back(model, message, deliver_time=timezone.now())
+            given = self.give_back(model, message, deliver_time=clock.now())
             return "returned" if given else "kept"
         if message.attempt > 1:
             return "run"
@@ -343,7 +343,7 @@ class BaseQueueEngine(ABC):
         """``raise Retry(after=...)``: ``requeue`` each message under its key with its
         payload, due ``after`` from now (default: after its back-off), in the caller's
         transaction."""
-        now = timezone.now()
+        now = clock.now()
         again = []
         for m in messages:
             due = now + (after if after is not None else self.backoff(m))

@@ -25,9 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.core import checks
 from django.db import connections
-from django.utils import timezone
 
-from spanner_queues import failures
+from spanner_queues import clock, failures
 from spanner_queues.conf import EngineParams
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
@@ -284,7 +283,7 @@ class NativeQueueEngine(BaseQueueEngine):
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight
         messages count as ``ready`` and ``leased`` is always 0."""
-        now = timezone.now()
+        now = clock.now()
         with self.spanner().snapshot() as snapshot:
             [(total, due, oldest)] = list(
                 snapshot.execute_sql(self.dialect.stats(self.declaration(model)))

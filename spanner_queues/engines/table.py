@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 from django.core import checks
 from django.db import IntegrityError
 from django.db.models import Q
-from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.table_acks import TableAcks
@@ -115,7 +115,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
     def send_many(
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
-        now = timezone.now()
+        now = clock.now()
         parent_field = queue_options(model).interleave_in_parent
         if parent_field and not driver_for(using).supports_interleave:
             self._check_parents(model, parent_field, messages, using)
@@ -189,7 +189,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         manager = rows(model, self.database)
 
         driver = driver_for(self.database)
-        due_now = manager.filter(deliver_time__lte=timezone.now())
+        due_now = manager.filter(deliver_time__lte=clock.now())
         # Nothing due: answered by a read outside any write transaction, so idle receivers
         # take no write lock (SQLite) and no read-write transaction (Spanner).
         picked = None
@@ -207,7 +207,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
 
         def claim(keys: Q | None) -> list[Message]:
             expired[0] = 0
-            now = timezone.now()
+            now = clock.now()
             rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
             if keys is not None:  # read (and lock) only the rows picked
                 rows_due = rows_due.filter(keys)
@@ -258,7 +258,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         lease = self.params.lease
 
         def renew() -> list[Message]:
-            now = timezone.now()
+            now = clock.now()
             renewed = []
             for msg in messages:
                 if msg.lease_token is None:
@@ -289,7 +289,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         manager = rows(model, self.database)
 
         def release() -> None:
-            now = timezone.now()
+            now = clock.now()
             n = manager.filter(
                 key_filter(model, message.key),
                 lease_token=message.lease_token,

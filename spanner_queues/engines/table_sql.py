@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
-from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.engines.base import QueueStats
 from spanner_queues.keys import key_fields, key_filter, key_names
 from spanner_queues.message import Message, OutgoingMessage
@@ -240,7 +240,7 @@ def pick_due(model: type[Queue], due: QuerySet[Any], max_messages: int, window: 
 def queue_stats(model: type[Queue], manager: QuerySet[Any]) -> QueueStats:
     """One aggregate query: every count comes from the same snapshot, so they always add up
     (``total = ready + scheduled + leased``) even while messages arrive and leave."""
-    now = timezone.now()
+    now = clock.now()
     leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
     counted = manager.aggregate(
         total=Count("deliver_time"),

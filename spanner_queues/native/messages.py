@@ -8,8 +8,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
-from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import InvalidMessage, MessageAlreadyAcked, MessageAlreadyExists
 from spanner_queues.keys import key_fields, key_names
@@ -52,7 +52,7 @@ def insert(
     """``INSERT`` the messages in one transaction (the caller's, when there is one)."""
     decl = engine.declaration(model)
     names = key_names(model)
-    now = timezone.now()
+    now = clock.now()
     # A deliver time that is missing or already past means "now": DeliverTime is omitted
     # and Spanner delivers at once (it replaces past times "with a value closer to now").
     later = [m for m in messages if m.deliver_time is not None and m.deliver_time > now]

@@ -24,8 +24,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.utils import timezone
-
+from spanner_queues import clock
 from spanner_queues.exceptions import (
     NotSupportedByEngine,
     QueueConfigurationError,
@@ -243,7 +242,7 @@ class Receiver:
 
     # --- consumers -----------------------------------------------------------------------
     def _drop_expired(self) -> None:
-        limit = timezone.now() + self._margin
+        limit = clock.now() + self._margin
         kept = [d for d in self._buffer if d.lease_expires_at > limit]
         self.lease_expiration_count += len(self._buffer) - len(kept)
         self._buffer = collections.deque(kept)
@@ -256,7 +255,7 @@ class Receiver:
     # --- renewal of held rows --------------------------------------------------------------
     def held_tokens_due(self) -> list[str]:
         """Tokens of held rows whose lease ends within ``renew_within``."""
-        limit = timezone.now() + self._renew_within
+        limit = clock.now() + self._renew_within
         with self._cond:
             return [d.lease_token for d in self._buffer if d.lease_expires_at <= limit]
 

@@ -37,7 +37,6 @@ from typing import Any, TypeVar
 from django.apps import apps
 from django.core import checks
 from django.db import transaction
-from django.utils import timezone
 from django_tasks import TaskResult, TaskResultStatus
 from django_tasks.backends.base import BaseTaskBackend
 from django_tasks.base import Task, TaskError
@@ -46,7 +45,7 @@ from django_tasks.signals import task_enqueued
 from django_tasks.utils import get_random_id
 from typing_extensions import ParamSpec
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.tasks.models import FINISHED, READY, TaskResultRecord, dumps
@@ -125,7 +124,7 @@ class QueueBackend(BaseTaskBackend):
         self.validate_task(task)
         model = self.queue_model(task.queue_name)
         db = engine_for(model).database
-        now = timezone.now()
+        now = clock.now()
         result: TaskResult[T] = TaskResult(
             task=task,
             id=get_random_id(),
@@ -186,7 +185,7 @@ class QueueBackend(BaseTaskBackend):
         """Delete finished results older than ``RESULT_RETENTION_SECONDS``; return how many."""
         if self.result_retention is None:
             return 0
-        cutoff = (now or timezone.now()) - self.result_retention
+        cutoff = (now or clock.now()) - self.result_retention
         deleted = 0
         for db in self.databases():
             deleted += TaskResultRecord.objects.using(db).filter(

@@ -28,10 +28,9 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
-from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.drivers import driver_for
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
@@ -125,7 +124,7 @@ def run_task(message: Message) -> None:
             return None
         if record.status in FINISHED:
             return record
-        now = timezone.now()
+        now = clock.now()
         record.status = RUNNING
         record.worker_ids_json = dumps([*record.worker_ids, WORKER_ID])
         record.attempts = message.attempt
@@ -199,7 +198,7 @@ def run_task(message: Message) -> None:
 
 def _finish(record: TaskResultRecord, db: str, status: str, **fields: Any) -> None:
     record.status = status
-    record.finished_at = timezone.now()
+    record.finished_at = clock.now()
     for name, value in fields.items():
         setattr(record, name, value)
     record.save(using=db, update_fields=["status", "finished_at", *fields])

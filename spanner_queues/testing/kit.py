@@ -8,16 +8,16 @@
   ``Retry`` and failures; returns each message's outcome (``acked``, ``retried``, ``failed``).
   A failure is released with the engine's back-off (recorded in the failure ledger where the
   engine keeps one); dead-lettering after ``max_attempts`` is the worker's and is not done here.
-- ``moved_clock()``: a clock for spanner_queues that you move forward (``advance``): deliver
-  times, leases and back-off are decided by it. Only engines that read time from Python can
-  follow it (the table engine, on any database): ``clock_is_movable(queue)`` says whether
-  this one can; native Spanner queues use Spanner's commit timestamps, and ``moved_clock``
-  raises ``ClockNotMovable`` there.
+- ``moved_clock()``: a clock you move forward (``advance``), installed in
+  ``spanner_queues.clock`` for the block (every thread): deliver times, leases and back-off are
+  decided by it. Only engines that read time from Python can follow it (the table engine, on
+  any database): ``clock_is_movable(queue)`` says whether this one can; native Spanner queues
+  use Spanner's commit timestamps, and ``moved_clock`` raises ``ClockNotMovable`` there.
 """
 
 from __future__ import annotations
 
-import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError, Retry
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
@@ -215,7 +215,7 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
         finally:
             set_pending(None)
     except Retry as exc:
-        due = timezone.now() + (exc.after if exc.after is not None else _backoff(message, engine))
+        due = clock.now() + (exc.after if exc.after is not None else _backoff(message, engine))
 
         def move() -> None:
             api.ack(message, using=db)
@@ -231,13 +231,13 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
             retries=retries,
         )
         if engine.features.supports_release:
-            api.release(message, deliver_time=timezone.now() + _backoff(message, engine))
+            api.release(message, deliver_time=clock.now() + _backoff(message, engine))
         return Outcome(message, FAILED, spec.name if spec else None, error)
     return Outcome(message, ACKED, spec.name)
 
 
 def _backoff(message: Message, engine: Any) -> timedelta:
-    now = timezone.now()
+    now = clock.now()
     return engine.params.backoff.delay(max(message.attempt, 1), now - (message.send_time or now))
 
 
@@ -255,78 +255,45 @@ def clock_is_movable(queue: str | type[Queue] | None = None) -> bool:
 
 
 class MovableClock:
-    """The time spanner_queues reads while ``moved_clock`` is active: real time plus
-    ``offset``, which only grows."""
+    """The time spanner_queues reads while ``moved_clock`` is active: the clock below it (real
+    time, or an enclosing ``moved_clock``) plus ``offset``, which only grows. ``now()`` is safe
+    to call from any thread."""
 
-    def __init__(self) -> None:
+    def __init__(self, below: clock.Source | None = None) -> None:
         self.offset = timedelta(0)
+        self._below = below
+        self._lock = threading.Lock()
 
     def now(self) -> datetime:
-        return _real_now() + self.offset
+        below = self._below
+        return (below() if below is not None else timezone.now()) + self.offset
 
     def advance(self, delta: timedelta) -> datetime:
         """Move the clock forward by ``delta``; return the new now."""
         if delta < timedelta(0):
             raise ValueError("the clock only moves forward")
-        self.offset += delta
+        with self._lock:
+            self.offset += delta
         return self.now()
-
-
-_real_now = timezone.now
-
-
-class _Timezone:
-    """``django.utils.timezone`` with the movable clock's ``now``."""
-
-    def __init__(self, clock: MovableClock) -> None:
-        self._clock = clock
-
-    def now(self) -> datetime:
-        return self._clock.now()
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(sys.modules["django.utils.timezone"], name)
-
-
-def _import_time_readers() -> None:
-    """Import what reads the time lazily (the engines, the worker) so that it is patched."""
-    import importlib
-    import pkgutil
-
-    from django.conf import settings
-
-    from spanner_queues.engines import engines
-
-    for alias in getattr(settings, "SPANNER_QUEUES", None) or {"default": {}}:
-        engines[alias]
-    worker = importlib.import_module("spanner_queues.worker")
-    for info in pkgutil.walk_packages(getattr(worker, "__path__", []), "spanner_queues.worker."):
-        importlib.import_module(info.name)
 
 
 @contextmanager
 def moved_clock(queue: str | type[Queue] | None = None) -> Iterator[MovableClock]:
-    """Give spanner_queues a clock you move forward with ``advance()``: every module of the
-    package that reads ``django.utils.timezone`` reads it for the block (your own code and
-    Django do not). ``ClockNotMovable`` where the engine takes time from the database."""
+    """Install a clock you move forward with ``advance()`` as ``spanner_queues.clock`` for the
+    block: everything spanner_queues decides from the time (deliver times, ``delay=``, leases,
+    back-off) reads it, in every thread of the process (a worker started in the block
+    included); your own code follows it by calling ``spanner_queues.clock.now()`` (Django's
+    ``timezone.now()`` keeps the real time). Blocks nest: an inner clock starts from the outer
+    one's time. ``ClockNotMovable`` where the engine takes time from the database."""
     if not clock_is_movable(queue):
         raise ClockNotMovable(
             "This queue's engine takes time from Spanner's commit timestamps (native queues); "
             "its deliver times and leases cannot be moved from Python."
         )
-    _import_time_readers()
-    clock = MovableClock()
-    shim = _Timezone(clock)
-    real = sys.modules["django.utils.timezone"]  # (this module's own name is patched too)
-    patched = []
-    for name, module in list(sys.modules.items()):
-        if (name == "spanner_queues" or name.startswith("spanner_queues.")) and getattr(
-            module, "timezone", None
-        ) is real:
-            module.timezone = shim  # type: ignore[attr-defined]
-            patched.append(module)
+    moved = MovableClock(clock.installed())
+    source = moved.now
+    clock.install(source)
     try:
-        yield clock
+        yield moved
     finally:
-        for module in patched:
-            module.timezone = real  # type: ignore[attr-defined]
+        clock.uninstall(source)

@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 
 from django.db import connections
-from django.utils import timezone
 
+from spanner_queues import clock
 from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
@@ -138,7 +138,7 @@ class Execution:
     def still_mine(self, deliveries: list[Delivery]) -> list[Delivery]:
         """The deliveries whose lease is still held; the others (lost by renewal, or expired
         while waiting in the prefetch buffer) are reported and not run."""
-        now = timezone.now()
+        now = clock.now()
         mine, lost = [], []
         for d in deliveries:
             expires = d.message.lease_expires_at

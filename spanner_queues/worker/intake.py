@@ -22,9 +22,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.utils import timezone
-
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.registry import get_queue
@@ -230,7 +228,7 @@ class Intake:
         messages = api.receive(plan.model, max_messages=want, lease=self.lease)
         if not messages:
             return 0
-        now = timezone.now()
+        now = clock.now()
         expires = messages[0].lease_expires_at
         self.lease_seconds = None if expires is None else (expires - now).total_seconds()
         fresh = [m for m in messages if m.lease_expires_at is None or m.lease_expires_at > now]

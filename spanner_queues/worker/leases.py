@@ -11,9 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connections
-from django.utils import timezone
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.exceptions import NotSupportedByEngine
 from spanner_queues.worker.events import Emitter, log_extra
 from spanner_queues.worker.state import Delivery, Holdings, renew_at
@@ -39,7 +38,7 @@ class Renewer:
                 with self.held.cond:
                     if self.held.stopping and self.held.in_flight == 0:
                         return
-                    now = timezone.now()
+                    now = clock.now()
                     live = [
                         d
                         for d in self.held.deliveries
@@ -65,7 +64,7 @@ class Renewer:
                     # The database's write lock is busy in this process (SQLite: an atomic
                     # receiver holds it while it runs; nobody can claim its rows meanwhile).
                     # Try again shortly rather than wait holding anything an ack needs.
-                    later = timezone.now() + timedelta(seconds=LOCK_WAIT)
+                    later = clock.now() + timedelta(seconds=LOCK_WAIT)
                     for d in group:
                         d.renew_at = later
                     continue
@@ -80,7 +79,7 @@ class Renewer:
                     continue
                 except Exception:
                     logger.exception("lease renewal failed; trying again")
-                    now = timezone.now()
+                    now = clock.now()
                     for d in group:
                         expires = d.message.lease_expires_at
                         if expires is not None and expires <= now:
@@ -89,7 +88,7 @@ class Renewer:
                             d.renew_at = now + timedelta(milliseconds=200)
                     continue
                 by_key = {m.key: m for m in renewed}
-                now = timezone.now()
+                now = clock.now()
                 for d in group:
                     new = by_key.get(d.message.key)
                     if new is None:
