@@ -122,9 +122,7 @@ def test_sigkill_during_a_receiver_redelivers_after_the_lease(
 def test_two_workers_share_a_queue_without_doing_anything_twice(
     children: Start, tmp_path: Path
 ) -> None:
-    """Two workers (not ``--burst``: a burst worker on a streaming engine may exit while rows
-    its RECEIVE stream leased are still on the wire, and they wait for their lease to end; see
-    docs/limitations.md) drain one queue; then SIGTERM stops both."""
+    """Two workers drain one queue; then SIGTERM stops both."""
     trace = tmp_path / "trace"
     sent = WorkItems.send_many([{"payload": {"trace": str(trace)}} for _ in range(MANY)])
     workers = [
