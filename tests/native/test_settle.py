@@ -19,9 +19,13 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
+from spanner_queues.message import Message
 from spanner_queues.native import streams
 from spanner_queues.native.ddl import duration
 from spanner_queues.native.receive import Delivery, Receiver
+from spanner_queues.receivers import ReceiverRegistry
+from spanner_queues.receivers import receiver as register_receiver
+from spanner_queues.worker import Worker
 from tests.conftest import wait_until
 from tests.testapp.models import UserTasks
 
@@ -174,3 +178,27 @@ def test_stopping_receiving_ends_brief_calls(fake) -> None:
     api.receive(UserTasks)  # a fresh stream: calls are long again
     calls = fake.sql("RECEIVE_testapp_usertasks")
     assert f"max_duration => '{duration(engine.max_duration_seconds)}'" in calls[-1].sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(fake) -> None:
+    registry = ReceiverRegistry()
+    seen: list[tuple] = []
+
+    def handle(message: Message) -> None:
+        seen.append(message.key)
+
+    register_receiver(UserTasks, registry=registry)(handle)
+    sent = UserTasks.send_many(
+        [{"user_id": 1, "message_id": str(i), "payload": ""} for i in range(25)]
+    )
+    Worker(
+        [UserTasks], burst=True, concurrency=2, registry=registry, install_signal_handlers=False
+    ).run()
+    assert sorted(seen) == sorted(m.key for m in sent)
+    assert not UserTasks.objects.exists()
+    calls = fake.sql("RECEIVE_testapp_usertasks")
+    brief = duration(streams.brief_seconds(engines["default"]))
+    assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
+    wait_until(lambda: len(fake.receive_ends) == len(calls))
+    assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
