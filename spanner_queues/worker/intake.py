@@ -143,7 +143,8 @@ class Intake:
 
     def loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
-        round finds nothing due while nothing is held; or after ``max_messages``)."""
+        round finds nothing due while nothing is held and every engine says no row is leased
+        to this process and unread, ``api.settle_receiving``; or after ``max_messages``)."""
         start = 0
         errors = 0
         interval = self.summary_interval
