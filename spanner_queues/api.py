@@ -373,6 +373,17 @@ def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None
         engine_for(model).stop_receiving(model, wait=wait)
 
 
+def settle_receiving(queue: str | type[Queue], *, wait: float | None = None) -> bool:
+    """Before stopping because nothing is due (``runqueueworker --burst``): True once no
+    message of ``queue`` is leased to this process and not yet handed out; False while some
+    may be (receive them, process them and ask again). Engines that stream (native) let
+    the open ``RECEIVE_<Q>`` call end instead of cancelling it, at most ``wait`` seconds
+    (default: the engine's choice), and keep later calls short; others answer True at
+    once."""
+    model = get_queue(queue)
+    return engine_for(model).settle_receiving(model, wait=wait)
+
+
 def _key(model: type[Queue], message: Message | Mapping[str, Any] | tuple[Any, ...]) -> tuple:
     if isinstance(message, Message):
         return message.key

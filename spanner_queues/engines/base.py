@@ -362,6 +362,15 @@ class BaseQueueEngine(ABC):
         receive through a background stream end it; for the others there is nothing to stop."""
         return None
 
+    def settle_receiving(self, model: type[Queue], *, wait: float | None = None) -> bool:
+        """For a caller that stops once nothing is due (a burst worker), before it stops:
+        True once no row of ``model`` is leased to this process and unread, False while some
+        may be (the next ``receive`` hands them out: process them and ask again). Engines
+        that receive through a background stream let its open call end (``wait`` seconds at
+        most) rather than cancel rows on the wire, and from the first call on keep their
+        calls short. Engines that lease only inside ``receive`` hold nothing unread: True."""
+        return True
+
     def lease_expirations(self, model: type[Queue]) -> int:
         """Leases on ``model``'s messages that ran out without an ack or release, as this
         process saw them since it started (a counter, for Spanner's ``lease_expiration_count``

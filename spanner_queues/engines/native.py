@@ -175,11 +175,19 @@ class NativeQueueEngine(BaseQueueEngine):
         return messages_on_wire.send_mutations(self, model, messages)
 
     # --- receiving ------------------------------------------------------------------------
-    def receive_sql(self, model: type[Queue], max_batch_size: int | None = None) -> str:
+    def receive_sql(
+        self,
+        model: type[Queue],
+        max_batch_size: int | None = None,
+        *,
+        max_duration_seconds: float | None = None,
+    ) -> str:
         return self.dialect.receive(
             self.declaration(model),
             max_batch_size=max_batch_size or self.batch_size,
-            max_duration=self.max_duration,
+            max_duration=self.max_duration
+            if max_duration_seconds is None
+            else duration(max_duration_seconds),
         )
 
     def receive(
@@ -233,6 +241,16 @@ class NativeQueueEngine(BaseQueueEngine):
         (Spanner delivers them again after their lease). ``wait`` seconds for each to end."""
         label = model._meta.label if model is not None else None
         streams.stop_streams(self.alias, label, wait)
+
+    def settle_receiving(self, model: type[Queue], *, wait: float | None = None) -> bool:
+        """Let this process's RECEIVE stream of ``model`` come to rest: its calls are brief
+        (``streams.BRIEF_MAX_DURATION_SECONDS``) until it is stopped, no new call opens until
+        the next ``receive``, and the open call is let end by its ``max_duration``, never
+        cancelled (``wait`` seconds at most; default: a brief call's length and as much
+        again). True once no row is leased to this process's stream and unread; False while
+        rows arrived and are held unread (``receive`` hands them out) or a call is still
+        open."""
+        return streams.settle(self, model, wait)
 
     def renew_sql(self, model: type[Queue], count: int = 1) -> str:
         return self.dialect.renew(self.declaration(model), count)

@@ -11,6 +11,14 @@ leasing messages nobody will start. Held rows are renewed before their lease end
 engine's ``renew_leases`` together with the in-flight ones, or by the receiver's own renewal
 thread when nobody renews), and rows that still expire are counted in
 ``lease_expiration_count``, as Spanner's metric of that name counts them.
+
+``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
+may still be on the wire when the buffer is empty, and cancelling the call would leave them
+leased to nobody until their lease ends. So from the first ``settle`` on, calls are *brief*
+(``open_stream(..., brief=True)``: a short ``max_duration``), never cancelled for a stall, and
+read to their end; ``settle`` opens no new call until the next ``take``, waits for the open one
+to end and says whether rows arrived. A call broken by an error (not ended by its
+``max_duration``) can still leave rows leased: they come back after their lease.
 """
 
 from __future__ import annotations
@@ -76,8 +84,9 @@ class Delivery:
 class Receiver:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
-    ``open_stream(max_batch_size)`` returns an iterable of raw rows (it runs the query);
-    ``parse(row)`` turns a row into a ``Delivery``.
+    ``open_stream(max_batch_size, brief=...)`` returns an iterable of raw rows (it runs the
+    query; ``brief``: with a short ``max_duration``, see ``settle``); ``parse(row)`` turns a
+    row into a ``Delivery``. ``brief``: calls are brief from the start.
     """
 
     def __init__(
@@ -95,6 +104,7 @@ class Receiver:
         renew_within: timedelta = timedelta(seconds=5),
         batch_size: int | None = 10,
         stall_seconds: float = 5.0,
+        brief: bool = False,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -116,6 +126,12 @@ class Receiver:
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._batch_open = False
+        #: calls are brief and read to their end (``settle``).
+        self._brief = brief
+        #: ``settle`` asked for no new call until the next ``take``.
+        self._resting = False
+        #: a RECEIVE call is open (set and cleared under ``_cond``).
+        self._calling = False
         #: when the RECEIVE call now open was started (monotonic); None between calls.
         self._open_since: float | None = None
         self._thread: threading.Thread | None = None
@@ -132,6 +148,7 @@ class Receiver:
         batches) no more than this."""
         with self._cond:
             self._cap = max(1, min(max_messages, self._buffer_size))
+            self._resting = False
             self._cond.notify_all()
 
     def start(self) -> None:
@@ -171,16 +188,21 @@ class Receiver:
         failures = 0
         while not self._stop.is_set():
             with self._cond:  # hold no more than asked for: no stream at all while full
-                while len(self._buffer) >= self._cap and not self._stop.is_set():
+                while (
+                    len(self._buffer) >= self._cap or self._resting
+                ) and not self._stop.is_set():
                     self._cond.wait(0.5)
-            if self._stop.is_set():
-                return
+                if self._stop.is_set():
+                    return
+                self._calling = True  # with the check above: ``settle`` sees no gap
+                brief = self._brief
             stalled = False
+            read_on = False  # a brief call stalled: read it to its end, past the cap
             try:
                 self.streams_started += 1
                 self._open_since = time.monotonic()
                 batch = min(self._cap, self._batch_size or self._cap)
-                for row in self._open_stream(max(1, batch)):
+                for row in self._open_stream(max(1, batch), brief=brief):
                     delivery = self._parse(row)
                     with self._cond:
                         if self._stop.is_set():
@@ -190,8 +212,15 @@ class Receiver:
                         self._cond.notify_all()
                         # Held enough: read no further, so flow control holds the server back.
                         full_since = time.monotonic()
-                        while len(self._buffer) >= self._cap and not self._stop.is_set():
+                        while (
+                            len(self._buffer) >= self._cap
+                            and not read_on
+                            and not self._stop.is_set()
+                        ):
                             if time.monotonic() - full_since >= self._stall_seconds:
+                                if brief:  # it ends soon: never cancel rows on the wire
+                                    read_on = True
+                                    break
                                 stalled = True
                                 break
                             self._cond.wait(0.5)
@@ -231,6 +260,7 @@ class Receiver:
                 self._open_since = None
                 with self._cond:
                     self._batch_open = False
+                    self._calling = False
                     self._cond.notify_all()
 
     def _cancel_stream(self) -> None:
@@ -246,6 +276,32 @@ class Receiver:
         kept = [d for d in self._buffer if d.lease_expires_at > limit]
         self.lease_expiration_count += len(self._buffer) - len(kept)
         self._buffer = collections.deque(kept)
+
+    def settle(self, wait: float) -> bool:
+        """For a caller about to stop because nothing is due: make calls brief (from the
+        next one on), open no new call until the next ``take``, and wait up to ``wait``
+        seconds for the open call to end by its ``max_duration`` (it is not cancelled), or for
+        a row. True (settled): no call is open and nothing is held, so no row is leased to
+        this receiver and unread. False: rows are held (``take`` them) or a call is still
+        open."""
+        deadline = time.monotonic() + wait
+        with self._cond:
+            self._brief = True
+            self._resting = True
+            self._cond.notify_all()
+            while self._calling and not self._buffer and not self._stop.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+            self._drop_expired()
+            open_call = self._calling and not self._stop.is_set()
+            return not self._buffer and not open_call
+
+    @property
+    def brief(self) -> bool:
+        """Calls are brief (``settle``)."""
+        return self._brief
 
     @property
     def held(self) -> int:

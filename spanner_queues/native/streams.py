@@ -5,7 +5,8 @@ thread, like database connections; streams must not be). A stream stopped by a p
 is started afresh by the next receive (the queue may have been created, or the permission
 granted, since). Every stream is stopped at exit, so none outlives the program. A renewal of
 in-flight messages renews, in the same ``RENEWLEASE_<Q>`` call, the rows the stream holds that
-are due for renewal.
+are due for renewal. ``settle`` makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``)
+until it is stopped, and lets its open call end (``Receiver.settle``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ if TYPE_CHECKING:
 #: Spanner's lease: 10 s from delivery or renewal, not configurable.
 NATIVE_LEASE = timedelta(seconds=10)
 
+#: ``max_duration`` of a settled stream's calls (at most ``RECEIVE_MAX_DURATION_SECONDS``): a
+#: caller that stops once nothing is due waits for the open call to end, so it is short.
+BRIEF_MAX_DURATION_SECONDS = 2.0
+
 _streams: dict[tuple[str, str], Receiver] = {}
+#: streams whose calls are brief (``settle``), until stopped.
+_brief: set[tuple[str, str]] = set()
 _streams_lock = threading.Lock()
 
 
@@ -38,6 +45,7 @@ def stop_all_streams(wait: float | None = 5.0) -> None:
     with _streams_lock:
         receivers = list(_streams.values())
         _streams.clear()
+        _brief.clear()
     for receiver in receivers:
         receiver.stop(wait)
 
@@ -51,6 +59,9 @@ def stop_streams(alias: str, label: str | None = None, wait: float | None = None
     with _streams_lock:
         keys = [k for k in _streams if k[0] == alias and (label is None or k[1] == label)]
         receivers = [_streams.pop(k) for k in keys]
+        _brief.difference_update(
+            [k for k in _brief if k[0] == alias and (label is None or k[1] == label)]
+        )
     for receiver in receivers:
         receiver.stop(wait)
 
@@ -74,16 +85,39 @@ def stream_for(engine: NativeQueueEngine, model: type[Queue], want: int = 1) -> 
         return receiver
 
 
+def brief_seconds(engine: NativeQueueEngine) -> float:
+    """``max_duration`` of a settled stream's calls."""
+    return min(BRIEF_MAX_DURATION_SECONDS, engine.max_duration_seconds)
+
+
+def settle(engine: NativeQueueEngine, model: type[Queue], wait: float | None = None) -> bool:
+    """Let this process's stream of ``model`` come to rest (``Receiver.settle``): its calls
+    are brief from now on (until it is stopped), no new call opens until the next receive,
+    and the open call is let end, ``wait`` seconds at most (default: a brief call's length
+    and as much again). True (settled): no row is leased to this process's stream and
+    unread."""
+    stream_key = (engine.alias, model._meta.label)
+    with _streams_lock:
+        _brief.add(stream_key)
+        receiver = _streams.get(stream_key)
+    if receiver is None:
+        return True
+    if wait is None:
+        wait = 2 * brief_seconds(engine) + 1.0
+    return receiver.settle(wait)
+
+
 def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
     database = engine.spanner()
     decl = engine.declaration(model)
     n = len(decl.keys)
     payload_type = decl.payload_type
-    deadline = engine.max_duration_seconds + 30  # the call's own gRPC deadline
     current: dict[str, Any] = {}
 
-    def open_stream(max_batch_size: int) -> Any:
-        sql = engine.receive_sql(model, max_batch_size)
+    def open_stream(max_batch_size: int, *, brief: bool = False) -> Any:
+        seconds = brief_seconds(engine) if brief else engine.max_duration_seconds
+        sql = engine.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
+        deadline = seconds + 30  # the call's own gRPC deadline
         with database.snapshot() as snapshot:  # a pooled session, as the client
             call = client.receive_stream(database, snapshot._session, sql, deadline)
             current["call"] = call
@@ -120,6 +154,7 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
         renew=renew,
         batch_size=engine.batch_size,
         stall_seconds=NATIVE_LEASE.total_seconds() / 2,
+        brief=(engine.alias, model._meta.label) in _brief,
     )
 
 

@@ -141,11 +141,14 @@ class Intake:
 
     def loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
-        round finds nothing due while nothing is held; or after ``max_messages``)."""
+        round finds nothing due while nothing is held and every engine says no row is leased
+        to this process and unread, ``api.settle_receiving``; or after ``max_messages``)."""
         start = 0
         errors = 0
         interval = self.summary_interval
         next_summary = time.monotonic() + interval if interval else None
+        if self.burst:
+            self.settled(wait=0)  # from now on, streams receive in calls that end on their own
         while True:
             with self.held.cond:
                 self.held.cond.wait_for(lambda: self.held.stopping or self.wants_more())
@@ -193,7 +196,11 @@ class Intake:
                 continue
             if self.burst:
                 if idle_before:
-                    return  # a whole round found nothing due while nothing was in flight
+                    # A whole round found nothing due while nothing was in flight: stop once
+                    # no row is leased to this process and unread (else receive it).
+                    if self.settled():
+                        return
+                    continue
                 with self.held.cond:  # wait for in-flight work to finish, then look again
                     busy = self.held.in_flight
                     self.held.cond.wait_for(
@@ -204,6 +211,12 @@ class Intake:
             self.events.emit("idle")
             self.idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
             recycle_connections()
+
+    def settled(self, wait: float | None = None) -> bool:
+        """No queue of this worker has rows leased to this process and unread
+        (``api.settle_receiving``; every queue is asked, so their open calls end together)."""
+        answers = [api.settle_receiving(p.model, wait=wait) for p in self.plans]
+        return all(answers)
 
     def adapt(self, *, full: bool) -> None:
         """Adaptive prefetch: recompute ``depth`` after a receive (module docstring)."""

@@ -206,6 +206,35 @@ def test_concurrent_streams_never_lease_one_message_twice(database: Any) -> None
     assert sorted(everything) == list(range(40))
 
 
+def test_a_call_ends_at_max_duration_with_every_row_it_leased_sent(database: Any) -> None:
+    """RECEIVE ends by itself when ``max_duration`` elapses, also while messages keep becoming
+    due, and rows it leased are sent before the call ends: none is left leased to nobody (a
+    burst worker relies on it to exit with nothing leased behind it)."""
+    done = threading.Event()
+    sent: list[int] = []
+
+    def keep_sending() -> None:
+        while not done.is_set() and len(sent) < 500:
+            with database.batch() as batch:
+                batch.send(queue="SampleQueue", key=(len(sent),), payload="x")
+            sent.append(len(sent))
+
+    sender = threading.Thread(target=keep_sending)
+    sender.start()
+    try:
+        wait_until(lambda: sent)
+        sql = "SELECT Id FROM RECEIVE_SampleQueue(max_batch_size => 1, max_duration => '1s')"
+        first = [r[0] for r in receive(database, sql)]  # returns: the call ended
+    finally:
+        done.set()
+        sender.join()
+    assert first
+    everything = sql.replace("max_batch_size => 1,", "max_batch_size => 1000,")
+    rest = [r[0] for r in receive(database, everything)]  # what the first call did not lease
+    assert not set(first) & set(rest)
+    assert sorted(first + rest) == sent  # nothing leased by the first call and left unsent
+
+
 def test_unacked_message_comes_back_after_lease_and_back_off(database: Any) -> None:
     with database.batch() as batch:
         batch.send(queue="SampleQueue", key=(1,), payload="x")

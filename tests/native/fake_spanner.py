@@ -163,6 +163,8 @@ class FakeSpanner:
         #: TABLE_TYPE that information_schema.tables gives queues (Spanner's value is unknown).
         self.queue_table_type = "QUEUE"
         self.streams_end = threading.Event()
+        #: how each computed RECEIVE call ended: "ended" (its max_duration) or "cancelled".
+        self.receive_ends: list[str] = []
         #: whether RECEIVE batches carry resume tokens (Spanner's behaviour is undocumented).
         self.resume_tokens = True
         self._ids = itertools.count(1)
@@ -191,6 +193,7 @@ class FakeSpanner:
     def clear(self) -> None:
         with self._lock:
             self.requests.clear()
+            self.receive_ends.clear()
             self.injected.clear()
             self.scripted.clear()
 
@@ -1024,19 +1027,22 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
             first.resume_token = b"r0"
         yield first
         deadline = time.monotonic() + duration
-        while (
-            time.monotonic() < deadline
-            and context.is_active()
-            and not self.fake.streams_end.is_set()
-        ):
-            rows = receive_rows(self.fake, db, table.name, columns, batch)
-            if rows:
-                out = partial(rows)
-                if self.fake.resume_tokens:
-                    out.resume_token = f"r{next(tokens)}".encode()
-                yield out
-            else:
-                self.fake.streams_end.wait(0.02)
+        try:
+            while (
+                time.monotonic() < deadline
+                and context.is_active()
+                and not self.fake.streams_end.is_set()
+            ):
+                rows = receive_rows(self.fake, db, table.name, columns, batch)
+                if rows:
+                    out = partial(rows)
+                    if self.fake.resume_tokens:
+                        out.resume_token = f"r{next(tokens)}".encode()
+                    yield out
+                else:
+                    self.fake.streams_end.wait(0.02)
+        finally:  # how the call ended: by its max_duration (or end_streams), or cancelled
+            self.fake.receive_ends.append("cancelled" if not context.is_active() else "ended")
 
     @guarded
     def ExecuteBatchDml(self, request: Any, context: Any) -> Any:

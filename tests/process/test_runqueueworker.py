@@ -122,9 +122,7 @@ def test_sigkill_during_a_receiver_redelivers_after_the_lease(
 def test_two_workers_share_a_queue_without_doing_anything_twice(
     children: Start, tmp_path: Path
 ) -> None:
-    """Two workers (not ``--burst``: a burst worker on a streaming engine may exit while rows
-    its RECEIVE stream leased are still on the wire, and they wait for their lease to end; see
-    docs/limitations.md) drain one queue; then SIGTERM stops both."""
+    """Two workers drain one queue; then SIGTERM stops both."""
     trace = tmp_path / "trace"
     sent = WorkItems.send_many([{"payload": {"trace": str(trace)}} for _ in range(MANY)])
     workers = [
@@ -145,6 +143,26 @@ def test_two_workers_share_a_queue_without_doing_anything_twice(
     # retried from the start (TRANSACTION_RETRIES re-runs an atomic receiver after an abort).
     assert all(set(a) == set(range(1, max(a) + 1)) for a in again.values()), again
     assert not WorkItems.objects.exists()
+
+
+def test_two_burst_workers_started_together_both_exit_0_and_leave_the_queue_empty(
+    children: Start, tmp_path: Path
+) -> None:
+    """Two ``--burst`` workers started together on one backlog both exit 0, and nothing is
+    left in the queue: neither exits while a row is leased to it and unread (on a streaming
+    engine, a batch its RECEIVE call leased and still had on the wire)."""
+    trace = tmp_path / "trace"
+    sent = WorkItems.send_many([{"payload": {"trace": str(trace)}} for _ in range(MANY)])
+    workers = [
+        children("workerapp.WorkItems", "--burst", "--concurrency", "2", name=f"b{i}")
+        for i in range(2)
+    ]
+    for child in workers:
+        assert child.wait() == 0, child.output()
+    assert not WorkItems.objects.exists()  # nothing leased behind: both have exited
+    committed = Counter(WorkLog.objects.values_list("key", flat=True))
+    assert sorted(committed) == sorted(m.key[0] for m in sent)
+    assert set(committed.values()) == {1}
 
 
 def test_sigkill_storm_loses_nothing_and_commits_no_effect_twice(

@@ -1,0 +1,204 @@
+"""Settling a RECEIVE stream before a burst worker exits (``settle_receiving``): the open call
+is let end by its ``max_duration`` (never cancelled with rows on the wire), rows it brought are
+reported and handed out, and no new call opens until the next receive.
+
+The ``Receiver`` tests drive a stream whose rows and end the test controls; the wire tests run
+the native engine against the in-process fake Spanner."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.message import Message
+from spanner_queues.native import streams
+from spanner_queues.native.ddl import duration
+from spanner_queues.native.receive import Delivery, Receiver
+from spanner_queues.receivers import ReceiverRegistry
+from spanner_queues.receivers import receiver as register_receiver
+from spanner_queues.worker import Worker
+from tests.conftest import wait_until
+from tests.testapp.models import UserTasks
+
+END = object()
+
+
+class Calls:
+    """RECEIVE calls the test ends: each ``open`` is one call, reading rows from ``rows``
+    until ``END``; ``cancelled`` counts ``cancel()``s."""
+
+    def __init__(self) -> None:
+        self.rows: queue.Queue[Any] = queue.Queue()
+        self.opened: list[bool] = []  # ``brief`` of each call
+        self.open_now = threading.Event()
+        self.cancelled = 0
+
+    def open(self, max_batch_size: int, *, brief: bool = False) -> Iterator[str]:
+        self.opened.append(brief)
+        self.open_now.set()
+        try:
+            while (row := self.rows.get()) is not END:
+                yield row
+        finally:
+            self.open_now.clear()
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+        self.rows.put(END)
+
+
+def _parse(row: str) -> Delivery:
+    return Delivery(
+        key=(row,),
+        payload=b"",
+        deliver_time=None,
+        lease_token=f"t-{row}",
+        lease_expires_at=timezone.now() + timedelta(seconds=10),
+        last_in_batch=True,
+    )
+
+
+@pytest.fixture
+def calls() -> Iterator[Calls]:
+    calls = Calls()
+    yield calls
+    calls.rows.put(END)
+
+
+@pytest.fixture
+def receiver(calls: Calls) -> Iterator[Receiver]:
+    receiver = Receiver("q", calls.open, _parse, cancel=calls.cancel)
+    yield receiver
+    receiver.stop(timeout=5)
+
+
+def test_settle_waits_for_the_open_call_to_end_and_reports_rows_it_brought(
+    calls: Calls, receiver: Receiver
+) -> None:
+    assert receiver.settle(0) is True  # nothing open: settled; calls are brief from now on
+    receiver.start()
+    assert receiver.take(1, wait=0) == []
+    wait_until(calls.open_now.is_set)
+    assert calls.opened == [True]
+    with ThreadPoolExecutor(1) as pool:
+        settled = pool.submit(receiver.settle, 60)
+        calls.rows.put("a")  # leased by the call still open, then the call ends
+        calls.rows.put(END)
+        assert settled.result(timeout=60) is False  # a row arrived: take it
+    assert [d.key for d in receiver.take(5, wait=0)] == [("a",)]
+    # The take asked for more: a new (brief) call; it ends with nothing.
+    wait_until(lambda: len(calls.opened) == 2 and calls.open_now.is_set())
+    with ThreadPoolExecutor(1) as pool:
+        settled = pool.submit(receiver.settle, 60)
+        calls.rows.put(END)
+        assert settled.result(timeout=60) is True
+    assert calls.opened == [True, True]
+    assert calls.cancelled == 0  # no call was cancelled with rows on the wire
+    assert receiver.streams_started == 2  # settled: no new call until the next take
+
+
+def test_settle_reports_an_open_call_it_could_not_wait_for(
+    calls: Calls, receiver: Receiver
+) -> None:
+    receiver.start()
+    receiver.take(1, wait=0)
+    wait_until(calls.open_now.is_set)
+    assert receiver.settle(0) is False  # still open: rows may yet arrive
+    assert calls.cancelled == 0
+    calls.rows.put(END)
+    assert receiver.settle(60) is True
+    assert calls.opened == [False]  # opened before the first settle: a long call
+
+
+def test_a_brief_call_is_read_to_its_end_past_the_buffer_instead_of_cancelled(
+    calls: Calls,
+) -> None:
+    receiver = Receiver(
+        "q", calls.open, _parse, cancel=calls.cancel, buffer_size=1, stall_seconds=0, brief=True
+    )
+    try:
+        receiver.start()
+        receiver.take(1, wait=0)
+        wait_until(calls.open_now.is_set)
+        for row in "abc":  # more than the buffer holds; nobody takes them
+            calls.rows.put(row)
+        calls.rows.put(END)
+        wait_until(lambda: not calls.open_now.is_set())
+        assert calls.cancelled == 0
+        assert receiver.held == 3
+        assert receiver.settle(60) is False  # rows held: take them
+        assert [d.key for d in receiver.take(5, wait=0)] == [("a",), ("b",), ("c",)]
+    finally:
+        receiver.stop(timeout=5)
+
+
+# --- on the wire (the fake Spanner) --------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(fake) -> None:
+    engine = engines["default"]
+    assert api.settle_receiving(UserTasks, wait=0) is True  # no stream yet
+    assert api.receive(UserTasks) == []
+    call = fake.sql("RECEIVE_testapp_usertasks")[0]
+    brief = streams.brief_seconds(engine)
+    assert brief < engine.max_duration_seconds
+    assert f"max_duration => '{duration(brief)}'" in call.sql
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    # The open call leases the message; settling reports it (after the call ends, or as
+    # soon as it arrives) and the next receive hands it out.
+    assert wait_until(lambda: not api.settle_receiving(UserTasks), timeout=60)
+    [message] = wait_until(lambda: api.receive(UserTasks), timeout=60)
+    api.ack(message)
+    assert wait_until(lambda: api.settle_receiving(UserTasks), timeout=60)
+    wait_until(lambda: len(fake.receive_ends) == len(fake.sql("RECEIVE_testapp_usertasks")))
+    assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
+    receiver = streams._streams[(engine.alias, UserTasks._meta.label)]
+    started = receiver.streams_started
+    assert api.settle_receiving(UserTasks, wait=0) is True
+    assert receiver.streams_started == started  # settled: no call opens until a receive
+    assert not UserTasks.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_stopping_receiving_ends_brief_calls(fake) -> None:
+    engine = engines["default"]
+    api.settle_receiving(UserTasks, wait=0)
+    api.receive(UserTasks)
+    api.stop_receiving(UserTasks, wait=5)
+    api.receive(UserTasks)  # a fresh stream: calls are long again
+    calls = fake.sql("RECEIVE_testapp_usertasks")
+    assert f"max_duration => '{duration(engine.max_duration_seconds)}'" in calls[-1].sql
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(fake) -> None:
+    registry = ReceiverRegistry()
+    seen: list[tuple] = []
+
+    def handle(message: Message) -> None:
+        seen.append(message.key)
+
+    register_receiver(UserTasks, registry=registry)(handle)
+    sent = UserTasks.send_many(
+        [{"user_id": 1, "message_id": str(i), "payload": ""} for i in range(25)]
+    )
+    Worker(
+        [UserTasks], burst=True, concurrency=2, registry=registry, install_signal_handlers=False
+    ).run()
+    assert sorted(seen) == sorted(m.key for m in sent)
+    assert not UserTasks.objects.exists()
+    calls = fake.sql("RECEIVE_testapp_usertasks")
+    brief = duration(streams.brief_seconds(engines["default"]))
+    assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
+    wait_until(lambda: len(fake.receive_ends) == len(calls))
+    assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
