@@ -31,6 +31,7 @@ from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.table_acks import TableAcks
 from spanner_queues.engines.table_sql import (
+    Claim,
     InsertStatement,
     RowStatements,
     pick_due,
@@ -42,10 +43,10 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyExists,
 )
-from spanner_queues.keys import key_filter, row_to_message
+from spanner_queues.keys import key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
-from spanner_queues.payload import BYTES, payload_type, stored_text
+from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
@@ -202,6 +203,11 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
 
         statements = self._statements(model, self.database)
         skip_locked = driver.claims_skip_locked
+        # One executemany per claim, except where the DB-API replays aborted transactions
+        # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.
+        one_by_one = driver.replays_aborted_transactions
+        names = key_names(model)
+        label = model._meta.label
 
         expired = [0]
 
@@ -214,28 +220,47 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
             if skip_locked:  # rows another claim holds are passed over, not waited for
                 rows_due = rows_due.select_for_update(skip_locked=True)
             due = list(rows_due[:max_messages])
-            claimed = []
+            expires = now + lease
+            backoff = self.params.backoff
+            wanted = []
             for row in due:
                 attempt = row.attempts + 1
-                token = secrets.token_urlsafe(18)
-                expires = now + lease
                 age = now - (row.send_time or now)
-                message = row_to_message(model, row)
-                # compare-and-set on the deliver time just read
-                updated = statements.claim(
-                    message.key,
-                    row.deliver_time,
-                    lease_token=token,
-                    lease_expires_at=expires,
-                    attempts=attempt,
-                    deliver_time=expires + self.params.backoff.delay(attempt, age),
+                wanted.append(
+                    (
+                        row,
+                        Claim(
+                            key=tuple(getattr(row, n) for n in names),
+                            was_due=row.deliver_time,  # compare-and-set on the time just read
+                            lease_token=secrets.token_urlsafe(18),
+                            lease_expires_at=expires,
+                            attempts=attempt,
+                            deliver_time=expires + backoff.delay(attempt, age),
+                        ),
+                    )
                 )
-                if updated == 1:  # 0 only if another claimer won (SQLite without IMMEDIATE)
+            if one_by_one:
+                updated = [
+                    statements.claim(c.key, c.was_due, **c.changes()) == 1 for _, c in wanted
+                ]
+            else:
+                updated = statements.claim_many([c for _, c in wanted])
+            claimed = []
+            for (row, c), won in zip(wanted, updated, strict=True):
+                if won:  # False only if another claimer won (SQLite without IMMEDIATE)
                     # a lease still set: the last one ran out (acks delete, releases clear it)
                     expired[0] += row.lease_expires_at is not None
                     claimed.append(
-                        replace(
-                            message, attempt=attempt, lease_token=token, lease_expires_at=expires
+                        Message(
+                            queue=label,
+                            key=c.key,
+                            key_names=names,
+                            payload=from_stored(row.payload),
+                            deliver_time=row.deliver_time,
+                            attempt=c.attempts,
+                            lease_token=c.lease_token,
+                            lease_expires_at=expires,
+                            send_time=row.send_time,
                         )
                     )
             return claimed

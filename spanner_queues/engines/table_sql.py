@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
@@ -24,6 +24,27 @@ from spanner_queues.payload import BYTES, payload_type, stored_text
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
+
+
+class Claim(NamedTuple):
+    """One row of a claim: its key and the deliver time read (compared and set), and what to
+    set."""
+
+    key: tuple[Any, ...]
+    was_due: datetime
+    lease_token: str
+    lease_expires_at: datetime
+    attempts: int
+    deliver_time: datetime
+
+    def changes(self) -> dict[str, Any]:
+        """What ``RowStatements.claim`` sets, as its keyword arguments."""
+        return {
+            "lease_token": self.lease_token,
+            "lease_expires_at": self.lease_expires_at,
+            "attempts": self.attempts,
+            "deliver_time": self.deliver_time,
+        }
 
 
 class RowStatements:
@@ -92,6 +113,61 @@ class RowStatements:
         with connection.cursor() as cursor:
             cursor.execute(self.claim_sql, params)
             return cursor.rowcount
+
+    def claim_many(self, claims: Sequence[Claim]) -> list[bool]:
+        """``claim`` for each of ``claims`` in one ``executemany`` (the statement converted and
+        sent once for the whole claim instead of once per row); which rows it updated, each by
+        its own compare-and-set. Where the summed row count falls short (another claimer won
+        a row, or a driver that does not sum counts) each row's token is read back: a row is
+        claimed when it holds the new token (each one random)."""
+        if not claims:
+            return []
+        f = self.fields
+        connection = connections[self.using]  # this thread's
+        token_f, expires_f, attempts_f, deliver_f = (
+            f["lease_token"],
+            f["lease_expires_at"],
+            f["attempts"],
+            f["deliver_time"],
+        )
+        if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
+            # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
+            # a datetime both come to the backend's adapter (as in InsertStatement).
+            adapt = connection.ops.adapt_datetimefield_value
+            save_expires = save_deliver = look_due = adapt
+        else:
+
+            def save_expires(value: datetime) -> Any:
+                return expires_f.get_db_prep_save(value, connection)
+
+            def save_deliver(value: datetime) -> Any:
+                return deliver_f.get_db_prep_save(value, connection)
+
+            def look_due(value: datetime) -> Any:
+                return self._lookup(deliver_f, value, connection)
+
+        expires_at: dict[datetime, Any] = {}  # one lease expiry for a whole claim, usually
+        params = []
+        for c in claims:
+            expires = expires_at.get(c.lease_expires_at)
+            if expires is None:
+                expires = expires_at[c.lease_expires_at] = save_expires(c.lease_expires_at)
+            params.append(
+                [
+                    token_f.get_db_prep_save(c.lease_token, connection),
+                    expires,
+                    attempts_f.get_db_prep_save(c.attempts, connection),
+                    save_deliver(c.deliver_time),
+                    *self._key(c.key, connection),
+                    look_due(c.was_due),
+                ]
+            )
+        with connection.cursor() as cursor:
+            cursor.executemany(self.claim_sql, params)
+            updated = cursor.rowcount
+        if updated == len(claims):
+            return [True] * len(claims)
+        return [self.held_by(c.key) == [c.lease_token] for c in claims]
 
     def held_by(self, key: Sequence[Any]) -> list[str | None]:
         """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""
