@@ -207,6 +207,8 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.
         one_by_one = driver.replays_aborted_transactions
         names = key_names(model)
+        n_keys = len(names)
+        columns = (*names, "payload", "deliver_time", "send_time", "attempts", "lease_expires_at")
         label = model._meta.label
 
         expired = [0]
@@ -219,48 +221,46 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
                 rows_due = rows_due.filter(keys)
             if skip_locked:  # rows another claim holds are passed over, not waited for
                 rows_due = rows_due.select_for_update(skip_locked=True)
-            due = list(rows_due[:max_messages])
+            # values, not model instances: the claim needs only these columns
+            due = list(rows_due.values_list(*columns)[:max_messages])
             expires = now + lease
             backoff = self.params.backoff
             wanted = []
             for row in due:
-                attempt = row.attempts + 1
-                age = now - (row.send_time or now)
+                payload, deliver_time, send_time, attempts, lease_expires_at = row[n_keys:]
+                attempt = attempts + 1
+                age = now - (send_time or now)
                 wanted.append(
-                    (
-                        row,
-                        Claim(
-                            key=tuple(getattr(row, n) for n in names),
-                            was_due=row.deliver_time,  # compare-and-set on the time just read
-                            lease_token=secrets.token_urlsafe(18),
-                            lease_expires_at=expires,
-                            attempts=attempt,
-                            deliver_time=expires + backoff.delay(attempt, age),
-                        ),
+                    Claim(
+                        key=row[:n_keys],
+                        was_due=deliver_time,  # compare-and-set on the deliver time just read
+                        lease_token=secrets.token_urlsafe(18),
+                        lease_expires_at=expires,
+                        attempts=attempt,
+                        deliver_time=expires + backoff.delay(attempt, age),
                     )
                 )
             if one_by_one:
-                updated = [
-                    statements.claim(c.key, c.was_due, **c.changes()) == 1 for _, c in wanted
-                ]
+                updated = [statements.claim(c.key, c.was_due, **c.changes()) == 1 for c in wanted]
             else:
-                updated = statements.claim_many([c for _, c in wanted])
+                updated = statements.claim_many(wanted)
             claimed = []
-            for (row, c), won in zip(wanted, updated, strict=True):
+            for row, c, won in zip(due, wanted, updated, strict=True):
                 if won:  # False only if another claimer won (SQLite without IMMEDIATE)
+                    payload, deliver_time, send_time, _, lease_expires_at = row[n_keys:]
                     # a lease still set: the last one ran out (acks delete, releases clear it)
-                    expired[0] += row.lease_expires_at is not None
+                    expired[0] += lease_expires_at is not None
                     claimed.append(
                         Message(
                             queue=label,
                             key=c.key,
                             key_names=names,
-                            payload=from_stored(row.payload),
-                            deliver_time=row.deliver_time,
+                            payload=from_stored(payload),
+                            deliver_time=deliver_time,
                             attempt=c.attempts,
                             lease_token=c.lease_token,
                             lease_expires_at=expires,
-                            send_time=row.send_time,
+                            send_time=send_time,
                         )
                     )
             return claimed
