@@ -146,22 +146,27 @@ class RowStatements:
             def look_due(value: datetime) -> Any:
                 return self._lookup(deliver_f, value, connection)
 
-        expires_at: dict[datetime, Any] = {}  # one lease expiry for a whole claim, usually
-        params = []
-        for c in claims:
-            expires = expires_at.get(c.lease_expires_at)
-            if expires is None:
-                expires = expires_at[c.lease_expires_at] = save_expires(c.lease_expires_at)
-            params.append(
-                [
-                    token_f.get_db_prep_save(c.lease_token, connection),
-                    expires,
-                    attempts_f.get_db_prep_save(c.attempts, connection),
-                    save_deliver(c.deliver_time),
-                    *self._key(c.key, connection),
-                    look_due(c.was_due),
-                ]
-            )
+        # Each time is adapted once per claim: one lease expiry and one new deliver time per
+        # attempt number for all its rows, and often the same deliver time read (a send_many).
+        adapted: dict[tuple[Any, datetime], Any] = {}
+
+        def once(adapter: Any, value: datetime) -> Any:
+            key = (adapter, value)
+            if key not in adapted:
+                adapted[key] = adapter(value)
+            return adapted[key]
+
+        params = [
+            [
+                token_f.get_db_prep_save(c.lease_token, connection),
+                once(save_expires, c.lease_expires_at),
+                attempts_f.get_db_prep_save(c.attempts, connection),
+                once(save_deliver, c.deliver_time),
+                *self._key(c.key, connection),
+                once(look_due, c.was_due),
+            ]
+            for c in claims
+        ]
         with connection.cursor() as cursor:
             cursor.executemany(self.claim_sql, params)
             updated = cursor.rowcount
