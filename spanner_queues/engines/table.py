@@ -192,13 +192,16 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         driver = driver_for(self.database)
         due_now = manager.filter(deliver_time__lte=timezone.now())
         # Nothing due: answered by a read outside any write transaction, so idle receivers
-        # take no write lock (SQLite) and no read-write transaction (Spanner).
+        # take no write lock (SQLite) and no read-write transaction (Spanner). Right after a
+        # claim that came back full (a backlog) the claim itself asks: one read less per
+        # claim while draining; a claim that finds fewer than it asked for ends the backlog.
+        backlog: set[type[Queue]] = self.__dict__.setdefault("_backlog", set())
         picked = None
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             if picked is None:
                 return []
-        elif not due_now.exists():
+        elif model not in backlog and not due_now.exists():
             return []
 
         statements = self._statements(model, self.database)
@@ -269,6 +272,10 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         claimed = run_in_transaction(lambda: claim(picked), using=self.database, retries=retries)
         if picked is not None and not claimed:  # all taken meanwhile: from the head, as elsewhere
             claimed = run_in_transaction(lambda: claim(None), using=self.database, retries=retries)
+        if len(claimed) >= max_messages:
+            backlog.add(model)
+        else:
+            backlog.discard(model)
         if expired[0]:
             with _lease_expirations_lock:
                 _lease_expirations[(self.alias, model._meta.label)] += expired[0]

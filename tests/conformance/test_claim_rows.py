@@ -4,6 +4,7 @@ compare-and-set on the deliver time the claim read."""
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.db import transaction
@@ -62,3 +63,31 @@ def test_one_claim_leases_each_row_once_with_tokens_of_its_own() -> None:
         assert m.attempt == 1 and m.payload in (sent, sent.encode())  # (a bytes queue)
         assert statements.held_by(m.key) == [m.lease_token]
     assert api.receive(UserTasks) == []
+
+
+def test_idle_receives_open_no_transaction_after_a_backlog_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a claim that came back full the next claim asks the table itself (no separate
+    read); once one finds fewer than it asked for, idle receives again answer "nothing due"
+    from a read, without a read-write transaction (SQLite: without the write lock)."""
+    from spanner_queues.engines import table
+
+    opened: list[int] = []
+    real = table.run_in_transaction
+
+    def counted(fn: Any, **kwargs: Any) -> Any:
+        opened.append(1)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(table, "run_in_transaction", counted)
+    for i in range(4):
+        UserTasks.send(user_id=3, message_id=f"b{i}", payload="x")
+    assert len(api.receive(UserTasks, max_messages=2)) == 2  # full: a backlog
+    assert len(api.receive(UserTasks, max_messages=2)) == 2  # full again
+    assert opened
+    assert api.receive(UserTasks, max_messages=2) == []  # found none: the backlog is over
+    idle_from = len(opened)
+    for _ in range(3):
+        assert api.receive(UserTasks, max_messages=2) == []
+    assert len(opened) == idle_from  # idle: no transaction opened
