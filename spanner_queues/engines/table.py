@@ -190,7 +190,6 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         manager = rows(model, self.database)
 
         driver = driver_for(self.database)
-        due_now = manager.filter(deliver_time__lte=timezone.now())
         # Nothing due: answered by a read outside any write transaction, so idle receivers
         # take no write lock (SQLite) and no read-write transaction (Spanner). Right after a
         # claim that came back full (a backlog) the claim itself asks: one read less per
@@ -198,10 +197,14 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         backlog: set[type[Queue]] = self.__dict__.setdefault("_backlog", set())
         picked = None
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
+            due_now = manager.filter(deliver_time__lte=timezone.now())
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             if picked is None:
                 return []
-        elif model not in backlog and not due_now.exists():
+        elif (
+            model not in backlog
+            and not manager.filter(deliver_time__lte=timezone.now()).exists()
+        ):
             return []
 
         statements = self._statements(model, self.database)
@@ -211,7 +214,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         one_by_one = driver.replays_aborted_transactions
         names = key_names(model)
         n_keys = len(names)
-        columns = (*names, "payload", "deliver_time", "send_time", "attempts", "lease_expires_at")
+        columns = (*names, *statements.DUE_COLUMNS)
         label = model._meta.label
 
         expired = [0]
@@ -219,13 +222,17 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         def claim(keys: Q | None) -> list[Message]:
             expired[0] = 0
             now = timezone.now()
-            rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
-            if keys is not None:  # read (and lock) only the rows picked
-                rows_due = rows_due.filter(keys)
-            if skip_locked:  # rows another claim holds are passed over, not waited for
-                rows_due = rows_due.select_for_update(skip_locked=True)
-            # values, not model instances: the claim needs only these columns
-            due = list(rows_due.values_list(*columns)[:max_messages])
+            if keys is None and not one_by_one:  # the statement written once (table_sql)
+                # rows another claim holds are passed over, not waited for (skip_locked)
+                due = statements.select_due(now, max_messages, skip_locked=skip_locked)
+            else:
+                rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
+                if keys is not None:  # read (and lock) only the rows picked
+                    rows_due = rows_due.filter(keys)
+                if skip_locked:
+                    rows_due = rows_due.select_for_update(skip_locked=True)
+                # values, not model instances: the claim needs only these columns
+                due = list(rows_due.values_list(*columns)[:max_messages])
             expires = now + lease
             backoff = self.params.backoff
             wanted = []
