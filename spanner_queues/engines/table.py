@@ -196,18 +196,15 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         # claim while draining; a claim that finds fewer than it asked for ends the backlog.
         backlog: set[type[Queue]] = self.__dict__.setdefault("_backlog", set())
         picked = None
+        statements = self._statements(model, self.database)
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
             due_now = manager.filter(deliver_time__lte=timezone.now())
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             if picked is None:
                 return []
-        elif (
-            model not in backlog
-            and not manager.filter(deliver_time__lte=timezone.now()).exists()
-        ):
+        elif model not in backlog and not statements.any_due(timezone.now()):
             return []
 
-        statements = self._statements(model, self.database)
         skip_locked = driver.claims_skip_locked
         # One executemany per claim, except where the DB-API replays aborted transactions
         # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.

@@ -55,6 +55,7 @@ class RowStatements:
     ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
 
     __slots__ = (
+        "any_due_sql",
         "claim_sql",
         "delete_leased_sql",
         "delete_sql",
@@ -93,6 +94,7 @@ class RowStatements:
         self.due_sql = (
             f"SELECT {columns} FROM {table} WHERE {deliver} <= %s ORDER BY {deliver} ASC"
         )
+        self.any_due_sql = f"SELECT 1 FROM {table} WHERE {deliver} <= %s"
 
     @staticmethod
     def _lookup(field: Any, value: Any, connection: Any) -> Any:
@@ -124,6 +126,15 @@ class RowStatements:
         with connection.cursor() as cursor:
             cursor.execute(self.claim_sql, params)
             return cursor.rowcount
+
+    def any_due(self, now: datetime) -> bool:
+        """Whether a row is due at ``now``: ``filter(deliver_time__lte=now).exists()``."""
+        connection = connections[self.using]
+        sql = f"{self.any_due_sql} {connection.ops.limit_offset_sql(0, 1)}"
+        params = [self._lookup(self.fields["deliver_time"], now, connection)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() is not None
 
     def select_due(
         self, now: datetime, limit: int, *, skip_locked: bool = False
