@@ -258,7 +258,12 @@ _DRIVERS: dict[str, type[Driver]] = {
 def driver_for(alias: str) -> Driver:
     """The driver for database ``alias`` (the one place vendor strings are matched)."""
     connection = connections[alias]
-    return _DRIVERS.get(connection.vendor, Driver)(connection)
+    # One per connection (each thread has its own): the hot path asks several times a message.
+    driver = connection.__dict__.get("_spanner_queues_driver")
+    if driver is None:
+        driver = _DRIVERS.get(connection.vendor, Driver)(connection)
+        connection.__dict__["_spanner_queues_driver"] = driver
+    return driver
 
 
 def describe(value: Any) -> str:

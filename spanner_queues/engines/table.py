@@ -31,6 +31,7 @@ from spanner_queues.drivers import driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.table_acks import TableAcks
 from spanner_queues.engines.table_sql import (
+    Claim,
     InsertStatement,
     RowStatements,
     pick_due,
@@ -42,10 +43,10 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyExists,
 )
-from spanner_queues.keys import key_filter, row_to_message
+from spanner_queues.keys import key_filter, key_names, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
-from spanner_queues.payload import BYTES, payload_type, stored_text
+from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
@@ -189,53 +190,84 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         manager = rows(model, self.database)
 
         driver = driver_for(self.database)
-        due_now = manager.filter(deliver_time__lte=clock.now())
         # Nothing due: answered by a read outside any write transaction, so idle receivers
-        # take no write lock (SQLite) and no read-write transaction (Spanner).
+        # take no write lock (SQLite) and no read-write transaction (Spanner). Right after a
+        # claim that came back full (a backlog) the claim itself asks: one read less per
+        # claim while draining; a claim that finds fewer than it asked for ends the backlog.
+        backlog: set[type[Queue]] = self.__dict__.setdefault("_backlog", set())
         picked = None
+        statements = self._statements(model, self.database)
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
+            due_now = manager.filter(deliver_time__lte=clock.now())
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             if picked is None:
                 return []
-        elif not due_now.exists():
+        elif model not in backlog and not statements.any_due(clock.now()):
             return []
 
-        statements = self._statements(model, self.database)
         skip_locked = driver.claims_skip_locked
+        # One executemany per claim, except where the DB-API replays aborted transactions
+        # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.
+        one_by_one = driver.replays_aborted_transactions
+        names = key_names(model)
+        n_keys = len(names)
+        columns = (*names, *statements.DUE_COLUMNS)
+        label = model._meta.label
 
         expired = [0]
 
         def claim(keys: Q | None) -> list[Message]:
             expired[0] = 0
             now = clock.now()
-            rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
-            if keys is not None:  # read (and lock) only the rows picked
-                rows_due = rows_due.filter(keys)
-            if skip_locked:  # rows another claim holds are passed over, not waited for
-                rows_due = rows_due.select_for_update(skip_locked=True)
-            due = list(rows_due[:max_messages])
-            claimed = []
+            if keys is None and not one_by_one:  # the statement written once (table_sql)
+                # rows another claim holds are passed over, not waited for (skip_locked)
+                due = statements.select_due(now, max_messages, skip_locked=skip_locked)
+            else:
+                rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
+                if keys is not None:  # read (and lock) only the rows picked
+                    rows_due = rows_due.filter(keys)
+                if skip_locked:
+                    rows_due = rows_due.select_for_update(skip_locked=True)
+                # values, not model instances: the claim needs only these columns
+                due = list(rows_due.values_list(*columns)[:max_messages])
+            expires = now + lease
+            backoff = self.params.backoff
+            wanted = []
             for row in due:
-                attempt = row.attempts + 1
-                token = secrets.token_urlsafe(18)
-                expires = now + lease
-                age = now - (row.send_time or now)
-                message = row_to_message(model, row)
-                # compare-and-set on the deliver time just read
-                updated = statements.claim(
-                    message.key,
-                    row.deliver_time,
-                    lease_token=token,
-                    lease_expires_at=expires,
-                    attempts=attempt,
-                    deliver_time=expires + self.params.backoff.delay(attempt, age),
+                payload, deliver_time, send_time, attempts, lease_expires_at = row[n_keys:]
+                attempt = attempts + 1
+                age = now - (send_time or now)
+                wanted.append(
+                    Claim(
+                        key=row[:n_keys],
+                        was_due=deliver_time,  # compare-and-set on the deliver time just read
+                        lease_token=secrets.token_urlsafe(18),
+                        lease_expires_at=expires,
+                        attempts=attempt,
+                        deliver_time=expires + backoff.delay(attempt, age),
+                    )
                 )
-                if updated == 1:  # 0 only if another claimer won (SQLite without IMMEDIATE)
+            if one_by_one:
+                updated = [statements.claim(c.key, c.was_due, **c.changes()) == 1 for c in wanted]
+            else:
+                updated = statements.claim_many(wanted)
+            claimed = []
+            for row, c, won in zip(due, wanted, updated, strict=True):
+                if won:  # False only if another claimer won (SQLite without IMMEDIATE)
+                    payload, deliver_time, send_time, _, lease_expires_at = row[n_keys:]
                     # a lease still set: the last one ran out (acks delete, releases clear it)
-                    expired[0] += row.lease_expires_at is not None
+                    expired[0] += lease_expires_at is not None
                     claimed.append(
-                        replace(
-                            message, attempt=attempt, lease_token=token, lease_expires_at=expires
+                        Message(
+                            queue=label,
+                            key=c.key,
+                            key_names=names,
+                            payload=from_stored(payload),
+                            deliver_time=deliver_time,
+                            attempt=c.attempts,
+                            lease_token=c.lease_token,
+                            lease_expires_at=expires,
+                            send_time=send_time,
                         )
                     )
             return claimed
@@ -244,6 +276,10 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
         claimed = run_in_transaction(lambda: claim(picked), using=self.database, retries=retries)
         if picked is not None and not claimed:  # all taken meanwhile: from the head, as elsewhere
             claimed = run_in_transaction(lambda: claim(None), using=self.database, retries=retries)
+        if len(claimed) >= max_messages:
+            backlog.add(model)
+        else:
+            backlog.discard(model)
         if expired[0]:
             with _lease_expirations_lock:
                 _lease_expirations[(self.alias, model._meta.label)] += expired[0]

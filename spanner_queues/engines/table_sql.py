@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from django.db import connections
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
@@ -26,6 +26,27 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 
+class Claim(NamedTuple):
+    """One row of a claim: its key and the deliver time read (compared and set), and what to
+    set."""
+
+    key: tuple[Any, ...]
+    was_due: datetime
+    lease_token: str
+    lease_expires_at: datetime
+    attempts: int
+    deliver_time: datetime
+
+    def changes(self) -> dict[str, Any]:
+        """What ``RowStatements.claim`` sets, as its keyword arguments."""
+        return {
+            "lease_token": self.lease_token,
+            "lease_expires_at": self.lease_expires_at,
+            "attempts": self.attempts,
+            "deliver_time": self.deliver_time,
+        }
+
+
 class RowStatements:
     """The two per-message statements of the hot path, written once per queue and database
     in the backend's own quoting, with parameters prepared by the fields as the ORM prepares
@@ -34,14 +55,20 @@ class RowStatements:
     ``filter(<key>)._raw_delete()``, without rebuilding and compiling a query per message."""
 
     __slots__ = (
+        "any_due_sql",
         "claim_sql",
         "delete_leased_sql",
         "delete_sql",
+        "due_columns",
+        "due_sql",
         "fields",
         "key",
         "token_sql",
         "using",
     )
+
+    #: what ``select_due`` reads after the key columns, in this order
+    DUE_COLUMNS = ("payload", "deliver_time", "send_time", "attempts", "lease_expires_at")
 
     def __init__(self, model: type[Queue], using: str) -> None:
         quote = connections[using].ops.quote_name
@@ -61,6 +88,13 @@ class RowStatements:
         token = quote(self.fields["lease_token"].column)
         self.delete_leased_sql = f"{self.delete_sql} AND {token} = %s"
         self.token_sql = f"SELECT {token} FROM {table} WHERE {where}"
+        self.due_columns = (*self.key, *(meta.get_field(n) for n in self.DUE_COLUMNS))
+        columns = ", ".join(quote(f.column) for f in self.due_columns)
+        # = filter(deliver_time__lte=now).order_by("deliver_time").values_list(...)[:limit]
+        self.due_sql = (
+            f"SELECT {columns} FROM {table} WHERE {deliver} <= %s ORDER BY {deliver} ASC"
+        )
+        self.any_due_sql = f"SELECT 1 FROM {table} WHERE {deliver} <= %s"
 
     @staticmethod
     def _lookup(field: Any, value: Any, connection: Any) -> Any:
@@ -92,6 +126,112 @@ class RowStatements:
         with connection.cursor() as cursor:
             cursor.execute(self.claim_sql, params)
             return cursor.rowcount
+
+    def any_due(self, now: datetime) -> bool:
+        """Whether a row is due at ``now``: ``filter(deliver_time__lte=now).exists()``."""
+        connection = connections[self.using]
+        sql = f"{self.any_due_sql} {connection.ops.limit_offset_sql(0, 1)}"
+        params = [self._lookup(self.fields["deliver_time"], now, connection)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() is not None
+
+    def select_due(
+        self, now: datetime, limit: int, *, skip_locked: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The first ``limit`` rows due at ``now`` in deliver-time order, as the ORM's
+        ``values_list`` of the key columns then ``DUE_COLUMNS`` returns them (the backend's and
+        the fields' converters applied); with ``skip_locked``, read with ``FOR UPDATE SKIP
+        LOCKED``. The same SQL as the queryset, without building and compiling it per claim."""
+        connection = connections[self.using]  # this thread's
+        ops = connection.ops
+        sql = f"{self.due_sql} {ops.limit_offset_sql(0, limit)}"
+        if skip_locked:
+            sql += " " + ops.for_update_sql(skip_locked=True)
+        params = [self._lookup(self.fields["deliver_time"], now, connection)]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
+        if not found:
+            return []
+        converters = []
+        for i, f in enumerate(self.due_columns):
+            col = f.get_col(f.model._meta.db_table)
+            funcs = ops.get_db_converters(col) + col.get_db_converters(connection)
+            if funcs:
+                converters.append((i, col, funcs))
+        if not converters:
+            return [tuple(row) for row in found]
+        rows = []
+        for row in found:
+            values = list(row)
+            for i, col, funcs in converters:
+                value = values[i]
+                for func in funcs:
+                    value = func(value, col, connection)
+                values[i] = value
+            rows.append(tuple(values))
+        return rows
+
+    def claim_many(self, claims: Sequence[Claim]) -> list[bool]:
+        """``claim`` for each of ``claims`` in one ``executemany`` (the statement converted and
+        sent once for the whole claim instead of once per row); which rows it updated, each by
+        its own compare-and-set. Where the summed row count falls short (another claimer won
+        a row, or a driver that does not sum counts) each row's token is read back: a row is
+        claimed when it holds the new token (each one random)."""
+        if not claims:
+            return []
+        f = self.fields
+        connection = connections[self.using]  # this thread's
+        token_f, expires_f, attempts_f, deliver_f = (
+            f["lease_token"],
+            f["lease_expires_at"],
+            f["attempts"],
+            f["deliver_time"],
+        )
+        if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
+            # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
+            # a datetime both come to the backend's adapter (as in InsertStatement).
+            adapt = connection.ops.adapt_datetimefield_value
+            save_expires = save_deliver = look_due = adapt
+        else:
+
+            def save_expires(value: datetime) -> Any:
+                return expires_f.get_db_prep_save(value, connection)
+
+            def save_deliver(value: datetime) -> Any:
+                return deliver_f.get_db_prep_save(value, connection)
+
+            def look_due(value: datetime) -> Any:
+                return self._lookup(deliver_f, value, connection)
+
+        # Each time is adapted once per claim: one lease expiry and one new deliver time per
+        # attempt number for all its rows, and often the same deliver time read (a send_many).
+        adapted: dict[tuple[Any, datetime], Any] = {}
+
+        def once(adapter: Any, value: datetime) -> Any:
+            key = (adapter, value)
+            if key not in adapted:
+                adapted[key] = adapter(value)
+            return adapted[key]
+
+        params = [
+            [
+                token_f.get_db_prep_save(c.lease_token, connection),
+                once(save_expires, c.lease_expires_at),
+                attempts_f.get_db_prep_save(c.attempts, connection),
+                once(save_deliver, c.deliver_time),
+                *self._key(c.key, connection),
+                once(look_due, c.was_due),
+            ]
+            for c in claims
+        ]
+        with connection.cursor() as cursor:
+            cursor.executemany(self.claim_sql, params)
+            updated = cursor.rowcount
+        if updated == len(claims):
+            return [True] * len(claims)
+        return [self.held_by(c.key) == [c.lease_token] for c in claims]
 
     def held_by(self, key: Sequence[Any]) -> list[str | None]:
         """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""

@@ -106,7 +106,12 @@ class Execution:
                             self.held.unit_seconds = (
                                 took if avg is None else avg + (took - avg) * EWMA_WEIGHT
                             )
-                        self.held.cond.notify_all()
+                        # A slot is free: wake the intake only if it may claim now (it waits
+                        # for fewer waiting units than threads, or, with prefetch 1, for a free
+                        # thread) and whoever waits for the slots to empty or for a stop. With
+                        # units still waiting nobody is woken for nothing once per message.
+                        if self.held.waiting < self.concurrency or self.held.stopping:
+                            self.held.cond.notify_all()
                         if self.held.stopping and self.held.in_flight == 0:
                             self.held.renew_cond.notify_all()
                     recycle_connections()

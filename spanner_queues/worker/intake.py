@@ -203,8 +203,10 @@ class Intake:
                     continue
                 with self.held.cond:  # wait for in-flight work to finish, then look again
                     busy = self.held.in_flight
+                    # (busy 0: all finished during this round's receive; look again at once,
+                    # not after the timeout)
                     self.held.cond.wait_for(
-                        lambda busy=busy: self.held.stopping or self.held.in_flight < busy,
+                        lambda busy=busy: self.held.stopping or self.held.in_flight < max(busy, 1),
                         timeout=1.0,
                     )
                 continue

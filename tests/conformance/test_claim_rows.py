@@ -1,0 +1,93 @@
+"""Table engine: the rows of one claim are updated by one statement, each row by its own
+compare-and-set on the deliver time the claim read."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.engines.table_sql import Claim, row_statements
+from spanner_queues.storage import rows
+from tests.testapp.models import UserTasks
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.unless("supports_native_queues"),  # the native engine claims with RECEIVE
+]
+
+
+def test_a_row_whose_deliver_time_moved_is_not_claimed_the_others_are() -> None:
+    db = engines["default"].database
+    base = timezone.now() - timedelta(minutes=1)
+    for name in ("a", "b", "c"):
+        UserTasks.send(user_id=1, message_id=name, payload="x", deliver_time=base)
+    read = {r.message_id: r.deliver_time for r in rows(UserTasks, db)}
+    expires = timezone.now() + timedelta(minutes=5)
+    claims = [
+        Claim(
+            key=(1, name),
+            # "b" as if another claimer had moved its deliver time since it was read
+            was_due=read[name] - timedelta(seconds=1) if name == "b" else read[name],
+            lease_token=f"token-{name}",
+            lease_expires_at=expires,
+            attempts=1,
+            deliver_time=expires,
+        )
+        for name in ("a", "b", "c")
+    ]
+    statements = row_statements(UserTasks, db)
+    with transaction.atomic(using=db):
+        assert statements.claim_many(claims) == [True, False, True]
+    assert statements.held_by((1, "a")) == ["token-a"]
+    assert statements.held_by((1, "b")) == [None]
+    assert statements.held_by((1, "c")) == ["token-c"]
+    [b] = api.receive(UserTasks, max_messages=3)  # a and c are leased; b is still due
+    assert b.key == (1, "b")
+
+
+def test_one_claim_leases_each_row_once_with_tokens_of_its_own() -> None:
+    for i in range(25):
+        UserTasks.send(user_id=2, message_id=f"m{i:02d}", payload=str(i))
+    got = api.receive(UserTasks, max_messages=25)
+    assert sorted(m.key for m in got) == [(2, f"m{i:02d}") for i in range(25)]
+    assert len({m.lease_token for m in got}) == 25
+    statements = row_statements(UserTasks, engines["default"].database)
+    for m in got:
+        sent = str(int(m.key[1][1:]))
+        assert m.attempt == 1 and m.payload in (sent, sent.encode())  # (a bytes queue)
+        assert statements.held_by(m.key) == [m.lease_token]
+    assert api.receive(UserTasks) == []
+
+
+def test_idle_receives_open_no_transaction_after_a_backlog_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After a claim that came back full the next claim asks the table itself (no separate
+    read); once one finds fewer than it asked for, idle receives again answer "nothing due"
+    from a read, without a read-write transaction (SQLite: without the write lock)."""
+    from spanner_queues.engines import table
+
+    opened: list[int] = []
+    real = table.run_in_transaction
+
+    def counted(fn: Any, **kwargs: Any) -> Any:
+        opened.append(1)
+        return real(fn, **kwargs)
+
+    monkeypatch.setattr(table, "run_in_transaction", counted)
+    for i in range(4):
+        UserTasks.send(user_id=3, message_id=f"b{i}", payload="x")
+    assert len(api.receive(UserTasks, max_messages=2)) == 2  # full: a backlog
+    assert len(api.receive(UserTasks, max_messages=2)) == 2  # full again
+    assert opened
+    assert api.receive(UserTasks, max_messages=2) == []  # found none: the backlog is over
+    idle_from = len(opened)
+    for _ in range(3):
+        assert api.receive(UserTasks, max_messages=2) == []
+    assert len(opened) == idle_from  # idle: no transaction opened
