@@ -11,6 +11,9 @@ Every call goes to the emulator byte for byte, except the few that queues change
   of a queue is refused, as Spanner does.
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
+- ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
+  read-write transaction, translated as a commit is, and streams one response per group (its
+  index, its status, its commit timestamp when applied); a group that fails leaves the others.
 - ``Spanner.BeginTransaction``: read-only strong transactions are remembered, so RECEIVE can
   tell a strong read from a stale one or a read-write transaction.
 """
@@ -118,6 +121,8 @@ class Front:
             )
         if method == b.SPANNER + "ExecuteStreamingSql":
             return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
+        if method == b.SPANNER + "BatchWrite":
+            return grpc.unary_stream_rpc_method_handler(self._logged(self.batch_write))
         if method in own:
             return grpc.unary_unary_rpc_method_handler(self._guarded(method, own[method]))
         if method in STREAMING:
@@ -228,7 +233,9 @@ class Front:
                 self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
             )
         if req.HasField("single_use_transaction"):
-            return self._committed(self._checked_blind_commit(database, translated))
+            return self._committed(
+                self._checked_blind_commit(database, translated).SerializeToString()
+            )
         missing = q.missing_acks(
             self.backend, req.session, req.transaction_id, translated.must_exist
         )
@@ -237,18 +244,49 @@ class Front:
             raise _ack_not_found(missing)
         return self._committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
 
-    def _checked_blind_commit(self, database: str, translated: q.Translated) -> bytes:
+    def _checked_blind_commit(self, database: str, translated: q.Translated) -> Any:
         """A blind batch whose Acks must find their messages, as one read-write transaction
-        on the front's own session."""
+        on the front's own session (again on ABORTED); its ``CommitResponse``."""
 
         def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
-            missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
-            if missing:
-                raise _ack_not_found(missing)
+            if translated.must_exist:
+                missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
+                if missing:
+                    raise _ack_not_found(missing)
             return None, translated.mutations
 
         _, response = self.backend.transact(database, work)
-        return response.SerializeToString()
+        return response
+
+    def batch_write(self, request: bytes, context: Any) -> Iterator[bytes]:
+        """Each mutation group as one read-write transaction, in request order, translated as
+        a commit is: a group applies whole or not at all, whatever the other groups do. One
+        response per group: ``indexes`` = [its index], ``status`` OK and the commit timestamp,
+        or the status of its failure (``NOT_FOUND`` for an Ack that finds no message)."""
+        req = b.BatchWriteRequest.FromString(request)
+        database = _database_of(req.session)
+        try:
+            catalog = self.catalog(database)
+        except grpc.RpcError as exc:  # no such database: the call fails, not each group
+            self._abort_with(context, exc)
+        for index, group in enumerate(req.mutation_groups):
+            if not context.is_active():
+                return  # cancelled: later groups are not applied
+            response = b.BatchWriteResponse(indexes=[index])
+            response.status.SetInParent()
+            try:
+                translated = q.translate_mutations(group.mutations, catalog)
+                committed = self._checked_blind_commit(database, translated)
+            except q.QueueRefusal as refusal:
+                _failed(response, _status(refusal.code), str(refusal))
+            except (st.StatementError, ValueError) as exc:
+                _failed(response, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except grpc.RpcError as exc:
+                _failed(response, exc.code(), exc.details() or "")
+            else:
+                response.commit_timestamp.CopyFrom(committed.commit_timestamp)
+                self._committed(b"")
+            yield response.SerializeToString()
 
     def _committed(self, response: bytes) -> bytes:
         with self._commits:
@@ -464,6 +502,11 @@ def _python(value: Any, type_: Any) -> Any:
     if kind == "number_value":
         return int(value.number_value) if value.number_value.is_integer() else value.number_value
     return None
+
+
+def _failed(response: Any, code: grpc.StatusCode, message: str) -> None:
+    response.status.code = code.value[0]
+    response.status.message = message
 
 
 def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:
