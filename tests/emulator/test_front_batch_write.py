@@ -7,6 +7,8 @@ from __future__ import annotations
 import base64
 from typing import Any
 
+import pytest
+from google.api_core import exceptions as gexc
 from google.rpc import code_pb2
 
 from tests.emulator.test_front_messages import receive
@@ -103,3 +105,11 @@ def test_a_refused_group_leaves_the_others_applied(database: Any) -> None:
     assert count(database, "Users") == 0
     with database.snapshot() as snap:
         assert list(snap.execute_sql("SELECT Id, Payload FROM SampleQueue")) == [[2, "y"]]
+
+
+def test_a_dropped_database_fails_the_whole_call(database: Any) -> None:
+    with database.mutation_groups() as mutation_groups:  # checks out a session first
+        mutation_groups.group().send(queue="SampleQueue", key=(1,), payload="x")
+        database.drop()
+        with pytest.raises(gexc.NotFound):
+            list(mutation_groups.batch_write())
