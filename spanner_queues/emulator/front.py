@@ -6,25 +6,25 @@ Every call goes to the emulator byte for byte, except the few that queues change
 - ``DatabaseAdmin.UpdateDatabaseDdl`` / ``CreateDatabase``: ``CREATE QUEUE``, ``DROP QUEUE`` and
   ``ALTER QUEUE`` become table DDL (``schema``); ``GetDatabaseDdl`` shows queues as declared.
 - ``Spanner.ExecuteStreamingSql``: ``RECEIVE_<Q>(...)`` is served by the front as a
-  long-running stream of batches on a strong single-use read (``queues.claim``);
+  long-running stream of batches on a strong single-use read (``receiving``);
   ``ExecuteSql``/``ExecuteStreamingSql``: ``RENEWLEASE_<Q>(...)`` (``queues.renew``); ``UPDATE``
   of a queue is refused, as Spanner does.
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
+- ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
+  read-write transaction, translated as a commit is, and streams one response per group (its
+  index, its status, its commit timestamp when applied); a group that fails leaves the others.
 - ``Spanner.BeginTransaction``: read-only strong transactions are remembered, so RECEIVE can
   tell a strong read from a stale one or a read-write transaction.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import logging
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 
@@ -32,8 +32,9 @@ from spanner_queues.emulator import backend as b
 from spanner_queues.emulator import queues as q
 from spanner_queues.emulator import schema as s
 from spanner_queues.emulator import statements as st
+from spanner_queues.emulator import status
 from spanner_queues.emulator.ddl_calls import SchemaCalls
-from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+from spanner_queues.emulator.receiving import Receiving, is_strong_read
 
 logger = logging.getLogger("spanner_queues.emulator")
 
@@ -42,29 +43,9 @@ logger = logging.getLogger("spanner_queues.emulator")
 STREAMING = frozenset(
     {b.SPANNER + "ExecuteStreamingSql", b.SPANNER + "StreamingRead", b.SPANNER + "BatchWrite"}
 )
-#: headers not forwarded to the emulator (gRPC sets its own).
-_SKIP_HEADERS = ("user-agent", "grpc-", ":")
 #: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
 #: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
-#: how long an idle RECEIVE sleeps at most between looks at its queue.
-IDLE_POLL_SECONDS = 0.5
-
-
-def _status(name: str) -> grpc.StatusCode:
-    return getattr(grpc.StatusCode, name)
-
-
-class _Aborted(Exception):
-    """The call was ended with a status (``context.abort``); nothing more to do."""
-
-
-def _abort(context: Any, code: grpc.StatusCode, details: str) -> NoReturn:
-    try:
-        context.abort(code, details)
-    except Exception:
-        pass
-    raise _Aborted(details)
 
 
 def _database_of(session_or_db: str) -> str:
@@ -83,16 +64,11 @@ class Front:
         )
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
-        self._lock = threading.Lock()
-        self._commits = threading.Condition()
-        self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
-        self.stopping = threading.Event()
+        self.receiving = Receiving(self.backend)
 
     def shutdown(self) -> None:
-        """End open RECEIVE streams (they look at ``stopping`` after each wait)."""
-        self.stopping.set()
-        with self._commits:
-            self._commits.notify_all()
+        """End open RECEIVE streams."""
+        self.receiving.shutdown()
 
     # --- catalog (SchemaCalls) ------------------------------------------------------------
     def catalog(self, database: str) -> dict[str, s.QueueSchema]:
@@ -118,6 +94,8 @@ class Front:
             )
         if method == b.SPANNER + "ExecuteStreamingSql":
             return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
+        if method == b.SPANNER + "BatchWrite":
+            return grpc.unary_stream_rpc_method_handler(self._logged(self.batch_write))
         if method in own:
             return grpc.unary_unary_rpc_method_handler(self._guarded(method, own[method]))
         if method in STREAMING:
@@ -133,13 +111,13 @@ class Front:
         def call(request: bytes, context: Any) -> Iterator[bytes]:
             try:
                 yield from fn(request, context)
-            except _Aborted:
+            except status.Aborted:
                 raise
             except Exception as exc:
                 if isinstance(exc, grpc.RpcError) or not context.is_active():
                     raise
                 logger.exception("the emulator front failed on a streaming call")
-                _abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
+                status.abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
 
         return call
 
@@ -147,19 +125,19 @@ class Front:
         def call(request: bytes, context: Any) -> bytes:
             try:
                 return fn(request, context)
-            except _Aborted:
+            except status.Aborted:
                 raise
             except q.QueueRefusal as refusal:
-                _abort(context, _status(refusal.code), str(refusal))
+                status.abort(context, status.code(refusal.code), str(refusal))
             except (st.StatementError, s.QueueDdlError, ValueError) as exc:
-                _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                status.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except grpc.RpcError as exc:
-                self._abort_with(context, exc)
+                status.abort_with(context, exc)
             except Exception as exc:
                 if not context.is_active():
                     raise
                 logger.exception("the emulator front failed on %s", method)
-                _abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
+                status.abort(context, grpc.StatusCode.INTERNAL, f"emulator front: {exc!r}")
             raise AssertionError("unreachable")
 
         return call
@@ -167,28 +145,23 @@ class Front:
     # --- pass-through --------------------------------------------------------------------
     @staticmethod
     def _metadata(context: Any) -> list[tuple[str, str]]:
-        return [(k, v) for k, v in context.invocation_metadata() if not k.startswith(_SKIP_HEADERS)]
+        return [
+            (k, v)
+            for k, v in context.invocation_metadata()
+            if not k.startswith(status.SKIP_HEADERS)
+        ]
 
     @staticmethod
     def _timeout(context: Any) -> float | None:
         remaining = context.time_remaining()
         return remaining if remaining is not None and remaining < 10**8 else None
 
-    @staticmethod
-    def _abort_with(context: Any, exc: grpc.RpcError) -> None:
-        trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
-        if trailing:
-            context.set_trailing_metadata(
-                [(k, v) for k, v in trailing if not k.startswith(_SKIP_HEADERS)]
-            )
-        _abort(context, exc.code(), exc.details() or "")
-
     def forward(self, method: str, request: bytes, context: Any) -> bytes:
         call = self.channel.unary_unary(method)
         try:
             return call(request, metadata=self._metadata(context), timeout=self._timeout(context))
         except grpc.RpcError as exc:
-            self._abort_with(context, exc)
+            status.abort_with(context, exc)
             raise
 
     def forward_stream(self, method: str, request: bytes, context: Any) -> Iterator[bytes]:
@@ -200,18 +173,15 @@ class Front:
             yield from call
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.CANCELLED or context.is_active():
-                self._abort_with(context, exc)
+                status.abort_with(context, exc)
 
     # --- DDL -----------------------------------------------------------------------------
     # --- transactions --------------------------------------------------------------------
     def begin_transaction(self, request: bytes, context: Any) -> bytes:
         response = self.forward(b.SPANNER + "BeginTransaction", request, context)
         options = b.BeginTransactionRequest.FromString(request).options
-        if _is_strong_read(options):
-            with self._lock:
-                self._strong_reads[b.Transaction.FromString(response).id] = None
-                while len(self._strong_reads) > 10000:
-                    self._strong_reads.popitem(last=False)
+        if is_strong_read(options):
+            self.receiving.remember_strong_read(b.Transaction.FromString(response).id)
         return response
 
     def commit(self, request: bytes, context: Any) -> bytes:
@@ -228,7 +198,9 @@ class Front:
                 self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
             )
         if req.HasField("single_use_transaction"):
-            return self._committed(self._checked_blind_commit(database, translated))
+            return self._committed(
+                self._checked_blind_commit(database, translated).SerializeToString()
+            )
         missing = q.missing_acks(
             self.backend, req.session, req.transaction_id, translated.must_exist
         )
@@ -237,22 +209,52 @@ class Front:
             raise _ack_not_found(missing)
         return self._committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
 
-    def _checked_blind_commit(self, database: str, translated: q.Translated) -> bytes:
+    def _checked_blind_commit(self, database: str, translated: q.Translated) -> Any:
         """A blind batch whose Acks must find their messages, as one read-write transaction
-        on the front's own session."""
+        on the front's own session (again on ABORTED); its ``CommitResponse``."""
 
         def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
-            missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
-            if missing:
-                raise _ack_not_found(missing)
+            if translated.must_exist:
+                missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
+                if missing:
+                    raise _ack_not_found(missing)
             return None, translated.mutations
 
         _, response = self.backend.transact(database, work)
-        return response.SerializeToString()
+        return response
+
+    def batch_write(self, request: bytes, context: Any) -> Iterator[bytes]:
+        """Each mutation group as one read-write transaction, in request order, translated as
+        a commit is: a group applies whole or not at all, whatever the other groups do. One
+        response per group: ``indexes`` = [its index], ``status`` OK and the commit timestamp,
+        or the status of its failure (``NOT_FOUND`` for an Ack that finds no message)."""
+        req = b.BatchWriteRequest.FromString(request)
+        database = _database_of(req.session)
+        try:
+            catalog = self.catalog(database)
+        except grpc.RpcError as exc:  # no such database: the call fails, not each group
+            status.abort_with(context, exc)
+        for index, group in enumerate(req.mutation_groups):
+            if not context.is_active():
+                return  # cancelled: later groups are not applied
+            response = b.BatchWriteResponse(indexes=[index])
+            response.status.SetInParent()
+            try:
+                translated = q.translate_mutations(group.mutations, catalog)
+                committed = self._checked_blind_commit(database, translated)
+            except q.QueueRefusal as refusal:
+                _failed(response, status.code(refusal.code), str(refusal))
+            except (st.StatementError, ValueError) as exc:
+                _failed(response, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            except grpc.RpcError as exc:
+                _failed(response, exc.code(), exc.details() or "")
+            else:
+                response.commit_timestamp.CopyFrom(committed.commit_timestamp)
+                self._committed(b"")
+            yield response.SerializeToString()
 
     def _committed(self, response: bytes) -> bytes:
-        with self._commits:
-            self._commits.notify_all()  # wake RECEIVE streams: something may be due now
+        self.receiving.committed()  # wake RECEIVE streams: something may be due now
         return response
 
     # --- SQL -----------------------------------------------------------------------------
@@ -321,15 +323,16 @@ class Front:
                 yield partial.SerializeToString()
                 return
         except q.QueueRefusal as refusal:
-            _abort(context, _status(refusal.code), str(refusal))
+            status.abort(context, status.code(refusal.code), str(refusal))
         except (st.StatementError, ValueError) as exc:
-            _abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            status.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except grpc.RpcError as exc:
-            self._abort_with(context, exc)
+            status.abort_with(context, exc)
         if found is None:
             yield from self.forward_stream(b.SPANNER + "ExecuteStreamingSql", request, context)
             return
-        yield from self._receive(req, *found, context)
+        call, queue = found
+        yield from self.receiving.stream(req, _database_of(req.session), call, queue, context)
 
     def _renew(
         self, req: Any, call: st.QueueCall, queue: s.QueueSchema
@@ -337,107 +340,6 @@ class Front:
         tokens = call.args["lease_tokens"]
         rows = q.renew(self.backend, _database_of(req.session), queue, tokens)
         return q.project(q.renew_fields(), rows, call.columns)
-
-    # --- RECEIVE -------------------------------------------------------------------------
-    def _receive(
-        self, req: Any, call: st.QueueCall, queue: s.QueueSchema, context: Any
-    ) -> Iterator[bytes]:
-        try:
-            self._check_receive_mode(req.transaction, queue)
-            batch, duration = _receive_args(call.args)
-        except q.QueueRefusal as refusal:
-            _abort(context, _status(refusal.code), str(refusal))
-        database = _database_of(req.session)
-        deadline = time.monotonic() + duration
-        done = threading.Event()
-        context.add_callback(done.set)
-        sent_metadata = False
-        batches = 0
-        while not (done.is_set() or self.stopping.is_set()) and time.monotonic() < deadline:
-            try:
-                earliest = q.has_due(self.backend, database, queue)
-                claimed = None
-                if earliest is not None and earliest <= q.now():
-                    claimed = q.claim(self.backend, database, queue, batch)
-            except grpc.RpcError as exc:
-                self._abort_with(context, exc)
-                return
-            if claimed is not None and claimed.rows:
-                fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
-                # A resume token on every batch: Google's client (Snapshot.execute_sql) holds
-                # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
-                # already sent stay leased to this call.
-                batches += 1
-                partial = b.PartialResultSet(resume_token=f"receive-{batches}".encode())
-                if not sent_metadata:
-                    partial.metadata.CopyFrom(q.metadata(fields))
-                    sent_metadata = True
-                for row in rows:
-                    partial.values.extend(row)
-                yield partial.SerializeToString()
-                continue
-            wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
-            if earliest is not None:
-                wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
-            with self._commits:
-                self._commits.wait(wait)
-        if not sent_metadata:
-            fields, _ = q.project(_receive_fields(self, database, queue), [], call.columns)
-            yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
-
-    def _check_receive_mode(self, selector: Any, queue: s.QueueSchema) -> None:
-        kind = selector.WhichOneof("selector")
-        if kind == "single_use" and _is_strong_read(selector.single_use):
-            return
-        if kind == "id":
-            with self._lock:
-                if selector.id in self._strong_reads:
-                    return
-        if kind is None:  # no selector: a strong single-use read by default
-            return
-        raise q.QueueRefusal(
-            "INVALID_ARGUMENT",
-            f"RECEIVE_{queue.name} must run in a strong read-only transaction; stale reads "
-            "and read-write transactions are not supported",
-        )
-
-
-def _is_strong_read(options: Any) -> bool:
-    if options.WhichOneof("mode") != "read_only":
-        return False
-    bound = options.read_only.WhichOneof("timestamp_bound")
-    return bound in (None, "strong")
-
-
-def _receive_args(args: dict[str, Any]) -> tuple[int, float]:
-    batch = args.get("max_batch_size")
-    if batch is None:
-        batch = DEFAULT_MAX_BATCH_SIZE
-    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
-        raise q.QueueRefusal("INVALID_ARGUMENT", f"max_batch_size must be >= 1, not {batch!r}")
-    raw = args.get("max_duration")
-    try:
-        duration = DEFAULT_MAX_DURATION if raw is None else parse_duration(raw)
-    except ValueError as exc:
-        raise q.QueueRefusal("INVALID_ARGUMENT", str(exc)) from None
-    return batch, duration.total_seconds()
-
-
-def _receive_fields(front: Front, database: str, queue: s.QueueSchema) -> list[tuple[str, Any]]:
-    """RECEIVE's columns when no row came (the metadata still names and types them)."""
-    keys = ", ".join(q.quote(k) for k in queue.keys)
-    with front.backend.session(database) as session:
-        result = front.backend.query(
-            session,
-            f"SELECT {keys}, {s.PAYLOAD}, {s.DELIVER_TIME} FROM {q.quote(queue.name)} LIMIT 0",
-        )
-    fields = [(f.name, f.type_) for f in result.metadata.row_type.fields]
-    return [
-        *fields,
-        (q.RECEIVE_SYSTEM[0], b.field_type(b.TypeCode.TIMESTAMP)),
-        (q.RECEIVE_SYSTEM[1], b.field_type(b.TypeCode.STRING)),
-        (q.RECEIVE_SYSTEM[2], b.field_type(b.TypeCode.BOOL)),
-    ]
 
 
 def _param_values(req: Any) -> dict[str, Any]:
@@ -464,6 +366,11 @@ def _python(value: Any, type_: Any) -> Any:
     if kind == "number_value":
         return int(value.number_value) if value.number_value.is_integer() else value.number_value
     return None
+
+
+def _failed(response: Any, code: grpc.StatusCode, message: str) -> None:
+    response.status.code = code.value[0]
+    response.status.message = message
 
 
 def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:

@@ -1,0 +1,166 @@
+"""``RECEIVE_<Q>(...)`` served by the front: a long-running stream of batches, each leased in a
+read-write transaction of the front's own (``queues.claim``), until ``max_duration`` elapses,
+the client cancels or the front shuts down.
+
+- RECEIVE runs only in a strong read-only transaction: single use, or one the front saw begun
+  strong (``remember_strong_read``); anything else is ``INVALID_ARGUMENT``.
+- An idle stream looks at its queue again on every commit through the front (``committed``),
+  at most every ``IDLE_POLL_SECONDS`` otherwise, and when the earliest scheduled message falls
+  due. Rows it leased are sent before it ends.
+- Every batch carries a resume token (Google's client holds rows back until one arrives);
+  resuming with it starts a new RECEIVE, and rows already sent stay leased to the first call.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+from spanner_queues.emulator import backend as b
+from spanner_queues.emulator import queues as q
+from spanner_queues.emulator import schema as s
+from spanner_queues.emulator import statements as st
+from spanner_queues.emulator import status
+from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+
+#: how long an idle RECEIVE sleeps at most between looks at its queue.
+IDLE_POLL_SECONDS = 0.5
+#: how many strong read-only transactions are remembered (the oldest are forgotten first).
+STRONG_READS_KEPT = 10000
+
+
+class Receiving:
+    """The RECEIVE streams of one front, and what they wait on."""
+
+    def __init__(self, backend: b.Backend) -> None:
+        self.backend = backend
+        self._lock = threading.Lock()
+        self._commits = threading.Condition()
+        self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
+        self.stopping = threading.Event()
+
+    def shutdown(self) -> None:
+        """End open streams (they look at ``stopping`` after each wait)."""
+        self.stopping.set()
+        self.committed()
+
+    def committed(self) -> None:
+        """Wake idle streams: a commit through the front may have made a message due."""
+        with self._commits:
+            self._commits.notify_all()
+
+    def remember_strong_read(self, transaction_id: bytes) -> None:
+        """``transaction_id`` was begun read-only and strong: RECEIVE may run in it."""
+        with self._lock:
+            self._strong_reads[transaction_id] = None
+            while len(self._strong_reads) > STRONG_READS_KEPT:
+                self._strong_reads.popitem(last=False)
+
+    def stream(
+        self, req: Any, database: str, call: st.QueueCall, queue: s.QueueSchema, context: Any
+    ) -> Iterator[bytes]:
+        """Serve ``call`` (a parsed RECEIVE of ``queue``) for ``req``: serialized
+        ``PartialResultSet`` messages, metadata on the first; ends the call on a refusal."""
+        try:
+            self._check_mode(req.transaction, queue)
+            batch, duration = receive_args(call.args)
+        except q.QueueRefusal as refusal:
+            status.abort(context, status.code(refusal.code), str(refusal))
+        deadline = time.monotonic() + duration
+        done = threading.Event()
+        context.add_callback(done.set)
+        sent_metadata = False
+        batches = 0
+        while not (done.is_set() or self.stopping.is_set()) and time.monotonic() < deadline:
+            try:
+                earliest = q.has_due(self.backend, database, queue)
+                claimed = None
+                if earliest is not None and earliest <= q.now():
+                    claimed = q.claim(self.backend, database, queue, batch)
+            except grpc.RpcError as exc:
+                status.abort_with(context, exc)
+            if claimed is not None and claimed.rows:
+                fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
+                # A resume token on every batch: Google's client (Snapshot.execute_sql) holds
+                # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
+                # already sent stay leased to this call.
+                batches += 1
+                partial = b.PartialResultSet(resume_token=f"receive-{batches}".encode())
+                if not sent_metadata:
+                    partial.metadata.CopyFrom(q.metadata(fields))
+                    sent_metadata = True
+                for row in rows:
+                    partial.values.extend(row)
+                yield partial.SerializeToString()
+                continue
+            wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
+            if earliest is not None:
+                wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
+            with self._commits:
+                self._commits.wait(wait)
+        if not sent_metadata:
+            fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
+            yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
+
+    def _check_mode(self, selector: Any, queue: s.QueueSchema) -> None:
+        kind = selector.WhichOneof("selector")
+        if kind == "single_use" and is_strong_read(selector.single_use):
+            return
+        if kind == "id":
+            with self._lock:
+                if selector.id in self._strong_reads:
+                    return
+        if kind is None:  # no selector: a strong single-use read by default
+            return
+        raise q.QueueRefusal(
+            "INVALID_ARGUMENT",
+            f"RECEIVE_{queue.name} must run in a strong read-only transaction; stale reads "
+            "and read-write transactions are not supported",
+        )
+
+
+def is_strong_read(options: Any) -> bool:
+    """Whether ``TransactionOptions`` ask for a strong read-only transaction."""
+    if options.WhichOneof("mode") != "read_only":
+        return False
+    bound = options.read_only.WhichOneof("timestamp_bound")
+    return bound in (None, "strong")
+
+
+def receive_args(args: dict[str, Any]) -> tuple[int, float]:
+    """(max_batch_size, max_duration in seconds) of a RECEIVE call, defaults applied."""
+    batch = args.get("max_batch_size")
+    if batch is None:
+        batch = DEFAULT_MAX_BATCH_SIZE
+    if not isinstance(batch, int) or isinstance(batch, bool) or batch < 1:
+        raise q.QueueRefusal("INVALID_ARGUMENT", f"max_batch_size must be >= 1, not {batch!r}")
+    raw = args.get("max_duration")
+    try:
+        duration = DEFAULT_MAX_DURATION if raw is None else parse_duration(raw)
+    except ValueError as exc:
+        raise q.QueueRefusal("INVALID_ARGUMENT", str(exc)) from None
+    return batch, duration.total_seconds()
+
+
+def receive_fields(
+    backend: b.Backend, database: str, queue: s.QueueSchema
+) -> list[tuple[str, Any]]:
+    """RECEIVE's columns when no row came (the metadata still names and types them)."""
+    keys = ", ".join(q.quote(k) for k in queue.keys)
+    with backend.session(database) as session:
+        result = backend.query(
+            session,
+            f"SELECT {keys}, {s.PAYLOAD}, {s.DELIVER_TIME} FROM {q.quote(queue.name)} LIMIT 0",
+        )
+    fields = [(f.name, f.type_) for f in result.metadata.row_type.fields]
+    return [
+        *fields,
+        (q.RECEIVE_SYSTEM[0], b.field_type(b.TypeCode.TIMESTAMP)),
+        (q.RECEIVE_SYSTEM[1], b.field_type(b.TypeCode.STRING)),
+        (q.RECEIVE_SYSTEM[2], b.field_type(b.TypeCode.BOOL)),
+    ]
