@@ -26,38 +26,24 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import sqlite_bench  # beside this script: on sys.path when it runs
+
+ROOT = sqlite_bench.ROOT
 
 
 def setup(workdir: Path) -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.tasks_settings"
-    os.environ["SQ_BENCH_SQLITE_PATH"] = str(workdir / "bench.sqlite3")
-    os.environ.pop("SQ_BENCH_TRACE", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", run_syncdb=True, verbosity=0)
+    sqlite_bench.setup(workdir, "benchmarks.tasks_settings")
 
 
 def clear() -> None:
-    from django_tasks_db.models import DBTaskResult
-
-    from benchmarks.workerbench.models import Order
-    from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
-
-    Order.objects.all().delete()
-    TaskMessage.objects.all().delete()
-    TaskResultRecord.objects.all().delete()
-    DBTaskResult.objects.all().delete()
+    sqlite_bench.clear(
+        "workerbench.Order", "spanner_queues.TaskMessage", "spanner_queues.TaskResultRecord"
+    )
 
 
 def bench_enqueue(n: int) -> dict[str, Any]:
@@ -120,7 +106,10 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
                 ours_task.enqueue(str(i))
         t0 = time.perf_counter()
         stats = Worker(
-            ["spanner_queues.TaskMessage"], burst=True, concurrency=c, prefetch=p,
+            ["spanner_queues.TaskMessage"],
+            burst=True,
+            concurrency=c,
+            prefetch=p,
             install_signal_handlers=False,
         ).run()
         elapsed = time.perf_counter() - t0

@@ -39,31 +39,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+import sqlite_bench  # beside this script: on sys.path when it runs
+
+ROOT = sqlite_bench.ROOT
 
 
 def setup(workdir: Path) -> None:
-    sys.path.insert(0, str(ROOT))
-    os.environ["DJANGO_SETTINGS_MODULE"] = "benchmarks.worker_settings"
-    os.environ["SQ_BENCH_SQLITE_PATH"] = str(workdir / "bench.sqlite3")
-    os.environ.pop("SQ_BENCH_TRACE", None)
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", run_syncdb=True, verbosity=0)
+    sqlite_bench.setup(workdir, "benchmarks.worker_settings")
 
 
 def clear() -> None:
-    from django_tasks_db.models import DBTaskResult
-
-    from benchmarks.workerbench.models import Order, OrderBatches, OrderTasks
-
-    Order.objects.all().delete()
-    OrderTasks.objects.all().delete()
-    OrderBatches.objects.all().delete()
-    DBTaskResult.objects.all().delete()
+    sqlite_bench.clear("workerbench.Order", "workerbench.OrderTasks", "workerbench.OrderBatches")
 
 
 # --- (a) enqueue -----------------------------------------------------------------------------
