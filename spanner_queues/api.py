@@ -404,7 +404,8 @@ def ack_many(
     """Delete messages by key in the caller's transaction, all or none. If any is gone, raise
     ``MessageAlreadyAcked``; the caller's transaction is then marked for rollback.
 
-    A received ``Message`` carries its lease: on engines with
+    Inside a receiver run by the worker, a message it was handed and acks here is not acked
+    again by the worker. A received ``Message`` carries its lease: on engines with
     ``features.supports_lease_checked_ack`` (the table engine) it is acked only while its row
     still holds that lease token (inside a receiver run by the worker: the worker's current,
     renewed token), so a stale ack raises ``StaleAck`` (a ``LeaseLost``) instead of deleting a
@@ -417,6 +418,9 @@ def ack_many(
     engine, db = engine_for(model), _database(model, using)
     tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
     engine.ack_keys(model, keys, tokens, using=db)
+    for m in messages:  # a worker's running receiver acked its own message: not again
+        if isinstance(m, Message):
+            mark_acked(m)
     metrics.acked(model, messages, db)  # on commit; nothing while metrics are off
     failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
     if failed_before:  # where failed runs are recorded, the record goes with the ack

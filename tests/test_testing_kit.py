@@ -49,8 +49,8 @@ def test_drain_runs_the_receivers_and_reports_outcomes():
     outcomes = drain(Notifications)
     assert [o.message.key for o in outcomes.acked] == [("a",)]
     assert [o.message.key for o in outcomes.retried] == [("b",)]
-    [failed] = outcomes.failed
-    assert failed.message.key == ("c",) and str(failed.error) == "cannot notify"
+    # c fails (again, if its back-off ends while the drain runs: drain runs what is due)
+    assert {(o.message.key, str(o.error)) for o in outcomes.failed} == {(("c",), "cannot notify")}
     assert list(Thing.objects.values_list("num", flat=True)) == [1]  # the receiver's write
     assert [m.key for m in sent(Notifications)] == [("c",), ("b",)]  # c backs off, b in 5 min
 

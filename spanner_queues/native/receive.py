@@ -255,6 +255,9 @@ class Receiver:
                     exc,
                     delay,
                 )
+                with self._cond:  # the call is over: a settle need not wait out the back-off
+                    self._calling = False
+                    self._cond.notify_all()
                 self._stop.wait(delay)
             finally:
                 self._open_since = None

@@ -59,44 +59,44 @@ class Renewer:
         for d in due:
             by_model.setdefault(d.model, []).append(d)
         for model, group in by_model.items():
-            with self.held.lease_lock(model, wait=LOCK_WAIT) as got:
-                if not got:
-                    # The database's write lock is busy in this process (SQLite: an atomic
-                    # receiver holds it while it runs; nobody can claim its rows meanwhile).
-                    # Try again shortly rather than wait holding anything an ack needs.
-                    later = clock.now() + timedelta(seconds=LOCK_WAIT)
-                    for d in group:
-                        d.renew_at = later
-                    continue
-                group = [d for d in group if not d.done and not d.lease_lost and not d.acking]
-                if not group:
-                    continue
-                try:
-                    renewed = api.renew_many([d.message for d in group])
-                except NotSupportedByEngine:  # the lease is what it is: no renewal
-                    for d in group:
-                        d.renew_at = None
-                    continue
-                except Exception:
-                    logger.exception("lease renewal failed; trying again")
+
+            def renewal(group: list[Delivery] = group) -> tuple[list[Delivery], list[Any]]:
+                live = [d for d in group if not d.done and not d.lease_lost and not d.acking]
+                return live, (api.renew_many([d.message for d in live]) if live else [])
+
+            try:
+                with self.held.lease_write(model, renewal, wait=LOCK_WAIT) as (got, result):
+                    if not got or result is None:
+                        # The database's write lock is busy in this process (SQLite: an
+                        # atomic receiver holds it while it runs; nobody can claim its rows
+                        # meanwhile): try again shortly, holding nothing an ack needs.
+                        later = clock.now() + timedelta(seconds=LOCK_WAIT)
+                        for d in group:
+                            d.renew_at = later
+                        continue
+                    live, renewed = result
+                    by_key = {m.key: m for m in renewed}
                     now = clock.now()
-                    for d in group:
-                        expires = d.message.lease_expires_at
-                        if expires is not None and expires <= now:
+                    for d in live:
+                        new = by_key.get(d.message.key)
+                        if new is None:
                             self.mark_lost(d)
                         else:
-                            d.renew_at = now + timedelta(milliseconds=200)
-                    continue
-                by_key = {m.key: m for m in renewed}
+                            d.message = new
+                            d.renew_at = renew_at(new, now)
+                            self.events.emit("renewed", message=new)
+            except NotSupportedByEngine:  # the lease is what it is: no renewal
+                for d in group:
+                    d.renew_at = None
+            except Exception:
+                logger.exception("lease renewal failed; trying again")
                 now = clock.now()
                 for d in group:
-                    new = by_key.get(d.message.key)
-                    if new is None:
+                    expires = d.message.lease_expires_at
+                    if expires is not None and expires <= now:
                         self.mark_lost(d)
                     else:
-                        d.message = new
-                        d.renew_at = renew_at(new, now)
-                        self.events.emit("renewed", message=new)
+                        d.renew_at = now + timedelta(milliseconds=200)
 
     def mark_lost(self, d: Delivery) -> None:
         d.lease_lost = True

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from datetime import timezone as dt_timezone
+from typing import Any
 
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, MessageAlreadyExists, Retry
@@ -55,19 +56,27 @@ class Outcomes:
         run_now = []
         for d in unit:
             db, engine, _ = self.held.cached(d.model)
-            with self.held.lease_lock(d.model):
-                if d.lease_lost:  # reported (and not run) by the run below
-                    run_now.append(d)
-                    continue
+            m = d.message
+
+            def give_back(d: Delivery = d, engine: Any = engine, db: str = db) -> str | None:
+                nonlocal m
+                if d.lease_lost:
+                    return None
                 m = d.message
-                try:
-                    done = engine.return_unstarted(d.model, m, using=db)
-                except (LeaseLost, MessageAlreadyAcked):
-                    logger.warning("%s: lease lost before it was given back", m)
-                    continue
-                except Exception:
-                    logger.exception("%s: giving it back failed; left to lease expiry", m)
-                    continue
+                return engine.return_unstarted(d.model, m, using=db)
+
+            try:
+                with self.held.lease_write(d.model, give_back) as (_, done):
+                    pass
+            except (LeaseLost, MessageAlreadyAcked):
+                logger.warning("%s: lease lost before it was given back", m)
+                continue
+            except Exception:
+                logger.exception("%s: giving it back failed; left to lease expiry", m)
+                continue
+            if done is None:  # lease lost: reported (and not run) by the run below
+                run_now.append(d)
+                continue
             if done == "run":
                 run_now.append(d)
                 continue
@@ -172,18 +181,20 @@ class Outcomes:
         """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
         engine can; else it comes back after its lease."""
         engine = self.held.cached(d.model)[1]
-        with self.held.lease_lock(d.model):
+
+        def give_back() -> bool:
             if d.lease_lost:
-                return
-            try:
-                given = engine.give_back(d.model, d.message, deliver_time=deliver_time)
-            except LeaseLost:
-                logger.warning("%s: lease lost before release", d.message)
-            except Exception:
-                logger.exception("%s: release failed; left to lease expiry", d.message)
-            else:
+                return False
+            return engine.give_back(d.model, d.message, deliver_time=deliver_time)
+
+        try:
+            with self.held.lease_write(d.model, give_back) as (_, given):
                 if given:
                     self.events.emit("released", message=d.message)
+        except LeaseLost:
+            logger.warning("%s: lease lost before release", d.message)
+        except Exception:
+            logger.exception("%s: release failed; left to lease expiry", d.message)
 
     def give_up(self, deliveries: list[Delivery], exc: BaseException | None) -> None:
         for d in deliveries:

@@ -11,23 +11,26 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from spanner_queues import api
 from spanner_queues.drivers import driver_for
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for
+from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
     from spanner_queues.receivers import ReceiverSpec
+
+T = TypeVar("T")
 
 
 @dataclass(eq=False, slots=True)
@@ -104,28 +107,53 @@ class Holdings:
             return [d.message for d in deliveries]
 
     @contextlib.contextmanager
-    def lease_lock(self, model: type[Queue], wait: float | None = None) -> Iterator[bool]:
-        """``renew_lock`` for writing leases of ``model`` (renew, release, give back), taken
-        after the database's write lock (SQLite: one per file and process), in the order of a
-        receiver's transaction, which holds the write lock and then takes ``renew_lock`` to
-        ack. The other order deadlocked: the ack waited for ``renew_lock`` while its holder
-        waited for the write lock.
+    def lease_write(
+        self, model: type[Queue], write: Callable[[], T], *, wait: float | None = None
+    ) -> Iterator[tuple[bool, T | None]]:
+        """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
+        ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
+        write's result)`` and records the new leases: an ack reads no token in between.
 
-        Yields whether both are held. ``wait`` None: wait as long as the write lock is held
-        elsewhere (an atomic receiver of this process can hold it for as long as it runs; going
-        on without it would wait in the database's lock with ``renew_lock`` held, and stall
-        every ack of the process). A number: give up after that many seconds and yield False,
-        holding neither (the renewer then tries again later)."""
-        driver = driver_for(self.cached(model)[0])
-        while True:
+        Where one write lock serves the whole database (``Driver.single_writer``: SQLite),
+        ``write()`` runs in a read-write transaction of its own and ``renew_lock`` is taken
+        inside it, once the transaction has the database's lock (``BEGIN IMMEDIATE``) - the
+        order of an ack, which takes ``renew_lock`` inside its transaction. Taken before, it
+        was held while waiting for the database (on every retry) by a thread that an ack
+        holding the database's lock then waited for. ``wait``: give up when this process's
+        write lock stays busy that long (an atomic receiver of this process holds it while it
+        runs): yields ``(False, None)`` and nothing is written. Errors of ``write()`` and of
+        its transaction are raised by the ``with`` statement."""
+        db, engine, _ = self.cached(model)
+        driver = driver_for(db)
+        if not driver.single_writer:
+            with self.renew_lock:
+                yield True, write()
+            return
+        held = False
+
+        def attempt() -> T:
+            nonlocal held
+            if not held:  # (still held when only a commit failed: a retry keeps it)
+                self.renew_lock.acquire()
+                held = True
+            try:
+                return write()
+            except BaseException:
+                self.renew_lock.release()
+                held = False
+                raise
+
+        try:
             with driver.write_lock(timeout=wait) as got:
-                if got:
-                    with self.renew_lock:
-                        yield True
-                    return
-            if wait is not None:
-                yield False
-                return
+                if not got and wait is not None:
+                    result: tuple[bool, T | None] = (False, None)
+                else:
+                    retries = engine.params.transaction_retries
+                    result = (True, run_in_transaction(attempt, using=db, retries=retries))
+            yield result
+        finally:
+            if held:
+                self.renew_lock.release()
 
     def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
         """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""

@@ -235,3 +235,41 @@ def test_an_atomic_receiver_that_outlives_the_write_lock_timeout_keeps_its_work(
     assert events.counts["renewal_failed"] == 0
     assert list(WorkLog.objects.values_list("key", "attempt")) == [("long", 1)]
     assert not WorkItems.objects.exists()
+
+
+@pytest.mark.requires("stores_bookkeeping_fields")  # renewal through a table transaction
+def test_a_renewal_never_waits_for_the_database_holding_what_an_ack_needs(
+    make_worker: Callable[..., Worker],
+    events: WorkerEvents,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receiver that is not atomic acks in a transaction of its own (``atomic()`` then
+    ``api.ack``): that transaction holds SQLite's write lock without the worker's, and its ack
+    reads the renewed lease under the renewal lock. The renewer took the renewal lock and then
+    waited for SQLite's lock in ``BEGIN IMMEDIATE`` (on every retry): the ack waited for all
+    of them and the renewal failed. The renewal lock is taken only inside the renewal's
+    transaction now, once the database's lock is had, as an ack takes it."""
+    require("supports_lease_renewal")
+    options = connections.settings[engine_for(WorkItems).database].get("OPTIONS", {})
+    if "timeout" in options:  # SQLite's busy timeout
+        monkeypatch.setitem(options, "timeout", 0.5)
+    WorkItems.send(id="own", payload={"mode": "external", "own_transaction": True, "pause": 1.5})
+    with running(make_worker(WorkItems, lease=timedelta(seconds=0.4), max_messages=1)):
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["renewal_failed"] == 0 and events.counts["lease_lost"] == 0
+    assert list(WorkLog.objects.values_list("key", flat=True)) == ["own"]
+    assert not WorkItems.objects.exists()
+
+
+def test_a_receiver_that_acks_its_own_message_is_not_acked_again(
+    make_worker: Callable[..., Worker], events: WorkerEvents
+) -> None:
+    """``api.ack(message)`` in an atomic receiver's code (what the worker would do after it):
+    the worker then acked it a second time, found no row, and rolled the whole transaction
+    back - the receiver's work and its own ack - so the message came back, every time."""
+    WorkItems.send(id="self", payload={"ack_itself": True})
+    with running(make_worker(WorkItems, max_messages=1)):
+        assert events.wait_for("acked", timeout=30) or events.wait_for("already_acked", 1)
+    assert events.counts["acked"] == 1 and events.counts["already_acked"] == 0
+    assert list(WorkLog.objects.values_list("key", flat=True)) == ["self"]
+    assert not WorkItems.objects.exists()

@@ -7,7 +7,10 @@
 - ``fail``: raise on every attempt; ``fail_below``: raise while attempt < this;
 - ``retry_after``: raise ``Retry(after=...)`` on the first run of this key (per ``trace``);
 - ``outlive_lease``: keep running until well past the lease the message arrived with;
-- ``exit``: raise ``SystemExit(exit)`` (a ``BaseException``, as ``sys.exit()`` in user code).
+- ``exit``: raise ``SystemExit(exit)`` (a ``BaseException``, as ``sys.exit()`` in user code);
+- ``ack_itself``: ``api.ack`` the message in the receiver's code;
+- ``own_transaction`` (with ``"mode": "external"``): write the ``WorkLog`` row, sleep ``pause``
+  seconds and ``api.ack`` the message in one ``transaction.atomic()`` block of its own.
 Then it writes a ``WorkLog`` row in the ack transaction. With ``"mode": "external"`` in the
 payload, ``work_external`` (``atomic=False``) does the same outside any transaction and the worker
 acks afterwards: on SQLite an atomic receiver holds the database's single write lock while it
@@ -22,9 +25,10 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+from django.db import transaction
 from django.utils import timezone
 
-from spanner_queues import Retry, receiver
+from spanner_queues import Retry, api, receiver
 from spanner_queues.message import Message
 from spanner_queues.patterns import periodic, resend_later
 from tests.workerapp.models import Dirty, Events, Pings, Tasks, Ticks, WorkItems, WorkLog
@@ -69,6 +73,12 @@ def work_external(message: Message) -> None:
 
 def _obey(message: Message, note: str) -> None:
     spec = message.json() if message.payload else {}
+    if spec.get("own_transaction"):
+        with transaction.atomic():
+            WorkLog.objects.create(key=message.key[0], attempt=message.attempt, note=note)
+            time.sleep(spec.get("pause", 0))
+            api.ack(message)
+        return
     if "trace" in spec:
         _trace(spec["trace"], message)
     if "block" in spec:
@@ -83,6 +93,8 @@ def _obey(message: Message, note: str) -> None:
         raise RuntimeError(f"asked to fail (attempt {message.attempt})")
     if "retry_after" in spec and _runs(spec["trace"], message) == 1:
         raise Retry(after=timedelta(seconds=spec["retry_after"]), reason="asked to retry")
+    if spec.get("ack_itself"):
+        api.ack(message)
     if spec.get("outlive_lease"):
         # Past the lease it came with, plus the first back-off: without renewal another
         # receiver could have it by now.
