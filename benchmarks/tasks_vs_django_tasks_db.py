@@ -99,7 +99,10 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
 
     results: dict[str, Any] = {}
     ours_task = noop.using(backend="queues")
-    variants = [(c, 1) for c in concurrency] + [(c, p) for c in concurrency for p in prefetch]
+    # None: the worker's default (adaptive prefetch); then each fixed prefetch asked for
+    variants: list[tuple[int, int | None]] = [(c, None) for c in concurrency] + [
+        (c, p) for c in concurrency for p in prefetch
+    ]
     for c, p in variants:
         with transaction.atomic():
             for i in range(n):
@@ -115,7 +118,7 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
         elapsed = time.perf_counter() - t0
         done = TaskResultRecord.objects.filter(status="SUCCESSFUL").count()
         assert stats.processed == n and done == n and not TaskMessage.objects.exists(), stats
-        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p > 1 else ")")
+        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p else ")")
         results[name] = {"tasks_per_s": n / elapsed, "n": n}
         clear()
 
@@ -157,7 +160,7 @@ def main() -> None:
             f"load {os.getloadavg()[0]:.1f}"
         )
         enqueue = bench_enqueue(args.enqueue)
-        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
+        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p >= 1])
         print(f"load after {os.getloadavg()[0]:.1f}")
 
     print(f"\n(a) enqueue: {args.enqueue} transactions of one ORM insert + one task")
