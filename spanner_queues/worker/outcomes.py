@@ -56,28 +56,23 @@ class Outcomes:
         run_now = []
         for d in unit:
             db, engine, _ = self.held.cached(d.model)
-            m = d.message
 
             def give_back(d: Delivery = d, engine: Any = engine, db: str = db) -> str | None:
-                nonlocal m
                 if d.lease_lost:
                     return None
-                m = d.message
-                return engine.return_unstarted(d.model, m, using=db)
+                return engine.return_unstarted(d.model, d.message, using=db)
 
             try:
                 with self.held.lease_write(d.model, give_back) as (_, done):
                     pass
             except (LeaseLost, MessageAlreadyAcked):
-                logger.warning("%s: lease lost before it was given back", m)
+                logger.warning("%s: lease lost before it was given back", d.message)
                 continue
             except Exception:
-                logger.exception("%s: giving it back failed; left to lease expiry", m)
+                logger.exception("%s: giving it back failed; left to lease expiry", d.message)
                 continue
-            if done is None:  # lease lost: reported (and not run) by the run below
-                run_now.append(d)
-                continue
-            if done == "run":
+            # None: the lease was lost, reported (and not run) by the run below
+            if done is None or done == "run":
                 run_now.append(d)
                 continue
             if done == "kept":

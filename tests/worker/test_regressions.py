@@ -225,9 +225,7 @@ def test_an_atomic_receiver_that_outlives_the_write_lock_timeout_keeps_its_work(
     "database is locked". Here the lock timeout is 0.5 s and the receiver runs for 2.5 s: the
     renewer must wait its turn instead, and no renewal fails."""
     require("supports_lease_renewal")
-    options = connections.settings[engine_for(WorkItems).database].get("OPTIONS", {})
-    if "timeout" in options:  # SQLite's busy timeout: also the wait for the write lock
-        monkeypatch.setitem(options, "timeout", 0.5)
+    _short_lock_timeout(monkeypatch)
     WorkItems.send(id="long", payload={"pause": 2.5})
     with running(make_worker(WorkItems, lease=timedelta(seconds=0.4), max_messages=1)):
         assert events.wait_for("acked", timeout=30) or events.wait_for("lease_lost", timeout=1)
@@ -250,9 +248,7 @@ def test_a_renewal_never_waits_for_the_database_holding_what_an_ack_needs(
     of them and the renewal failed. The renewal lock is taken only inside the renewal's
     transaction now, once the database's lock is had, as an ack takes it."""
     require("supports_lease_renewal")
-    options = connections.settings[engine_for(WorkItems).database].get("OPTIONS", {})
-    if "timeout" in options:  # SQLite's busy timeout
-        monkeypatch.setitem(options, "timeout", 0.5)
+    _short_lock_timeout(monkeypatch)
     WorkItems.send(id="own", payload={"mode": "external", "own_transaction": True, "pause": 1.5})
     with running(make_worker(WorkItems, lease=timedelta(seconds=0.4), max_messages=1)):
         assert events.wait_for("acked", timeout=60)
@@ -273,3 +269,11 @@ def test_a_receiver_that_acks_its_own_message_is_not_acked_again(
     assert events.counts["acked"] == 1 and events.counts["already_acked"] == 0
     assert list(WorkLog.objects.values_list("key", flat=True)) == ["self"]
     assert not WorkItems.objects.exists()
+
+
+def _short_lock_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Connections opened from now on wait 0.5 s for SQLite's locks (its busy timeout, also
+    the wait for the process's write lock); other databases have no such option."""
+    options = connections.settings[engine_for(WorkItems).database].get("OPTIONS", {})
+    if "timeout" in options:
+        monkeypatch.setitem(options, "timeout", 0.5)
