@@ -119,6 +119,7 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
         "MAX_SECONDS",
         "HOURLY_AFTER_SECONDS",
         "HOURLY_SECONDS",
+        "JITTER",
     }
     if set(backoff_raw) - backoff_known:
         raise InvalidQueueEngine(
@@ -131,7 +132,13 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
         raise InvalidQueueEngine(
             f"SPANNER_QUEUES[{alias!r}]: BACKOFF MULTIPLIER must be a number >= 1."
         )
+    jitter = backoff_raw.get("JITTER", defaults.jitter)
+    if isinstance(jitter, bool) or not isinstance(jitter, (int, float)) or not 0 <= jitter <= 1:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]: BACKOFF JITTER must be a number from 0 to 1."
+        )
     backoff = BackoffPolicy(
+        jitter=float(jitter),
         initial=_seconds(
             backoff_raw.get("INITIAL_SECONDS", defaults.initial), "INITIAL_SECONDS", alias
         ),

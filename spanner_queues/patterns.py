@@ -2,8 +2,9 @@
 
 - ``resend_later`` / ``checkpoint``: ack a message and send it again under the same key, due
   later (optionally with a new payload), in one transaction (long work, checkpoints, R2/R3).
-- ``periodic``: a receiver that runs every ``every`` and, in the same transaction, acks its
-  message and sends the next run; ``seed`` sends the first run once (R4).
+- ``periodic``: a receiver that runs every ``every`` (or on a ``cron`` expression in a time
+  zone) and, in the same transaction, acks its message and sends the next run; ``seed`` sends
+  the first run once (R4).
 - ``beat`` / ``cancel``: replace the message under a key (heartbeat, R6) or delete it.
 - ``window_deliver_time``: a deliver time rounded up to a window, with an optional stable
   per-entity offset (temporal batching).
@@ -17,9 +18,12 @@ from __future__ import annotations
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
+from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from croniter import croniter
 from django.utils import timezone
 
 from spanner_queues import api, clock
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 __all__ = [
+    "Cron",
     "Schedule",
     "beat",
     "cancel",
@@ -161,14 +166,96 @@ def window_deliver_time(
 
 
 # --- periodic work ---------------------------------------------------------------------------
+class Cron:
+    """A cron expression (five fields, or croniter's ``@daily``-style aliases) read in a time
+    zone. ``next_after(instant)`` is the first run strictly after ``instant``.
+
+    Daylight-saving changes, as Vixie cron does for fixed times: a wall time the clock skips
+    (spring forward) runs once, at the instant the clock jumps (every skipped time of one gap
+    folds into that single run); a wall time the clock repeats (fall back) runs once, at its
+    first occurrence.
+    """
+
+    __slots__ = ("expression", "zone")
+
+    def __init__(self, expression: str, zone: str | tzinfo | None = None) -> None:
+        if not isinstance(expression, str) or not croniter.is_valid(expression):
+            raise InvalidArgument(f"{expression!r} is not a valid cron expression.")
+        if len(expression.split()) > 5:
+            raise InvalidArgument(
+                f"{expression!r}: give five fields (minute hour day month weekday); "
+                "seconds are not supported."
+            )
+        self.expression = expression
+        self.zone = _zone(zone)
+
+    def __repr__(self) -> str:
+        return f"Cron({self.expression!r}, {str(self.zone)!r})"
+
+    def next_after(self, instant: datetime) -> datetime:
+        """The first run strictly after ``instant`` (an aware datetime), as an aware datetime
+        in this schedule's zone."""
+        # compare in UTC: aware datetimes sharing a tzinfo compare by wall time, ignoring fold
+        after = instant.astimezone(dt_timezone.utc)
+        wall = instant.astimezone(self.zone).replace(tzinfo=None)
+        times = croniter(self.expression, wall - timedelta(hours=3))
+        while True:
+            candidate = self._instant(times.get_next(datetime))
+            if candidate.astimezone(dt_timezone.utc) > after:
+                return candidate
+
+    def _instant(self, wall: datetime) -> datetime:
+        """The instant of a local wall time: its first occurrence when the clock repeats it,
+        the end of the gap when the clock skips it."""
+        aware = wall.replace(tzinfo=self.zone, fold=0)
+        if _exists(aware):
+            return aware
+        later = wall
+        while not _exists(later.replace(tzinfo=self.zone)):
+            later += timedelta(minutes=1)
+        later = later.replace(second=0, microsecond=0)
+        return later.replace(tzinfo=self.zone, fold=0)
+
+
+def _exists(aware: datetime) -> bool:
+    """Whether a local wall time happens (it is not in a spring-forward gap)."""
+    utc = aware.astimezone(dt_timezone.utc)
+    return utc.astimezone(aware.tzinfo).replace(tzinfo=None) == aware.replace(tzinfo=None)
+
+
+def _zone(zone: str | tzinfo | None) -> tzinfo:
+    if zone is None:
+        return timezone.get_default_timezone()
+    if isinstance(zone, tzinfo):
+        return zone
+    try:
+        return ZoneInfo(zone)
+    except (ZoneInfoNotFoundError, ValueError) as exc:
+        raise InvalidArgument(f"{zone!r} is not a known time zone.") from exc
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Schedule:
-    """A periodic job: the message under ``key`` in ``queue`` is due every ``every``."""
+    """A periodic job: the message under ``key`` in ``queue`` is due every ``every``, or at
+    each run of ``cron`` (in its time zone)."""
 
     queue: str | type[Queue]
     key: Mapping[str, Any]
-    every: timedelta
+    every: timedelta | None = None
+    cron: Cron | None = None
     payload: Any = b""
+
+    def next_run(self, message: Message | None = None, *, now: datetime | None = None) -> datetime:
+        """When the run after ``message`` is due (with no message: the first run; for
+        ``every`` that is now). Missed runs are skipped, never caught up."""
+        now = now or clock.now()
+        if self.cron is not None:
+            after = max(now, message.deliver_time) if message and message.deliver_time else now
+            return self.cron.next_after(after)
+        assert self.every is not None
+        if message is None:
+            return now
+        return next_run(message, self.every, now=now)
 
 
 def schedules(registry: ReceiverRegistry | None = None) -> list[Schedule]:
@@ -224,7 +311,8 @@ def seed_schedules(
         label = get_queue(schedule.queue)._meta.label
         if queues is not None and label not in queues:
             continue
-        message = seed(schedule.queue, schedule.key, payload=schedule.payload)
+        first = schedule.next_run() if schedule.cron is not None else None
+        message = seed(schedule.queue, schedule.key, payload=schedule.payload, deliver_time=first)
         if message is not None:
             sent.append(message)
     return sent
@@ -233,33 +321,48 @@ def seed_schedules(
 def periodic(
     queue: str | type[Queue],
     *,
-    every: timedelta,
     key: Mapping[str, Any],
+    every: timedelta | None = None,
+    cron: str | None = None,
+    timezone: str | tzinfo | None = None,
     payload: Any = b"",
     atomic: bool = True,
     registry: ReceiverRegistry | None = None,
 ) -> Callable[[Callable[[Message], Any]], Callable[[Message], Any]]:
     """Register a receiver for the message under ``key`` that runs the function, then acks the
-    message and sends the next run (due ``every`` after this one), in one transaction when
-    ``atomic``. The worker seeds the first run at start (``seed_schedules``).
+    message and sends the next run, in one transaction when ``atomic``. The next run is due
+    ``every`` after this one, or at the next run of the ``cron`` expression read in
+    ``timezone`` (a zone name such as ``"Europe/Paris"``; default ``settings.TIME_ZONE``);
+    see ``Cron`` for daylight-saving changes. Give exactly one of ``every`` and ``cron``. The
+    worker seeds the first run at start (``seed_schedules``): at once for ``every``, at the
+    next cron time for ``cron``.
 
     Several schedules can share a queue: each receiver matches its own ``key``.
     """
-    if every <= timedelta(0):
+    if (every is None) == (cron is None):
+        raise InvalidArgument("Pass exactly one of every= or cron=.")
+    if every is not None and every <= timedelta(0):
         raise InvalidArgument("every must be positive.")
+    if timezone is not None and cron is None:
+        raise InvalidArgument("timezone= goes with cron=.")
+    schedule = Schedule(
+        queue=queue,
+        key=dict(key),
+        every=every,
+        cron=Cron(cron, timezone) if cron is not None else None,
+        payload=payload,
+    )
 
     def decorator(func: Callable[[Message], Any]) -> Callable[[Message], Any]:
         def run_periodic(message: Message) -> None:
             func(message)
-            resend_later(message, deliver_time=next_run(message, every))
+            resend_later(message, deliver_time=schedule.next_run(message))
 
         run_periodic.__module__ = func.__module__
         run_periodic.__qualname__ = f"{func.__qualname__}[periodic]"
         receiver(queue, atomic=atomic, match=dict(key), registry=registry)(run_periodic)
         identity = (str(queue), repr(sorted(dict(key).items())))
-        (registry if registry is not None else receivers).schedules[identity] = Schedule(
-            queue=queue, key=dict(key), every=every, payload=payload
-        )
+        (registry if registry is not None else receivers).schedules[identity] = schedule
         return func
 
     return decorator

@@ -6,7 +6,7 @@ lists them):
 
 - the lease: 10 s from delivery or renewal (documented by Google, not configurable there);
 - the back-off after a lease expires: ``BackoffPolicy`` (exponential while the message is
-  younger than an hour, then hourly; Google documents only that shape);
+  younger than an hour, then hourly; Google documents only that shape), with jitter;
 - ``RECEIVE_<Q>`` defaults: ``max_batch_size`` 1, ``max_duration`` one minute;
 - ``max_duration`` text: Go-style durations (``"500ms"``, ``"90s"``, ``"20m"``, ``"1h30m"``).
 
@@ -15,6 +15,7 @@ Pure Python: no Django settings, so the emulator front can run without a project
 
 from __future__ import annotations
 
+import random
 import re
 from dataclasses import dataclass
 from datetime import timedelta
@@ -32,10 +33,12 @@ _UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BackoffPolicy:
-    """Redelivery delay after a lease expires without an ack.
+    """Redelivery delay after a lease expires without an ack (or a receiver fails).
 
     Like Spanner: exponential back-off while the message is younger than ``hourly_after``, then
-    one attempt per ``hourly``. ``delay(attempt, age)`` is the wait after delivery ``attempt``.
+    one attempt per ``hourly``. ``longest(attempt, age)`` is that wait after delivery
+    ``attempt``; ``delay`` draws the wait uniformly from ``[longest * (1 - jitter), longest]``,
+    so messages that failed together come back spread out, never later than ``longest``.
     """
 
     initial: timedelta = timedelta(seconds=1)
@@ -43,13 +46,23 @@ class BackoffPolicy:
     maximum: timedelta = timedelta(minutes=15)
     hourly_after: timedelta = timedelta(hours=1)
     hourly: timedelta = timedelta(hours=1)
+    jitter: float = 0.2
 
-    def delay(self, attempt: int, age: timedelta) -> timedelta:
+    def longest(self, attempt: int, age: timedelta) -> timedelta:
+        """The wait without jitter."""
         if age >= self.hourly_after:
             return self.hourly
         exponent = min(max(attempt - 1, 0), 64)
         seconds = self.initial.total_seconds() * (self.multiplier**exponent)
         return min(timedelta(seconds=min(seconds, 10**9)), self.maximum)
+
+    def shortest(self, attempt: int, age: timedelta) -> timedelta:
+        """The shortest wait ``delay`` can draw."""
+        return self.longest(attempt, age) * (1 - self.jitter)
+
+    def delay(self, attempt: int, age: timedelta) -> timedelta:
+        """The wait after delivery ``attempt`` of a message sent ``age`` ago, jittered."""
+        return self.longest(attempt, age) * (1 - self.jitter * random.random())
 
 
 def parse_duration(text: str) -> timedelta:

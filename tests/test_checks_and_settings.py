@@ -62,11 +62,17 @@ def test_parse_engine_defaults_and_shortcuts() -> None:
     assert params.max_payload_bytes == 4096
     assert parse_engine("x", {"ENGINE": "native"}).engine == NATIVE_ENGINE
     params = parse_engine("x", {"OPTIONS": {"BACKOFF": {"INITIAL_SECONDS": 2, "MULTIPLIER": 3}}})
-    assert params.backoff.delay(3, timedelta(0)) == timedelta(seconds=18)
+    assert params.backoff.longest(3, timedelta(0)) == timedelta(seconds=18)
+    assert params.backoff.jitter == 0.2  # the documented default
     with pytest.raises(InvalidQueueEngine, match="MULTIPLIER"):
         parse_engine("x", {"OPTIONS": {"BACKOFF": {"MULTIPLIER": 0.5}}})
-    with pytest.raises(InvalidQueueEngine, match="unknown keys: JITTER"):
-        parse_engine("x", {"OPTIONS": {"BACKOFF": {"JITTER": 1}}})
+    with pytest.raises(InvalidQueueEngine, match="unknown keys: JITER"):
+        parse_engine("x", {"OPTIONS": {"BACKOFF": {"JITER": 0.1}}})
+    for bad in (-0.1, 1.5, "0.2", True):
+        with pytest.raises(InvalidQueueEngine, match="JITTER must be a number from 0 to 1"):
+            parse_engine("x", {"OPTIONS": {"BACKOFF": {"JITTER": bad}}})
+    exact = parse_engine("x", {"OPTIONS": {"BACKOFF": {"JITTER": 0}}}).backoff
+    assert exact.delay(3, timedelta(0)) == exact.longest(3, timedelta(0)) == timedelta(seconds=4)
 
 
 def test_engine_handler_resets_on_setting_change() -> None:

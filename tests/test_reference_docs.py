@@ -23,6 +23,7 @@ BACKOFF_KEYS = {
     "MAX_SECONDS",
     "HOURLY_AFTER_SECONDS",
     "HOURLY_SECONDS",
+    "JITTER",
 }
 
 

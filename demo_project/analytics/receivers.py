@@ -23,6 +23,15 @@ def aggregate_hourly_sales(message: Message) -> None:
     aggregate_hour(now)
 
 
+@periodic(Schedules, cron="0 3 * * *", timezone="Europe/Paris", key={"name": "nightly-sales"})
+def reaggregate_last_day(message: Message) -> None:
+    """Pattern 7 on a cron schedule: at 03:00 Paris time, summer and winter, the 24 hours
+    before again (orders that arrived late included)."""
+    end = start_of_hour(timezone.now())
+    for hours_ago in range(24, 0, -1):
+        aggregate_hour(end - timedelta(hours=hours_ago))
+
+
 @periodic(Schedules, every=timedelta(seconds=10), key={"name": "depth-samples"})
 def sample_queue_depths(message: Message) -> None:
     """Keep the admin's depth charts moving while nobody looks at them."""

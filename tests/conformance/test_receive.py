@@ -51,27 +51,38 @@ def test_lease_expiry_redelivers_with_attempts_and_backoff() -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
     first = receive_due(UserTasks, lease=SHORT)[0]
     # Not before the lease has expired *and* the first back-off has passed.
-    earliest = first.lease_expires_at + backoff.delay(1, timedelta(0))
+    earliest = first.lease_expires_at + backoff.shortest(1, timedelta(0))
     second = wait_until(lambda: api.receive(UserTasks, lease=SHORT))[0]
     assert timezone.now() >= earliest
     assert second.key == first.key
     assert second.attempt == 2
     assert second.lease_token != first.lease_token
-    earliest = second.lease_expires_at + backoff.delay(2, timedelta(0))
+    earliest = second.lease_expires_at + backoff.shortest(2, timedelta(0))
     third = wait_until(lambda: api.receive(UserTasks, lease=SHORT))[0]
     assert timezone.now() >= earliest
     assert third.attempt == 3
-    assert backoff.delay(2, timedelta(0)) > backoff.delay(1, timedelta(0))
+    assert backoff.shortest(2, timedelta(0)) > backoff.longest(1, timedelta(0))
 
 
 def test_backoff_policy_matches_spanner_shape() -> None:
     from spanner_queues.conf import BackoffPolicy
 
     policy = BackoffPolicy()
-    delays = [policy.delay(n, timedelta(minutes=1)).total_seconds() for n in range(1, 14)]
+    delays = [policy.longest(n, timedelta(minutes=1)).total_seconds() for n in range(1, 14)]
     assert delays[:4] == [1, 2, 4, 8]
     assert max(delays) == 900  # capped inside the first hour
-    assert policy.delay(3, timedelta(hours=2)) == timedelta(hours=1)  # then hourly
+    assert policy.longest(3, timedelta(hours=2)) == timedelta(hours=1)  # then hourly
+
+
+@pytest.mark.engine_independent
+def test_a_thousand_messages_failing_together_come_back_spread_out() -> None:
+    from spanner_queues.conf import BackoffPolicy
+
+    policy = BackoffPolicy()  # the default jitter: 20 % of the wait
+    waits = [policy.delay(5, timedelta(minutes=1)).total_seconds() for _ in range(1000)]
+    assert all(16 * 0.8 <= w <= 16 for w in waits)  # never later than the un-jittered wait
+    assert len({round(w, 2) for w in waits}) > 300  # not one instant
+    assert max(waits) - min(waits) > 16 * 0.2 * 0.8  # spread over most of the band
 
 
 def test_renewal_keeps_message_and_rotates_token() -> None:

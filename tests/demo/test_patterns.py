@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 from django.contrib.auth.models import User
@@ -161,6 +162,12 @@ def test_07_hourly_aggregation_runs_and_schedules_its_next_run(drain: Drain) -> 
     assert nxt.deliver_time >= before + timedelta(minutes=59)
     drain(Schedules)  # nothing due: no second run
     assert HourlySales.objects.get(hour=hour).computed_at == row.computed_at
+    # the cron schedule is seeded for its next run: 03:00 in Paris, whatever the season
+    nightly = Schedules.objects.get(name="nightly-sales").deliver_time.astimezone(
+        ZoneInfo("Europe/Paris")
+    )
+    assert (nightly.hour, nightly.minute) == (3, 0)
+    assert before < nightly <= before + timedelta(days=1)
 
 
 # --- 8. temporal batching --------------------------------------------------------------------
