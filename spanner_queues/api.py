@@ -17,6 +17,7 @@ from django.db.models import Model
 from django.utils import timezone
 
 from spanner_queues import clock, metrics
+from spanner_queues.controls import is_paused, pause, resume
 from spanner_queues.exceptions import (
     InvalidArgument,
     InvalidMessage,
@@ -37,6 +38,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ack",
     "ack_many",
+    "is_paused",
+    "pause",
     "receive",
     "release",
     "renew",
@@ -44,6 +47,7 @@ __all__ = [
     "replace",
     "requeue",
     "requeue_many",
+    "resume",
     "row_to_message",
     "send",
     "send_many",

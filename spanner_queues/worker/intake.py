@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from spanner_queues import api, clock
+from spanner_queues import api, clock, controls
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.registry import get_queue
@@ -111,6 +111,10 @@ class Intake:
         self.summary_interval = summary_interval
         #: the lease the last receive got, in seconds (None: the engine gives none)
         self.lease_seconds: float | None = None
+        #: labels of this worker's queues paused by an operator (``controls``), and when to
+        #: read them again (monotonic)
+        self.paused: set[str] = set()
+        self.next_pause_check = 0.0
 
     @property
     def queue_labels(self) -> list[str]:
@@ -157,6 +161,8 @@ class Intake:
                 idle_before = self.held.in_flight == 0
             if self.reseed_interval is not None and time.monotonic() >= self.held.next_seed:
                 self.seed()
+            if time.monotonic() >= self.next_pause_check:
+                self.check_paused()
             if next_summary is not None and time.monotonic() >= next_summary:
                 self.events.emit("summary", stats=self.events.stats.copy())
                 next_summary = time.monotonic() + (self.summary_interval or 0)
@@ -164,6 +170,8 @@ class Intake:
             try:
                 for offset in range(len(self.plans)):
                     plan = self.plans[(start + offset) % len(self.plans)]
+                    if plan.label in self.paused:
+                        continue
                     with self.held.cond:
                         free = self.free_slots()
                     if free <= 0 or self.held.stopping:
@@ -213,6 +221,30 @@ class Intake:
             self.events.emit("idle")
             self.idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
             recycle_connections()
+
+    def check_paused(self) -> None:
+        """Read which of this worker's queues are paused (every ``PAUSE_CHECK_SECONDS``); stop
+        the background receiving of a queue once it is paused, so rows it leased and nobody
+        started go back. A failed read keeps the last answer."""
+        self.next_pause_check = time.monotonic() + controls.PAUSE_CHECK_SECONDS
+        try:
+            now_paused = set(controls.paused(p.model for p in self.plans))
+        except Exception:
+            logger.exception("reading paused queues failed", extra={"action": "error"})
+            return
+        for plan in self.plans:
+            if plan.label in now_paused and plan.label not in self.paused:
+                logger.info(
+                    "%s is paused: not receiving from it until it is resumed",
+                    plan.label,
+                    extra={"action": "paused", "queue": plan.label},
+                )
+                api.stop_receiving(plan.model, wait=0)
+            elif plan.label in self.paused and plan.label not in now_paused:
+                logger.info(
+                    "%s was resumed", plan.label, extra={"action": "resumed", "queue": plan.label}
+                )
+        self.paused = now_paused
 
     def settled(self, wait: float | None = None) -> bool:
         """No queue of this worker has rows leased to this process and unread

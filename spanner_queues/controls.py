@@ -1,0 +1,99 @@
+"""Operator controls that every worker obeys: pause and resume a queue.
+
+A pause is a row (``PausedQueue``) in the queue's own database, so it holds for every worker
+process at once and survives restarts. Sends are still accepted while a queue is paused; workers
+stop receiving from it within ``PAUSE_CHECK_SECONDS`` (they read the paused set once per that
+interval, one query per database) and start again by themselves once it is resumed. Messages
+already running finish; messages a native stream had leased and not yet started go back to the
+queue (the worker stops that stream).
+
+Spanner's own ``ALTER QUEUE ... SET OPTIONS (disable_delivery = true)`` is not used: it is a
+schema change (a long-running operation that needs DDL rights), it stops every consumer of the
+queue, not only this app's workers, and Google documents nothing more of it than its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from django.db import IntegrityError, models
+
+from spanner_queues import clock
+from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+__all__ = ["PAUSE_CHECK_SECONDS", "PausedQueue", "is_paused", "pause", "paused", "resume"]
+
+#: how often a worker reads which of its queues are paused: the bound on how long it may go on
+#: receiving from a queue after ``pause`` (plus the receive call under way).
+PAUSE_CHECK_SECONDS = 2.0
+
+
+class PausedQueue(models.Model):
+    """A paused queue: no worker receives from it while this row exists."""
+
+    queue = models.CharField(max_length=200, primary_key=True)
+    paused_at = models.DateTimeField()
+    reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        verbose_name = "paused queue"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.queue} paused at {self.paused_at:%Y-%m-%d %H:%M:%S}"
+
+
+def _where(queue: str | type[Queue], using: str | None) -> tuple[str, str]:
+    model = get_queue(queue)
+    return model._meta.label, using or engine_for(model).database
+
+
+def pause(queue: str | type[Queue], *, reason: str = "", using: str | None = None) -> bool:
+    """Pause ``queue`` for every worker; True if it was running, False if already paused.
+    Committed at once (or with the caller's transaction, inside one)."""
+    label, db = _where(queue, using)
+
+    def run() -> bool:
+        if PausedQueue.objects.using(db).filter(queue=label).exists():
+            return False
+        PausedQueue.objects.using(db).create(
+            queue=label, paused_at=clock.now(), reason=str(reason)[:1000]
+        )
+        return True
+
+    try:
+        return run_in_transaction(run, using=db)
+    except IntegrityError:  # paused by someone else at the same moment
+        return False
+
+
+def resume(queue: str | type[Queue], *, using: str | None = None) -> bool:
+    """Resume ``queue``; True if it was paused. Workers receive from it again within
+    ``PAUSE_CHECK_SECONDS``."""
+    label, db = _where(queue, using)
+    return run_in_transaction(
+        lambda: PausedQueue.objects.using(db).filter(queue=label).delete()[0] > 0, using=db
+    )
+
+
+def is_paused(queue: str | type[Queue], *, using: str | None = None) -> bool:
+    """Whether ``queue`` is paused now."""
+    label, db = _where(queue, using)
+    return PausedQueue.objects.using(db).filter(queue=label).exists()
+
+
+def paused(queues: Iterable[type[Queue]]) -> dict[str, PausedQueue]:
+    """The paused ones among ``queues``, by label: one read per database."""
+    by_db: dict[str, list[str]] = {}
+    for model in queues:
+        by_db.setdefault(engine_for(model).database, []).append(model._meta.label)
+    found: dict[str, PausedQueue] = {}
+    for db, labels in by_db.items():
+        for row in PausedQueue.objects.using(db).filter(queue__in=labels):
+            found[row.queue] = row
+    return found
