@@ -90,6 +90,20 @@ class WorkerCrashed(QueueError):
     was left leased and is delivered again after its lease."""
 
 
+class TimeLimitExceeded(QueueError):
+    """A receiver ran past its time limit (``@receiver(timeout=...)``, ``runqueueworker
+    --timeout``). Raised inside the receiver's thread where Python can interrupt it, and by the
+    worker when the receiver returns late: the delivery counts as a failed attempt, its
+    transaction rolls back, and the message goes back to the queue."""
+
+
+class WorkerStuck(QueueError):
+    """A receiver stayed busy past its time limit and the grace after it (Python cannot
+    interrupt a thread blocked in a C call): the worker stopped so that its supervisor can
+    restart the process; ``runqueueworker`` exits with status 3. The stuck message's lease is no
+    longer renewed, so it is delivered again."""
+
+
 class Retry(QueueError):
     """Raised by a receiver: ack the message and send it again under the same key, due later.
 

@@ -77,9 +77,12 @@ METRIC_NAMES = frozenset(
 )
 
 #: worker events counted in ``spanner_queues_worker_messages_total{outcome=...}``
-OUTCOMES = ("acked", "retried", "failed", "dead_lettered", "discarded")
-#: events after which a started message is no longer in flight
-_FINISHED = frozenset({*OUTCOMES, "lease_lost", "already_acked", "returned", "crashed"})
+OUTCOMES = ("acked", "retried", "failed", "dead_lettered", "discarded", "timed_out")
+#: events after which a started message is no longer in flight (a timed-out receiver may
+#: still be running: it is counted once it fails)
+_FINISHED = frozenset(
+    {*OUTCOMES, "lease_lost", "already_acked", "returned", "crashed"} - {"timed_out"}
+)
 
 
 class MetricsUnavailable(QueueConfigurationError):
@@ -119,8 +122,8 @@ class _Metrics:
         self.outcomes = prom.Counter(
             "spanner_queues_worker_messages",
             "Messages the worker finished, by outcome: acked, retried, failed (one failed run), "
-            "dead_lettered, discarded. A last failed run is counted as failed and then "
-            "dead_lettered or discarded.",
+            "dead_lettered, discarded, timed_out. A last failed run is counted as failed and "
+            "then dead_lettered or discarded; a run past its time limit as timed_out and failed.",
             ["queue", "outcome"],
         )
         self.duration = prom.Histogram(

@@ -73,6 +73,8 @@ class ReceiverSpec:
     match: Mapping[str, Any] = field(default_factory=dict)
     batch: bool = False
     max_batch_size: int | None = None
+    #: time limit in seconds (None: the worker's ``timeout``)
+    timeout: float | None = None
 
     @property
     def model(self) -> type[Queue]:
@@ -209,12 +211,23 @@ def receiver(
     match: Mapping[str, Any] | None = None,
     batch: bool = False,
     max_batch_size: int | None = None,
+    timeout: float | None = None,
     registry: ReceiverRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a receiver of ``queue`` (a model or its label).
 
+    ``timeout``: its time limit in seconds (default: the worker's ``--timeout``): past it the
+    run is interrupted and counts as a failed attempt (``spanner_queues.worker.limits``).
     The function is returned unchanged, so it can still be called directly in tests.
     """
+    if timeout is not None and (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, (int, float))
+        or not 0 < timeout < float("inf")
+    ):
+        raise ReceiverConfigurationError(
+            f"timeout must be a positive number of seconds, not {timeout!r}."
+        )
     if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
         raise ReceiverConfigurationError("max_batch_size must be a positive int.")
     if max_batch_size is not None and not batch:
@@ -231,6 +244,7 @@ def receiver(
                 match=dict(match or {}),
                 batch=batch,
                 max_batch_size=max_batch_size,
+                timeout=float(timeout) if timeout is not None else None,
             )
         )
         return func

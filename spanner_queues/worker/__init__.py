@@ -30,6 +30,11 @@ counters), ``signals`` (SIGTERM/SIGINT), sharing ``state.Holdings``. Guarantees:
   the worker no longer treats the message as its own: it does not ack, retry or release it.
 - ``stop()`` (first SIGTERM/SIGINT): receive nothing more, finish and ack in-flight messages,
   return. A second signal ends the process at once with exit status 1.
+- Time limits (``timeout``, or ``@receiver(timeout=...)``): a receiver past its limit is
+  interrupted where Python allows, its delivery counts as a failed attempt and its message goes
+  back to the queue; one that cannot be interrupted within ``STUCK_GRACE_SECONDS`` stops the
+  worker: ``run()`` raises ``WorkerStuck`` (``limits``). A stop therefore ends within the longest
+  time limit plus that grace.
 - A receiver that raises a ``BaseException`` that is not an ``Exception`` (``SystemExit``,
   ``KeyboardInterrupt``...): its transaction rolls back, the error is logged (``critical``), the
   worker stops as on ``stop()`` and ``run()`` raises ``WorkerCrashed`` from it; the message is
@@ -49,7 +54,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from spanner_queues import api
-from spanner_queues.exceptions import InvalidArgument, WorkerCrashed
+from spanner_queues.exceptions import InvalidArgument, WorkerCrashed, WorkerStuck
 from spanner_queues.receivers import ReceiverRegistry, receivers
 from spanner_queues.worker.events import (
     FINAL_EVENTS,
@@ -61,6 +66,7 @@ from spanner_queues.worker.events import (
 from spanner_queues.worker.execution import Execution, recycle_connections
 from spanner_queues.worker.intake import Intake, plan_queues
 from spanner_queues.worker.leases import Renewer
+from spanner_queues.worker.limits import STUCK_GRACE_SECONDS, TimeLimits
 from spanner_queues.worker.outcomes import PARKED_UNTIL, Outcomes
 from spanner_queues.worker.signals import StopOnSignal, abort_process, on_stop
 from spanner_queues.worker.state import Holdings, Plan
@@ -75,6 +81,7 @@ __all__ = [
     "MAX_CONCURRENCY",
     "MAX_PREFETCH",
     "PARKED_UNTIL",
+    "STUCK_GRACE_SECONDS",
     "Worker",
     "WorkerEvent",
     "WorkerEvents",
@@ -127,6 +134,8 @@ class Worker:
         install_signal_handlers: bool = True,
         summary_interval: float | None = None,
         reseed_interval: float | None = 60.0,
+        timeout: float | None = None,
+        stuck_grace: float = STUCK_GRACE_SECONDS,
         abort: Callable[[], None] = abort_process,
     ) -> None:
         _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
@@ -143,8 +152,20 @@ class Worker:
             not isinstance(reseed_interval, (int, float)) or not reseed_interval > 0
         ):
             raise InvalidArgument(f"reseed_interval must be > 0, not {reseed_interval!r}.")
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < float("inf")
+        ):
+            raise InvalidArgument(f"timeout must be a positive number of seconds, not {timeout!r}.")
+        if isinstance(stuck_grace, bool) or not isinstance(stuck_grace, (int, float)) or not (
+            0 < stuck_grace < float("inf")
+        ):
+            raise InvalidArgument(f"stuck_grace must be a positive number, not {stuck_grace!r}.")
         #: seconds between re-seeds of the periodic schedules while running (None: at start only)
         self.reseed_interval = reseed_interval
+        #: time limit in seconds of receivers that set none (None: no limit)
+        self.timeout = timeout
         self.concurrency = concurrency
         self.prefetch = prefetch
         self.batch_size = batch_size
@@ -161,10 +182,12 @@ class Worker:
         self.held = Holdings()
         self.events = Emitter(self.worker_id, listeners, self.held.cond)
         self.outcomes = Outcomes(self.held, self.events)
+        self.limits = TimeLimits(self.held, self.events, default=timeout, grace=stuck_grace)
         self.execution = Execution(
             self.held,
             self.events,
             self.outcomes,
+            self.limits,
             plans=self.plans,
             registry=self.registry,
             concurrency=concurrency,
@@ -230,9 +253,11 @@ class Worker:
                 for i in range(self.concurrency)
             ]
             renewer = threading.Thread(target=self.leases.run, name="sq-renewer", daemon=True)
+            watchdog = threading.Thread(target=self.limits.run, name="sq-watchdog", daemon=True)
             for t in threads:
                 t.start()
             renewer.start()
+            watchdog.start()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
                 self.worker_id,
@@ -251,18 +276,26 @@ class Worker:
             finally:
                 self.stop()
                 self._stop_streams()
-                with held.cond:
-                    held.cond.wait_for(lambda: held.in_flight == 0)
+                with held.cond:  # (a stuck receiver is not waited for: see limits)
+                    held.cond.wait_for(lambda: held.in_flight <= held.stuck_units)
                 for _ in threads:
                     held.units.put(None)
                 for t in threads:
-                    t.join()
+                    t.join(None if not held.stuck_units else 1.0)
                 with held.cond:
                     held.renew_cond.notify_all()
                 renewer.join()
+                self.limits.wake.set()
+                watchdog.join()
             self.events.emit("summary", stats=self.stats.copy())
             self.events.emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
+        if self.held.stuck_units:
+            raise WorkerStuck(
+                f"worker {self.worker_id} stopped: {self.held.stuck_units} receiver(s) still "
+                f"running {self.limits.grace:g} s past their time limit could not be "
+                "interrupted; restart the process"
+            )
         if self.crashed is not None:
             raise WorkerCrashed(
                 f"worker {self.worker_id} stopped: a receiver raised "

@@ -5,7 +5,8 @@
 A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
-``already_acked``, ``returned``, ``crashed``, ``renewed``, ``renewal_failed``, ``idle``,
+``already_acked``, ``returned``, ``crashed``, ``timed_out``, ``renewed``, ``renewal_failed``,
+``idle``,
 ``stopping``, ``summary``, ``stopped``.
 """
 
@@ -66,6 +67,8 @@ class WorkerStats:
     already_acked: int = 0
     #: prefetched messages given back unstarted at stop
     returned: int = 0
+    #: deliveries whose receiver ran past its time limit (also counted in ``failed``)
+    timed_out: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:

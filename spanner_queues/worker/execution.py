@@ -8,6 +8,8 @@ receiver and acks the messages, in the receiver's transaction when it is ``atomi
 - What happens after a failure, ``Retry`` or a lost lease is ``outcomes``'s business.
 - A receiver that raises a ``BaseException`` that is not an ``Exception``: its transaction rolls
   back, the message is left leased, the worker stops and ``run()`` raises ``WorkerCrashed``.
+- A receiver past its time limit (``limits``) is interrupted or, if it returns late, not acked:
+  ``TimeLimitExceeded`` fails the delivery like any other error.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from django.db import connections
 
 from spanner_queues import clock
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry
+from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry, TimeLimitExceeded
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
     NoReceiver,
@@ -30,6 +32,7 @@ from spanner_queues.receivers import (
 )
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.limits import TimeLimits
 from spanner_queues.worker.outcomes import Outcomes
 from spanner_queues.worker.state import Delivery, Holdings, Plan
 
@@ -47,6 +50,7 @@ class Execution:
         held: Holdings,
         events: Emitter,
         outcomes: Outcomes,
+        limits: TimeLimits,
         *,
         plans: Sequence[Plan],
         registry: ReceiverRegistry,
@@ -57,6 +61,7 @@ class Execution:
         self.held = held
         self.events = events
         self.outcomes = outcomes
+        self.limits = limits
         self.plans = plans
         self.registry = registry
         self.concurrency = concurrency
@@ -201,6 +206,7 @@ class Execution:
         model = deliveries[0].model
         db, engine, _ = self.held.cached(model)
         retries = engine.params.transaction_retries
+        limit = self.limits.limit_for(spec.timeout)
         started = time.monotonic()
         for d in deliveries:
             self.events.emit("started", message=d.message, receiver=spec.name)
@@ -218,7 +224,10 @@ class Execution:
             messages = [d.message for d in deliveries]
             # (again on a retried transaction: its acks rolled back)
             set_pending(messages, current=current)
-            spec.func(messages if spec.batch else messages[0])
+            with self.limits.running(deliveries, limit):
+                spec.func(messages if spec.batch else messages[0])
+            if any(d.timed_out for d in deliveries):  # returned late: never acked
+                raise TimeLimitExceeded(f"{spec.name} ran past its time limit of {limit} s")
             if spec.atomic:
                 self.ack(deliveries, db)
 
@@ -235,6 +244,11 @@ class Execution:
                 set_pending(None)
         except Retry as exc:
             self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
+        except TimeLimitExceeded as exc:
+            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+            # the interrupt may have landed anywhere in the receiver's database code: start
+            # this thread's next message on fresh connections
+            connections.close_all()
         except LeaseLost as exc:
             self.outcomes.lease_lost(deliveries, exc)
         except MessageAlreadyAcked as exc:

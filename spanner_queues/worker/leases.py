@@ -36,13 +36,13 @@ class Renewer:
         try:
             while True:
                 with self.held.cond:
-                    if self.held.stopping and self.held.in_flight == 0:
+                    if self.held.stopping and self.held.in_flight <= self.held.stuck_units:
                         return
                     now = clock.now()
                     live = [
                         d
                         for d in self.held.deliveries
-                        if not d.done and not d.lease_lost and not d.acking
+                        if not d.done and not d.lease_lost and not d.acking and not d.timed_out
                     ]
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     if not due:
@@ -61,7 +61,11 @@ class Renewer:
         for model, group in by_model.items():
 
             def renewal(group: list[Delivery] = group) -> tuple[list[Delivery], list[Any]]:
-                live = [d for d in group if not d.done and not d.lease_lost and not d.acking]
+                live = [
+                    d
+                    for d in group
+                    if not d.done and not d.lease_lost and not d.acking and not d.timed_out
+                ]
                 return live, (api.renew_many([d.message for d in live]) if live else [])
 
             try:

@@ -50,6 +50,12 @@ class Delivery:
     #: claimed ahead of a free thread (prefetch): given back, not run, if the worker stops
     #: before it starts
     ahead: bool = False
+    #: monotonic time past which its receiver is interrupted (``limits``; None: no limit)
+    deadline: float | None = None
+    #: its receiver ran past the time limit: not renewed, not acked
+    timed_out: bool = False
+    #: its receiver could not be interrupted within the grace: the worker gave up on it
+    stuck: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +96,9 @@ class Holdings:
         self.next_seed = 0.0
         #: the first BaseException (not an Exception) a receiver raised; run() re-raises it
         self.crashed: BaseException | None = None
+        #: units whose receiver could not be interrupted past its time limit (``limits``):
+        #: the worker stops without waiting for them
+        self.stuck_units = 0
         self._per_queue: dict[type[Queue], tuple[str, BaseQueueEngine, QueueOptions]] = {}
 
     def stop(self) -> None:

@@ -10,7 +10,12 @@
 - ``exit``: raise ``SystemExit(exit)`` (a ``BaseException``, as ``sys.exit()`` in user code);
 - ``ack_itself``: ``api.ack`` the message in the receiver's code;
 - ``own_transaction`` (with ``"mode": "external"``): write the ``WorkLog`` row, sleep ``pause``
-  seconds and ``api.ack`` the message in one ``transaction.atomic()`` block of its own.
+  seconds and ``api.ack`` the message in one ``transaction.atomic()`` block of its own;
+- ``spin_below``: loop in Python (interruptible) while attempt < this;
+- ``swallow_below``: while attempt < this, loop in Python catching every ``Exception`` (the
+  worker's interrupt too), then return as if all went well;
+- ``hang``: wait on the ``threading.Event`` ``HANGS[hang]`` (a C call Python cannot interrupt);
+- ``"mode": "limited"``: run by ``work_limited``, whose own time limit is 0.5 s.
 Then it writes a ``WorkLog`` row in the ack transaction. With ``"mode": "external"`` in the
 payload, ``work_external`` (``atomic=False``) does the same outside any transaction and the worker
 acks afterwards: on SQLite an atomic receiver holds the database's single write lock while it
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -61,9 +67,18 @@ def _runs(path: str, message: Message) -> int:
         return sum(1 for raw in f if json.loads(raw)["key"] == list(message.key))
 
 
+#: events the ``hang`` receivers wait on (a test sets them to let the thread go)
+HANGS: dict[str, threading.Event] = {}
+
+
 @receiver(WorkItems)
 def work(message: Message) -> None:
     _obey(message, note="work")
+
+
+@receiver(WorkItems, match={"mode": "limited"}, timeout=0.5)
+def work_limited(message: Message) -> None:
+    _obey(message, note="limited")
 
 
 @receiver(WorkItems, match={"mode": "external"}, atomic=False)
@@ -83,6 +98,16 @@ def _obey(message: Message, note: str) -> None:
         _trace(spec["trace"], message)
     if "block" in spec:
         _wait_for_file(spec["block"])
+    while message.attempt < spec.get("spin_below", 0):
+        time.sleep(0.01)
+    if message.attempt < spec.get("swallow_below", 0):
+        try:
+            while True:
+                time.sleep(0.01)
+        except Exception:
+            pass
+    if "hang" in spec:
+        HANGS.setdefault(spec["hang"], threading.Event()).wait()
     if "then_send" in spec:
         WorkItems.send(id=spec["then_send"], payload={})
     if "pause" in spec:

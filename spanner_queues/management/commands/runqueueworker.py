@@ -6,7 +6,9 @@ command with a clear message and exit status 1 before any message is received.
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import sys
 import time
 from argparse import ArgumentParser, ArgumentTypeError
@@ -16,7 +18,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from spanner_queues.exceptions import QueueError, WorkerCrashed
+from spanner_queues.exceptions import QueueError, WorkerCrashed, WorkerStuck
 from spanner_queues.worker import (
     FINAL_EVENTS,
     MAX_CONCURRENCY,
@@ -142,6 +144,22 @@ class Command(BaseCommand):
             "LEASE_SECONDS). Leases are renewed in the background while receivers run.",
         )
         parser.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=None,
+            help="Time limit in seconds of each receiver run, for receivers that set none "
+            "(@receiver(timeout=...)): past it the run is interrupted, counts as a failed "
+            "attempt and its message goes back to the queue. A receiver that cannot be "
+            "interrupted makes the worker exit with status 3 (default: no limit).",
+        )
+        parser.add_argument(
+            "--stuck-grace",
+            type=positive_seconds,
+            default=10.0,
+            help="Seconds a receiver may stay busy past its time limit before the worker gives "
+            "up on it and exits with status 3 (default: %(default)s).",
+        )
+        parser.add_argument(
             "--poll-interval",
             type=non_negative_seconds,
             default=0.05,
@@ -202,6 +220,8 @@ class Command(BaseCommand):
                 max_messages=options["max_messages"],
                 lease=timedelta(seconds=lease) if lease else None,
                 poll_interval=options["poll_interval"],
+                timeout=options["timeout"],
+                stuck_grace=options["stuck_grace"],
                 worker_id=options["worker_id"],
                 listeners=listeners,
                 summary_interval=options["summary_interval"] if verbosity >= 1 else None,
@@ -225,6 +245,14 @@ class Command(BaseCommand):
             worker.run()
         except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
             raise CommandError(str(exc)) from exc
+        except WorkerStuck as exc:
+            # A thread is stuck in a receiver (it may hold a database lock): leave at once,
+            # status 3, so that the supervisor restarts the process.
+            self.stderr.write(f"runqueueworker: {exc}")
+            sys.stdout.flush()
+            sys.stderr.flush()
+            logging.shutdown()
+            os._exit(3)
         finally:
             if sampler is not None:
                 sampler.stop()
@@ -288,7 +316,8 @@ class Command(BaseCommand):
             else:
                 depth.append(f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased})")
         return (
-            f"processed={stats.processed} failed={stats.failed} retried={stats.retried} "
+            f"processed={stats.processed} failed={stats.failed} timed_out={stats.timed_out} "
+            f"retried={stats.retried} "
             f"dead_lettered={stats.dead_lettered} rate={rate:.1f}/s "
             f"depth: {'; '.join(depth)}"
         )

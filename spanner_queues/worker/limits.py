@@ -1,0 +1,157 @@
+"""Time limits: a receiver that runs past its limit (``@receiver(timeout=...)``, else the
+worker's ``timeout``) is interrupted, its delivery counts as a failed attempt and its message
+goes back to the queue; a receiver that cannot be interrupted stops the worker.
+
+- At the limit the watchdog thread marks the delivery ``timed_out``: its lease is no longer
+  renewed (so the message is delivered again even if nothing else happens), and
+  ``TimeLimitExceeded`` is raised inside the receiver's thread (``PyThreadState_SetAsyncExc``:
+  it lands between two Python bytecodes, so not while the thread waits in a C call). A receiver
+  that returns after its limit (it caught the interrupt, or was in C) gets ``TimeLimitExceeded``
+  from the worker instead of an ack; ``execution`` handles it as a failure.
+- The interrupt is raised only while the thread is inside the receiver's call: the thread leaves
+  it under ``lock`` and clears any interrupt still pending, so none lands in the worker's code.
+- ``STUCK_GRACE_SECONDS`` after the limit, a receiver still inside its call is stuck: the worker
+  stops receiving, finishes its other messages and ``run()`` raises ``WorkerStuck``
+  (``runqueueworker`` exits 3) so that a supervisor restarts the process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from collections.abc import Iterator
+
+from spanner_queues.exceptions import TimeLimitExceeded
+from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.state import Delivery, Holdings
+
+logger = logging.getLogger("spanner_queues.worker")
+
+#: seconds a receiver may stay busy past its time limit before the worker gives up on it
+STUCK_GRACE_SECONDS = 10.0
+#: how often the watchdog looks when a limit is running (seconds)
+TICK = 0.1
+
+
+def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Raise ``exc`` in thread ``thread_id`` at its next bytecode (None: cancel a pending one)."""
+    target = ctypes.py_object(exc) if exc is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), target)
+
+
+class TimeLimits:
+    """The watchdog of receivers' time limits (see the module docstring)."""
+
+    def __init__(
+        self,
+        held: Holdings,
+        events: Emitter,
+        *,
+        default: float | None,
+        grace: float = STUCK_GRACE_SECONDS,
+    ) -> None:
+        self.held = held
+        self.events = events
+        #: the worker-wide limit in seconds for receivers without their own (None: none)
+        self.default = default
+        self.grace = grace
+        #: held while a thread enters or leaves a receiver's call and while one is interrupted
+        self.lock = threading.Lock()
+        #: receiver threads by ident -> their deliveries, while inside a call with a limit
+        self.running_now: dict[int, list[Delivery]] = {}
+        self.wake = threading.Event()
+
+    @contextlib.contextmanager
+    def running(self, deliveries: list[Delivery], limit: float | None) -> Iterator[None]:
+        """Around the receiver's call: watch it against ``limit`` seconds from its first start
+        (a retried transaction keeps the first deadline)."""
+        if limit is None:
+            yield
+            return
+        ident = threading.get_ident()
+        with self.lock:
+            deadline = time.monotonic() + limit
+            for d in deliveries:
+                if d.deadline is None:
+                    d.deadline = deadline
+            self.running_now[ident] = deliveries
+        self.wake.set()
+        try:
+            yield
+        finally:
+            # Leave the call; an interrupt raised meanwhile may land in this very block (once):
+            # catch it and finish leaving (the caller sees ``timed_out`` and fails the delivery).
+            while True:
+                try:
+                    with self.lock:
+                        self.running_now.pop(ident, None)
+                        if any(d.timed_out for d in deliveries):
+                            _set_async_exc(ident, None)  # one not yet delivered lands nowhere
+                    break
+                except TimeLimitExceeded:
+                    continue
+
+    def run(self) -> None:
+        """The watchdog thread: until the worker stops and holds nothing."""
+        held = self.held
+        while True:
+            with held.cond:
+                if held.stopping and held.in_flight <= held.stuck_units:
+                    return
+            with self.lock:
+                watched = list(self.running_now.items())
+            if not watched:
+                self.wake.wait(1.0)
+                self.wake.clear()
+                continue
+            now = time.monotonic()
+            for ident, deliveries in watched:
+                deadline = min(d.deadline for d in deliveries if d.deadline is not None)
+                if now >= deadline and not any(d.timed_out for d in deliveries):
+                    self.interrupt(ident, deliveries, now - deadline)
+                elif now >= deadline + self.grace and not any(d.stuck for d in deliveries):
+                    self.give_up(deliveries)
+            time.sleep(TICK)
+
+    def interrupt(self, ident: int, deliveries: list[Delivery], late: float) -> None:
+        with self.lock:
+            if self.running_now.get(ident) is not deliveries:
+                return  # left its call meanwhile
+            for d in deliveries:
+                d.timed_out = True  # no more renewals; no ack
+            _set_async_exc(ident, TimeLimitExceeded)
+        for d in deliveries:
+            logger.warning(
+                "%s attempt %d: the receiver ran past its time limit; interrupting it (the "
+                "message goes back to the queue)",
+                d.message,
+                d.message.attempt,
+                extra={**log_extra("timed_out", d.message), "late_seconds": round(late, 3)},
+            )
+            self.events.emit("timed_out", message=d.message)
+        self.events.count("timed_out", len(deliveries))
+
+    def give_up(self, deliveries: list[Delivery]) -> None:
+        """A receiver did not leave its call within the grace after its limit: stop the worker
+        and have ``run()`` raise ``WorkerStuck``."""
+        for d in deliveries:
+            d.stuck = True
+            logger.critical(
+                "%s attempt %d: the receiver is still running %.0f s after its time limit and "
+                "cannot be interrupted (blocked outside Python); stopping the worker so that "
+                "its supervisor restarts it",
+                d.message,
+                d.message.attempt,
+                self.grace,
+                extra=log_extra("stuck", d.message),
+            )
+        with self.held.cond:
+            self.held.stuck_units += 1
+        self.held.stop()
+
+    def limit_for(self, timeout: float | None) -> float | None:
+        """A receiver's own limit, else the worker's."""
+        return timeout if timeout is not None else self.default

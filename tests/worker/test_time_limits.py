@@ -1,0 +1,79 @@
+"""Time limits: ``Worker(timeout=...)`` / ``runqueueworker --timeout`` and
+``@receiver(timeout=...)``. Past its limit a receiver is interrupted (where Python can), the
+delivery counts as a failed attempt and the message goes back to the queue; one that cannot be
+interrupted stops the worker with ``WorkerStuck``."""
+
+from __future__ import annotations
+
+import pytest
+
+from spanner_queues import receiver
+from spanner_queues.exceptions import InvalidArgument, TimeLimitExceeded, WorkerStuck
+from spanner_queues.receivers import ReceiverConfigurationError, ReceiverRegistry
+from spanner_queues.worker import WorkerEvents
+from tests.conftest import wait_until
+from tests.worker.conftest import running
+from tests.workerapp.models import WorkItems, WorkLog
+from tests.workerapp.receivers import HANGS
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_receiver_past_its_limit_is_interrupted_and_runs_again(
+    make_worker, events: WorkerEvents
+) -> None:
+    sent = WorkItems.send(payload={"spin_below": 2})
+    with running(make_worker(WorkItems, timeout=0.5)):
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["timed_out"] == 1 and events.counts["failed"] == 1
+    [failure] = [e for e in events.history if e.name == "failed"]
+    assert isinstance(failure.error, TimeLimitExceeded)
+    # the interrupted run wrote nothing (rolled back); the second attempt did the work
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
+    assert not WorkItems.objects.exists()
+
+
+def test_a_receiver_that_swallows_the_interrupt_is_not_acked(
+    make_worker, events: WorkerEvents
+) -> None:
+    sent = WorkItems.send(payload={"swallow_below": 2})
+    with running(make_worker(WorkItems, timeout=0.5)) as worker:
+        assert events.wait_for("acked", timeout=60)
+    assert worker.stats.timed_out == 1 and worker.stats.failed == 1
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
+
+
+def test_a_receivers_own_limit_applies_without_a_worker_limit(
+    make_worker, events: WorkerEvents
+) -> None:
+    WorkItems.send(payload={"mode": "limited", "spin_below": 2})
+    with running(make_worker(WorkItems)):
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["timed_out"] == 1
+    assert WorkLog.objects.get().note == "limited"
+
+
+def test_a_receiver_that_cannot_be_interrupted_stops_the_worker(
+    make_worker, events: WorkerEvents
+) -> None:
+    HANGS["stuck"] = hang = __import__("threading").Event()
+    WorkItems.send(id="stuck", payload={"hang": "stuck"})
+    worker = make_worker(WorkItems, timeout=0.3, concurrency=2)
+    worker.limits.grace = 0.5
+    try:
+        with pytest.raises(WorkerStuck, match="could not be interrupted"):
+            worker.run()
+        assert worker.stats.timed_out == 1
+    finally:
+        hang.set()  # let the thread go: it rolls back and its message stays queued
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.held.deliveries))
+    assert WorkItems.objects.filter(id="stuck").exists()
+    assert not WorkLog.objects.exists()
+
+
+def test_time_limits_must_be_positive(make_worker) -> None:
+    for bad in (0, -1, float("inf"), "5", True):
+        with pytest.raises(InvalidArgument, match="timeout must be a positive number"):
+            make_worker(WorkItems, timeout=bad)
+        with pytest.raises(ReceiverConfigurationError, match="timeout must be a positive"):
+            receiver(WorkItems, timeout=bad, registry=ReceiverRegistry())
