@@ -11,6 +11,7 @@ E010 a queue's field name clashes with a column or method Queue needs (a key fie
 E011 payload, deliver_time or a bookkeeping field redeclared with another type
 E012 payload_type is not "bytes", "string" or "json", or disagrees with the payload field
 E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
+E020 concurrency_limit is not a positive int, or rate_limit not a positive number
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
      row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
@@ -300,8 +301,35 @@ def _check_fields(model: Any) -> list[checks.CheckMessage]:
     return problems
 
 
+def _check_limits(model: Any, options: Any) -> list[checks.CheckMessage]:
+    problems: list[checks.CheckMessage] = []
+    limit = options.concurrency_limit
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        problems.append(
+            checks.Error(
+                f"QueueMeta.concurrency_limit must be a positive int, not {limit!r}.",
+                obj=model,
+                id="spanner_queues.E020",
+            )
+        )
+    rate = options.rate_limit
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1e6
+    ):
+        problems.append(
+            checks.Error(
+                f"QueueMeta.rate_limit must be a positive number of messages per second "
+                f"(below 1,000,000), not {rate!r}.",
+                obj=model,
+                id="spanner_queues.E020",
+            )
+        )
+    return problems
+
+
 def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> list[Any]:
     problems: list[checks.CheckMessage] = _check_fields(model)
+    problems += _check_limits(model, queue_options(model))
     for name in unknown_options(model):
         problems.append(
             checks.Error(

@@ -1,4 +1,5 @@
-"""Operator controls that every worker obeys: pause and resume a queue.
+"""Operator controls that every worker obeys: pause and resume a queue, and the shared rate
+limit of a queue (``QueueMeta.rate_limit``).
 
 A pause is a row (``PausedQueue``) in the queue's own database, so it holds for every worker
 process at once and survives restarts. Sends are still accepted while a queue is paused; workers
@@ -10,11 +11,17 @@ queue (the worker stops that stream).
 Spanner's own ``ALTER QUEUE ... SET OPTIONS (disable_delivery = true)`` is not used: it is a
 schema change (a long-running operation that needs DDL rights), it stops every consumer of the
 queue, not only this app's workers, and Google documents nothing more of it than its name.
+
+The rate limit is a GCRA bucket (one row per queue, ``QueueRate``): ``take_starts`` hands out
+up to ``n`` starts in one short read-write transaction (a compare-and-set on the row, safe on
+every database), at most ``rate`` per second on average with bursts of one second's worth.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, models
@@ -26,7 +33,16 @@ from spanner_queues.transactions import run_in_transaction
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
-__all__ = ["PAUSE_CHECK_SECONDS", "PausedQueue", "is_paused", "pause", "paused", "resume"]
+__all__ = [
+    "PAUSE_CHECK_SECONDS",
+    "PausedQueue",
+    "QueueRate",
+    "is_paused",
+    "pause",
+    "paused",
+    "resume",
+    "take_starts",
+]
 
 #: how often a worker reads which of its queues are paused: the bound on how long it may go on
 #: receiving from a queue after ``pause`` (plus the receive call under way).
@@ -97,3 +113,59 @@ def paused(queues: Iterable[type[Queue]]) -> dict[str, PausedQueue]:
         for row in PausedQueue.objects.using(db).filter(queue__in=labels):
             found[row.queue] = row
     return found
+
+
+# --- the shared rate limit -------------------------------------------------------------------
+#: the burst a rate-limited queue allows, in seconds' worth of its rate
+RATE_BURST_SECONDS = 1.0
+
+
+class QueueRate(models.Model):
+    """The rate-limit bucket of one queue: the theoretical time of its next start (GCRA)."""
+
+    queue = models.CharField(max_length=200, primary_key=True)
+    next_start = models.DateTimeField()
+
+    class Meta:
+        verbose_name = "queue rate"
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.queue}: next start at {self.next_start:%H:%M:%S.%f}"
+
+
+class _Raced(Exception):
+    """Another worker moved the bucket between this one's read and its write."""
+
+
+def take_starts(
+    queue: str | type[Queue], wanted: int, rate: float, *, using: str | None = None
+) -> tuple[int, datetime]:
+    """Take up to ``wanted`` starts of ``queue`` at ``rate`` per second, shared by every
+    worker; returns ``(granted, when the next start is free)``. One read-write transaction."""
+    label, db = _where(queue, using)
+    step = 1.0 / rate
+    burst = timedelta(seconds=RATE_BURST_SECONDS)
+
+    def run() -> tuple[int, datetime]:
+        now = clock.now()
+        rows = QueueRate.objects.using(db)
+        row = rows.filter(queue=label).first()
+        due = max(row.next_start, now) if row is not None else now
+        room = (now + burst - due).total_seconds()
+        # start i (from 0) is due at due + i * step; those due within the burst go now
+        granted = 0 if room <= 0 else min(wanted, math.ceil(room / step - 1e-9))
+        after = due + timedelta(seconds=granted * step)
+        if granted:
+            if row is None:
+                rows.create(queue=label, next_start=after)
+            elif rows.filter(queue=label, next_start=row.next_start).update(next_start=after) != 1:
+                raise _Raced
+        return granted, max(after - burst, now)
+
+    for _ in range(20):
+        try:
+            return run_in_transaction(run, using=db)
+        except (_Raced, IntegrityError):
+            continue
+    return 0, clock.now() + timedelta(seconds=step)

@@ -24,7 +24,7 @@ from django.utils import timezone
 
 from spanner_queues.adminsite.models import QueueDepthSample, Queues  # noqa: F401  (admin)
 from spanner_queues.api import replace, send_many
-from spanner_queues.controls import PausedQueue  # noqa: F401  (operator controls)
+from spanner_queues.controls import PausedQueue, QueueRate  # noqa: F401  (operator controls)
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.keys import row_to_message

@@ -12,6 +12,8 @@ class ImageTasks(Queue):
         # native queues: , ROW DELETION POLICY (OLDER_THAN(DeliverTime, INTERVAL 30 DAY))
         row_deletion_policy = {"older_than": "deliver_time", "days": 30}
         payload_type = "json"              # "bytes" (default), "string" or "json"
+        concurrency_limit = 2              # at most 2 of its messages per worker process
+        rate_limit = 10                    # at most 10 starts per second, all workers together
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ KNOWN_OPTIONS = frozenset(
         "discard_after_max_attempts",
         "row_deletion_policy",
         "payload_type",
+        "concurrency_limit",
+        "rate_limit",
     }
 )
 
@@ -57,6 +61,12 @@ class QueueOptions:
     #: "bytes", "string" or "json": the ``payload`` field the queue gets (None: as declared,
     #: bytes unless the model declares its own ``payload`` field).
     payload_type: str | None = None
+    #: most of this queue's messages one worker process holds (running or waiting) at once
+    #: (None: only the worker's own slots limit it)
+    concurrency_limit: int | None = None
+    #: messages per second this queue's receivers may start, shared by every worker (None: no
+    #: limit); bursts of up to one second's worth (``spanner_queues.controls.take_starts``)
+    rate_limit: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

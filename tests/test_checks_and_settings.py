@@ -388,3 +388,47 @@ def test_dead_letter_queue_must_take_the_payloads(
             if e.id == "spanner_queues.E008"
         ]
     assert errors == [] if ok else ("payload" in errors[0] and len(errors) == 1)
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize(
+    ("options", "reason"),
+    [
+        ({"concurrency_limit": 2, "rate_limit": 0.5}, None),
+        ({"concurrency_limit": 0}, "concurrency_limit must be a positive int"),
+        ({"concurrency_limit": 1.5}, "concurrency_limit must be a positive int"),
+        ({"concurrency_limit": True}, "concurrency_limit must be a positive int"),
+        ({"rate_limit": 0}, "rate_limit must be a positive number"),
+        ({"rate_limit": "10"}, "rate_limit must be a positive number"),
+        ({"rate_limit": float("nan")}, "rate_limit must be a positive number"),
+    ],
+)
+def test_queue_limits_are_validated_by_a_check(options: dict, reason: str | None) -> None:
+    from django.db import models
+    from django.test.utils import isolate_apps
+
+    from spanner_queues.checks import _check_queue_model
+    from spanner_queues.models import Queue
+    from spanner_queues.options import queue_options
+
+    with isolate_apps("tests.testapp"):
+
+        class Limited(Queue):
+            Meta = type("Meta", (), {"app_label": "testapp"})
+            id = models.CharField(max_length=10, primary_key=True)
+            QueueMeta = type("QueueMeta", (), options)
+
+        queue_options.cache_clear()
+        try:
+            errors = [
+                e
+                for e in _check_queue_model(Limited, {}, {"default": {}})
+                if e.id == "spanner_queues.E020"
+            ]
+        finally:
+            queue_options.cache_clear()
+    if reason is None:
+        assert errors == []
+    else:
+        [error] = errors
+        assert reason in error.msg

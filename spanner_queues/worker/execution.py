@@ -105,6 +105,7 @@ class Execution:
                         for d in unit:
                             d.done = True
                         self.held.deliveries.difference_update(unit)
+                        self.held.by_queue[unit[0].model._meta.label] -= len(unit)
                         self.held.in_flight -= 1
                         if took is not None:  # for the adaptive prefetch (intake)
                             avg = self.held.unit_seconds

@@ -28,6 +28,7 @@ from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.registry import get_queue
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.execution import recycle_connections
+from spanner_queues.worker.limits import QueueLimits
 from spanner_queues.worker.state import Delivery, Holdings, Plan, renew_at
 
 if TYPE_CHECKING:
@@ -115,6 +116,8 @@ class Intake:
         #: read them again (monotonic)
         self.paused: set[str] = set()
         self.next_pause_check = 0.0
+        #: ``QueueMeta.concurrency_limit`` and ``rate_limit`` of the plans
+        self.limits = QueueLimits(held, plans)
 
     @property
     def queue_labels(self) -> list[str]:
@@ -186,7 +189,11 @@ class Intake:
                         want = min(want, self.max_messages - self.events.stats.received)
                     if want <= 0:
                         break
+                    want = self.limits.admit(plan, want)
+                    if want <= 0:
+                        continue  # this queue is at its limit: the others may go on
                     n = self.receive(plan, want)
+                    self.limits.received(plan, n)
                     got += n
                     if self.prefetch is None:
                         self.adapt(full=n >= want)
@@ -203,6 +210,10 @@ class Intake:
             if got:
                 continue
             if self.burst:
+                free = self.limits.next_free()
+                if free is not None:  # a rate-limited queue waits for its bucket, not done
+                    self.idle_wait(min(free, 0.2))
+                    continue
                 if idle_before:
                     # A whole round found nothing due while nothing was in flight: stop once
                     # no row is leased to this process and unread (else receive it).
@@ -219,7 +230,9 @@ class Intake:
                     )
                 continue
             self.events.emit("idle")
-            self.idle_wait(self.poll_interval * random.uniform(0.5, 1.0))
+            pause = self.poll_interval * random.uniform(0.5, 1.0)
+            free = self.limits.next_free()  # a rate-limited queue waits for its bucket
+            self.idle_wait(pause if free is None else max(pause, min(free, 0.2)))
             recycle_connections()
 
     def check_paused(self) -> None:
@@ -296,6 +309,7 @@ class Intake:
                     d.ahead = True
             self.events.stats.received += len(messages)
             self.held.deliveries.update(deliveries)
+            self.held.by_queue[plan.label] += len(deliveries)
             taken = len([u for u in units if u])
             self.held.in_flight += taken
             self.held.waiting += taken

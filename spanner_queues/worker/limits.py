@@ -1,4 +1,6 @@
-"""Time limits: a receiver that runs past its limit (``@receiver(timeout=...)``, else the
+"""Limits: time limits of receivers (``TimeLimits``) and per-queue limits (``QueueLimits``).
+
+Time limits: a receiver that runs past its limit (``@receiver(timeout=...)``, else the
 worker's ``timeout``) is interrupted, its delivery counts as a failed attempt and its message
 goes back to the queue; a receiver that cannot be interrupted stops the worker.
 
@@ -13,6 +15,13 @@ goes back to the queue; a receiver that cannot be interrupted stops the worker.
 - ``STUCK_GRACE_SECONDS`` after the limit, a receiver still inside its call is stuck: the worker
   stops receiving, finishes its other messages and ``run()`` raises ``WorkerStuck``
   (``runqueueworker`` exits 3) so that a supervisor restarts the process.
+
+Per-queue limits (``QueueMeta``): ``concurrency_limit`` caps the messages of a queue one worker
+process holds (running or waiting); ``rate_limit`` caps the starts per second of a queue across
+every worker: before a receive the worker takes starts from the queue's shared bucket
+(``controls.take_starts``, one transaction per take) and receives no more than it got; starts it
+took and did not use are credit for ``RATE_BURST_SECONDS``, then dropped (so the rate is never
+exceeded, only under-used by an idle worker's credit).
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
+from spanner_queues import clock, controls
 from spanner_queues.exceptions import TimeLimitExceeded
+from spanner_queues.options import queue_options
 from spanner_queues.worker.events import Emitter, log_extra
-from spanner_queues.worker.state import Delivery, Holdings
+from spanner_queues.worker.state import Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -155,3 +166,57 @@ class TimeLimits:
     def limit_for(self, timeout: float | None) -> float | None:
         """A receiver's own limit, else the worker's."""
         return timeout if timeout is not None else self.default
+
+
+class QueueLimits:
+    """A worker's per-queue limits (see the module docstring); used by the intake thread only."""
+
+    def __init__(self, held: Holdings, plans: Sequence[Plan]) -> None:
+        self.held = held
+        options = {p.label: queue_options(p.model) for p in plans}
+        #: label -> concurrency_limit, for the queues that have one
+        self.concurrency = {
+            label: o.concurrency_limit for label, o in options.items() if o.concurrency_limit
+        }
+        #: label -> rate_limit, for the queues that have one
+        self.rates = {label: float(o.rate_limit) for label, o in options.items() if o.rate_limit}
+        #: label -> (starts taken and not used, monotonic time they lapse)
+        self.credit: dict[str, tuple[int, float]] = {}
+        #: label -> monotonic time before which the shared bucket has no start to give
+        self.empty_until: dict[str, float] = {}
+
+    def admit(self, plan: Plan, want: int) -> int:
+        """How many of ``plan``'s messages the worker may receive now (at most ``want``)."""
+        label = plan.label
+        limit = self.concurrency.get(label)
+        if limit is not None:
+            with self.held.cond:
+                want = min(want, limit - self.held.by_queue[label])
+        rate = self.rates.get(label)
+        if want <= 0 or rate is None:
+            return max(want, 0)
+        now = time.monotonic()
+        credit, lapses = self.credit.get(label, (0, 0.0))
+        if lapses <= now:
+            credit = 0
+        if credit < want and self.empty_until.get(label, 0.0) <= now:
+            granted, free_at = controls.take_starts(plan.model, want - credit, rate)
+            if granted:
+                credit, lapses = credit + granted, now + controls.RATE_BURST_SECONDS
+            if credit < want:
+                wait = (free_at - clock.now()).total_seconds()
+                self.empty_until[label] = now + max(wait, 0.0)
+        self.credit[label] = (credit, lapses)
+        return min(want, credit)
+
+    def received(self, plan: Plan, count: int) -> None:
+        """``count`` messages of ``plan`` were received: they use that much credit."""
+        if plan.label in self.rates:
+            credit, lapses = self.credit.get(plan.label, (0, 0.0))
+            self.credit[plan.label] = (max(credit - count, 0), lapses)
+
+    def next_free(self) -> float | None:
+        """Seconds until a rate-limited queue may have a start again (None: none is waiting)."""
+        now = time.monotonic()
+        waits = [t - now for t in self.empty_until.values() if t > now]
+        return min(waits) if waits else None

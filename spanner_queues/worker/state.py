@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
@@ -91,6 +92,8 @@ class Holdings:
         #: moving average of the seconds one unit takes to run and ack (None: none ran yet)
         self.unit_seconds: float | None = None
         self.deliveries: set[Delivery] = set()  # held: running or waiting
+        #: messages held (running or waiting) by queue label, for ``QueueMeta.concurrency_limit``
+        self.by_queue: Counter[str] = Counter()
         self.units: SimpleQueue[Unit | None] = SimpleQueue()
         #: monotonic time of the next re-seed of periodic schedules (0: at the next round)
         self.next_seed = 0.0

@@ -1,0 +1,93 @@
+"""Per-queue limits: ``QueueMeta.concurrency_limit`` (per worker process) and
+``QueueMeta.rate_limit`` (starts per second, shared by every worker)."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from spanner_queues import controls
+from spanner_queues.worker import WorkerEvent, WorkerEvents, limits
+from tests.conftest import wait_until
+from tests.worker.conftest import running
+from tests.workerapp.models import Events, WorkItems, WorkLog
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def limit(monkeypatch: pytest.MonkeyPatch):
+    """Give WorkItems QueueMeta options for the test (read when a worker is made)."""
+
+    def set_options(**changes: object) -> None:
+        real = limits.queue_options
+        monkeypatch.setattr(
+            limits,
+            "queue_options",
+            lambda m: dataclasses.replace(real(m), **changes) if m is WorkItems else real(m),
+        )
+
+    return set_options
+
+
+def test_a_queue_runs_no_more_than_its_concurrency_limit(
+    make_worker, events: WorkerEvents, limit, tmp_path: Path
+) -> None:
+    limit(concurrency_limit=1)
+    go = tmp_path / "go"
+    # not atomic: on SQLite an atomic receiver holds the database's write lock while it waits
+    WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(3)])
+    Events.send(id="other", payload={"type": "note"})
+    with running(make_worker(WorkItems, Events, concurrency=3)):
+        assert events.wait_for("started", 2)  # one WorkItems message and the Events one
+        wait_until(lambda: not Events.objects.exists())
+        idle = events.counts["idle"]
+        wait_until(lambda: events.counts["idle"] >= idle + 3)  # rounds pass: no more taken
+        work = [m for m in events.messages("received") if m.queue == "workerapp.WorkItems"]
+        assert len(work) == 1
+        go.touch()
+        wait_until(lambda: WorkLog.objects.filter(note="external").count() == 3)
+    running_now = peak = 0
+    for e in events.history:
+        if e.message is not None and e.message.queue == "workerapp.WorkItems":
+            running_now += {"started": 1, "acked": -1}.get(e.name, 0)
+            peak = max(peak, running_now)
+    assert peak == 1
+
+
+def test_a_rate_limit_is_shared_by_every_worker(make_worker, limit) -> None:
+    rate, sent = 5.0, 20
+    limit(rate_limit=rate)
+    WorkItems.send_many([{"payload": {}} for _ in range(sent)])
+    starts: list[float] = []
+    lock = threading.Lock()
+
+    def on_event(event: WorkerEvent) -> None:
+        if event.name == "started":
+            with lock:
+                starts.append(time.monotonic())
+
+    first = make_worker(WorkItems, concurrency=2, listeners=[on_event])
+    second = make_worker(WorkItems, concurrency=2, listeners=[on_event])
+    with running(first), running(second):
+        wait_until(lambda: WorkLog.objects.count() == sent, timeout=60)
+    starts.sort()
+    assert len(starts) == sent
+    # at most one second's burst plus the rate in any second, across both workers together
+    for i, t in enumerate(starts):
+        assert sum(1 for u in starts[i:] if u - t < 1.0) <= 2 * rate
+    # the bucket gave out one burst at once, then `rate` a second: never faster than that
+    assert starts[-1] - starts[0] >= (sent - 2 * rate) / rate
+    assert controls.QueueRate.objects.filter(queue="workerapp.WorkItems").exists()
+
+
+def test_take_starts_hands_out_a_burst_then_the_rate() -> None:
+    granted, _ = controls.take_starts(WorkItems, 100, 10.0)
+    assert granted == 10  # one second's worth at once
+    again, free_at = controls.take_starts(WorkItems, 5, 10.0)
+    assert again <= 1  # then about one per 0.1 s
+    assert free_at is not None
