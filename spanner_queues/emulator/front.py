@@ -34,7 +34,7 @@ from spanner_queues.emulator import schema as s
 from spanner_queues.emulator import statements as st
 from spanner_queues.emulator import status
 from spanner_queues.emulator.ddl_calls import SchemaCalls
-from spanner_queues.emulator.receiving import Receiving, is_strong_read
+from spanner_queues.emulator.receiving import Receiving, is_strong_read, receive_args
 
 logger = logging.getLogger("spanner_queues.emulator")
 
@@ -270,12 +270,18 @@ class Front:
         return call, queue
 
     def _refuse_update(self, database: str, sql: str) -> None:
-        table = st.updated_table(sql)
-        if table is not None and table.upper() in self.catalog(database):
+        """Refuse ``UPDATE``, ``INSERT OR UPDATE`` and ``INSERT OR IGNORE`` on a queue."""
+        found = st.queue_write(sql)
+        if found is None:
+            return
+        what, table = found
+        queue = self.catalog(database).get(table.upper())
+        if queue is not None:
             raise q.QueueRefusal(
                 "INVALID_ARGUMENT",
-                f"UPDATE is not supported on queue {table}: replace a message with "
-                "DELETE then INSERT (or Ack then Send) in one transaction",
+                f"{what} is not supported on queue {queue.name}: send with INSERT or a Send "
+                "mutation; replace a message with DELETE then INSERT (or Ack then Send) in one "
+                "transaction",
             )
 
     def execute_sql(self, request: bytes, context: Any) -> bytes:
@@ -322,6 +328,9 @@ class Front:
                     partial.values.extend(row)
                 yield partial.SerializeToString()
                 return
+            else:  # RECEIVE: its arguments and columns are checked before it leases a row
+                receive_args(found[0].args)
+                q.check_columns(q.receive_names(found[1]), found[0].columns)
         except q.QueueRefusal as refusal:
             status.abort(context, status.code(refusal.code), str(refusal))
         except (st.StatementError, ValueError) as exc:
