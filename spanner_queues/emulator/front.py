@@ -48,6 +48,11 @@ STREAMING = frozenset(
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
 
 
+class AddressInUse(RuntimeError):
+    """The front cannot listen on its address: another front or server holds the port (or
+    the address is not one of this machine's)."""
+
+
 def _database_of(session_or_db: str) -> str:
     parts = session_or_db.split("/")
     return "/".join(parts[:6])
@@ -65,9 +70,17 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         self.receiving = Receiving(self.backend)
+        #: why the emulator behind the front is gone, once it is (``backend_lost``).
+        self.lost: str | None = None
 
     def shutdown(self) -> None:
         """End open RECEIVE streams."""
+        self.receiving.shutdown()
+
+    def backend_lost(self, reason: str) -> None:
+        """The emulator is gone for good: from now on every call ends ``UNAVAILABLE`` with
+        ``reason``, and open RECEIVE streams end."""
+        self.lost = reason
         self.receiving.shutdown()
 
     # --- catalog (SchemaCalls) ------------------------------------------------------------
@@ -76,6 +89,8 @@ class Front:
 
     # --- routing -------------------------------------------------------------------------
     def handler(self, method: str) -> grpc.RpcMethodHandler:
+        if self.lost is not None:
+            return self._unavailable(method, self.lost)
         own: dict[str, Callable[..., Any]] = {
             b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
             b.ADMIN + "CreateDatabase": self.schema.create_database,
@@ -105,6 +120,15 @@ class Front:
         return grpc.unary_unary_rpc_method_handler(
             lambda request, context: self.forward(method, request, context)
         )
+
+    @staticmethod
+    def _unavailable(method: str, reason: str) -> grpc.RpcMethodHandler:
+        def refuse(request: bytes, context: Any) -> Any:
+            status.abort(context, grpc.StatusCode.UNAVAILABLE, reason)
+
+        if method in STREAMING:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
     @staticmethod
     def _logged(fn: Callable[[bytes, Any], Iterator[bytes]]) -> Callable[..., Iterator[bytes]]:
@@ -390,7 +414,9 @@ def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:
 
 def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
-    (server, front). ``server.bound_port`` is the port."""
+    (server, front). ``server.bound_port`` is the port. The port is the front's alone
+    (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
+    default would share it and split clients at random between two databases."""
     front = Front(backend_address)
 
     class Handler(grpc.GenericRpcHandler):
@@ -399,10 +425,26 @@ def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tu
 
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sq-front"),
-        options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+        options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
     )
     server.add_generic_rpc_handlers((Handler(),))
-    port = server.add_insecure_port(host_port)
+    try:
+        port = server.add_insecure_port(host_port)
+    except RuntimeError as exc:  # grpcio >= 1.50 raises; older ones return 0
+        port, cause = 0, f" ({exc})"
+    else:
+        cause = ""
+    if not port:
+        server.stop(None)
+        front.channel.close()
+        raise AddressInUse(
+            f"the emulator front cannot listen on {host_port}: the port is in use (another "
+            f"front or server?) or the address is not this machine's{cause}"
+        )
     server.bound_port = port  # type: ignore[attr-defined]
     server.start()
     return server, front
