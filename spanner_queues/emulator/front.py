@@ -8,7 +8,8 @@ Every call goes to the emulator byte for byte, except the few that queues change
 - ``Spanner.ExecuteStreamingSql``: ``RECEIVE_<Q>(...)`` is served by the front as a
   long-running stream of batches on a strong single-use read (``receiving``);
   ``ExecuteSql``/``ExecuteStreamingSql``: ``RENEWLEASE_<Q>(...)`` (``queues.renew``); ``UPDATE``
-  of a queue is refused, as Spanner does.
+  of a queue is refused, as Spanner does, and so are ``INSERT OR UPDATE`` and
+  ``INSERT OR IGNORE``.
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
 - ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
@@ -16,6 +17,9 @@ Every call goes to the emulator byte for byte, except the few that queues change
   index, its status, its commit timestamp when applied); a group that fails leaves the others.
 - ``Spanner.BeginTransaction``: read-only strong transactions are remembered, so RECEIVE can
   tell a strong read from a stale one or a read-write transaction.
+
+The front owns its port (``SO_REUSEPORT`` off: ``AddressInUse`` when it is taken); once its
+emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why.
 """
 
 from __future__ import annotations

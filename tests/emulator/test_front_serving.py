@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from spanner_queues.emulator import QueueEmulator
-from spanner_queues.emulator.front import serve
+from spanner_queues.emulator.front import AddressInUse, serve
 from tests.conftest import wait_until
 from tests.emulator.test_front_process import children
 
@@ -40,7 +40,7 @@ def describe(host: str) -> grpc.RpcError | bytes:
 # --- (a) one front per port ------------------------------------------------------------------
 def test_a_second_front_on_a_taken_port_fails_to_start() -> None:
     taken = os.environ["SPANNER_EMULATOR_HOST"]  # the suite's own front
-    with pytest.raises(RuntimeError, match=f"cannot listen on {taken}"):
+    with pytest.raises(AddressInUse, match=f"cannot listen on {taken}"):
         serve("127.0.0.1:1", taken)
 
 
