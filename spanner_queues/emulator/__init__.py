@@ -15,7 +15,9 @@ emulator's (``spanner_queues.emulator.front``). Nothing here is on the runtime p
 
 from __future__ import annotations
 
+import logging
 import subprocess
+import threading
 from types import TracebackType
 from typing import Any
 
@@ -44,19 +46,31 @@ __all__ = [
 ]
 
 
+logger = logging.getLogger("spanner_queues.emulator")
+
+
 class QueueEmulator:
     """A private ``emulator_main`` and the queue-aware front before it, in this process.
 
     ``host`` is the front's ``host:port`` (use it as ``SPANNER_EMULATOR_HOST``). ``stop()``
     ends open RECEIVE streams, the front and the emulator; nothing is left running.
+
+    Should ``emulator_main`` exit by itself, the front logs it (logger
+    ``spanner_queues.emulator``, ERROR), answers every call ``UNAVAILABLE`` naming the cause,
+    and sets ``failed`` (``failure`` says why); ``python -m spanner_queues.emulator`` then
+    exits non-zero. ``start()`` raises ``AddressInUse`` when the port is taken.
     """
 
     def __init__(self, host_port: str = "127.0.0.1:0") -> None:
         self.host_port = host_port
         self.host = ""
+        self.failed = threading.Event()
+        self.failure: str | None = None
         self._server: Any = None
         self._front: Any = None
         self._emulator: subprocess.Popen[bytes] | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def start(self) -> QueueEmulator:
         from spanner_queues.emulator.front import serve
@@ -69,9 +83,28 @@ class QueueEmulator:
             raise
         host = self.host_port.rsplit(":", 1)[0]
         self.host = f"{host}:{self._server.bound_port}"
+        self._watcher = threading.Thread(
+            target=self._watch, args=(self._emulator,), name="sq-emulator-watch", daemon=True
+        )
+        self._watcher.start()
         return self
 
+    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
+        code = proc.wait()
+        if self._stopping.is_set():
+            return
+        self.failure = (
+            f"emulator_main exited with code {code} (pid {proc.pid}); the emulator front at "
+            f"{self.host} has no database behind it: restart it"
+        )
+        logger.error("%s", self.failure)
+        front = self._front
+        if front is not None:
+            front.backend_lost(self.failure)
+        self.failed.set()
+
     def stop(self, grace: float = 1.0) -> None:
+        self._stopping.set()
         if self._front is not None:
             self._front.shutdown()
         if self._server is not None:
@@ -83,9 +116,13 @@ class QueueEmulator:
         self._stop_emulator()
 
     def _stop_emulator(self) -> None:
+        self._stopping.set()
         proc, self._emulator = self._emulator, None
         if proc is not None:
             terminate(proc)
+        watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.join(5)
 
     def __enter__(self) -> QueueEmulator:
         return self.start()

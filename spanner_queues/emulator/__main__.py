@@ -1,16 +1,46 @@
 """``python -m spanner_queues.emulator --host-port 127.0.0.1:PORT``: a private Cloud Spanner
 emulator behind the queue-aware front. Prints ``ready HOST:PORT`` when clients may connect
-(``SPANNER_EMULATOR_HOST=HOST:PORT``); SIGTERM or SIGINT stops the front and the emulator."""
+(``SPANNER_EMULATOR_HOST=HOST:PORT``); SIGTERM or SIGINT stops the front and the emulator
+(exit 0). Exits 1 when the port is taken or when the emulator behind the front dies, 2 on a bad
+argument or without the emulator binary. Listening beyond loopback prints a warning: the front
+is an unauthenticated Spanner API."""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
+import logging
 import os
 import signal
 import sys
 import threading
 
 from spanner_queues.emulator import EmulatorNotFound, QueueEmulator
+from spanner_queues.emulator.front import AddressInUse
+
+
+def host_port(text: str) -> str:
+    """``HOST:PORT`` with a port from 0 to 65535 (``[::1]:9010`` for IPv6); else
+    ``argparse.ArgumentTypeError``."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not HOST:PORT with a port from 0 to 65535 (0 picks a free one), "
+            "for example 127.0.0.1:9010"
+        )
+    return f"{host}:{int(port)}"
+
+
+def exposed(host: str) -> bool:
+    """Whether a front listening on ``host`` may be reachable from other machines (anything
+    but ``localhost`` and loopback addresses)."""
+    name = host.strip("[]")
+    if name.lower() == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return True  # a host name: it may resolve to any interface
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -21,7 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--host-port",
+        type=host_port,
         default="127.0.0.1:9010",
+        metavar="HOST:PORT",
         help="where clients connect (SPANNER_EMULATOR_HOST); port 0 picks a free one",
     )
     parser.add_argument(
@@ -30,6 +62,16 @@ def main(argv: list[str] | None = None) -> int:
         help="stop when the process that started this one is gone (tests, tools)",
     )
     args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    host = args.host_port.rpartition(":")[0]
+    if exposed(host):
+        print(
+            f"warning: listening on {host}: the emulator front is an unauthenticated Spanner "
+            "API (anyone who reaches the port can read, write and drop its databases); use "
+            "127.0.0.1 unless other machines must connect",
+            file=sys.stderr,
+            flush=True,
+        )
     parent = os.getppid()
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -39,14 +81,21 @@ def main(argv: list[str] | None = None) -> int:
     except EmulatorNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except AddressInUse as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    code = 0
     try:
         print(f"ready {emulator.host} (export SPANNER_EMULATOR_HOST={emulator.host})", flush=True)
-        while not stop.wait(1.0):
+        while not stop.wait(0.2):
+            if emulator.failed.is_set():  # logged by the emulator's watcher
+                code = 1
+                break
             if args.exit_with_parent and os.getppid() != parent:
                 break  # the parent died without stopping us
     finally:
         emulator.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":

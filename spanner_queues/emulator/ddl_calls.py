@@ -9,6 +9,7 @@ import collections
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from google.cloud.spanner_admin_database_v1.types import spanner_database_admin as admin_types
@@ -22,7 +23,30 @@ from spanner_queues.emulator import schema as s
 UpdateDatabaseDdlRequest = admin_types.UpdateDatabaseDdlRequest.pb()
 CreateDatabaseRequest = admin_types.CreateDatabaseRequest.pb()
 DropDatabaseRequest = admin_types.DropDatabaseRequest.pb()
+UpdateDatabaseDdlMetadata = admin_types.UpdateDatabaseDdlMetadata.pb()
 Operation = operations_pb2.Operation
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    """A queue statement's effect on what ``GetDatabaseDdl`` shows: ``queue`` declared (None:
+    dropped) under ``name``, once the first ``needs`` emulator statements have applied."""
+
+    needs: int
+    name: str
+    queue: s.QueueSchema | None
+
+
+def _applied(response: bytes, count: int) -> int:
+    """How many of the ``count`` statements an ``UpdateDatabaseDdl`` operation applied: all
+    unless it ended with an error, then those with a commit timestamp in its metadata."""
+    operation = Operation.FromString(response)
+    if not operation.HasField("error"):
+        return count
+    metadata = UpdateDatabaseDdlMetadata()
+    if operation.metadata.Unpack(metadata):
+        return len(metadata.commit_timestamps)
+    return 0
 
 
 class SchemaCalls:
@@ -50,8 +74,23 @@ class SchemaCalls:
         with self._lock:
             self._catalogs.pop(database, None)
 
-    def translate_ddl(self, database: str, statements: list[str]) -> list[str]:
-        out = []
+    def translate_ddl(
+        self, database: str, statements: list[str]
+    ) -> tuple[list[str], list[Declared]]:
+        """The emulator's statements for ``statements``, and what each queue statement
+        declares: ``Declared`` changes, kept only once the emulator has applied the
+        statements they wait for (``keep_declared``)."""
+        out: list[str] = []
+        changes: list[Declared] = []
+        seen = dict(self._declared.get(database, {}))  # as if the statements so far applied
+
+        def change(name: str, queue: s.QueueSchema | None) -> None:
+            changes.append(Declared(len(out), name.upper(), queue))
+            if queue is None:
+                seen.pop(name.upper(), None)
+            else:
+                seen[name.upper()] = queue
+
         for statement in statements:
             if not s.is_queue_statement(statement):
                 out.append(statement)
@@ -59,20 +98,21 @@ class SchemaCalls:
             text = s.strip_comments(statement).lstrip().upper()
             if text.startswith("CREATE"):
                 queue, table = s.parse_create_queue(statement)
-                self._declared[database][queue.name.upper()] = queue
                 out.append(table)
+                change(queue.name, queue)
             elif text.startswith("DROP"):
                 name, table = s.parse_drop_queue(statement)
-                self._declared[database].pop(name.upper(), None)
                 out.append(table)
+                change(name, None)
             else:
                 name, table_stmt, options = s.parse_alter_queue(statement)
+                if table_stmt is not None:
+                    out.append(table_stmt)
                 if options is not None:
-                    seen = self._declared[database].get(name.upper())
-                    base = seen or self.catalog(database).get(name.upper())
+                    base = seen.get(name.upper()) or self.catalog(database).get(name.upper())
                     if base is None:
                         raise q.QueueRefusal("NOT_FOUND", f"Queue not found: {name}")
-                    self._declared[database][name.upper()] = s.QueueSchema(
+                    kept = s.QueueSchema(
                         base.name,
                         base.keys,
                         base.key_types,
@@ -80,9 +120,21 @@ class SchemaCalls:
                         declared=None,
                         options=options,
                     )
-                if table_stmt is not None:
-                    out.append(table_stmt)
-        return out
+                    change(name, kept)
+        return out, changes
+
+    def keep_declared(self, database: str, changes: list[Declared], applied: int) -> None:
+        """Keep the changes whose statements are among the first ``applied`` the emulator
+        ran (a refused statement, and every one after it, declares nothing)."""
+        with self._lock:
+            declared = self._declared[database]
+            for change in changes:
+                if change.needs > applied:
+                    break
+                if change.queue is None:
+                    declared.pop(change.name, None)
+                else:
+                    declared[change.name] = change.queue
 
     def update_ddl(self, request: bytes, context: Any) -> bytes:
         req = UpdateDatabaseDdlRequest.FromString(request)
@@ -90,9 +142,10 @@ class SchemaCalls:
             response = self._forward(b.ADMIN + "UpdateDatabaseDdl", request, context)
             self.forget(req.database)
             return response
-        translated = self.translate_ddl(req.database, list(req.statements))
+        translated, changes = self.translate_ddl(req.database, list(req.statements))
         self.forget(req.database)
         if not translated:  # only ALTER QUEUE ... SET OPTIONS: nothing for the emulator
+            self.keep_declared(req.database, changes, 0)
             done = Operation(
                 name=f"{req.database}/operations/front{int(time.time() * 1e6)}", done=True
             )
@@ -101,20 +154,30 @@ class SchemaCalls:
         del req.statements[:]
         req.statements.extend(translated)
         try:
-            return self._forward(b.ADMIN + "UpdateDatabaseDdl", req.SerializeToString(), context)
+            response = self._forward(
+                b.ADMIN + "UpdateDatabaseDdl", req.SerializeToString(), context
+            )
         finally:
             self.forget(req.database)
+        self.keep_declared(req.database, changes, _applied(response, len(translated)))
+        return response
 
     def create_database(self, request: bytes, context: Any) -> bytes:
         req = CreateDatabaseRequest.FromString(request)
-        if any(s.is_queue_statement(x) for x in req.extra_statements):
-            name = s.unquote(req.create_statement.split()[-1])
-            database = f"{req.parent}/databases/{name}"
-            translated = self.translate_ddl(database, list(req.extra_statements))
-            del req.extra_statements[:]
-            req.extra_statements.extend(translated)
-            request = req.SerializeToString()
-        return self._forward(b.ADMIN + "CreateDatabase", request, context)
+        if not any(s.is_queue_statement(x) for x in req.extra_statements):
+            return self._forward(b.ADMIN + "CreateDatabase", request, context)
+        name = s.unquote(req.create_statement.split()[-1])
+        database = f"{req.parent}/databases/{name}"
+        translated, changes = self.translate_ddl(database, list(req.extra_statements))
+        del req.extra_statements[:]
+        req.extra_statements.extend(translated)
+        response = self._forward(b.ADMIN + "CreateDatabase", req.SerializeToString(), context)
+        operation = Operation.FromString(response)
+        if not operation.HasField("error"):  # a database is created whole or not at all
+            with self._lock:
+                self._declared.pop(database, None)
+            self.keep_declared(database, changes, len(translated))
+        return response
 
     def get_ddl(self, request: bytes, context: Any) -> bytes:
         response = b.GetDatabaseDdlResponse.FromString(

@@ -8,7 +8,8 @@ Every call goes to the emulator byte for byte, except the few that queues change
 - ``Spanner.ExecuteStreamingSql``: ``RECEIVE_<Q>(...)`` is served by the front as a
   long-running stream of batches on a strong single-use read (``receiving``);
   ``ExecuteSql``/``ExecuteStreamingSql``: ``RENEWLEASE_<Q>(...)`` (``queues.renew``); ``UPDATE``
-  of a queue is refused, as Spanner does.
+  of a queue is refused, as Spanner does, and so are ``INSERT OR UPDATE`` and
+  ``INSERT OR IGNORE``.
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
 - ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
@@ -16,6 +17,9 @@ Every call goes to the emulator byte for byte, except the few that queues change
   index, its status, its commit timestamp when applied); a group that fails leaves the others.
 - ``Spanner.BeginTransaction``: read-only strong transactions are remembered, so RECEIVE can
   tell a strong read from a stale one or a read-write transaction.
+
+The front owns its port (``SO_REUSEPORT`` off: ``AddressInUse`` when it is taken); once its
+emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from spanner_queues.emulator import schema as s
 from spanner_queues.emulator import statements as st
 from spanner_queues.emulator import status
 from spanner_queues.emulator.ddl_calls import SchemaCalls
-from spanner_queues.emulator.receiving import Receiving, is_strong_read
+from spanner_queues.emulator.receiving import Receiving, is_strong_read, receive_args
 
 logger = logging.getLogger("spanner_queues.emulator")
 
@@ -46,6 +50,11 @@ STREAMING = frozenset(
 #: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
 #: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
+
+
+class AddressInUse(RuntimeError):
+    """The front cannot listen on its address: another front or server holds the port (or
+    the address is not one of this machine's)."""
 
 
 def _database_of(session_or_db: str) -> str:
@@ -65,9 +74,17 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         self.receiving = Receiving(self.backend)
+        #: why the emulator behind the front is gone, once it is (``backend_lost``).
+        self.lost: str | None = None
 
     def shutdown(self) -> None:
         """End open RECEIVE streams."""
+        self.receiving.shutdown()
+
+    def backend_lost(self, reason: str) -> None:
+        """The emulator is gone for good: from now on every call ends ``UNAVAILABLE`` with
+        ``reason``, and open RECEIVE streams end."""
+        self.lost = reason
         self.receiving.shutdown()
 
     # --- catalog (SchemaCalls) ------------------------------------------------------------
@@ -76,6 +93,8 @@ class Front:
 
     # --- routing -------------------------------------------------------------------------
     def handler(self, method: str) -> grpc.RpcMethodHandler:
+        if self.lost is not None:
+            return self._unavailable(method, self.lost)
         own: dict[str, Callable[..., Any]] = {
             b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
             b.ADMIN + "CreateDatabase": self.schema.create_database,
@@ -105,6 +124,15 @@ class Front:
         return grpc.unary_unary_rpc_method_handler(
             lambda request, context: self.forward(method, request, context)
         )
+
+    @staticmethod
+    def _unavailable(method: str, reason: str) -> grpc.RpcMethodHandler:
+        def refuse(request: bytes, context: Any) -> Any:
+            status.abort(context, grpc.StatusCode.UNAVAILABLE, reason)
+
+        if method in STREAMING:
+            return grpc.unary_stream_rpc_method_handler(refuse)
+        return grpc.unary_unary_rpc_method_handler(refuse)
 
     @staticmethod
     def _logged(fn: Callable[[bytes, Any], Iterator[bytes]]) -> Callable[..., Iterator[bytes]]:
@@ -270,12 +298,18 @@ class Front:
         return call, queue
 
     def _refuse_update(self, database: str, sql: str) -> None:
-        table = st.updated_table(sql)
-        if table is not None and table.upper() in self.catalog(database):
+        """Refuse ``UPDATE``, ``INSERT OR UPDATE`` and ``INSERT OR IGNORE`` on a queue."""
+        found = st.queue_write(sql)
+        if found is None:
+            return
+        what, table = found
+        queue = self.catalog(database).get(table.upper())
+        if queue is not None:
             raise q.QueueRefusal(
                 "INVALID_ARGUMENT",
-                f"UPDATE is not supported on queue {table}: replace a message with "
-                "DELETE then INSERT (or Ack then Send) in one transaction",
+                f"{what} is not supported on queue {queue.name}: send with INSERT or a Send "
+                "mutation; replace a message with DELETE then INSERT (or Ack then Send) in one "
+                "transaction",
             )
 
     def execute_sql(self, request: bytes, context: Any) -> bytes:
@@ -322,6 +356,9 @@ class Front:
                     partial.values.extend(row)
                 yield partial.SerializeToString()
                 return
+            else:  # RECEIVE: its arguments and columns are checked before it leases a row
+                receive_args(found[0].args)
+                q.check_columns(q.receive_names(found[1]), found[0].columns)
         except q.QueueRefusal as refusal:
             status.abort(context, status.code(refusal.code), str(refusal))
         except (st.StatementError, ValueError) as exc:
@@ -381,7 +418,9 @@ def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:
 
 def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
-    (server, front). ``server.bound_port`` is the port."""
+    (server, front). ``server.bound_port`` is the port. The port is the front's alone
+    (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
+    default would share it and split clients at random between two databases."""
     front = Front(backend_address)
 
     class Handler(grpc.GenericRpcHandler):
@@ -390,10 +429,26 @@ def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tu
 
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="sq-front"),
-        options=[("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)],
+        options=[
+            ("grpc.max_receive_message_length", -1),
+            ("grpc.max_send_message_length", -1),
+            ("grpc.so_reuseport", 0),
+        ],
     )
     server.add_generic_rpc_handlers((Handler(),))
-    port = server.add_insecure_port(host_port)
+    try:
+        port = server.add_insecure_port(host_port)
+    except RuntimeError as exc:  # grpcio >= 1.50 raises; older ones return 0
+        port, cause = 0, f" ({exc})"
+    else:
+        cause = ""
+    if not port:
+        server.stop(None)
+        front.channel.close()
+        raise AddressInUse(
+            f"the emulator front cannot listen on {host_port}: the port is in use (another "
+            f"front or server?) or the address is not this machine's{cause}"
+        )
     server.bound_port = port  # type: ignore[attr-defined]
     server.start()
     return server, front

@@ -7,16 +7,19 @@
   time of the lease expiry plus the back-off for that attempt (the table engine's curve,
   ``spanner_queues.semantics``), so an unacked message comes back after the back-off.
   ``DeliverTime`` itself keeps the sender's time, as Spanner shows it.
-- A lease token names its queue, key and expiry (opaque to clients), so ``RENEWLEASE`` answers
-  as documented without any state in the front: no row for an unparseable or expired token; a
-  NULL new token for one still within its lease whose message was acked (or re-sent); else a
-  rotated token and a lease 10 s from now.
+- A lease token names its queue, key and expiry (opaque to clients) and carries a digest of
+  them, so ``RENEWLEASE`` answers as documented without any state in the front: no row for an
+  unparseable (or altered) or expired token; for one still within its lease whose message was
+  acked (or re-sent), a row with a NULL new token and the expiry of the lease it still holds;
+  else a rotated token and a lease 10 s from now. A bad token never fails the call.
 """
 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -84,27 +87,66 @@ class Token:
     text: str
 
 
+def _digest(body: dict[str, Any]) -> str:
+    parts = json.dumps([body.get(k) for k in ("q", "k", "e", "n")], separators=(",", ":"))
+    return hashlib.sha256(parts.encode()).hexdigest()[:16]
+
+
 def make_token(queue: str, key: Sequence[Any], expires: datetime) -> str:
     key_list = b.ListValue(values=list(key))
-    body = {
+    body: dict[str, Any] = {
         "q": queue.upper(),
         "k": json_format.MessageToDict(key_list),
         "e": ts(expires),
         "n": secrets.token_hex(8),
     }
+    body["d"] = _digest(body)
     return base64.urlsafe_b64encode(json.dumps(body, separators=(",", ":")).encode()).decode()
 
 
 def read_token(text: Any) -> Token | None:
-    """The token's parts; None when it is not one of this front's tokens."""
+    """The token's parts; None when it is not one of this front's tokens (not base64 JSON,
+    a part missing, or parts that do not match its digest: altered or forged)."""
     if not isinstance(text, str):
         return None
     try:
         body = json.loads(base64.urlsafe_b64decode(text.encode()))
+        if body["d"] != _digest(body):
+            return None
         key = json_format.ParseDict(body["k"], b.ListValue())
         return Token(str(body["q"]), key, parse_ts(body["e"]), text)
     except Exception:
         return None
+
+
+_KEY_KINDS = {"BOOL": "bool_value", "FLOAT64": "number_value", "FLOAT32": "number_value"}
+
+
+def key_fits(queue: QueueSchema, key: Any) -> bool:
+    """Whether ``key`` (a ``ListValue``) has one value of the wire kind of each key column of
+    ``queue`` (``string_value`` for INT64, STRING, BYTES, TIMESTAMP, DATE, NUMERIC; a float may
+    also be ``'NaN'``/``'Infinity'``); NULL fits any column."""
+    if len(key.values) != len(queue.keys):
+        return False
+    for value, type_ in zip(key.values, queue.key_types, strict=True):
+        kind = value.WhichOneof("kind")
+        base = type_.split("(")[0].upper()
+        if kind == "null_value":
+            continue
+        if base in ("FLOAT64", "FLOAT32") and kind == "string_value":
+            if value.string_value not in ("NaN", "Infinity", "-Infinity"):
+                return False
+            continue
+        if kind != _KEY_KINDS.get(base, "string_value"):
+            return False
+        if base == "INT64" and not (
+            _INT64.fullmatch(value.string_value) and -(2**63) <= int(value.string_value) < 2**63
+        ):
+            return False
+    return True
+
+
+_INT64 = re.compile(r"-?\d{1,19}")
 
 
 # --- RECEIVE -----------------------------------------------------------------------------
@@ -196,7 +238,11 @@ def renew(
 ) -> list[list[Any]]:
     """Rows of ``RENEWLEASE_<Q>`` for ``tokens``: (old, new or NULL, expiry)."""
     parsed = [read_token(t) for t in tokens]
-    live = [t for t in parsed if t is not None and t.queue == queue.name.upper()]
+    live = [
+        t
+        for t in parsed
+        if t is not None and t.queue == queue.name.upper() and key_fits(queue, t.key)
+    ]
     n = len(queue.keys)
     columns = [*queue.keys, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS, SEND_TIME]
 
@@ -219,7 +265,11 @@ def renew(
             row = current.get(token.text)
             if row is None:  # acked, or acked and sent again: valid but not renewable
                 out.append(
-                    [b.Value(string_value=token.text), b.string_value(None), b.string_value(None)]
+                    [
+                        b.Value(string_value=token.text),
+                        b.string_value(None),
+                        b.Value(string_value=ts(token.expires)),  # the lease it still holds
+                    ]
                 )
                 continue
             attempt = int(row[n + 2].string_value or 1)
@@ -261,6 +311,20 @@ def renew_fields() -> list[tuple[str, Any]]:
         (RENEW_COLUMNS[1], b.field_type(b.TypeCode.STRING)),
         (RENEW_COLUMNS[2], b.field_type(b.TypeCode.TIMESTAMP)),
     ]
+
+
+def receive_names(queue: QueueSchema) -> list[str]:
+    """The columns of ``RECEIVE_<queue>``, in ``SELECT *`` order."""
+    return [*queue.keys, PAYLOAD, DELIVER_TIME, *RECEIVE_SYSTEM]
+
+
+def check_columns(names: Sequence[str], columns: Sequence[str] | None) -> None:
+    """Refuse a column of ``columns`` that is not among ``names`` (case-insensitive), as
+    Spanner does: ``INVALID_ARGUMENT`` "Unrecognized name"."""
+    known = {name.upper() for name in names}
+    for column in columns or ():
+        if column.upper() not in known:
+            raise QueueRefusal("INVALID_ARGUMENT", f"Unrecognized name: {column}")
 
 
 def project(

@@ -144,6 +144,8 @@ def receive_args(args: dict[str, Any]) -> tuple[int, float]:
         duration = DEFAULT_MAX_DURATION if raw is None else parse_duration(raw)
     except ValueError as exc:
         raise q.QueueRefusal("INVALID_ARGUMENT", str(exc)) from None
+    except OverflowError:  # more than a timedelta holds (about 2.7 million years)
+        raise q.QueueRefusal("INVALID_ARGUMENT", f"max_duration {raw!r} is too long") from None
     return batch, duration.total_seconds()
 
 

@@ -77,6 +77,25 @@ def strip_comments(sql: str) -> str:
     return "".join(out)
 
 
+def code_only(sql: str) -> str:
+    """``sql`` with comments replaced by a space and every string literal by ``''``: what is
+    left is the statement's code (keywords, names, operators), to look for calls in."""
+    out = []
+    for m in _TOKEN.finditer(sql):
+        text = m.group(0)
+        if m.group("str"):
+            out.append("''")
+        else:
+            out.append(" " if text.startswith(("--", "#", "/*")) else text)
+    return "".join(out)
+
+
+def quote_name(name: str) -> str:
+    """``name`` as an identifier in the DDL and SQL the front sends: always backquoted, so
+    reserved words (``Order``) and names the emulator prints bare (``my-q``) both work."""
+    return "`" + name.replace("`", "") + "`"
+
+
 def words(sql: str) -> list[str]:
     """Upper-cased words and single characters of ``sql``, strings and comments dropped."""
     out = []
@@ -151,7 +170,7 @@ def is_queue_statement(statement: str) -> bool:
 def _column_def(text: str) -> tuple[str, str, str]:
     """``(name, type, rest)`` of one column definition."""
     m = re.match(
-        r"\s*(`[^`]+`|[A-Za-z_]\w*)\s+(\w+(?:\s*\(\s*\w+\s*\))?|ARRAY\s*<[^>]+>)(.*)$",
+        r"\s*(`[^`]+`|[^\s`]+)\s+(\w+(?:\s*\(\s*\w+\s*\))?|ARRAY\s*<[^>]+>)(.*)$",
         text,
         re.S | re.I,
     )
@@ -223,7 +242,7 @@ def parse_create_queue(statement: str) -> tuple[QueueSchema, str]:
             raise QueueDdlError(f"queue {name}: unexpected clause {clause!r}")
     body = [k[2] for k in keys] + [f"{payload[0]} {payload[1]}{payload[2]}", *_HIDDEN_DDL]
     table = (
-        f"CREATE TABLE {'IF NOT EXISTS ' if m.group('ine') else ''}{name} (\n  "
+        f"CREATE TABLE {'IF NOT EXISTS ' if m.group('ine') else ''}{quote_name(name)} (\n  "
         + ",\n  ".join(b.strip() for b in body)
         + f"\n) {tail[: pk_close + 1].strip()}"
     )
@@ -246,7 +265,7 @@ def parse_drop_queue(statement: str) -> tuple[str, str]:
     if not m:
         raise QueueDdlError("not a DROP QUEUE statement")
     name = unquote(m.group("name"))
-    return name, f"DROP TABLE {'IF EXISTS ' if m.group('ie') else ''}{name}"
+    return name, f"DROP TABLE {'IF EXISTS ' if m.group('ie') else ''}{quote_name(name)}"
 
 
 def parse_alter_queue(statement: str) -> tuple[str, str | None, str | None]:
@@ -260,12 +279,13 @@ def parse_alter_queue(statement: str) -> tuple[str, str | None, str | None]:
     if re.match(r"^SET\s+OPTIONS\s*\(", rest, re.I):
         return name, None, rest[len("SET ") :].strip()
     if re.match(r"^(SET\s+ON\s+DELETE|(ADD|DROP|REPLACE)\s+ROW\s+DELETION\s+POLICY)", rest, re.I):
-        return name, f"ALTER TABLE {name} {rest}", None
+        return name, f"ALTER TABLE {quote_name(name)} {rest}", None
     raise QueueDdlError(f"ALTER QUEUE {name}: the front does not emulate {rest.split()[0]} ...")
 
 
 # --- the catalog, read back from the emulator's DDL --------------------------------------
-_CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\s+(`[^`]+`|[A-Za-z_]\w*)\s*\(", re.I)
+#: the emulator prints names bare unless they are reserved words: ``CREATE TABLE my-q (``.
+_CREATE_TABLE = re.compile(r"^\s*CREATE\s+TABLE\s+(`[^`]+`|[^\s(`]+)\s*\(", re.I)
 
 
 def queue_from_table_ddl(statement: str) -> QueueSchema | None:
@@ -308,7 +328,10 @@ def queue_ddl_from_table(statement: str) -> str:
         for c in split_top_level(statement[m.end() : close])
         if _column_def(c)[0].upper() not in system
     ]
-    return f"CREATE QUEUE {m.group(1)} (\n  " + ",\n  ".join(kept) + "\n)" + statement[close + 1 :]
+    name = m.group(1)
+    if not re.fullmatch(r"`[^`]+`|[A-Za-z_]\w*", name):
+        name = quote_name(name)
+    return f"CREATE QUEUE {name} (\n  " + ",\n  ".join(kept) + "\n)" + statement[close + 1 :]
 
 
 def catalog_from_ddl(statements: Iterable[str]) -> dict[str, QueueSchema]:

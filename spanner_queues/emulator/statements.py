@@ -5,10 +5,13 @@ Only three shapes need the front; everything else goes to the emulator untouched
 - ``SELECT <columns | *> FROM RECEIVE_<Q>(args)`` (PostgreSQL: ``spanner.receive_<q>(...)``);
 - ``SELECT <columns | *> FROM RENEWLEASE_<Q>(lease_tokens => [...])``
   (PostgreSQL: ``spanner.renewlease_<q>(lease_tokens => ARRAY[...])``);
-- ``UPDATE <queue> ...``, which Spanner refuses on queues.
+- ``UPDATE <queue> ...``, which Spanner refuses on queues, and ``INSERT OR UPDATE`` /
+  ``INSERT OR IGNORE`` into a queue, which the front refuses too (``queue_write``).
 
 Arguments may be literals or query parameters (``@name``; ``$n`` binds ``pn``), named
-(``max_batch_size => 10``) or positional (``max_batch_size, priority, max_duration``).
+(``max_batch_size => 10``) or positional (``max_batch_size, priority, max_duration``). A queue
+function may be quoted as a whole (```RECEIVE_my-q`(...)``). Only code counts: a function
+named inside a string literal or a comment is not a call (``mentioned_function``).
 """
 
 from __future__ import annotations
@@ -17,16 +20,27 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spanner_queues.emulator.schema import split_top_level, strip_comments, unquote
+from spanner_queues.emulator.schema import code_only, split_top_level, strip_comments, unquote
 
 _NAME = r"`[^`]+`|[A-Za-z_]\w*"
+#: a queue function: ``RECEIVE_Q``, ```RECEIVE_my-q```, ``spanner.receive_q``.
+_FN = r"(?:spanner\s*\.\s*)?(?:`(?:RECEIVE|RENEWLEASE)_[^`]+`|(?:RECEIVE|RENEWLEASE)_\w+)"
 _CALL = re.compile(
-    rf"^\s*SELECT\s+(?P<cols>.+?)\s+FROM\s+(?P<fn>(?:spanner\s*\.\s*)?(?:RECEIVE|RENEWLEASE)_\w+)"
+    rf"^\s*SELECT\s+(?P<cols>.+?)\s+FROM\s+(?P<fn>{_FN})"
     rf"\s*\((?P<args>.*)\)\s*(?:(?:AS\s+)?(?P<alias>{_NAME}))?\s*;?\s*$",
     re.I | re.S,
 )
-_MENTION = re.compile(r"\b(?:spanner\s*\.\s*)?(RECEIVE|RENEWLEASE)_(\w+)\s*\(", re.I)
-_UPDATE = re.compile(rf"^\s*UPDATE\s+(?P<name>{_NAME})\b", re.I)
+_MENTION = re.compile(
+    r"(?:\bspanner\s*\.\s*)?(?:`(RECEIVE|RENEWLEASE)_([^`]+)`|\b(RECEIVE|RENEWLEASE)_(\w+))\s*\(",
+    re.I,
+)
+#: an optional statement hint, ``@{...}``, before DML.
+_HINT = r"(?:@\s*\{[^}]*\}\s*)?"
+_UPDATE = re.compile(rf"^\s*{_HINT}UPDATE\s+(?P<name>{_NAME})(?![\w`])", re.I)
+_UPSERT = re.compile(
+    rf"^\s*{_HINT}INSERT\s+OR\s+(?P<how>UPDATE|IGNORE)\s+(?:INTO\s+)?(?P<name>{_NAME})(?![\w`])",
+    re.I,
+)
 RECEIVE_ARGS = ("max_batch_size", "priority", "max_duration")
 
 
@@ -45,14 +59,33 @@ class QueueCall:
 
 
 def mentioned_function(sql: str) -> tuple[str, str] | None:
-    """(``RECEIVE``/``RENEWLEASE``, queue) of the first queue function ``sql`` calls."""
-    m = _MENTION.search(strip_comments(sql))
-    return (m.group(1).upper(), m.group(2)) if m else None
+    """(``RECEIVE``/``RENEWLEASE``, queue) of the first queue function ``sql`` calls; string
+    literals and comments are not looked at."""
+    m = _MENTION.search(code_only(sql))
+    if not m:
+        return None
+    kind, queue = (m.group(1), m.group(2)) if m.group(1) else (m.group(3), m.group(4))
+    return kind.upper(), queue
 
 
 def updated_table(sql: str) -> str | None:
+    """The table an ``UPDATE`` statement updates, None for any other statement."""
     m = _UPDATE.match(strip_comments(sql))
     return unquote(m.group("name")) if m else None
+
+
+def queue_write(sql: str) -> tuple[str, str] | None:
+    """(``UPDATE`` / ``INSERT OR UPDATE`` / ``INSERT OR IGNORE``, table) of a DML statement
+    that would change or skip an existing row; None for any other statement (``INSERT``,
+    ``DELETE``, queries)."""
+    text = strip_comments(sql)
+    m = _UPDATE.match(text)
+    if m:
+        return "UPDATE", unquote(m.group("name"))
+    m = _UPSERT.match(text)
+    if m:
+        return f"INSERT OR {m.group('how').upper()}", unquote(m.group("name"))
+    return None
 
 
 def parse_call(sql: str, params: dict[str, Any]) -> QueueCall:
@@ -66,7 +99,7 @@ def parse_call(sql: str, params: dict[str, Any]) -> QueueCall:
             "'SELECT <columns or *> FROM RECEIVE_<Queue>(...)' / 'RENEWLEASE_<Queue>(...)', "
             "without joins, filters or subqueries"
         )
-    fn = re.sub(r"\s+", "", m.group("fn"))
+    fn = re.sub(r"\s+", "", m.group("fn")).replace("`", "")
     kind, _, queue = fn.split(".")[-1].partition("_")
     kind = kind.upper()
     cols = m.group("cols").strip()
