@@ -4,12 +4,13 @@ release check wired into bin/test, and the README's install line the check runs.
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
 
 import spanner_queues
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.engine_independent  # files of the repository, no database
