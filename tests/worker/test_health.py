@@ -73,3 +73,24 @@ def test_not_ready_before_the_worker_started_nor_once_it_stops() -> None:
     health(event("stopping"))
     [problem] = health.readiness()
     assert problem.startswith("stopping")
+
+
+def test_a_lease_the_renewer_left_overdue_is_not_live() -> None:
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    from spanner_queues import clock as sq_clock
+    from spanner_queues.worker.state import Delivery, Holdings
+
+    held = Holdings()
+    health = WorkerHealth(stall_seconds=60, monotonic=Clock())
+    health.attach(SimpleNamespace(plans=[], held=held, stopping=False))  # type: ignore[arg-type]
+    now = sq_clock.now()
+    late = Delivery(message=message(), model=object, renew_at=now - timedelta(seconds=61))
+    held.deliveries.add(late)
+    [problem] = health.liveness()
+    assert problem.startswith("the lease renewer is 61.") and "on 1 lease(s)" in problem
+    late.acking = True  # an ack holds the token: the renewer leaves it alone, rightly
+    assert health.liveness() == []
+    late.acking, late.renew_at = False, now - timedelta(seconds=59)
+    assert health.liveness() == []
