@@ -104,6 +104,8 @@ elif DEMO_DATABASE in ("emulator", "emulator-native", "spanner"):
             "NAME": env.str("SPANNER_DATABASE", default="demo-db"),
         }
     }
+    if env.str("SPANNER_DATABASE_ROLE", default=""):  # fine-grained access control
+        DATABASES["default"]["OPTIONS"] = {"database_role": env.str("SPANNER_DATABASE_ROLE")}
     INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]  # must be first
 else:
     raise environ.ImproperlyConfigured(

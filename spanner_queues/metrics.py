@@ -56,6 +56,7 @@ __all__ = [
     "metrics_view",
     "sent",
     "serve",
+    "wsgi_app",
 ]
 
 #: every metric family this module exports (the names Prometheus shows)
@@ -394,6 +395,14 @@ def serve(port: int, addr: str = "127.0.0.1") -> tuple[Any, int]:
     enable()
     server, _thread = prom.start_http_server(port, addr=addr)
     return server, server.server_port
+
+
+def wsgi_app() -> Any:
+    """The default registry's exposition as a WSGI app (metrics switched on), for a server
+    that serves more than ``/metrics`` (``runqueueworker``: the health probes too)."""
+    prom = _prometheus()
+    enable()
+    return prom.make_wsgi_app()
 
 
 # --- the view for web processes -------------------------------------------------------------

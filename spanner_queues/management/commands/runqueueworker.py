@@ -194,6 +194,27 @@ class Command(BaseCommand):
             "(default: SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'], 30).",
         )
         parser.add_argument(
+            "--health-port",
+            type=port_number,
+            default=None,
+            help="Serve the probes /livez and /readyz at http://HEALTH_ADDR:PORT on a port of "
+            "their own (no 'metrics' extra needed); 0 picks a free one (printed at start). "
+            "With --metrics-port they are served on the metrics port too.",
+        )
+        parser.add_argument(
+            "--health-addr",
+            default="127.0.0.1",
+            help="Address the health server listens on (default: %(default)s; 0.0.0.0 for "
+            "a kubelet's probes).",
+        )
+        parser.add_argument(
+            "--health-max-run",
+            type=positive_seconds,
+            default=None,
+            help="/livez fails while a receiver has run longer than this many seconds "
+            "(default: no limit).",
+        )
+        parser.add_argument(
             "--worker-id",
             type=worker_id,
             default=None,
@@ -208,8 +229,11 @@ class Command(BaseCommand):
         # no listener at -v0: the worker then builds no event objects at all
         listeners: list[Callable[[WorkerEvent], None]] = [self._on_event] if verbosity else []
         sampler = None
+        health = None
+        if options["metrics_port"] is not None or options["health_port"] is not None:
+            health = self._start_health(options, listeners)
         if options["metrics_port"] is not None:
-            sampler = self._start_metrics(options, listeners)
+            sampler = self._start_metrics(options, listeners, health)
         try:
             worker = Worker(
                 options["queues"] or None,
@@ -229,6 +253,8 @@ class Command(BaseCommand):
         except (QueueError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         self._worker = worker
+        if health is not None:
+            health.attach(worker)
         if verbosity >= 1:
             mode = " (burst)" if options["burst"] else ""
             self.stdout.write(
@@ -257,17 +283,45 @@ class Command(BaseCommand):
             if sampler is not None:
                 sampler.stop()
 
-    def _start_metrics(
+    def _start_health(
         self, options: dict[str, Any], listeners: list[Callable[[WorkerEvent], None]]
     ) -> Any:
-        """Serve /metrics, count the worker's events, and start the sampler of the queue
-        gauges (and depth samples)."""
+        """The probes' state (a listener); served on --health-port when given (and on the
+        metrics port by ``_start_metrics``)."""
+        from spanner_queues.worker.health import WorkerHealth, serve
+
+        health = WorkerHealth(max_run_seconds=options["health_max_run"])
+        listeners.append(health)
+        if options["health_port"] is not None:
+            addr = options["health_addr"]
+            try:
+                _server, port = serve(options["health_port"], addr, health)
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot serve health probes on {addr}:{options['health_port']}: {exc} "
+                    "(give each worker on a host its own --health-port, or 0 for a free one)"
+                ) from exc
+            self.stdout.write(f"health on http://{addr}:{port}/livez and /readyz")
+            sys.stdout.flush()
+        return health
+
+    def _start_metrics(
+        self,
+        options: dict[str, Any],
+        listeners: list[Callable[[WorkerEvent], None]],
+        health: Any = None,
+    ) -> Any:
+        """Serve /metrics (and the probes), count the worker's events, and start the sampler
+        of the queue gauges (and depth samples)."""
         from spanner_queues import metrics
         from spanner_queues.conf import metrics_params
+        from spanner_queues.worker.health import serve
 
         try:
             params = metrics_params()
-            _server, port = metrics.serve(options["metrics_port"], options["metrics_addr"])
+            _server, port = serve(
+                options["metrics_port"], options["metrics_addr"], health, metrics.wsgi_app()
+            )
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
         except OSError as exc:

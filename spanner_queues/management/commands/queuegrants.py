@@ -1,0 +1,198 @@
+"""``manage.py queuegrants --role-sender ROLE --role-worker ROLE``: print the fine-grained access
+control grants a sender role (web processes) and a worker role (``runqueueworker``) need for the
+declared queues, in the GoogleSQL or PostgreSQL dialect of Spanner.
+
+Guarantees: it only prints (nothing is run, the database is not read); the statements are
+Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-control):
+
+- a native queue: the sender gets ``INSERT ON QUEUE``; the worker gets ``SELECT, INSERT,
+  DELETE ON QUEUE`` (ack is a delete; a retry, dead letter or give-back sends again; the gauges
+  and the summary read the queue) and ``EXECUTE`` on ``RECEIVE_<Q>`` and ``RENEWLEASE_<Q>``;
+- a table-engine queue: the sender gets ``INSERT ON TABLE``; the worker ``SELECT, INSERT,
+  UPDATE, DELETE ON TABLE`` (claims and renewals update rows);
+- the app's own tables the worker writes: the failure ledger when a queue's engine counts no
+  deliveries, the depth samples, and the task results when ``spanner_queues.tasks`` is used.
+
+Your receivers' own tables are not known here: grant them to the worker role yourself.
+"""
+
+from __future__ import annotations
+
+import re
+from argparse import ArgumentParser, ArgumentTypeError
+from dataclasses import dataclass
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from spanner_queues.exceptions import QueueError
+
+GOOGLESQL = "googlesql"
+POSTGRESQL = "postgresql"
+
+#: a database role name (Spanner: letters, digits and underscores, starting with a letter)
+_ROLE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")
+
+QUEUE_SENDER = ("INSERT",)
+QUEUE_WORKER = ("SELECT", "INSERT", "DELETE")
+TABLE_SENDER = ("INSERT",)
+TABLE_WORKER = ("SELECT", "INSERT", "UPDATE", "DELETE")
+
+
+def role_name(value: str) -> str:
+    if not _ROLE.match(value):
+        raise ArgumentTypeError(
+            f"{value!r} is not a database role name (a letter, then letters, digits or _)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """One privilege list on one object for one role."""
+
+    privileges: tuple[str, ...]
+    kind: str  # "QUEUE", "TABLE" or "FUNCTION" (a queue's table-valued function)
+    name: str
+    role: str
+
+    def render(self, dialect: Any, dialect_name: str) -> str:
+        to = f"TO ROLE {self.role}" if dialect_name == GOOGLESQL else f"TO {self.role}"
+        privileges = ", ".join(self.privileges)
+        if self.kind == "FUNCTION":
+            on = (
+                f"ON TABLE FUNCTION {self.name}"
+                if dialect_name == GOOGLESQL
+                else f"ON FUNCTION {self.name}"
+            )
+        else:
+            on = f"ON {self.kind} {dialect.quote(self.name)}"
+        return f"GRANT {privileges} {on} {to};"
+
+
+class Command(BaseCommand):
+    help = (
+        "Print the fine-grained access control grants (GRANT ... TO ROLE) that a sender role "
+        "(web processes) and a worker role (runqueueworker) need for the declared queues, in "
+        "the GoogleSQL or PostgreSQL dialect. Prints only; run the output with gcloud or in "
+        "Spanner Studio."
+    )
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument(
+            "--role-sender", type=role_name, required=True, help="The web processes' role."
+        )
+        parser.add_argument(
+            "--role-worker", type=role_name, required=True, help="The workers' role."
+        )
+        parser.add_argument(
+            "--dialect",
+            choices=[GOOGLESQL, POSTGRESQL],
+            default=None,
+            help="Spelling of the grants (default: each native engine's DIALECT, else "
+            "googlesql).",
+        )
+        parser.add_argument(
+            "--queue",
+            action="append",
+            default=[],
+            metavar="QUEUE",
+            help="Only this queue (label or table name; repeat it). Default: every declared "
+            "queue. A queue's dead-letter queue gets the worker's INSERT too.",
+        )
+        parser.add_argument(
+            "--create-roles",
+            action="store_true",
+            help="Start with CREATE ROLE for both roles.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        from spanner_queues.engines.native import dialect as native_dialect
+        from spanner_queues.options import queue_options
+        from spanner_queues.registry import engine_for, get_queue, queue_models
+
+        sender: str = options["role_sender"]
+        worker: str = options["role_worker"]
+        if sender == worker:
+            raise CommandError("--role-sender and --role-worker must be two roles.")
+        try:
+            models = [get_queue(q) for q in options["queue"]] or queue_models()
+        except QueueError as exc:
+            raise CommandError(str(exc)) from exc
+        if not models:
+            raise CommandError("No queue is declared.")
+        chosen: str | None = options["dialect"]
+        if chosen is None:
+            engine_dialects = {
+                getattr(engine_for(m), "dialect", None) for m in models
+            } - {None}
+            names = {d.name for d in engine_dialects}
+            chosen = names.pop() if len(names) == 1 else GOOGLESQL
+        dialect = native_dialect(chosen)
+
+        lines: list[str] = [
+            f"-- spanner_queues: fine-grained access control for {len(models)} queue(s), "
+            f"{'GoogleSQL' if chosen == GOOGLESQL else 'PostgreSQL'} dialect",
+            f"-- sender role {sender} (web processes), worker role {worker} (runqueueworker)",
+        ]
+        if options["create_roles"]:
+            lines += [f"CREATE ROLE {sender};", f"CREATE ROLE {worker};"]
+        grants: list[Grant] = []
+        ledger = False
+        selected = {m._meta.db_table for m in models}
+        for model in models:
+            engine = engine_for(model)
+            table = model._meta.db_table
+            if engine.features.supports_native_queues:
+                lines.append(f"-- {model._meta.label}: native queue {table}")
+                grants = [
+                    Grant(QUEUE_SENDER, "QUEUE", table, sender),
+                    Grant(QUEUE_WORKER, "QUEUE", table, worker),
+                    Grant(("EXECUTE",), "FUNCTION", dialect.receive_function(table), worker),
+                    Grant(("EXECUTE",), "FUNCTION", dialect.renew_function(table), worker),
+                ]
+            else:
+                lines.append(f"-- {model._meta.label}: table-engine queue {table}")
+                grants = [
+                    Grant(TABLE_SENDER, "TABLE", table, sender),
+                    Grant(TABLE_WORKER, "TABLE", table, worker),
+                ]
+            lines += [g.render(dialect, chosen) for g in grants]
+            if not engine.features.supports_attempt_count:
+                ledger = True
+            dead = queue_options(model).dead_letter_queue
+            if dead:
+                target = get_queue(dead)
+                if target._meta.db_table not in selected:
+                    kind = (
+                        "QUEUE"
+                        if engine_for(target).features.supports_native_queues
+                        else "TABLE"
+                    )
+                    lines.append(f"-- {model._meta.label} dead-letters into {target._meta.label}")
+                    lines.append(
+                        Grant(("INSERT",), kind, target._meta.db_table, worker).render(
+                            dialect, chosen
+                        )
+                    )
+        lines.append("-- spanner_queues' own tables")
+        own: list[Grant] = []
+        if ledger:
+            from spanner_queues.failures import FailedDelivery
+
+            own.append(Grant(TABLE_WORKER, "TABLE", FailedDelivery._meta.db_table, worker))
+        from spanner_queues.adminsite.models import QueueDepthSample
+
+        own.append(
+            Grant(("SELECT", "INSERT", "DELETE"), "TABLE", QueueDepthSample._meta.db_table, worker)
+        )
+        from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+
+        if TaskMessage in models:  # Django's Tasks API on spanner_queues: the results table
+            results = TaskResultRecord._meta.db_table
+            own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
+            own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
+        lines += [g.render(dialect, chosen) for g in own]
+        lines.append(f"-- and the tables your receivers write, to {worker}")
+        self.stdout.write("\n".join(lines))

@@ -1,0 +1,229 @@
+"""Health of one worker process for container probes: ``/livez`` and ``/readyz`` over HTTP.
+
+``WorkerHealth`` is a ``Worker`` listener that also reads the worker's shared state:
+
+- **live** (``/livez`` 200) unless a loop stopped turning or a receiver is past its limit:
+  the receive loop reported nothing (a receive, an idle poll, a summary) for ``stall_seconds``
+  while no receiver runs; a held lease was due for renewal ``stall_seconds`` ago and the
+  renewer did not renew it; or a receiver has run longer than its limit (the receiver's
+  ``timeout``, else the worker's, else ``max_run_seconds``; no limit when none is set).
+  Starting and stopping are live: a worker that drains is not to be restarted.
+- **ready** (``/readyz`` 200) only while the worker has started, is not stopping, its loops
+  are live and every database its queues use answers ``SELECT 1`` (checked at most every
+  ``db_check_seconds``, on a connection of the probe's thread, closed after).
+
+Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server
+(a daemon thread; one thread per request) and can hand every other path to another WSGI app
+(the Prometheus exposition: one port for metrics and probes).
+"""
+
+from __future__ import annotations
+
+import logging
+import socketserver
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from django.db import connections
+
+from spanner_queues import clock
+from spanner_queues.worker.events import FINAL_EVENTS, WorkerEvent
+
+if TYPE_CHECKING:
+    from spanner_queues.worker import Worker
+
+logger = logging.getLogger("spanner_queues.worker")
+
+__all__ = ["DEFAULT_STALL_SECONDS", "WorkerHealth", "serve"]
+
+#: seconds without a turn of a loop (while nothing runs) after which the worker is not live
+DEFAULT_STALL_SECONDS = 60.0
+#: events the receive loop emits as it turns
+_LOOP_EVENTS = frozenset({"worker_started", "received", "idle", "summary"})
+
+WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+class WorkerHealth:
+    """Liveness and readiness of one worker (see the module docstring). Thread-safe."""
+
+    def __init__(
+        self,
+        *,
+        stall_seconds: float = DEFAULT_STALL_SECONDS,
+        max_run_seconds: float | None = None,
+        db_check_seconds: float = 2.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.stall_seconds = stall_seconds
+        self.max_run_seconds = max_run_seconds
+        self.db_check_seconds = db_check_seconds
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._started = False
+        self._stopping = False
+        self._loop_at = monotonic()
+        #: (queue, key) -> (receiver name, monotonic start) of each running message
+        self._running: dict[tuple[str, tuple[Any, ...]], tuple[str, float]] = {}
+        self._db_lock = threading.Lock()
+        self._db_checked_at: float | None = None
+        self._db_problems: list[str] = []
+
+    def attach(self, worker: Worker) -> None:
+        """The worker whose state (held leases, queues' databases) is read."""
+        self._worker = worker
+
+    # --- the listener ---------------------------------------------------------------------
+    def __call__(self, event: WorkerEvent) -> None:
+        now = self._monotonic()
+        name = event.name
+        with self._lock:
+            if name in _LOOP_EVENTS:
+                self._loop_at = now
+                if name == "worker_started":
+                    self._started = True
+            elif name == "started" and event.message is not None:
+                m = event.message
+                self._running[(m.queue, m.key)] = (event.receiver or "?", now)
+            elif name in FINAL_EVENTS and event.message is not None:
+                self._running.pop((event.message.queue, event.message.key), None)
+            elif name in ("stopping", "stopped"):
+                self._stopping = True
+
+    # --- the checks -----------------------------------------------------------------------
+    def _limit(self, receiver: str) -> float | None:
+        """A receiver's time limit: its own ``timeout``, the worker's, or ``max_run_seconds``."""
+        worker = self._worker
+        if worker is not None:
+            for plan in worker.plans:
+                for spec in plan.specs:
+                    if spec.name == receiver and getattr(spec, "timeout", None):
+                        return float(spec.timeout)
+            if getattr(worker, "timeout", None):
+                return float(worker.timeout)  # type: ignore[attr-defined]
+        return self.max_run_seconds
+
+    def liveness(self) -> list[str]:
+        """Why the worker is not live; empty when it is."""
+        now = self._monotonic()
+        problems = []
+        with self._lock:
+            running = list(self._running.items())
+            loop_idle = now - self._loop_at
+        for (queue, key), (receiver, since) in running:
+            limit = self._limit(receiver)
+            if limit is not None and now - since > limit:
+                problems.append(
+                    f"receiver {receiver} has run {now - since:.1f} s on {queue}{key}, "
+                    f"past its limit of {limit:g} s"
+                )
+        if not running and loop_idle > self.stall_seconds:
+            problems.append(
+                f"the receive loop has not turned for {loop_idle:.1f} s "
+                f"(limit {self.stall_seconds:g} s)"
+            )
+        worker = self._worker
+        if worker is not None:
+            wall = clock.now()
+            with worker.held.cond:
+                overdue = [
+                    (wall - d.renew_at).total_seconds()
+                    for d in worker.held.deliveries
+                    if d.renew_at is not None
+                    and not (d.done or d.lease_lost or d.acking)
+                    and (wall - d.renew_at).total_seconds() > self.stall_seconds
+                ]
+            if overdue:
+                problems.append(
+                    f"the lease renewer is {max(overdue):.1f} s late on {len(overdue)} lease(s)"
+                )
+        return problems
+
+    def readiness(self) -> list[str]:
+        """Why the worker should receive no traffic; empty when it is ready."""
+        worker = self._worker
+        with self._lock:
+            started, stopping = self._started, self._stopping
+        if worker is not None and worker.stopping:
+            stopping = True
+        if stopping:
+            return ["stopping: receiving has ended, in-flight messages are finishing"]
+        if worker is None or not started:
+            return ["starting: the worker is not receiving yet"]
+        return self.liveness() + self._databases(worker)
+
+    def _databases(self, worker: Worker) -> list[str]:
+        with self._db_lock:
+            now = self._monotonic()
+            if self._db_checked_at is not None and now - self._db_checked_at < (
+                self.db_check_seconds
+            ):
+                return list(self._db_problems)
+            aliases = sorted({worker.held.cached(plan.model)[0] for plan in worker.plans})
+            problems = []
+            for alias in aliases:
+                try:
+                    with connections[alias].cursor() as cursor:
+                        cursor.execute("SELECT 1")
+                        cursor.fetchall()
+                except Exception as exc:  # any failure means: not ready
+                    problems.append(f"database {alias!r} does not answer: {exc}")
+                finally:
+                    connections[alias].close()
+            self._db_problems, self._db_checked_at = problems, self._monotonic()
+            return list(problems)
+
+    # --- WSGI -------------------------------------------------------------------------------
+    def wsgi(self, fallback: WSGIApp | None = None) -> WSGIApp:
+        """A WSGI app: ``/livez``, ``/readyz``; other paths go to ``fallback`` (else 404)."""
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+            path = environ.get("PATH_INFO", "")
+            if path in ("/livez", "/readyz"):
+                try:
+                    problems = self.liveness() if path == "/livez" else self.readiness()
+                except Exception as exc:  # a probe that cannot tell says "not healthy"
+                    logger.exception("health check %s failed", path)
+                    problems = [f"the check failed: {type(exc).__name__}: {exc}"]
+                status = "503 Service Unavailable" if problems else "200 OK"
+                body = ("\n".join(problems) if problems else "ok").encode() + b"\n"
+                start_response(
+                    status,
+                    [("Content-Type", "text/plain; charset=utf-8"),
+                     ("Content-Length", str(len(body)))],
+                )
+                return [body]
+            if fallback is not None:
+                return fallback(environ, start_response)
+            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
+            return [b"not found: /livez, /readyz\n"]
+
+        return app
+
+
+class _Server(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds
+        pass
+
+
+def serve(
+    port: int, addr: str, health: WorkerHealth, fallback: WSGIApp | None = None
+) -> tuple[WSGIServer, int]:
+    """Serve ``health``'s probes (and ``fallback`` on other paths) at ``addr:port`` from a
+    daemon thread; port 0 picks a free one. Returns the server and its port; ``OSError`` when
+    the port is taken."""
+    server = make_server(
+        addr, port, health.wsgi(fallback), server_class=_Server, handler_class=_QuietHandler
+    )
+    thread = threading.Thread(target=server.serve_forever, name="sq-health", daemon=True)
+    thread.start()
+    return server, server.server_port
