@@ -101,10 +101,10 @@ class WorkerHealth:
         if worker is not None:
             for plan in worker.plans:
                 for spec in plan.specs:
-                    if spec.name == receiver and getattr(spec, "timeout", None):
-                        return float(spec.timeout)
-            if getattr(worker, "timeout", None):
-                return float(worker.timeout)  # type: ignore[attr-defined]
+                    if spec.name == receiver and spec.timeout is not None:
+                        return spec.timeout
+            if worker.timeout is not None:
+                return worker.timeout
         return self.max_run_seconds
 
     def liveness(self) -> list[str]:
@@ -128,13 +128,18 @@ class WorkerHealth:
             )
         worker = self._worker
         if worker is not None:
+            if worker.held.stuck_units:
+                problems.append(
+                    f"{worker.held.stuck_units} receiver(s) could not be interrupted past their "
+                    "time limit: the worker is stopping to be restarted"
+                )
             wall = clock.now()
             with worker.held.cond:
                 overdue = [
                     (wall - d.renew_at).total_seconds()
                     for d in worker.held.deliveries
                     if d.renew_at is not None
-                    and not (d.done or d.lease_lost or d.acking)
+                    and not (d.done or d.lease_lost or d.acking or d.timed_out)
                     and (wall - d.renew_at).total_seconds() > self.stall_seconds
                 ]
             if overdue:
