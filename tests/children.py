@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,3 +42,7 @@ class Child:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
+
+
+#: the ``children`` fixture (tests/process/conftest.py): start a child with these arguments
+Start = Callable[..., Child]

@@ -305,7 +305,8 @@ def test_schema_option_drift_from_migrations_is_a_warning() -> None:
         ("OLDER_THAN(DeliverTime, INTERVAL 7 DAY)", "dict"),
     ],
 )
-def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str | None) -> None:
+def _queue_check_errors(check_id: str, queue_meta: dict[str, object]) -> list:
+    """The ``check_id`` errors of a queue (keys ``created``, ``n``) declaring ``queue_meta``."""
     from django.db import models
     from django.test.utils import isolate_apps
 
@@ -314,24 +315,25 @@ def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str
     from spanner_queues.options import queue_options
 
     with isolate_apps("tests.testapp"):
-        meta = type("QueueMeta", (), {"row_deletion_policy": policy})
 
-        class Expiring(Queue):
+        class Checked(Queue):
             Meta = type("Meta", (), {"app_label": "testapp"})
             created = models.DateTimeField()
             n = models.IntegerField()
             pk = models.CompositePrimaryKey("created", "n")
-            QueueMeta = meta
+            QueueMeta = type("QueueMeta", (), queue_meta)
 
         queue_options.cache_clear()
         try:
-            errors = [
-                e
-                for e in _check_queue_model(Expiring, {}, {"default": {}})
-                if e.id == "spanner_queues.E013"
+            return [
+                e for e in _check_queue_model(Checked, {}, {"default": {}}) if e.id == check_id
             ]
         finally:
             queue_options.cache_clear()
+
+
+def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str | None) -> None:
+    errors = _queue_check_errors("spanner_queues.E013", {"row_deletion_policy": policy})
     if reason is None:
         assert errors == []
     else:
@@ -404,29 +406,7 @@ def test_dead_letter_queue_must_take_the_payloads(
     ],
 )
 def test_queue_limits_are_validated_by_a_check(options: dict, reason: str | None) -> None:
-    from django.db import models
-    from django.test.utils import isolate_apps
-
-    from spanner_queues.checks import _check_queue_model
-    from spanner_queues.models import Queue
-    from spanner_queues.options import queue_options
-
-    with isolate_apps("tests.testapp"):
-
-        class Limited(Queue):
-            Meta = type("Meta", (), {"app_label": "testapp"})
-            id = models.CharField(max_length=10, primary_key=True)
-            QueueMeta = type("QueueMeta", (), options)
-
-        queue_options.cache_clear()
-        try:
-            errors = [
-                e
-                for e in _check_queue_model(Limited, {}, {"default": {}})
-                if e.id == "spanner_queues.E020"
-            ]
-        finally:
-            queue_options.cache_clear()
+    errors = _queue_check_errors("spanner_queues.E020", options)
     if reason is None:
         assert errors == []
     else:

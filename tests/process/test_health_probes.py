@@ -10,13 +10,12 @@ import signal
 import subprocess
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from spanner_queues import api
-from tests.children import TIMEOUT, Child
+from tests.children import TIMEOUT, Child, Start
 from tests.conftest import wait_until
 from tests.workerapp.models import WorkItems, WorkLog
 
@@ -46,7 +45,8 @@ class Probed(Child):
     def status(self, path: str) -> int:
         return self.get(path)[0]
 
-    def stop(self) -> None:
+    def kill(self) -> None:
+        """Stop it gracefully (SIGTERM), then kill it if it does not exit."""
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -57,18 +57,8 @@ class Probed(Child):
 
 
 @pytest.fixture
-def workers(child_env: dict[str, str], tmp_path: Path) -> Iterator:
-    started: list[Probed] = []
-
-    def start(*args: str, name: str = "w") -> Probed:
-        worker = Probed(child_env, tmp_path, *args, name=name)
-        started.append(worker)
-        return worker
-
-    yield start
-    (tmp_path / "release").touch()  # a blocked receiver of a failed test may finish
-    for worker in started:
-        worker.stop()
+def workers(children: Start) -> Start:
+    return lambda *args, name="w": children(*args, name=name, kind=Probed)
 
 
 def _running(trace: Path) -> bool:

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 from collections import Counter
-from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
-from tests.children import TIMEOUT, Child
+from tests.children import TIMEOUT, Start
 from tests.conftest import wait_until
 from tests.workerapp.models import Tasks, WorkItems, WorkItemsDead, WorkLog
 
@@ -35,23 +34,6 @@ MANY = int(
 STORM = int(
     os.environ.get("SQ_STORM_MESSAGES", 60 if os.environ.get("SPANNER_EMULATOR_HOST") else 200)
 )
-
-
-Start = Callable[..., Child]
-
-
-@pytest.fixture
-def children(child_env: dict[str, str], tmp_path: Path) -> Iterator[Start]:
-    started: list[Child] = []
-
-    def start(*args: str, name: str = "w") -> Child:
-        child = Child(child_env, tmp_path, *args, name=name)
-        started.append(child)
-        return child
-
-    yield start
-    for child in started:
-        child.kill()
 
 
 def _lines(path: Path) -> list[dict]:

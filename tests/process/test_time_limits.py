@@ -5,36 +5,23 @@ is cut off, and the worker exits with status 3 so that its supervisor restarts i
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.children import TIMEOUT, Child
+from tests.children import TIMEOUT, Start
 from tests.conftest import wait_until
 from tests.workerapp.models import WorkItems, WorkLog
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 
-@pytest.fixture
-def child(child_env: dict[str, str], tmp_path: Path) -> Iterator[type[Child]]:
-    started: list[Child] = []
-
-    def start(*args: str) -> Child:
-        c = Child(child_env, tmp_path, *args)
-        started.append(c)
-        return c
-
-    yield start  # type: ignore[misc]
-    for c in started:
-        c.kill()
-
-
-def test_a_receiver_that_never_returns_makes_the_worker_exit_3(child, tmp_path: Path) -> None:
+def test_a_receiver_that_never_returns_makes_the_worker_exit_3(
+    children: Start, tmp_path: Path
+) -> None:
     trace = tmp_path / "trace"
     WorkItems.send(id="hung", payload={"hang": "forever", "trace": str(trace)})
-    worker = child("workerapp.WorkItems", "--timeout", "1", "--stuck-grace", "1", "-v1")
+    worker = children("workerapp.WorkItems", "--timeout", "1", "--stuck-grace", "1", "-v1")
     wait_until(trace.exists, timeout=TIMEOUT)
     assert worker.wait() == 3, worker.output()
     out = worker.output()
@@ -45,10 +32,12 @@ def test_a_receiver_that_never_returns_makes_the_worker_exit_3(child, tmp_path: 
     assert not WorkLog.objects.exists()
 
 
-def test_sigterm_stops_a_worker_whose_receiver_never_returns(child, tmp_path: Path) -> None:
+def test_sigterm_stops_a_worker_whose_receiver_never_returns(
+    children: Start, tmp_path: Path
+) -> None:
     trace = tmp_path / "trace"
     WorkItems.send(id="hung", payload={"hang": "forever", "trace": str(trace)})
-    worker = child("workerapp.WorkItems", "--timeout", "3", "--stuck-grace", "1", "-v1")
+    worker = children("workerapp.WorkItems", "--timeout", "3", "--stuck-grace", "1", "-v1")
     wait_until(trace.exists, timeout=TIMEOUT)
     worker.proc.send_signal(signal.SIGTERM)
     # the stop waits for the receiver only until its limit plus the grace
