@@ -290,21 +290,6 @@ def test_schema_option_drift_from_migrations_is_a_warning() -> None:
     assert _check_schema_options(Jobs, {}) == []  # not migrated yet: nothing to compare
 
 
-@pytest.mark.engine_independent
-@pytest.mark.parametrize(
-    ("policy", "reason"),
-    [
-        ({"older_than": "deliver_time", "days": 7}, None),
-        ({"older_than": "created", "days": 0}, None),
-        ({"older_than": "deliver_time"}, "'days'"),
-        ({"older_than": "deliver_time", "days": -1}, "non-negative"),
-        ({"older_than": "deliver_time", "days": True}, "non-negative"),
-        ({"older_than": "deliver_time", "days": 1, "hours": 2}, "'hours'"),
-        ({"older_than": "n", "days": 1}, "timestamp"),
-        ({"older_than": "nope", "days": 1}, "timestamp"),
-        ("OLDER_THAN(DeliverTime, INTERVAL 7 DAY)", "dict"),
-    ],
-)
 def _queue_check_errors(check_id: str, queue_meta: dict[str, object]) -> list:
     """The ``check_id`` errors of a queue (keys ``created``, ``n``) declaring ``queue_meta``."""
     from django.db import models
@@ -325,13 +310,26 @@ def _queue_check_errors(check_id: str, queue_meta: dict[str, object]) -> list:
 
         queue_options.cache_clear()
         try:
-            return [
-                e for e in _check_queue_model(Checked, {}, {"default": {}}) if e.id == check_id
-            ]
+            return [e for e in _check_queue_model(Checked, {}, {"default": {}}) if e.id == check_id]
         finally:
             queue_options.cache_clear()
 
 
+@pytest.mark.engine_independent
+@pytest.mark.parametrize(
+    ("policy", "reason"),
+    [
+        ({"older_than": "deliver_time", "days": 7}, None),
+        ({"older_than": "created", "days": 0}, None),
+        ({"older_than": "deliver_time"}, "'days'"),
+        ({"older_than": "deliver_time", "days": -1}, "non-negative"),
+        ({"older_than": "deliver_time", "days": True}, "non-negative"),
+        ({"older_than": "deliver_time", "days": 1, "hours": 2}, "'hours'"),
+        ({"older_than": "n", "days": 1}, "timestamp"),
+        ({"older_than": "nope", "days": 1}, "timestamp"),
+        ("OLDER_THAN(DeliverTime, INTERVAL 7 DAY)", "dict"),
+    ],
+)
 def test_row_deletion_policy_is_validated_by_a_check(policy: object, reason: str | None) -> None:
     errors = _queue_check_errors("spanner_queues.E013", {"row_deletion_policy": policy})
     if reason is None:
