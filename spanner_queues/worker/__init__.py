@@ -281,7 +281,8 @@ class Worker:
                 for _ in threads:
                     held.units.put(None)
                 for t in threads:
-                    t.join(None if not held.stuck_units else 1.0)
+                    if t.ident not in self.limits.stuck_threads:
+                        t.join()
                 with held.cond:
                     held.renew_cond.notify_all()
                 renewer.join()

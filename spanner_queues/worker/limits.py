@@ -73,6 +73,8 @@ class TimeLimits:
         self.lock = threading.Lock()
         #: receiver threads by ident -> their deliveries, while inside a call with a limit
         self.running_now: dict[int, list[Delivery]] = {}
+        #: idents of the threads given up on (never joined)
+        self.stuck_threads: set[int] = set()
         self.wake = threading.Event()
 
     @contextlib.contextmanager
@@ -124,7 +126,7 @@ class TimeLimits:
                 if now >= deadline and not any(d.timed_out for d in deliveries):
                     self.interrupt(ident, deliveries, now - deadline)
                 elif now >= deadline + self.grace and not any(d.stuck for d in deliveries):
-                    self.give_up(deliveries)
+                    self.give_up(ident, deliveries)
             time.sleep(TICK)
 
     def interrupt(self, ident: int, deliveries: list[Delivery], late: float) -> None:
@@ -145,9 +147,10 @@ class TimeLimits:
             self.events.emit("timed_out", message=d.message)
         self.events.count("timed_out", len(deliveries))
 
-    def give_up(self, deliveries: list[Delivery]) -> None:
+    def give_up(self, ident: int, deliveries: list[Delivery]) -> None:
         """A receiver did not leave its call within the grace after its limit: stop the worker
         and have ``run()`` raise ``WorkerStuck``."""
+        self.stuck_threads.add(ident)
         for d in deliveries:
             d.stuck = True
             logger.critical(
