@@ -280,6 +280,7 @@ class Front:
 
     def execute_sql(self, request: bytes, context: Any) -> bytes:
         req = b.ExecuteSqlRequest.FromString(request)
+        st.check_parameter_count(len(req.params.fields))
         found = self._queue_call(req)
         if found is None:
             self._refuse_update(_database_of(req.session), req.sql)
@@ -312,6 +313,7 @@ class Front:
         found = None
         try:
             req = b.ExecuteSqlRequest.FromString(request)
+            st.check_parameter_count(len(req.params.fields))
             found = self._queue_call(req)
             if found is None:
                 self._refuse_update(_database_of(req.session), req.sql)
