@@ -201,9 +201,18 @@ class Front:
             return self._committed(
                 self._checked_blind_commit(database, translated).SerializeToString()
             )
-        missing = q.missing_acks(
-            self.backend, req.session, req.transaction_id, translated.must_exist
-        )
+        try:
+            missing = q.missing_acks(
+                self.backend, req.session, req.transaction_id, translated.must_exist
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # The transaction has ended: a retried Commit (the client retries UNAVAILABLE),
+            # which Spanner answers as it answered the first; so does the emulator.
+            return self._committed(
+                self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
+            )
         if missing:
             self.backend.rollback(req.session, req.transaction_id)
             raise _ack_not_found(missing)

@@ -376,6 +376,7 @@ def test_renewlease_with_more_than_950_parameters_is_refused_as_on_spanner(
     the statements it runs, on ExecuteStreamingSql and ExecuteSql alike."""
     from google.cloud.spanner_v1 import ExecuteSqlRequest
     from google.cloud.spanner_v1._helpers import _make_value_pb
+    from google.protobuf import struct_pb2
 
     _, token, _ = leased(database)
     assert renew(database, renew_sql(950), **{f"t{i}": token for i in range(950)})
@@ -384,10 +385,15 @@ def test_renewlease_with_more_than_950_parameters_is_refused_as_on_spanner(
     session = database.session()
     session.create()
     try:
-        request = ExecuteSqlRequest(session=session.name, sql=renew_sql(951))
+        params = struct_pb2.Struct()
         for i in range(951):
-            request.params[f"t{i}"] = _make_value_pb(token)
-            request.param_types[f"t{i}"] = param_types.STRING
+            params.fields[f"t{i}"].CopyFrom(_make_value_pb(token))
+        request = ExecuteSqlRequest(
+            session=session.name,
+            sql=renew_sql(951),
+            params=params,
+            param_types={f"t{i}": param_types.STRING for i in range(951)},
+        )
         with pytest.raises(gexc.InvalidArgument, match=PARAMETER_LIMIT):
             database.spanner_api.execute_sql(
                 request=request, metadata=[("google-cloud-resource-prefix", database.name)]
@@ -460,3 +466,44 @@ def test_an_ack_costs_one_round_trip_per_receiver_transaction_whatever_the_batch
             api.ack_many(Jobs, [(f"m{i}",) for i in range(size)])
     assert acking.total() - bare.total() == 1, (acking.work_calls(), bare.work_calls())
     assert not Jobs.objects.exists()
+
+
+# --- a retried commit (issue 20) ---------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["ack", "send"])
+def test_a_retried_commit_of_a_read_write_transaction_answers_as_the_first(
+    database: Any, kind: str
+) -> None:
+    """The client retries Commit on UNAVAILABLE; a commit with a transaction id is safe to
+    retry, so a retry after the first applied must get the first answer, not an error."""
+    from google.cloud.spanner_v1 import CommitRequest, Mutation, TransactionOptions
+    from google.cloud.spanner_v1._helpers import _make_list_value_pb, _make_value_pb
+
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    if kind == "ack":
+        mutation = Mutation(ack=Mutation.Ack(queue="SampleQueue", key=_make_list_value_pb([1])))
+    else:
+        mutation = Mutation(
+            send=Mutation.Send(
+                queue="SampleQueue", key=_make_list_value_pb([2]), payload=_make_value_pb("y")
+            )
+        )
+    api = database.spanner_api
+    metadata = [("google-cloud-resource-prefix", database.name)]
+    session = database.session()
+    session.create()
+    try:
+        txn = api.begin_transaction(
+            session=session.name,
+            options=TransactionOptions(read_write=TransactionOptions.ReadWrite()),
+            metadata=metadata,
+        )
+        request = CommitRequest(session=session.name, transaction_id=txn.id, mutations=[mutation])
+        first = api.commit(request=request, metadata=metadata, retry=None)
+        again = api.commit(request=request, metadata=metadata, retry=None)
+        assert again.commit_timestamp == first.commit_timestamp
+    finally:
+        session.delete()
+    with database.snapshot() as snap:
+        ids = [row[0] for row in snap.execute_sql("SELECT Id FROM SampleQueue ORDER BY Id")]
+    assert ids == ([] if kind == "ack" else [1, 2])
