@@ -8,6 +8,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import grpc
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.spanner_v1 import param_types
@@ -414,6 +415,24 @@ def test_insert_with_more_than_950_parameters_is_refused_by_the_emulator(databas
                 param_types=types,
             )
         )
+
+
+def test_batch_dml_statement_with_more_than_950_parameters_is_refused(database: Any) -> None:
+    rows = ", ".join(f"(@i{i}, 'x')" for i in range(951))
+    statement = (
+        f"INSERT INTO SampleQueue (Id, Payload) VALUES {rows}",
+        {f"i{i}": i for i in range(951)},
+        {f"i{i}": param_types.INT64 for i in range(951)},
+    )
+    small = ("INSERT INTO SampleQueue (Id, Payload) VALUES (5000, 'x')", {}, {})
+
+    def batch(t: Any) -> Any:
+        return t.batch_update([small, statement])
+
+    status, counts = database.run_in_transaction(batch)
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert PARAMETER_LIMIT in status.message
+    assert counts == [1]  # the statements before it ran, as Spanner answers a batch
 
 
 def test_renewals_of_any_size_go_in_chunks(database: Any) -> None:
