@@ -20,6 +20,7 @@ client interceptor (``tests.native.grpc_calls``); session management is left out
 - ``bulk send``: 1,000 messages in one transaction (``send_many``).
 
 Counts include the RECEIVE stream's calls and its lease renewals; per-method counts follow.
+The exit status is 1 when a scenario failed (its error is printed on its line).
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ def main() -> None:
     finally:
         engines["default"].stop_receiving(wait=30)
         connection.creation.destroy_test_db(old_name, verbosity=0)
+    failed = any(r["error"] for k, r in results.items() if not k.startswith("_"))
     if args.json:
         print(json.dumps(results, indent=2))
-        return
+        sys.exit(1 if failed else 0)
     print(f"Spanner calls per message, counted at the gRPC client ({results.pop('_database')})")
     for name, r in results.items():
         line = f"{name:40} {r['calls_per_message']:7.3f} ({r['calls']} calls, {r['messages']} msgs)"
@@ -165,6 +167,7 @@ def main() -> None:
             line += f"  FAILED: {r['error']}"
         print(line)
         print(f"{'':40} {r['by_method']}")
+    sys.exit(1 if failed else 0)  # a scenario failed: callers (scripts, CI) see it
 
 
 if __name__ == "__main__":

@@ -256,7 +256,7 @@ class Front:
             except (st.StatementError, ValueError) as exc:
                 _failed(response, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except grpc.RpcError as exc:
-                _failed(response, exc.code(), exc.details() or "")
+                _failed(response, exc.code(), status.in_spanner_words(exc.details() or ""))
             else:
                 response.commit_timestamp.CopyFrom(committed.commit_timestamp)
                 self._committed(b"")
