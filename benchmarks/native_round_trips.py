@@ -1,12 +1,15 @@
 """Spanner calls per message on the native engine, counted at the gRPC client.
 
     .venv/bin/python benchmarks/native_round_trips.py            # a private front (emulator)
-    DJANGO_SETTINGS_MODULE=mysite.settings .venv/bin/python benchmarks/native_round_trips.py
+    SPANNER_QUEUES_REAL_DATABASE=projects/P/instances/I/databases/D \
+      DJANGO_SETTINGS_MODULE=tests.settings_native .venv/bin/python benchmarks/native_round_trips.py
 
 The database and the engine come from the Django settings (default
 ``tests.settings_spanner_native``, which starts a private emulator behind the queue-aware
 front): any settings whose ``SPANNER_QUEUES["default"]`` is the native engine and whose
-``INSTALLED_APPS`` hold ``tests.testapp`` work unchanged on a real instance. The run creates a
+``INSTALLED_APPS`` hold ``tests.testapp`` work unchanged, a real instance's included
+(``tests.settings_native`` with ``SPANNER_QUEUES_REAL_DATABASE``; without it, the in-process
+fake). The run creates a
 test database (``connection.creation.create_test_db``: ``test_<NAME>`` or ``TEST["NAME"]``),
 migrates it (``CREATE QUEUE``) and drops it at the end.
 
