@@ -193,8 +193,9 @@ def build_message(
 def send_many(
     queue: str | type[Queue], messages: Iterable[Mapping[str, Any]], *, using: str | None = None
 ) -> list[Message]:
-    """Send messages in the caller's transaction (one INSERT). Every message is validated
-    first, so a bad one writes nothing."""
+    """Send messages in the caller's transaction (one INSERT, or one per 950 query
+    parameters where the database limits them). Every message is validated first, so a bad
+    one writes nothing."""
     model = get_queue(queue)
     engine = engine_for(model)
     outgoing = [build_message(model, spec, engine=engine) for spec in messages]

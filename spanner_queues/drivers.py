@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import re
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -226,10 +227,22 @@ class SpannerDriver(Driver):
         return any(isinstance(e, gexc.AlreadyExists) for e in causes(exc))
 
     def is_missing_parent(self, exc: BaseException) -> bool:
+        """NOT_FOUND for a row whose interleave parent is missing, in Spanner's words ("Parent
+        row for row [...] in table X is missing. Row cannot be written.") or the emulator's
+        ("Insert failed because key was not found in parent table")."""
         from google.api_core import exceptions as gexc
 
-        return any(isinstance(e, gexc.NotFound) and "parent table" in str(e) for e in causes(exc))
+        return any(
+            isinstance(e, gexc.NotFound) and _MISSING_PARENT.search(str(e)) is not None
+            for e in causes(exc)
+        )
 
+
+#: a missing interleave parent, as Spanner and as the emulator word it
+_MISSING_PARENT = re.compile(
+    r"Parent row for row \[.*\] in table \S+ is missing|key was not found in parent table",
+    re.S,
+)
 
 #: PostgreSQL SQLSTATEs worth running the transaction again for
 _PG_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected

@@ -55,6 +55,12 @@ class MessageAlreadyAcked(QueueError):
     """
 
 
+class CommitOutcomeUnknown(QueueError):
+    """A commit's answer was lost (``UNAVAILABLE``, ``DEADLINE_EXCEEDED``...) after it was
+    sent: it may or may not have been applied. Nothing is known of its outcome; read the queue
+    (or retry with the same keys, which fails with ``MessageAlreadyExists`` if it applied)."""
+
+
 class LeaseLost(QueueError):
     """The lease token is unknown or expired: the message may already be someone else's."""
 

@@ -229,9 +229,18 @@ class Front:
             return self._committed(
                 self._checked_blind_commit(database, translated).SerializeToString()
             )
-        missing = q.missing_acks(
-            self.backend, req.session, req.transaction_id, translated.must_exist
-        )
+        try:
+            missing = q.missing_acks(
+                self.backend, req.session, req.transaction_id, translated.must_exist
+            )
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            # The transaction has ended: a retried Commit (the client retries UNAVAILABLE),
+            # which Spanner answers as it answered the first; so does the emulator.
+            return self._committed(
+                self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
+            )
         if missing:
             self.backend.rollback(req.session, req.transaction_id)
             raise _ack_not_found(missing)
@@ -275,7 +284,7 @@ class Front:
             except (st.StatementError, ValueError) as exc:
                 _failed(response, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             except grpc.RpcError as exc:
-                _failed(response, exc.code(), exc.details() or "")
+                _failed(response, exc.code(), status.in_spanner_words(exc.details() or ""))
             else:
                 response.commit_timestamp.CopyFrom(committed.commit_timestamp)
                 self._committed(b"")
@@ -314,6 +323,7 @@ class Front:
 
     def execute_sql(self, request: bytes, context: Any) -> bytes:
         req = b.ExecuteSqlRequest.FromString(request)
+        st.check_parameter_count(len(req.params.fields))
         found = self._queue_call(req)
         if found is None:
             self._refuse_update(_database_of(req.session), req.sql)
@@ -346,6 +356,7 @@ class Front:
         found = None
         try:
             req = b.ExecuteSqlRequest.FromString(request)
+            st.check_parameter_count(len(req.params.fields))
             found = self._queue_call(req)
             if found is None:
                 self._refuse_update(_database_of(req.session), req.sql)

@@ -42,6 +42,10 @@ _UPSERT = re.compile(
     re.I,
 )
 RECEIVE_ARGS = ("max_batch_size", "priority", "max_duration")
+#: Spanner refuses a statement with more query parameters than this, whatever it calls (a
+#: RENEWLEASE array literal of parameters included); the emulator checks the statements it
+#: runs, the front the ones it answers itself.
+MAX_PARAMETERS = 950
 
 
 class StatementError(ValueError):
@@ -56,6 +60,14 @@ class QueueCall:
     queue: str
     columns: tuple[str, ...] | None  # None: *
     args: dict[str, Any]  # RECEIVE: name -> python value; RENEWLEASE: {"lease_tokens": [...]}
+
+
+def check_parameter_count(count: int) -> None:
+    """Refuse, in Spanner's words, a statement binding more than ``MAX_PARAMETERS``."""
+    if count > MAX_PARAMETERS:
+        raise StatementError(
+            f"Number of parameters in query exceeds the maximum allowed limit of {MAX_PARAMETERS}."
+        )
 
 
 def mentioned_function(sql: str) -> tuple[str, str] | None:

@@ -1,14 +1,16 @@
 """The native engine: real Spanner queues (Enterprise and Enterprise Plus editions).
 
 - Schema: ``CREATE QUEUE`` / ``DROP QUEUE`` (``spanner_queues.native.ddl``).
-- Send: ``INSERT`` DML through the caller's Django connection and transaction (the outbox);
-  ``send_mutations`` writes ``Send`` mutations for batches made outside the ORM.
+- Send: ``INSERT`` DML through the caller's Django connection and transaction (the outbox), one
+  statement per 950 query parameters; ``send_mutations`` writes ``Send`` mutations for batches
+  made outside the ORM, in a read-write transaction of their own (safe to retry).
 - Receive: a background ``RECEIVE_<Q>`` stream per queue and process on a strong single-use
   snapshot, through google-cloud-spanner directly (``spanner_queues.native.streams`` keeps them,
   ``spanner_queues.native.receive`` runs one).
-- Renew: one ``RENEWLEASE_<Q>`` call per queue for all tokens; tokens rotate.
-- Ack: ``DELETE ... ASSERT_ROWS_MODIFIED 1`` in the caller's transaction (``OUT_OF_RANGE`` ->
-  ``MessageAlreadyAcked``, the transaction is marked for rollback); ``ack_mutations`` for batches.
+- Renew: one ``RENEWLEASE_<Q>`` call per queue and 950 tokens; tokens rotate.
+- Ack: ``DELETE ... ASSERT_ROWS_MODIFIED n`` in the caller's transaction, one statement for a
+  batch (``OUT_OF_RANGE`` -> ``MessageAlreadyAcked``, the transaction is marked for rollback);
+  ``ack_mutations`` for batches outside it.
   The DML and mutations are written by ``spanner_queues.native.messages``.
 
 Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "postgresql"),
@@ -170,8 +172,9 @@ class NativeQueueEngine(BaseQueueEngine):
         return messages_on_wire.insert(self, model, messages, using=using)
 
     def send_mutations(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> Any:
-        """Send with ``Send`` mutations in one batch commit, outside any Django transaction.
-        Returns the commit timestamp."""
+        """Send with ``Send`` mutations committed together in a read-write transaction of
+        their own, outside any Django transaction (``CommitOutcomeUnknown`` when the commit's
+        answer is lost). Returns the commit timestamp."""
         return messages_on_wire.send_mutations(self, model, messages)
 
     # --- receiving ------------------------------------------------------------------------
@@ -278,9 +281,11 @@ class NativeQueueEngine(BaseQueueEngine):
         *,
         ignore_not_found: bool = False,
     ) -> Any:
-        """Ack with ``Ack`` mutations in one batch commit, outside any Django transaction.
-        ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing is acked,
-        unless ``ignore_not_found``. Returns the commit timestamp."""
+        """Ack with ``Ack`` mutations committed together in a read-write transaction of their
+        own, outside any Django transaction. ``NOT_FOUND`` (a missing message) raises
+        ``MessageAlreadyAcked`` and nothing is acked, unless ``ignore_not_found``;
+        ``CommitOutcomeUnknown`` when the commit's answer is lost. Returns the commit
+        timestamp."""
         return messages_on_wire.ack_mutations(self, model, keys, ignore_not_found=ignore_not_found)
 
     def purge(self, model: type[Queue], *, using: str | None = None) -> None:

@@ -1,17 +1,20 @@
 """google-cloud-spanner calls that bypass the Django cursor: the ``Database`` of an alias,
-``RENEWLEASE_<Q>`` on a strong single-use snapshot, the ``Send``/``Ack`` mutations, and the
-mapping of gRPC status errors found anywhere in an exception's cause chain."""
+``RENEWLEASE_<Q>`` on a strong single-use snapshot (chunked), the ``Send``/``Ack`` mutations in
+a read-write transaction (safe to retry), and the mapping of gRPC status errors found anywhere
+in an exception's cause chain."""
 
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
 from django.db import connections
 
 from spanner_queues.drivers import causes
+from spanner_queues.exceptions import CommitOutcomeUnknown
+from spanner_queues.native.ddl import MAX_QUERY_PARAMETERS
 from spanner_queues.payload import BYTES, JSON, from_stored, json_value_text, stored_text
 
 
@@ -74,6 +77,22 @@ def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple
         return {old: (new, expires) for old, new, expires in rows}
 
 
+def renew_all(
+    database: Any,
+    sql_for: Callable[[int], str],
+    params_for: Callable[[Sequence[str]], Mapping[str, str]],
+    tokens: Sequence[str],
+) -> dict[str, tuple[str | None, Any]]:
+    """``renew`` for any number of ``tokens``: one ``RENEWLEASE_<Q>`` call per
+    ``MAX_QUERY_PARAMETERS`` tokens (Spanner refuses a statement with more parameters);
+    ``sql_for(n)`` is the statement for n tokens, ``params_for(chunk)`` its parameters."""
+    renewed: dict[str, tuple[str | None, Any]] = {}
+    for start in range(0, len(tokens), MAX_QUERY_PARAMETERS):
+        chunk = tokens[start : start + MAX_QUERY_PARAMETERS]
+        renewed.update(renew(database, sql_for(len(chunk)), params_for(chunk)))
+    return renewed
+
+
 def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any:
     """Start ``RECEIVE_<Q>`` one level below ``Snapshot.execute_sql``: the raw
     ``ExecuteStreamingSql`` call on a strong single-use read-only transaction. Its
@@ -108,18 +127,45 @@ def rows_of(call: Any) -> Iterator[Any]:
     yield from StreamedResultSet(call)
 
 
+#: gRPC statuses after which a sent commit may or may not have been applied.
+UNKNOWN_OUTCOME = frozenset(
+    {"UNAVAILABLE", "DEADLINE_EXCEEDED", "UNKNOWN", "INTERNAL", "CANCELLED"}
+)
+
+
 def commit_mutations(
     database: Any,
     *,
     sends: Sequence[tuple[str, tuple[Any, ...], bytes | str, datetime | None]] = (),
     acks: Sequence[tuple[str, tuple[Any, ...], bool | None]] = (),
 ) -> Any:
-    """Commit ``Ack`` then ``Send`` mutations in one batch (acks first, as Google requires
-    when a batch replaces a message). Payloads are wire values (``wire_payload``). Returns the
-    commit timestamp."""
-    with database.batch() as batch:
+    """Commit ``Ack`` then ``Send`` mutations together (acks first, as Google requires when a
+    batch replaces a message), in a read-write transaction of their own: its commit carries a
+    transaction id, so the client's retries of ``Commit`` (on ``UNAVAILABLE``) cannot apply it
+    twice nor report a refusal of its own first attempt; a single-use ("blind") commit is not
+    idempotent. Payloads are wire values (``wire_payload``). Returns the commit timestamp.
+
+    Raises ``CommitOutcomeUnknown`` when the commit was sent and its answer lost
+    (``UNKNOWN_OUTCOME``): it may have been applied."""
+    committing: list[Any] = []
+
+    def work(txn: Any) -> None:
+        committing.clear()
         for queue, key, ignore_not_found in acks:
-            batch.ack(queue=queue, key=list(key), ignore_not_found=ignore_not_found)
+            txn.ack(queue=queue, key=list(key), ignore_not_found=ignore_not_found)
         for queue, key, payload, deliver_time in sends:
-            batch.send(queue=queue, key=list(key), payload=payload, deliver_time=deliver_time)
-    return batch.committed
+            txn.send(queue=queue, key=list(key), payload=payload, deliver_time=deliver_time)
+        committing.append(txn)  # what fails from here on fails in the commit
+
+    try:
+        database.run_in_transaction(work)
+    except Exception as exc:
+        # A transaction that never began (BeginTransaction failed) was never committed.
+        began = bool(committing) and getattr(committing[0], "_transaction_id", True) is not None
+        if began and grpc_status(exc) in UNKNOWN_OUTCOME:
+            raise CommitOutcomeUnknown(
+                f"The commit of {len(acks)} Ack and {len(sends)} Send mutations was sent and "
+                f"its answer lost ({grpc_status(exc)}): it may or may not have been applied."
+            ) from exc
+        raise
+    return committing[0].committed

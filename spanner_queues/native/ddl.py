@@ -43,6 +43,10 @@ _PG_RESERVED = frozenset(
     select session_user some symmetric table then to trailing true union unique user using
     variadic when where window with""".split()
 )
+#: Spanner refuses a statement with more than 950 query parameters ("Number of parameters in
+#: query exceeds the maximum allowed limit of 950"); a TVF's array literal is no exception.
+MAX_QUERY_PARAMETERS = 950
+
 _PLAIN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _DURATION = re.compile(r"^\d+(ms|s|m|h)$")
 
@@ -185,7 +189,13 @@ class Dialect:
         return f"DROP QUEUE {self.quote(decl.name)}"
 
     # --- DML and queries -----------------------------------------------------------------
+    def insert_width(self, decl: QueueDeclaration, *, with_deliver_time: bool) -> int:
+        """Parameters one message takes in ``insert``."""
+        return len(decl.keys) + 1 + int(with_deliver_time)
+
     def insert(self, decl: QueueDeclaration, rows: int, *, with_deliver_time: bool) -> str:
+        """``INSERT`` of ``rows`` messages; bind at most ``MAX_QUERY_PARAMETERS`` in one
+        statement (``insert_width`` each)."""
         columns = [self.quote(k.column) for k in decl.keys] + [self.payload_column]
         if with_deliver_time:
             columns.append(self.deliver_time_column)
@@ -211,6 +221,33 @@ class Dialect:
             for i, k in enumerate(decl.keys)
         )
         return f"DELETE FROM {self.quote(decl.name)} WHERE {where} ASSERT_ROWS_MODIFIED 1"
+
+    def ack_many(self, decl: QueueDeclaration, count: int) -> str:
+        """Ack ``count`` messages in one statement: ``DELETE ... WHERE <key> IN (...)
+        ASSERT_ROWS_MODIFIED count``, which fails with ``OUT_OF_RANGE`` (and deletes nothing)
+        unless every key finds its message; ``ack`` when ``count`` is 1. Key values are bound
+        in key-column order, message after message (at most ``MAX_QUERY_PARAMETERS``)."""
+        if count < 1:
+            raise QueueConfigurationError("An ack needs at least one key.")
+        if count == 1:
+            return self.ack(decl)
+        width = len(decl.keys)
+        if count * width > MAX_QUERY_PARAMETERS:
+            raise QueueConfigurationError(
+                f"An ack statement binds at most {MAX_QUERY_PARAMETERS} key values."
+            )
+
+        def row(r: int) -> str:
+            values = [self.placeholder(r * width + c, f"k{r * width + c}") for c in range(width)]
+            return values[0] if width == 1 else f"({', '.join(values)})"
+
+        columns = [self.quote(k.column) for k in decl.keys]
+        target = columns[0] if width == 1 else f"({', '.join(columns)})"
+        keys = ", ".join(row(r) for r in range(count))
+        return (
+            f"DELETE FROM {self.quote(decl.name)} WHERE {target} IN ({keys}) "
+            f"ASSERT_ROWS_MODIFIED {count}"
+        )
 
     def receive(
         self, decl: QueueDeclaration, *, max_batch_size: int | None, max_duration: str | None
@@ -258,9 +295,15 @@ class Dialect:
 
     def renew(self, decl: QueueDeclaration, count: int) -> str:
         """``RENEWLEASE_<Q>`` for ``count`` tokens, spelled as Google documents it: an array
-        literal of one STRING parameter per token (bind them with ``renew_params``)."""
+        literal of one STRING parameter per token (bind them with ``renew_params``); at most
+        ``MAX_QUERY_PARAMETERS`` tokens in one call."""
         if count < 1:
             raise QueueConfigurationError("RENEWLEASE needs at least one lease token.")
+        if count > MAX_QUERY_PARAMETERS:
+            raise QueueConfigurationError(
+                f"RENEWLEASE binds one parameter per token: at most {MAX_QUERY_PARAMETERS} "
+                "tokens in one call (renew in chunks)."
+            )
         tokens = self.array_literal([self.placeholder(i, self.param_name(i)) for i in range(count)])
         return (
             f"SELECT {self.old_token}, {self.new_token}, {self.lease_expires} "

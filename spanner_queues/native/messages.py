@@ -1,6 +1,7 @@
 """Messages on the wire: key values as the client writes and reads them, and the writes of the
-native engine: ``INSERT`` and ``DELETE ... ASSERT_ROWS_MODIFIED 1`` DML through the caller's
-Django connection and transaction, ``Send``/``Ack`` mutations in a batch commit of their own."""
+native engine: ``INSERT`` and ``DELETE ... ASSERT_ROWS_MODIFIED n`` DML through the caller's
+Django connection and transaction (chunked under Spanner's 950-parameter limit), ``Send``/``Ack``
+mutations in a read-write transaction of their own."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from spanner_queues.exceptions import InvalidMessage, MessageAlreadyAcked, Messa
 from spanner_queues.keys import key_fields, key_names
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.native import client
+from spanner_queues.native.ddl import MAX_QUERY_PARAMETERS
 
 if TYPE_CHECKING:
     from spanner_queues.engines.native import NativeQueueEngine
@@ -42,6 +44,12 @@ def key_from_row(model: type[Queue], values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """``items`` in consecutive slices of at most ``size`` (at least one item each)."""
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
 def insert(
     engine: NativeQueueEngine,
     model: type[Queue],
@@ -49,36 +57,43 @@ def insert(
     *,
     using: str,
 ) -> list[Message]:
-    """``INSERT`` the messages in one transaction (the caller's, when there is one)."""
+    """``INSERT`` the messages in one transaction (the caller's, when there is one): one
+    statement per ``MAX_QUERY_PARAMETERS`` parameters, so any number of messages fits in one
+    transaction (up to Spanner's commit limits)."""
     decl = engine.declaration(model)
     names = key_names(model)
     now = clock.now()
     # A deliver time that is missing or already past means "now": DeliverTime is omitted
     # and Spanner delivers at once (it replaces past times "with a value closer to now").
     later = [m for m in messages if m.deliver_time is not None and m.deliver_time > now]
-    at_once = [m for m in messages if m not in later]
+    timed_ids = {id(m) for m in later}
+    at_once = [m for m in messages if id(m) not in timed_ids]
     statements = []
     conn = connections[using]
     for group, timed in ((at_once, False), (later, True)):
         if not group:
             continue
-        params: list[Any] = []
-        for m in group:
-            params.extend(prep_key(model, [m.key[n] for n in names], conn))
-            params.append(client.wire_payload(decl.payload_type, m.payload))
-            if timed:
-                params.append(m.deliver_time)
-        statements.append(
-            (engine.cursor_dialect.insert(decl, len(group), with_deliver_time=timed), params)
-        )
+        width = engine.cursor_dialect.insert_width(decl, with_deliver_time=timed)
+        for chunk in chunks(group, MAX_QUERY_PARAMETERS // width):
+            params: list[Any] = []
+            for m in chunk:
+                params.extend(prep_key(model, [m.key[n] for n in names], conn))
+                params.append(client.wire_payload(decl.payload_type, m.payload))
+                if timed:
+                    params.append(m.deliver_time)
+            sql = engine.cursor_dialect.insert(decl, len(chunk), with_deliver_time=timed)
+            statements.append((sql, params))
     try:
-        # One transaction for all statements (immediate and delayed messages are two
-        # INSERTs): all or nothing even outside the caller's ``atomic``.
+        # One transaction for all statements (immediate and delayed messages, and each
+        # chunk, are INSERTs of their own): all or nothing even outside the caller's
+        # ``atomic``.
         with transaction.atomic(using=using), conn.cursor() as cursor:
             for sql, params in statements:
                 cursor.execute(sql, params)
     except Exception as exc:
-        keys = ", ".join(str(tuple(m.key.values())) for m in messages)
+        keys = ", ".join(str(tuple(m.key.values())) for m in messages[:20])
+        if len(messages) > 20:
+            keys += f" (and {len(messages) - 20} more)"
         if client.grpc_status(exc) == "ALREADY_EXISTS":
             raise MessageAlreadyExists(
                 f"{model._meta.label}: a message with key {keys} already exists "
@@ -96,7 +111,7 @@ def insert(
             key=tuple(m.key[n] for n in names),
             key_names=names,
             payload=m.payload,
-            deliver_time=m.deliver_time if m in later else now,
+            deliver_time=m.deliver_time if id(m) in timed_ids else now,
             send_time=now,
         )
         for m in messages
@@ -106,33 +121,45 @@ def insert(
 def delete(
     engine: NativeQueueEngine, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
 ) -> None:
-    """Ack: one ``DELETE ... ASSERT_ROWS_MODIFIED 1`` per key, all in one transaction (the
-    caller's, when there is one). A missing message marks it for rollback and raises
-    ``MessageAlreadyAcked``."""
-    sql = engine.cursor_dialect.ack(engine.declaration(model))
+    """Ack, in one transaction (the caller's, when there is one): one ``DELETE ... WHERE
+    <key> IN (...) ASSERT_ROWS_MODIFIED n`` per ``MAX_QUERY_PARAMETERS`` key values (one
+    round trip for a receiver's batch), ``DELETE ... ASSERT_ROWS_MODIFIED 1`` for one key. A
+    missing message (or a key given twice) fails the statement with ``OUT_OF_RANGE``: the
+    transaction is marked for rollback and ``MessageAlreadyAcked`` raised. The assertion is
+    the server's, so a transaction the DB-API replays after an abort checks it again."""
+    if not keys:
+        return
+    decl = engine.declaration(model)
     conn = connections[using]
     with transaction.atomic(using=using), conn.cursor() as cursor:
-        for key in keys:
+        for chunk in chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
+            params = [v for key in chunk for v in prep_key(model, key, conn)]
             try:
-                cursor.execute(sql, prep_key(model, key, conn))
+                cursor.execute(engine.cursor_dialect.ack_many(decl, len(chunk)), params)
             except Exception as exc:
                 if client.grpc_status(exc) != "OUT_OF_RANGE":
                     raise
                 # Statement-level on Spanner: the transaction would still commit the
                 # caller's other writes. Never continue it: mark it for rollback.
                 transaction.set_rollback(True, using=using)
+                which = (
+                    f"{tuple(chunk[0])!r}: no such message"
+                    if len(chunk) == 1
+                    else f": one of {list(chunk)!r} is no such message (or came twice)"
+                )
                 raise MessageAlreadyAcked(
-                    f"{model._meta.label}{tuple(key)!r}: no such message; it was already "
-                    "acked (or deleted). Roll back: the work may have been done by "
-                    "another receiver."
+                    f"{model._meta.label}{which}; it was already acked (or deleted). Roll "
+                    "back: the work may have been done by another receiver."
                 ) from exc
 
 
 def send_mutations(
     engine: NativeQueueEngine, model: type[Queue], messages: Sequence[OutgoingMessage]
 ) -> Any:
-    """``Send`` mutations in one batch commit, outside any Django transaction; the commit
-    timestamp. ``MessageAlreadyExists`` and nothing sent if a key is taken."""
+    """``Send`` mutations committed together, outside any Django transaction, in a read-write
+    transaction of their own (``client.commit_mutations``: safe to retry); the commit
+    timestamp. ``MessageAlreadyExists`` and nothing sent if a key is taken;
+    ``CommitOutcomeUnknown`` if the commit's answer was lost."""
     decl = engine.declaration(model)
     names = key_names(model)
     connection = connections[engine.database]
@@ -156,6 +183,12 @@ def send_mutations(
                 f"{[tuple(m.key.values()) for m in messages]!r} already exists; nothing "
                 "was sent."
             ) from exc
+        if driver_for(engine.database).is_missing_parent(exc):
+            raise InvalidMessage(
+                f"{model._meta.label}: no parent row for one of the keys "
+                f"{[tuple(m.key.values()) for m in messages]!r} (the queue is interleaved "
+                "in its parent; create the parent first); nothing was sent."
+            ) from exc
         raise
 
 
@@ -166,9 +199,11 @@ def ack_mutations(
     *,
     ignore_not_found: bool = False,
 ) -> Any:
-    """``Ack`` mutations in one batch commit, outside any Django transaction; the commit
-    timestamp. ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing
-    is acked, unless ``ignore_not_found``."""
+    """``Ack`` mutations committed together, outside any Django transaction, in a read-write
+    transaction of their own (``client.commit_mutations``: safe to retry); the commit
+    timestamp. ``NOT_FOUND: Message not found`` raises ``MessageAlreadyAcked`` and nothing is
+    acked, unless ``ignore_not_found``; ``CommitOutcomeUnknown`` if the commit's answer was
+    lost."""
     name = engine.declaration(model).name
     connection = connections[engine.database]
     try:
@@ -180,7 +215,7 @@ def ack_mutations(
             ],
         )
     except Exception as exc:
-        if client.grpc_status(exc) == "NOT_FOUND":
+        if client.grpc_status(exc) == "NOT_FOUND" and "message not found" in str(exc).lower():
             raise MessageAlreadyAcked(
                 f"{model._meta.label}: Ack found no message for one of {list(keys)!r}; "
                 "nothing was acked."

@@ -161,11 +161,13 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
 def renew_tokens(
     engine: NativeQueueEngine, model: type[Queue], tokens: list[str], database: Any = None
 ) -> dict[str, tuple[str | None, Any]]:
-    """One ``RENEWLEASE_<Q>`` for ``tokens``: old token -> (new token, new expiry)."""
-    return client.renew(
+    """``RENEWLEASE_<Q>`` for ``tokens``, one call per ``MAX_QUERY_PARAMETERS`` tokens (one
+    parameter each): old token -> (new token, new expiry)."""
+    return client.renew_all(
         database or engine.spanner(),
-        engine.renew_sql(model, len(tokens)),
-        engine.dialect.renew_params(tokens),
+        lambda count: engine.renew_sql(model, count),
+        engine.dialect.renew_params,
+        tokens,
     )
 
 

@@ -8,6 +8,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import grpc
 import pytest
 from google.api_core import exceptions as gexc
 from google.cloud.spanner_v1 import param_types
@@ -358,3 +359,170 @@ def test_a_delivery_leaves_deliver_time_as_sent(database: Any) -> None:
     assert [[shown]] == before == receive(database, "SELECT DeliverTime FROM SampleQueue")
     # still leased though: not handed out again while its lease lasts
     assert receive(database, "SELECT Id FROM RECEIVE_SampleQueue(max_duration => '1s')") == []
+
+
+# --- limits: 950 query parameters (issue 20) -------------------------------------------------
+PARAMETER_LIMIT = "Number of parameters in query exceeds the maximum allowed limit of 950"
+
+
+def renew_sql(count: int) -> str:
+    tokens = ", ".join(f"@t{i}" for i in range(count))
+    return f"SELECT * FROM RENEWLEASE_SampleQueue(lease_tokens => [{tokens}])"
+
+
+def test_renewlease_with_more_than_950_parameters_is_refused_as_on_spanner(
+    database: Any,
+) -> None:
+    """The front answers RENEWLEASE itself: it applies Spanner's limit as the emulator does to
+    the statements it runs, on ExecuteStreamingSql and ExecuteSql alike."""
+    from google.cloud.spanner_v1 import ExecuteSqlRequest
+    from google.cloud.spanner_v1._helpers import _make_value_pb
+    from google.protobuf import struct_pb2
+
+    _, token, _ = leased(database)
+    assert renew(database, renew_sql(950), **{f"t{i}": token for i in range(950)})
+    with pytest.raises(gexc.InvalidArgument, match=PARAMETER_LIMIT):
+        renew(database, renew_sql(951), **{f"t{i}": token for i in range(951)})
+    session = database.session()
+    session.create()
+    try:
+        params = struct_pb2.Struct()
+        for i in range(951):
+            params.fields[f"t{i}"].CopyFrom(_make_value_pb(token))
+        request = ExecuteSqlRequest(
+            session=session.name,
+            sql=renew_sql(951),
+            params=params,
+            param_types={f"t{i}": param_types.STRING for i in range(951)},
+        )
+        with pytest.raises(gexc.InvalidArgument, match=PARAMETER_LIMIT):
+            database.spanner_api.execute_sql(
+                request=request, metadata=[("google-cloud-resource-prefix", database.name)]
+            )
+    finally:
+        session.delete()
+
+
+def test_insert_with_more_than_950_parameters_is_refused_by_the_emulator(database: Any) -> None:
+    rows = ", ".join(f"(@i{i}, 'x')" for i in range(951))
+    params = {f"i{i}": i for i in range(951)}
+    types = {f"i{i}": param_types.INT64 for i in range(951)}
+    with pytest.raises(gexc.InvalidArgument, match=PARAMETER_LIMIT):
+        database.run_in_transaction(
+            lambda t: t.execute_update(
+                f"INSERT INTO SampleQueue (Id, Payload) VALUES {rows}",
+                params=params,
+                param_types=types,
+            )
+        )
+
+
+def test_batch_dml_statement_with_more_than_950_parameters_is_refused(database: Any) -> None:
+    rows = ", ".join(f"(@i{i}, 'x')" for i in range(951))
+    statement = (
+        f"INSERT INTO SampleQueue (Id, Payload) VALUES {rows}",
+        {f"i{i}": i for i in range(951)},
+        {f"i{i}": param_types.INT64 for i in range(951)},
+    )
+    small = ("INSERT INTO SampleQueue (Id, Payload) VALUES (5000, 'x')", {}, {})
+
+    def batch(t: Any) -> Any:
+        return t.batch_update([small, statement])
+
+    status, counts = database.run_in_transaction(batch)
+    assert status.code == grpc.StatusCode.INVALID_ARGUMENT.value[0]
+    assert PARAMETER_LIMIT in status.message
+    assert counts == [1]  # the statements before it ran, as Spanner answers a batch
+
+
+def test_renewals_of_any_size_go_in_chunks(database: Any) -> None:
+    from spanner_queues.native import client
+    from spanner_queues.native.ddl import GoogleSQL, KeyColumn, QueueDeclaration
+
+    _, token, _ = leased(database)
+    decl = QueueDeclaration(name="SampleQueue", keys=(KeyColumn("Id", "BigIntegerField"),))
+    dialect = GoogleSQL()
+    tokens = [f"gone-{i}" for i in range(1200)] + [token]
+    renewed = client.renew_all(
+        database, lambda n: dialect.renew(decl, n), dialect.renew_params, tokens
+    )
+    assert list(renewed) == [token] and renewed[token][0] not in (None, token)
+
+
+# --- a missing parent row (issue 20) -----------------------------------------------------------
+def test_missing_parent_row_is_not_found_in_spanners_words(database: Any) -> None:
+    words = r"^404 Parent row for row \[7\] in table UserTasks is missing\. Row cannot be written\."
+    with pytest.raises(gexc.NotFound, match=words):
+        database.run_in_transaction(
+            lambda t: t.execute_update(
+                "INSERT INTO UserTasks (UserId, MessageId, Payload) VALUES (7, 'w', b'hi')"
+            )
+        )
+    with pytest.raises(gexc.NotFound, match=words):
+        with database.batch() as batch:
+            batch.send(queue="UserTasks", key=(7, "w"), payload=base64.b64encode(b"hi"))
+
+
+# --- round trips of an ack (issue 20), counted at the client ---------------------------------
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("size", [1, 20, 400])
+def test_an_ack_costs_one_round_trip_per_receiver_transaction_whatever_the_batch_size(
+    size: int,
+) -> None:
+    from django.db import transaction
+
+    from spanner_queues import api
+    from tests.native.grpc_calls import counting
+    from tests.testapp.models import Account, Jobs
+
+    api.send_many(Jobs, [{"id": f"m{i}", "payload": b""} for i in range(size)])
+    with counting() as bare:  # the receiver's own transaction: a write and its commit
+        with transaction.atomic():
+            Account.objects.create(name="work")
+    with counting() as acking:
+        with transaction.atomic():
+            Account.objects.create(name="work")
+            api.ack_many(Jobs, [(f"m{i}",) for i in range(size)])
+    assert acking.total() - bare.total() == 1, (acking.work_calls(), bare.work_calls())
+    assert not Jobs.objects.exists()
+
+
+# --- a retried commit (issue 20) ---------------------------------------------------------------
+@pytest.mark.parametrize("kind", ["ack", "send"])
+def test_a_retried_commit_of_a_read_write_transaction_answers_as_the_first(
+    database: Any, kind: str
+) -> None:
+    """The client retries Commit on UNAVAILABLE; a commit with a transaction id is safe to
+    retry, so a retry after the first applied must get the first answer, not an error."""
+    from google.cloud.spanner_v1 import CommitRequest, Mutation, TransactionOptions
+    from google.cloud.spanner_v1._helpers import _make_list_value_pb, _make_value_pb
+
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    if kind == "ack":
+        mutation = Mutation(ack=Mutation.Ack(queue="SampleQueue", key=_make_list_value_pb([1])))
+    else:
+        mutation = Mutation(
+            send=Mutation.Send(
+                queue="SampleQueue", key=_make_list_value_pb([2]), payload=_make_value_pb("y")
+            )
+        )
+    api = database.spanner_api
+    metadata = [("google-cloud-resource-prefix", database.name)]
+    session = database.session()
+    session.create()
+    try:
+        txn = api.begin_transaction(
+            session=session.name,
+            options=TransactionOptions(read_write=TransactionOptions.ReadWrite()),
+            metadata=metadata,
+        )
+        request = CommitRequest(session=session.name, transaction_id=txn.id, mutations=[mutation])
+        first = api.commit(request=request, metadata=metadata, retry=None)
+        again = api.commit(request=request, metadata=metadata, retry=None)
+        assert again.commit_timestamp == first.commit_timestamp
+    finally:
+        session.delete()
+    with database.snapshot() as snap:
+        ids = [row[0] for row in snap.execute_sql("SELECT Id FROM SampleQueue ORDER BY Id")]
+    assert ids == ([] if kind == "ack" else [1, 2])

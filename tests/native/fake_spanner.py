@@ -137,6 +137,8 @@ class Injected:
     message: str
     sql_contains: str | None
     times: int
+    #: answer with ``code`` after the call has run (its effects applied): a lost answer.
+    after: bool = False
 
 
 @dataclass
@@ -159,6 +161,9 @@ class FakeSpanner:
         self.injected: list[Injected] = []
         self.scripted: list[tuple[str, list[list[Any]] | None, FakeError | None]] = []
         self.txns: dict[bytes, Txn] = {}
+        #: transaction id -> its CommitResponse: a retried Commit of a committed transaction
+        #: gets the same answer (Spanner: a commit with a transaction id is safe to retry).
+        self.committed: dict[bytes, Any] = {}
         self.lease_seconds = 10.0
         #: TABLE_TYPE that information_schema.tables gives queues (Spanner's value is unknown).
         self.queue_table_type = "QUEUE"
@@ -196,6 +201,7 @@ class FakeSpanner:
             self.receive_ends.clear()
             self.injected.clear()
             self.scripted.clear()
+            self.committed.clear()
 
     def end_streams(self) -> None:
         """End every open RECEIVE stream now (as when max_duration elapses)."""
@@ -211,11 +217,13 @@ class FakeSpanner:
         *,
         sql_contains: str | None = None,
         times: int = 1,
+        after: bool = False,
     ) -> None:
         """Answer the next ``times`` calls of ``method`` (matching ``sql_contains``) with
-        ``code``."""
+        ``code``; with ``after``, once the call has run and applied its effects (a commit
+        that is applied while its answer is lost)."""
         with self._lock:
-            self.injected.append(Injected(method, code, message, sql_contains, times))
+            self.injected.append(Injected(method, code, message, sql_contains, times, after))
 
     def script(
         self,
@@ -245,7 +253,9 @@ class FakeSpanner:
             raise FakeError(grpc.StatusCode.NOT_FOUND, f"Database not found: {name}") from None
 
     # --- plumbing ------------------------------------------------------------------------
-    def record(self, method: str, request: Any, context: Any) -> None:
+    def record(self, method: str, request: Any, context: Any) -> Injected | None:
+        """Record the call; abort it now if a fault is injected for it, or return the fault
+        to answer with once it has run (``after``)."""
         with self._lock:
             self.requests.append(Recorded(method, request))
             sql = getattr(request, "sql", None)
@@ -256,9 +266,12 @@ class FakeSpanner:
                     item.times -= 1
                     if item.times <= 0:
                         self.injected.remove(item)
+                    if item.after:
+                        return item
                     if method == "Commit" and request.transaction_id:
                         self.finish(request.transaction_id, commit=False)  # Spanner drops it
                     context.abort(item.code, item.message)
+        return None
 
     def take_script(self, sql: str) -> tuple[list[list[Any]] | None, FakeError | None] | None:
         with self._lock:
@@ -565,6 +578,19 @@ def renew_tokens(request: Any, match: re.Match[str]) -> list[str]:
     return tokens
 
 
+#: Spanner's limit of query parameters in one statement.
+MAX_QUERY_PARAMETERS = 950
+
+
+def check_parameter_count(request: Any) -> None:
+    if len(dict(request.params or {})) > MAX_QUERY_PARAMETERS:
+        raise FakeError(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "Number of parameters in query exceeds the maximum allowed limit of "
+            f"{MAX_QUERY_PARAMETERS}.",
+        )
+
+
 def translate(sql: str) -> str:
     sql = sql.replace("CURRENT_TIMESTAMP()", "fake_now()").replace("PARSE_JSON(", "json(")
     return re.sub(r"\bTHEN\s+RETURN\b", "RETURNING", sql, flags=re.I)
@@ -609,27 +635,45 @@ def run_query(
         sql = sql[: m.start()]
     is_dml = re.match(r"^(INSERT|UPDATE|DELETE)\b", sql, re.I) is not None
     check_payload_values(db, sql, request)
+    # A statement that fails applies nothing (Spanner's errors are statement-level).
+    conn.execute("SAVEPOINT fake_statement")
     try:
-        cursor = conn.execute(translate(sql), params)
-        returning = is_dml and re.search(r"\bTHEN\s+RETURN\b", sql, re.I) is not None
-        rows = cursor.fetchall() if (not is_dml or returning) else []
-    except sqlite3.IntegrityError as exc:
-        if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
-            raise FakeError(grpc.StatusCode.ALREADY_EXISTS, f"Row already exists: {exc}") from exc
-        if "FOREIGN KEY" in str(exc):
-            raise FakeError(grpc.StatusCode.NOT_FOUND, f"Parent row missing: {exc}") from exc
-        raise FakeError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
-    except sqlite3.OperationalError as exc:
-        if "locked" in str(exc):
-            raise FakeError(grpc.StatusCode.ABORTED, f"Transaction was aborted: {exc}") from exc
-        raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}: {sql}") from exc
+        try:
+            cursor = conn.execute(translate(sql), params)
+            returning = is_dml and re.search(r"\bTHEN\s+RETURN\b", sql, re.I) is not None
+            rows = cursor.fetchall() if (not is_dml or returning) else []
+        except sqlite3.IntegrityError as exc:
+            if "UNIQUE" in str(exc) or "PRIMARY KEY" in str(exc):
+                raise FakeError(
+                    grpc.StatusCode.ALREADY_EXISTS, f"Row already exists: {exc}"
+                ) from exc
+            if "FOREIGN KEY" in str(exc):  # Spanner's words
+                into = _INSERT.match(sql)
+                raise FakeError(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"Parent row for row [...] in table {into.group(1) if into else '?'} is "
+                    "missing. Row cannot be written.",
+                ) from exc
+            raise FakeError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
+        except sqlite3.OperationalError as exc:
+            if "locked" in str(exc):
+                raise FakeError(
+                    grpc.StatusCode.ABORTED, f"Transaction was aborted: {exc}"
+                ) from exc
+            raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}: {sql}") from exc
+        if is_dml:
+            count = len(rows) if returning else cursor.rowcount
+            if expected is not None and count != expected:
+                raise FakeError(
+                    grpc.StatusCode.OUT_OF_RANGE,
+                    f"ASSERT_ROWS_MODIFIED expected {expected} rows modified, but found {count}",
+                )
+    except FakeError:
+        conn.execute("ROLLBACK TO fake_statement")
+        conn.execute("RELEASE fake_statement")
+        raise
+    conn.execute("RELEASE fake_statement")
     if is_dml:
-        count = len(rows) if returning else cursor.rowcount
-        if expected is not None and count != expected:
-            raise FakeError(
-                grpc.StatusCode.OUT_OF_RANGE,
-                f"ASSERT_ROWS_MODIFIED expected {expected} rows modified, but found {count}",
-            )
         if not returning:
             return [], [], count
     else:
@@ -837,11 +881,14 @@ def guarded(method: Any) -> Any:
     name = method.__name__
 
     def wrapper(self: Any, request: Any, context: Any) -> Any:
-        self.fake.record(name, request, context)
+        later = self.fake.record(name, request, context)
         try:
-            return method(self, request, context)
+            response = method(self, request, context)
         except FakeError as exc:
             context.abort(exc.code, exc.message)
+        if later is not None:
+            context.abort(later.code, later.message)
+        return response
 
     wrapper.__name__ = name
     return wrapper
@@ -851,11 +898,13 @@ def streaming(method: Any) -> Any:
     name = method.__name__
 
     def wrapper(self: Any, request: Any, context: Any) -> Any:
-        self.fake.record(name, request, context)
+        later = self.fake.record(name, request, context)
         try:
             yield from method(self, request, context)
         except FakeError as exc:
             context.abort(exc.code, exc.message)
+        if later is not None:
+            context.abort(later.code, later.message)
 
     wrapper.__name__ = name
     return wrapper
@@ -914,6 +963,7 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
     def _execute(
         self, request: Any
     ) -> tuple[list[tuple[str, str]], list[list[Any]], int | None, bytes | None]:
+        check_parameter_count(request)
         db, txn, new_id, _ = self._context(request)
         scripted = self.fake.take_script(request.sql)
         if scripted is not None:
@@ -1051,6 +1101,7 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
             raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, "DML needs a read-write txn")
         results = []
         for i, statement in enumerate(request.statements):
+            check_parameter_count(statement)
             sub = spanner.ExecuteSqlRequest(
                 sql=statement.sql, params=statement.params, param_types=statement.param_types
             )
@@ -1065,6 +1116,8 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
     @guarded
     def Commit(self, request: Any, context: Any) -> Any:
         db = self.fake.database(db_of_session(request.session))
+        if request.transaction_id in self.fake.committed:  # a retry: the same answer
+            return self.fake.committed[request.transaction_id]
         if request.transaction_id:
             txn = self.fake.txn(request.transaction_id)
             txn_id = request.transaction_id
@@ -1081,7 +1134,10 @@ class SpannerServicer(spanner_grpc.SpannerServicer):
             self.fake.finish(txn_id, commit=False)
             raise FakeError(grpc.StatusCode.ABORTED, f"Transaction was aborted: {exc}") from exc
         self.fake.finish(txn_id, commit=True)
-        return commit_response.CommitResponse(commit_timestamp=datetime.now(UTC))
+        response = commit_response.CommitResponse(commit_timestamp=datetime.now(UTC))
+        if request.transaction_id:
+            self.fake.committed[request.transaction_id] = response
+        return response
 
     @guarded
     def Rollback(self, request: Any, context: Any) -> Any:

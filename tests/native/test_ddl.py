@@ -191,3 +191,33 @@ def test_payload_types_in_both_dialects() -> None:
     assert PostgreSQL().insert(json_decl, 1, with_deliver_time=False) == (
         "INSERT INTO q (userid, messageid, payload) VALUES ($1, $2, CAST($3 AS jsonb))"
     )
+
+
+def test_batch_ack_is_one_delete_asserting_every_row_in_both_dialects() -> None:
+    single = QueueDeclaration(name="jobs", keys=(KeyColumn("id", "CharField", 64),))
+    assert GoogleSQL().ack_many(single, 1) == GoogleSQL().ack(single)
+    assert GoogleSQL().ack_many(single, 3) == (
+        "DELETE FROM jobs WHERE id IN (@k0, @k1, @k2) ASSERT_ROWS_MODIFIED 3"
+    )
+    assert GoogleSQL().ack_many(DECL, 2) == (
+        "DELETE FROM usertasks WHERE (userid, messageid) IN ((@k0, @k1), (@k2, @k3)) "
+        "ASSERT_ROWS_MODIFIED 2"
+    )
+    assert PostgreSQL().ack_many(DECL, 2) == (
+        "DELETE FROM usertasks WHERE (userid, messageid) IN (($1, $2), ($3, $4)) "
+        "ASSERT_ROWS_MODIFIED 2"
+    )
+    assert GoogleSQL(paramstyle="format").ack_many(single, 2) == (
+        "DELETE FROM jobs WHERE id IN (%s, %s) ASSERT_ROWS_MODIFIED 2"
+    )
+
+
+def test_no_statement_binds_more_than_950_parameters() -> None:
+    single = QueueDeclaration(name="jobs", keys=(KeyColumn("id", "CharField", 64),))
+    GoogleSQL().ack_many(single, 950)
+    with pytest.raises(QueueConfigurationError, match="950"):
+        GoogleSQL().ack_many(DECL, 476)  # 952 key values
+    GoogleSQL().renew(DECL, 950)
+    with pytest.raises(QueueConfigurationError, match="950"):
+        GoogleSQL().renew(DECL, 951)
+    assert GoogleSQL().insert_width(DECL, with_deliver_time=True) == 4
