@@ -1,0 +1,12 @@
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class DrillConfig(AppConfig):
+    """The fault drill's queue, effect table and ``queuedrill`` command."""
+
+    name = "spanner_queues.contrib.drill"
+    label = "spanner_queues_drill"
+    verbose_name = "Spanner queues fault drill"
+    default_auto_field = "django.db.models.BigAutoField"

@@ -1,0 +1,31 @@
+"""The drill receiver: optional work (``work_ms`` of sleep), then one effect row, in the
+receiver's transaction, which also acks the message (the outbox way)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+
+from spanner_queues import receiver
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.message import Message
+from spanner_queues.registry import engine_for
+from spanner_queues.transactions import retry_counts
+
+WORKER = f"{socket.gethostname()}-{os.getpid()}"
+
+
+@receiver(DrillMessage)
+def handle_drill_message(message: Message) -> None:
+    spec = message.json() or {}
+    work_ms = float(spec.get("work_ms") or 0)
+    if work_ms > 0:
+        time.sleep(work_ms / 1000)
+    DrillEffect.objects.using(engine_for(DrillMessage).database).create(
+        run=str(spec.get("run", "")),
+        key=str(message.key[0]),
+        worker=WORKER,
+        attempt=message.attempt,
+        retries=sum(retry_counts().values()),
+    )
