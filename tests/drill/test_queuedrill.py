@@ -155,3 +155,27 @@ def test_drill_terminating_the_workers_postgresql_sessions_loses_nothing(
 def test_abort_every_without_a_method_is_refused() -> None:
     with pytest.raises(CommandError, match="--abort-every needs"):
         call_command("queuedrill", "--abort-every", "1", stdout=StringIO())
+
+
+def test_drill_restarting_a_local_postgresql_server_loses_nothing(drill: DrillRun) -> None:
+    """``--abort-method command``: the test's private cluster (tests/postgres_server.py) is
+    restarted under the workers with ``pg_ctl restart``, twice or more."""
+    if connection.vendor != "postgresql":
+        pytest.skip("restarts the suite's private PostgreSQL cluster (pg_ctl)")
+    from tests.postgres_server import find_postgres
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        [(data,)] = cursor.fetchall()
+    log = Path(data).parent / "server.log"
+    restart = f"{find_postgres() / 'pg_ctl'} -D {data} -l {log} -m fast -w restart"
+    if os.geteuid() == 0:  # the cluster runs as SQ_PG_USER (PostgreSQL refuses root)
+        restart = f"runuser -u {os.environ.get('SQ_PG_USER', 'nobody')} -- {restart}"
+    figures, _ = drill(
+        *("--messages", str(SMALL), "--workers", "2", "--kills", "1", "--lease", "1"),
+        *("--work-ms", "20", "--abort-method", "command", "--abort-command", restart),
+        *("--abort-every", "1", "--sample-interval", "0.2", "--timeout", "240", "--seed", "5"),
+    )
+    restarts = [e for e in figures["events"] if e["kind"] == "abort"]
+    assert restarts and all(e["detail"].endswith("exited with 0") for e in restarts), restarts
+    assert (figures["lost"], figures["twice"], figures["drained"]) == (0, 0, True), figures

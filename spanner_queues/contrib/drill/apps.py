@@ -10,3 +10,8 @@ class DrillConfig(AppConfig):
     label = "spanner_queues_drill"
     verbose_name = "Spanner queues fault drill"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from spanner_queues.contrib.drill import counting
+
+        counting.install()  # only in the drill's worker processes (SQ_DRILL_WORKER)

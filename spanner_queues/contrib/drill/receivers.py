@@ -8,10 +8,10 @@ import socket
 import time
 
 from spanner_queues import receiver
+from spanner_queues.contrib.drill import counting
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
 from spanner_queues.message import Message
 from spanner_queues.registry import engine_for
-from spanner_queues.transactions import retry_counts
 
 WORKER = f"{socket.gethostname()}-{os.getpid()}"
 
@@ -27,5 +27,5 @@ def handle_drill_message(message: Message) -> None:
         key=str(message.key[0]),
         worker=WORKER,
         attempt=message.attempt,
-        retries=sum(retry_counts().values()),
+        retries=counting.retries(),
     )

@@ -87,7 +87,7 @@ def markdown(result: DrillResult, command: list[str]) -> str:
     abort_how = {
         "none": "none injected",
         "pg-terminate": "PostgreSQL sessions of the drill's workers terminated",
-        "command": f"`{o.abort_command}` run",
+        "command": "`--abort-command` run, see Command",
     }[o.abort_method]
     redelivered = "n/a (the engine counts no deliveries)"
     if result.redelivered is not None:
@@ -106,7 +106,7 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         f"(`runqueueworker`), {o.work_ms:g} ms of work per message |",
         f"| kills (SIGKILL) | {result.kills} |",
         f"| aborts injected | {result.aborts} ({abort_how}) |",
-        f"| transaction retries seen in workers | {result.retries_seen} |",
+        f"| aborted transactions run again in the workers (seen) | {result.retries_seen} |",
         f"| unexpected worker exits | {result.unexpected_exits} |",
         f"| deliveries after the first (attempt > 1) | {redelivered} |",
         f"| handled (effect committed at least once) | {result.handled} |",

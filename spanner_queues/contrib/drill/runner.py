@@ -253,6 +253,7 @@ class Drill:
     def _worker_env(self) -> dict[str, str]:
         env = dict(os.environ)
         env["PGAPPNAME"] = self._app_name()  # libpq: the sessions pg-terminate may end
+        env["SQ_DRILL_WORKER"] = self.run_id  # counting.install(): count DB-API replays
         paths = [p for p in sys.path if p and Path(p).is_dir()]
         env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
         return env

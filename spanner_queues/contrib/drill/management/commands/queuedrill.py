@@ -138,8 +138,7 @@ class Command(BaseCommand):
         except DrillError as exc:
             raise CommandError(str(exc)) from exc
         result = drill.run()
-        command = ["manage.py", "queuedrill", *sys.argv[2:]] if _via_manage() else ["queuedrill"]
-        path = write_report(result, report_dir, command)
+        path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(drill_options)])
         self.stdout.write(
             f"{'PASS' if result.passed else 'FAIL'}: sent={result.sent} kills={result.kills} "
             f"aborts={result.aborts} handled={result.handled} lost={result.lost} "
@@ -150,5 +149,22 @@ class Command(BaseCommand):
             raise CommandError(f"fault drill failed ({why}): see {path}")
 
 
-def _via_manage() -> bool:
-    return len(sys.argv) > 1 and sys.argv[1] == "queuedrill"
+def _argv(o: DrillOptions) -> list[str]:
+    """The options of this run, spelled out (the report's command to run it again)."""
+    argv = [
+        f"--messages={o.messages}",
+        f"--workers={o.workers}",
+        f"--concurrency={o.concurrency}",
+        f"--kills={o.kills}",
+        f"--lease={o.lease:g}",
+        f"--work-ms={o.work_ms:g}",
+    ]
+    if o.abort_method != "none":
+        argv += [f"--abort-method={o.abort_method}", f"--abort-every={o.abort_every:g}"]
+    if o.abort_command:
+        argv.append(f"--abort-command={o.abort_command}")
+    argv += [f"--timeout={o.timeout:g}"]
+    if o.seed is not None:
+        argv.append(f"--seed={o.seed}")
+    argv += [f"--worker-arg={arg}" for arg in o.worker_args]
+    return argv
