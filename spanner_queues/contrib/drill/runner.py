@@ -46,6 +46,8 @@ if TYPE_CHECKING:
 ABORT_METHODS = ("none", "pg-terminate", "command")
 #: messages per send transaction (far below Spanner's mutations-per-commit limit)
 SEND_BATCH = 200
+#: seconds after its start from which a worker is preferred as a kill's victim
+SETTLED_SECONDS = 2.0
 
 
 class DrillError(QueueError):
@@ -124,6 +126,7 @@ class _Worker:
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
+        self.started = time.monotonic()
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
@@ -285,11 +288,13 @@ class Drill:
     def _drive(self) -> None:
         """Sample, kill, abort and restart until the queue is empty or the time is up."""
         options, result = self.options, self.result
-        # kill points: random fractions of the batch handled, so that every kill falls in the
-        # drain however fast the database is
-        points = sorted(
-            self.random.uniform(0.1, 0.8) * options.messages for _ in range(options.kills)
-        )
+        # kill points: random fractions of the batch handled, one in each of ``kills`` equal
+        # slices of 10-80 %, so that every kill falls in the drain however fast the database is
+        share = 0.7 / max(options.kills, 1)
+        points = [
+            options.messages * self.random.uniform(0.1 + i * share, 0.1 + (i + 1) * share)
+            for i in range(options.kills)
+        ]
         next_abort = self._next_abort()
         while True:
             stats = self._sample()
@@ -301,7 +306,7 @@ class Drill:
             if next_abort is not None and time.monotonic() >= next_abort:
                 self._abort()
                 next_abort = self._next_abort()
-            if stats is not None and stats.total == 0 and handled >= 1:
+            if stats is not None and stats.total == 0:
                 result.drained = True
                 result.drain_seconds = self._elapsed()
                 self._event("drained", f"queue empty; {handled} effect rows")
@@ -352,7 +357,9 @@ class Drill:
         alive = [w for w in self.workers if w.alive()]
         if not alive:
             return
-        victim = self.random.choice(alive)
+        # rather a worker that has had time to start receiving than one still starting
+        settled = [w for w in alive if time.monotonic() - w.started > SETTLED_SECONDS]
+        victim = self.random.choice(settled or alive)
         victim.kill()
         self.workers.remove(victim)
         self.result.kills += 1
