@@ -73,7 +73,7 @@ def test_drill_on_an_emulator_that_aborts_transactions_loses_nothing(tmp_path: P
         assert migrated.returncode == 0, migrated.stderr
         report = tmp_path / "report"
         done = run(
-            *("-m", "django", "queuedrill", "--messages", "30", "--workers", "2", "--kills"),
+            *("-m", "django", "queuedrill", "--messages", "20", "--workers", "2", "--kills"),
             *("1", "--lease", "2", "--work-ms", "5", "--sample-interval", "0.3"),
             *("--timeout", "300", "--seed", "11", "--report-dir", str(report)),
         )

@@ -377,15 +377,16 @@ class Drill:
                         [self._app_name()],
                     )
                     ended = sum(1 for (ok,) in cursor.fetchall() if ok)
-                self.result.aborts += ended
-                self._event("abort", f"terminated {ended} worker sessions")
+                if ended:  # none when no worker had a session open at that moment
+                    self.result.aborts += ended
+                    self._event("abort", f"terminated {ended} worker session(s)")
         elif method == "command":
             done = subprocess.run(
                 self.options.abort_command, shell=True, capture_output=True, text=True
             )
             connections[self.alias].close()  # a restarted server dropped our session too
             self.result.aborts += 1
-            self._event("abort", f"`{self.options.abort_command}` exited with {done.returncode}")
+            self._event("abort", f"--abort-command exited with {done.returncode}")
 
     def _stop_workers(self) -> None:
         for worker in self.workers:
