@@ -179,3 +179,13 @@ def test_drill_restarting_a_local_postgresql_server_loses_nothing(drill: DrillRu
     restarts = [e for e in figures["events"] if e["kind"] == "abort"]
     assert restarts and all(e["detail"].endswith("exited with 0") for e in restarts), restarts
     assert (figures["lost"], figures["twice"], figures["drained"]) == (0, 0, True), figures
+
+
+@pytest.mark.engine_independent  # the workers never reach the database
+def test_workers_that_cannot_start_make_the_drill_give_up_and_fail(drill: DrillRun) -> None:
+    with pytest.raises(CommandError, match="did not drain"):
+        drill("--messages", "2", "--workers", "1", "--kills", "0", "--worker-arg=--bogus")
+    figures = json.loads((drill.report / "report.json").read_text())
+    assert figures["unexpected_exits"] == 3 and figures["drained"] is False
+    assert figures["lost"] == 2
+    assert figures["events"][-1]["kind"] == "gave-up"

@@ -1,5 +1,9 @@
 """The drill receiver: optional work (``work_ms`` of sleep), then one effect row, in the
-receiver's transaction, which also acks the message (the outbox way)."""
+receiver's transaction, which also acks the message (the outbox way).
+
+It is registered only in the drill's own worker processes (``SQ_DRILL_WORKER`` in the
+environment, set by ``queuedrill``): a ``runqueueworker`` started without queue names serves
+every queue that has a receiver, and the project's own workers must not take part in a drill."""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ from spanner_queues.registry import engine_for
 WORKER = f"{socket.gethostname()}-{os.getpid()}"
 
 
-@receiver(DrillMessage)
 def handle_drill_message(message: Message) -> None:
     spec = message.json() or {}
     work_ms = float(spec.get("work_ms") or 0)
@@ -29,3 +32,7 @@ def handle_drill_message(message: Message) -> None:
         attempt=message.attempt,
         retries=counting.retries(),
     )
+
+
+if os.environ.get("SQ_DRILL_WORKER"):
+    receiver(DrillMessage)(handle_drill_message)

@@ -18,6 +18,7 @@ selects them by ``application_name``) or run the command the user gave.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import random
 import signal
@@ -129,7 +130,12 @@ class _Worker:
         self.started = time.monotonic()
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
-                argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C reaches the drill, which stops them
+                preexec_fn=_end_with_parent,
             )
 
     @property
@@ -153,6 +159,15 @@ class _Worker:
             except subprocess.TimeoutExpired:
                 self.kill()
         return self.proc.returncode
+
+
+def _end_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: SIGTERM this worker when the drill dies (SIGKILLed itself); elsewhere nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def worker_command() -> list[str]:
@@ -192,6 +207,8 @@ class Drill:
         self.workers: list[_Worker] = []
         self._started = 0.0
         self._spawned = 0
+        self._handled_before = 0
+        self._exits_without_progress = 0
         settings = connections[self.alias].settings_dict
         self.result = DrillResult(
             run=self.run_id,
@@ -208,7 +225,13 @@ class Drill:
         self.report_dir.mkdir(parents=True, exist_ok=True)
         (self.report_dir / "workers").mkdir(exist_ok=True)
         result = self.result
-        result.leftovers_at_start = self.engine.stats(DrillMessage).total
+        try:
+            result.leftovers_at_start = self.engine.stats(DrillMessage).total
+        except Exception as exc:
+            raise DrillError(
+                f"cannot read the drill queue ({type(exc).__name__}: {exc}); is it migrated? "
+                "python manage.py migrate spanner_queues_drill"
+            ) from exc
         self._started = time.monotonic()
         result.started_at = clock.now()
         try:
@@ -299,7 +322,9 @@ class Drill:
         while True:
             stats = self._sample()
             handled = self._handled_rows()
-            self._reap()
+            if not self._reap(handled):
+                result.drain_seconds = self._elapsed()
+                return
             if points and handled >= points[0]:
                 points.pop(0)
                 self._kill()
@@ -344,14 +369,22 @@ class Drill:
             self._event("db-error", f"{type(exc).__name__}: {str(exc)[:120]}")
             connections[self.alias].close()
 
-    def _reap(self) -> None:
-        """Replace workers that ended without being killed by the drill."""
+    def _reap(self, handled: int) -> bool:
+        """Replace workers that ended without being killed by the drill; False when so many
+        did with no progress meanwhile that the drill gives up (workers that cannot start)."""
+        if handled > self._handled_before:
+            self._handled_before, self._exits_without_progress = handled, 0
         for worker in list(self.workers):
             if not worker.alive():
+                self._exits_without_progress += 1
+                if self._exits_without_progress > max(3, 2 * self.options.workers):
+                    self._event("gave-up", f"workers keep exiting: see {worker.log.name}")
+                    return False
                 self.workers.remove(worker)
                 self.result.unexpected_exits += 1
                 self._event("exit", f"pid {worker.pid} exited with {worker.proc.returncode}")
                 self._spawn()
+        return True
 
     def _kill(self) -> None:
         alive = [w for w in self.workers if w.alive()]

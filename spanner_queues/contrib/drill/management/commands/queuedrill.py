@@ -134,10 +134,9 @@ class Command(BaseCommand):
                 sys.stdout.flush()
 
         try:
-            drill = Drill(drill_options, report_dir, log=log)
+            result = Drill(drill_options, report_dir, log=log).run()
         except DrillError as exc:
             raise CommandError(str(exc)) from exc
-        result = drill.run()
         path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(drill_options)])
         self.stdout.write(
             f"{'PASS' if result.passed else 'FAIL'}: sent={result.sent} kills={result.kills} "
