@@ -80,7 +80,8 @@ def test_drill_with_sigkills_loses_nothing_handles_nothing_twice_and_writes_its_
     svg = ET.parse(report / "depth.svg").getroot()
     assert svg.tag.endswith("svg")
     assert sum(1 for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "#c0392b")
-    assert len(list((report / "workers").iterdir())) == 4  # 2 started, 2 replacements
+    started = 2 + figures["kills"] + figures["unexpected_exits"]  # each replaced
+    assert len(list((report / "workers").iterdir())) == started
     # the run's effect rows are counted, then deleted; the queue is empty
     assert not DrillEffect.objects.exists()
     assert not DrillMessage.objects.exists()

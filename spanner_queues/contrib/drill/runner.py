@@ -325,7 +325,7 @@ class Drill:
             if not self._reap(handled):
                 result.drain_seconds = self._elapsed()
                 return
-            if points and handled >= points[0]:
+            while points and handled >= points[0]:  # every point passed since the last look
                 points.pop(0)
                 self._kill()
             if next_abort is not None and time.monotonic() >= next_abort:
