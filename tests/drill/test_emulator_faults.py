@@ -69,7 +69,7 @@ def test_drill_on_an_emulator_that_aborts_transactions_loses_nothing(tmp_path: P
             "ensure_database(settings.INSTANCE, 'drilldb')",
         )
         assert created.returncode == 0, created.stderr
-        migrated = run("-m", "django", "migrate", "-v0")
+        migrated = run("-m", "django", "migrate", "spanner_queues_drill", "-v0")
         assert migrated.returncode == 0, migrated.stderr
         report = tmp_path / "report"
         done = run(
