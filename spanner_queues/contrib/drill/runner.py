@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from django.db import connections, transaction
+from django.db import connections
 from django.db.models import Count, Max
 
 from spanner_queues import clock
@@ -40,6 +40,7 @@ from spanner_queues.adminsite.models import QueueDepthSample
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
 from spanner_queues.exceptions import QueueError
 from spanner_queues.registry import engine_for
+from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
@@ -263,15 +264,10 @@ class Drill:
                 {"id": f"{self.run_id}-{n:07d}", "payload": payload}
                 for n in range(first, min(first + SEND_BATCH, self.options.messages))
             ]
-            for attempt in range(5):
-                try:
-                    with transaction.atomic(using=self.alias):
-                        DrillMessage.send_many(batch, using=self.alias)
-                    break
-                except Exception:  # a transient failure: the batch is sent again, whole
-                    if attempt == 4:
-                        raise
-                    connections[self.alias].close()
+            run_in_transaction(
+                lambda batch=batch: DrillMessage.send_many(batch, using=self.alias),
+                using=self.alias,
+            )
             self.result.sent += len(batch)
         self.result.send_seconds = time.monotonic() - began
         self._event("sent", f"{self.result.sent} messages in {self.result.send_seconds:.2f} s")
