@@ -83,4 +83,7 @@ def test_drill_on_an_emulator_that_aborts_transactions_loses_nothing(tmp_path: P
     figures = json.loads((report / "report.json").read_text())
     assert (figures["lost"], figures["twice"], figures["drained"]) == (0, 0, True), figures
     assert figures["kills"] == 1
+    # the aborts happened and were seen: replayed by the DB-API or retried by the package
+    # (about 7 in 100 transactions abort under --enable_fault_injection; the drill runs 100+)
+    assert figures["retries_seen"] > 0, figures
     assert (report / "report.md").read_text().startswith("# Queue fault drill: PASS")

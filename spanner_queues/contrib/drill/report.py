@@ -139,9 +139,14 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         "Each message's receiver writes one row to `sq_drill_effects` in its own transaction, "
         "the one that also acks the message. After the queue is empty the drill counts rows per "
         "message key: no row is a lost message, more than one row is a message whose work "
-        "committed twice. Workers were SIGKILLed at random points of the drain (each replaced "
-        "by a new one); a killed worker's messages come back after their lease. The verdict is "
-        "PASS when the queue drained with 0 lost and 0 handled twice.",
+        "committed twice. "
+        + (
+            "Workers were SIGKILLed at random points of the drain (each replaced by a new "
+            "one); a killed worker's messages come back after their lease. "
+            if o.kills
+            else ""
+        )
+        + "The verdict is PASS when the queue drained with 0 lost and 0 handled twice.",
         "",
         "## Command",
         "",

@@ -4,8 +4,9 @@ exits 1 when a message was lost, handled twice, or the queue did not drain."""
 
 from __future__ import annotations
 
+import math
 import sys
-from argparse import ArgumentParser
+from argparse import ArgumentParser, ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,16 @@ from spanner_queues.management.commands.runqueueworker import (
 
 def count(value: str) -> int:
     return 0 if value.strip() == "0" else positive_int(value)
+
+
+def milliseconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ArgumentTypeError(f"{value!r} is not a number of milliseconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise ArgumentTypeError(f"must be 0 or more milliseconds, not {value}")
+    return number
 
 
 class Command(BaseCommand):
@@ -57,7 +68,7 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--work-ms",
-            type=non_negative_seconds,
+            type=milliseconds,
             default=10.0,
             help="milliseconds each receiver sleeps before writing its effect (%(default)s)",
         )
