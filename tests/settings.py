@@ -30,6 +30,7 @@ INSTALLED_APPS = [
     "tests.workerapp",
     "tests.outboxapp",
     "tests.tasksapp",
+    "spanner_queues.contrib.drill",  # the fault drill (tests/drill)
 ]
 
 MIDDLEWARE = [

@@ -1,6 +1,11 @@
-"""The opt-in real-Spanner run. Set SPANNER_QUEUES_REAL_DATABASE and run
-``pytest --ds=tests.settings_native tests/native``: test_conformance_native.py then runs on
-real Spanner (docs/howto/spanner.md). Without it, this placeholder says how."""
+"""The real-instance run (``bin/test-real-spanner``, docs/howto/fault-drill.md): under
+``tests.settings_real_spanner`` the suites run on a real Cloud Spanner instance, and this test
+checks that it is the one the environment names, not an emulator nor the wire tests' fake.
+Anywhere else it is skipped, saying which variables to set.
+
+It is also collected under ``tests.settings_native`` with ``SPANNER_QUEUES_REAL_DATABASE`` (the
+older opt-in run of ``tests/native`` on real Spanner), where it checks the fake is not in use.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,35 @@ import os
 
 import pytest
 
-
-@pytest.mark.skipif(
-    not os.environ.get("SPANNER_QUEUES_REAL_DATABASE"),
-    reason="real Spanner not configured: set SPANNER_QUEUES_REAL_DATABASE="
-    "projects/P/instances/I/databases/D (Enterprise edition) to run the conformance suite "
-    "on real Spanner queues",
+REAL_SETTINGS = "tests.settings_real_spanner"
+CONFIGURED = os.environ.get("DJANGO_SETTINGS_MODULE") == REAL_SETTINGS or bool(
+    os.environ.get("SPANNER_QUEUES_REAL_DATABASE")
 )
-@pytest.mark.django_db
-def test_real_database_is_in_use() -> None:
-    from django.conf import settings
 
-    assert settings.FAKE_SPANNER is None
+pytestmark = pytest.mark.skipif(
+    not CONFIGURED,
+    reason="real Spanner not configured: set SPANNER_PROJECT, SPANNER_INSTANCE (Enterprise "
+    "edition), SPANNER_DATABASE and credentials (GOOGLE_APPLICATION_CREDENTIALS or ADC), then "
+    "run bin/test-real-spanner",
+)
+
+
+@pytest.mark.django_db
+def test_the_real_instance_is_in_use() -> None:
+    from django.conf import settings
+    from django.db import connection
+
+    from spanner_queues.engines import engines
+
+    assert not os.environ.get("SPANNER_EMULATOR_HOST")
+    assert getattr(settings, "FAKE_SPANNER", None) is None
+    assert engines["default"].features.supports_native_queues
+    if os.environ.get("DJANGO_SETTINGS_MODULE") == REAL_SETTINGS:
+        db = connection.settings_dict
+        assert (db["PROJECT"], db["INSTANCE"]) == (
+            os.environ["SPANNER_PROJECT"],
+            os.environ["SPANNER_INSTANCE"],
+        )
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchall() == [(1,)]

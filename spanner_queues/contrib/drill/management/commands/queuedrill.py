@@ -1,0 +1,180 @@
+"""``manage.py queuedrill``: the fault drill on this project's database (app
+``spanner_queues.contrib.drill``). Writes ``report.md``, ``depth.svg`` and ``report.json`` and
+exits 1 when a message was lost, handled twice, or the queue did not drain."""
+
+from __future__ import annotations
+
+import math
+import sys
+from argparse import ArgumentParser, ArgumentTypeError
+from pathlib import Path
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from spanner_queues import clock
+from spanner_queues.contrib.drill.report import write_report
+from spanner_queues.contrib.drill.runner import ABORT_METHODS, Drill, DrillError, DrillOptions
+from spanner_queues.management.commands.runqueueworker import (
+    non_negative_seconds,
+    positive_int,
+    positive_seconds,
+)
+
+
+def count(value: str) -> int:
+    return 0 if value.strip() == "0" else positive_int(value)
+
+
+def milliseconds(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise ArgumentTypeError(f"{value!r} is not a number of milliseconds") from None
+    if not math.isfinite(number) or number < 0:
+        raise ArgumentTypeError(f"must be 0 or more milliseconds, not {value}")
+    return number
+
+
+class Command(BaseCommand):
+    help = (
+        "Fault drill: send a batch to the drill queue, run runqueueworker child processes, "
+        "SIGKILL them at random, optionally abort the database's transactions, drain, and "
+        "write a report (messages sent, kills, aborts, handled, lost, handled twice, time to "
+        "drain, depth chart). Exits 1 if anything was lost or handled twice."
+    )
+
+    def add_arguments(self, parser: ArgumentParser) -> None:
+        parser.add_argument("--messages", type=positive_int, default=1000, help="(%(default)s)")
+        parser.add_argument(
+            "--workers", type=positive_int, default=3, help="worker processes (%(default)s)"
+        )
+        parser.add_argument(
+            "--concurrency", type=positive_int, default=2, help="threads each (%(default)s)"
+        )
+        parser.add_argument(
+            "--kills",
+            type=count,
+            default=5,
+            help="workers SIGKILLed at random points of the drain, each replaced by a new one "
+            "(%(default)s)",
+        )
+        parser.add_argument(
+            "--lease",
+            type=positive_seconds,
+            default=5.0,
+            help="the workers' --lease where the engine takes one (table engine); a killed "
+            "worker's messages come back after it (%(default)s s)",
+        )
+        parser.add_argument(
+            "--work-ms",
+            type=milliseconds,
+            default=10.0,
+            help="milliseconds each receiver sleeps before writing its effect (%(default)s)",
+        )
+        parser.add_argument(
+            "--abort-method",
+            choices=ABORT_METHODS,
+            default="none",
+            help="pg-terminate: end the drill workers' PostgreSQL sessions "
+            "(pg_terminate_backend, by application_name; needs superuser or "
+            "pg_signal_backend); command: run --abort-command (e.g. a local server restart)",
+        )
+        parser.add_argument(
+            "--abort-every",
+            type=non_negative_seconds,
+            default=0.0,
+            help="seconds between aborts, jittered 0.5x-1.5x (0: none)",
+        )
+        parser.add_argument("--abort-command", default="", help="shell command for 'command'")
+        parser.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=600.0,
+            help="give up draining after this many seconds (%(default)s)",
+        )
+        parser.add_argument(
+            "--sample-interval",
+            type=positive_seconds,
+            default=0.5,
+            help="seconds between depth samples (%(default)s)",
+        )
+        parser.add_argument(
+            "--report-dir",
+            default=None,
+            help="where to write the report (default: ./queuedrill-<UTC time>)",
+        )
+        parser.add_argument(
+            "--keep-effects",
+            action="store_true",
+            help="keep this run's rows in sq_drill_effects (default: deleted once counted)",
+        )
+        parser.add_argument("--seed", type=int, default=None, help="random seed (kills, aborts)")
+        parser.add_argument(
+            "--worker-arg",
+            action="append",
+            default=[],
+            help="extra argument for each runqueueworker (repeat), e.g. --worker-arg=--prefetch=1",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        report_dir = Path(
+            options["report_dir"] or f"queuedrill-{clock.now():%Y%m%d-%H%M%S}"
+        ).resolve()
+        drill_options = DrillOptions(
+            messages=options["messages"],
+            workers=options["workers"],
+            concurrency=options["concurrency"],
+            kills=options["kills"],
+            lease=options["lease"],
+            work_ms=options["work_ms"],
+            abort_every=options["abort_every"],
+            abort_method=options["abort_method"],
+            abort_command=options["abort_command"],
+            timeout=options["timeout"],
+            sample_interval=options["sample_interval"],
+            keep_effects=options["keep_effects"],
+            seed=options["seed"],
+            worker_args=tuple(options["worker_arg"]),
+        )
+        verbose = options["verbosity"] >= 1
+
+        def log(line: str) -> None:
+            if verbose:
+                self.stdout.write(line)
+                sys.stdout.flush()
+
+        try:
+            result = Drill(drill_options, report_dir, log=log).run()
+        except DrillError as exc:
+            raise CommandError(str(exc)) from exc
+        path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(drill_options)])
+        self.stdout.write(
+            f"{'PASS' if result.passed else 'FAIL'}: sent={result.sent} kills={result.kills} "
+            f"aborts={result.aborts} handled={result.handled} lost={result.lost} "
+            f"twice={result.twice} drain={result.drain_seconds:.2f}s report={path}"
+        )
+        if not result.passed:
+            why = "did not drain" if not result.drained else "lost or handled twice"
+            raise CommandError(f"fault drill failed ({why}): see {path}")
+
+
+def _argv(o: DrillOptions) -> list[str]:
+    """The options of this run, spelled out (the report's command to run it again)."""
+    argv = [
+        f"--messages={o.messages}",
+        f"--workers={o.workers}",
+        f"--concurrency={o.concurrency}",
+        f"--kills={o.kills}",
+        f"--lease={o.lease:g}",
+        f"--work-ms={o.work_ms:g}",
+    ]
+    if o.abort_method != "none":
+        argv += [f"--abort-method={o.abort_method}", f"--abort-every={o.abort_every:g}"]
+    if o.abort_command:
+        argv.append(f"--abort-command={o.abort_command}")
+    argv += [f"--timeout={o.timeout:g}"]
+    if o.seed is not None:
+        argv.append(f"--seed={o.seed}")
+    argv += [f"--worker-arg={arg}" for arg in o.worker_args]
+    return argv

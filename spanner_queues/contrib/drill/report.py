@@ -1,0 +1,223 @@
+"""The drill's report: ``report.md`` (figures, verdict, timeline, method), ``depth.svg`` (queue
+depth over time with the kills and aborts marked) and ``report.json`` (the same figures, for
+machines). The chart's geometry is the admin's (``adminsite.chart.depth_chart``)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from html import escape
+from pathlib import Path
+
+from spanner_queues.adminsite.chart import depth_chart
+from spanner_queues.contrib.drill.runner import DrillResult
+
+#: listed in the report at most (the JSON file has them all)
+SHOWN_KEYS = 20
+MARKS = {"kill": "#c0392b", "abort": "#e67e22", "exit": "#7f8c8d"}
+
+
+def depth_svg(result: DrillResult, *, width: int = 720, height: int = 260) -> str:
+    """An SVG document: the drill queue's depth (total) over the run, a vertical line per kill
+    (red), abort (orange) and unexpected worker exit (grey)."""
+    left, right, top, bottom = 56, 16, 28, 36
+    inner_w, inner_h = width - left - right, height - top - bottom
+    chart = depth_chart(result.samples, width=inner_w, height=inner_h)
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+        f'viewBox="0 0 {width} {height}" font-family="sans-serif" font-size="11">',
+        '<rect width="100%" height="100%" fill="white"/>',
+        f'<text x="{left}" y="16" font-size="13">{escape(result.queue)}: depth during the '
+        f"fault drill (run {escape(result.run)})</text>",
+    ]
+    if chart is None:
+        parts.append(f'<text x="{left}" y="{top + 20}">no samples</text></svg>')
+        return "\n".join(parts)
+    span = (chart.end - chart.start).total_seconds() or 1.0
+    pad = 2
+    parts += [
+        f'<g transform="translate({left},{top})">',
+        f'<rect x="0" y="0" width="{inner_w}" height="{inner_h}" fill="none" stroke="#999"/>',
+        f'<polygon points="{chart.area}" fill="#3498db" fill-opacity="0.15"/>',
+        f'<polyline points="{chart.total.points}" fill="none" stroke="#2471a3" '
+        'stroke-width="1.5"/>',
+    ]
+    for event in result.events:
+        color = MARKS.get(event.kind)
+        if color is None:
+            continue
+        offset = (event.at - chart.start).total_seconds() / span
+        x = pad + (inner_w - 2 * pad) * min(max(offset, 0.0), 1.0)
+        parts.append(
+            f'<line x1="{x:.1f}" y1="0" x2="{x:.1f}" y2="{inner_h}" stroke="{color}" '
+            f'stroke-dasharray="4 3"><title>{escape(event.kind)} at {event.elapsed:.2f} s: '
+            f"{escape(event.detail)}</title></line>"
+        )
+    parts += [
+        f'<text x="-6" y="{pad + 4}" text-anchor="end">{chart.peak}</text>',
+        f'<text x="-6" y="{inner_h - pad}" text-anchor="end">0</text>',
+        f'<text x="0" y="{inner_h + 14}">0 s</text>',
+        f'<text x="{inner_w}" y="{inner_h + 14}" text-anchor="end">{span:.1f} s</text>',
+        "</g>",
+    ]
+    legend_y = height - 8
+    legend = [("#2471a3", "messages in the queue"), *[(c, k) for k, c in MARKS.items()]]
+    x = left
+    for color, label in legend:
+        parts.append(
+            f'<line x1="{x}" y1="{legend_y - 4}" x2="{x + 18}" y2="{legend_y - 4}" '
+            f'stroke="{color}" stroke-width="2"/>'
+            f'<text x="{x + 22}" y="{legend_y}">{escape(label)}</text>'
+        )
+        x += 30 + 7 * len(label)
+    parts.append("</svg>")
+    return "\n".join(parts)
+
+
+def _keys(keys: list[str]) -> str:
+    shown = ", ".join(f"`{k}`" for k in keys[:SHOWN_KEYS])
+    more = f" and {len(keys) - SHOWN_KEYS} more (report.json)" if len(keys) > SHOWN_KEYS else ""
+    return shown + more
+
+
+def markdown(result: DrillResult, command: list[str]) -> str:
+    """The report a team can attach to a production readiness review."""
+    o = result.options
+    verdict = "PASS" if result.passed else "FAIL"
+    abort_how = {
+        "none": "none injected",
+        "pg-terminate": "PostgreSQL sessions of the drill's workers terminated",
+        "command": "`--abort-command` run, see Command",
+    }[o.abort_method]
+    redelivered = "n/a (the engine counts no deliveries)"
+    if result.redelivered is not None:
+        redelivered = str(result.redelivered)
+    lines = [
+        f"# Queue fault drill: {verdict}",
+        "",
+        f"Run `{result.run}`, started {result.started_at:%Y-%m-%d %H:%M:%S} UTC, on database "
+        f"`{result.database}` (`{result.database_engine}`) with queue engine "
+        f"`{result.engine}`, queue `{result.queue}`.",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| messages sent | {result.sent} (in {result.send_seconds:.2f} s) |",
+        f"| workers | {o.workers} processes x {o.concurrency} threads "
+        f"(`runqueueworker`), {o.work_ms:g} ms of work per message |",
+        f"| kills (SIGKILL) | {result.kills} |",
+        f"| aborts injected | {result.aborts} ({abort_how}) |",
+        f"| aborted transactions run again in the workers (seen) | {result.retries_seen} |",
+        f"| unexpected worker exits | {result.unexpected_exits} |",
+        f"| deliveries after the first (attempt > 1) | {redelivered} |",
+        f"| handled (effect committed at least once) | {result.handled} |",
+        f"| **lost** (sent, never handled) | **{result.lost}** |",
+        f"| **handled twice** (more than one effect) | **{result.twice}** |",
+        f"| effect rows | {result.effects} |",
+        f"| drained | {'yes' if result.drained else 'NO'} |",
+        f"| time to drain (from the first send) | {result.drain_seconds:.2f} s |",
+        f"| left in the queue after the drill | {result.left_in_queue} |",
+        "",
+        "![queue depth over time](depth.svg)",
+        "",
+    ]
+    if result.lost_keys:
+        lines += [f"Lost: {_keys(result.lost_keys)}.", ""]
+    if result.twice_keys:
+        lines += [f"Handled twice: {_keys(result.twice_keys)}.", ""]
+    if result.leftovers_at_start:
+        lines += [
+            f"The queue held {result.leftovers_at_start} messages of earlier runs at the start; "
+            "the workers drained them too (they count in the depth, not in the figures).",
+            "",
+        ]
+    lines += ["## Timeline", "", "| t (s) | event | detail |", "|---:|---|---|"]
+    lines += [f"| {e.elapsed:.2f} | {e.kind} | {e.detail} |" for e in result.events]
+    lines += [
+        "",
+        "## How it was measured",
+        "",
+        "Each message's receiver writes one row to `sq_drill_effects` in its own transaction, "
+        "the one that also acks the message. After the queue is empty the drill counts rows per "
+        "message key: no row is a lost message, more than one row is a message whose work "
+        "committed twice. "
+        + (
+            "Workers were SIGKILLed at random points of the drain (each replaced by a new "
+            "one); a killed worker's messages come back after their lease. "
+            if o.kills
+            else ""
+        )
+        + "The verdict is PASS when the queue drained with 0 lost and 0 handled twice.",
+        "",
+        "## Command",
+        "",
+        "```",
+        shlex.join(command),
+        "```",
+        "",
+        "Worker output: " + ", ".join(f"`workers/{p.name}`" for p in result.worker_logs) + ".",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def as_json(result: DrillResult) -> dict:
+    o = result.options
+    return {
+        "run": result.run,
+        "passed": result.passed,
+        "started_at": result.started_at.isoformat(),
+        "database": result.database,
+        "database_engine": result.database_engine,
+        "engine": result.engine,
+        "queue": result.queue,
+        "options": {
+            "messages": o.messages,
+            "workers": o.workers,
+            "concurrency": o.concurrency,
+            "kills": o.kills,
+            "lease": o.lease,
+            "work_ms": o.work_ms,
+            "abort_every": o.abort_every,
+            "abort_method": o.abort_method,
+            "abort_command": o.abort_command,
+        },
+        "sent": result.sent,
+        "kills": result.kills,
+        "aborts": result.aborts,
+        "retries_seen": result.retries_seen,
+        "unexpected_exits": result.unexpected_exits,
+        "redelivered": result.redelivered,
+        "handled": result.handled,
+        "lost": result.lost,
+        "twice": result.twice,
+        "effects": result.effects,
+        "drained": result.drained,
+        "drain_seconds": round(result.drain_seconds, 3),
+        "left_in_queue": result.left_in_queue,
+        "lost_keys": result.lost_keys,
+        "twice_keys": result.twice_keys,
+        "events": [
+            {"elapsed": round(e.elapsed, 3), "kind": e.kind, "detail": e.detail}
+            for e in result.events
+        ],
+        "depth": [
+            {
+                "at": s.measured_at.isoformat(),
+                "total": s.total,
+                "ready": s.ready,
+                "leased": s.leased,
+            }
+            for s in result.samples
+        ],
+    }
+
+
+def write_report(result: DrillResult, directory: Path, command: list[str]) -> Path:
+    """Write ``report.md``, ``depth.svg`` and ``report.json`` into ``directory``; the path of
+    ``report.md``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "depth.svg").write_text(depth_svg(result))
+    (directory / "report.json").write_text(json.dumps(as_json(result), indent=2) + "\n")
+    path = directory / "report.md"
+    path.write_text(markdown(result, command))
+    return path

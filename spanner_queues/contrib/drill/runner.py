@@ -1,0 +1,449 @@
+"""The fault drill: send a batch to the drill queue, run ``runqueueworker`` child processes,
+SIGKILL them at random points of the drain, optionally make the database abort transactions,
+wait for the queue to drain, then count the effects.
+
+Guarantees of the measurement:
+
+- *handled*: messages of this run with at least one committed ``DrillEffect`` row;
+- *lost*: messages sent (committed) by this run with no effect row once the queue is empty (or
+  once the drill gave up waiting: then ``drained`` is false and the drill fails);
+- *handled twice*: messages with more than one effect row. The row is written in the receiver's
+  transaction, which also acks the message, so a second row means the work committed twice.
+
+The drill touches only its own queue and table: its workers are started with the drill queue as
+their only queue, and the abort injectors reach only the drill's worker sessions (``pg-terminate``
+selects them by ``application_name``) or run the command the user gave.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from django.db import connections
+from django.db.models import Count, Max
+
+from spanner_queues import clock
+from spanner_queues.adminsite.models import QueueDepthSample
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.exceptions import QueueError
+from spanner_queues.registry import engine_for
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import QueueStats
+
+ABORT_METHODS = ("none", "pg-terminate", "command")
+#: messages per send transaction (far below Spanner's mutations-per-commit limit)
+SEND_BATCH = 200
+#: seconds after its start from which a worker is preferred as a kill's victim
+SETTLED_SECONDS = 2.0
+
+
+class DrillError(QueueError):
+    """The drill could not run as asked (bad options, no workers could start)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DrillOptions:
+    messages: int = 1000
+    workers: int = 3
+    concurrency: int = 2
+    kills: int = 5
+    lease: float | None = 5.0
+    work_ms: float = 10.0
+    abort_every: float = 0.0
+    abort_method: str = "none"
+    abort_command: str = ""
+    timeout: float = 600.0
+    sample_interval: float = 0.5
+    keep_effects: bool = False
+    seed: int | None = None
+    worker_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class DrillEvent:
+    at: datetime
+    elapsed: float
+    kind: str  # "kill", "abort", "exit", "start", "drained", "timeout"
+    detail: str
+
+
+@dataclass(slots=True, kw_only=True)
+class DrillResult:
+    run: str
+    options: DrillOptions
+    started_at: datetime
+    queue: str
+    engine: str
+    database: str
+    database_engine: str
+    sent: int = 0
+    send_seconds: float = 0.0
+    kills: int = 0
+    aborts: int = 0
+    retries_seen: int = 0
+    unexpected_exits: int = 0
+    handled: int = 0
+    effects: int = 0
+    redelivered: int | None = None
+    lost_keys: list[str] = field(default_factory=list)
+    twice_keys: list[str] = field(default_factory=list)
+    drained: bool = False
+    drain_seconds: float = 0.0
+    left_in_queue: int = 0
+    leftovers_at_start: int = 0
+    samples: list[QueueDepthSample] = field(default_factory=list)
+    events: list[DrillEvent] = field(default_factory=list)
+    worker_logs: list[Path] = field(default_factory=list)
+
+    @property
+    def lost(self) -> int:
+        return len(self.lost_keys)
+
+    @property
+    def twice(self) -> int:
+        return len(self.twice_keys)
+
+    @property
+    def passed(self) -> bool:
+        return self.drained and self.lost == 0 and self.twice == 0
+
+
+class _Worker:
+    """One ``runqueueworker`` child on the drill queue, its output in a log file."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self.started = time.monotonic()
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                argv,
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # a Ctrl-C reaches the drill, which stops them
+                preexec_fn=_end_with_parent,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; the exit status."""
+        if self.alive():
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        return self.proc.returncode
+
+
+def _end_with_parent() -> None:  # pragma: no cover - runs in the child
+    """Linux: SIGTERM this worker when the drill dies (SIGKILLed itself); elsewhere nothing."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def worker_command() -> list[str]:
+    """How to start ``manage.py`` again: this ``manage.py`` when run through one, else
+    ``python -m django`` (with this process's settings module and import path)."""
+    script = Path(sys.argv[0]) if sys.argv and sys.argv[0] else None
+    if script is not None and script.name == "manage.py" and script.is_file():
+        return [sys.executable, str(script.resolve())]
+    return [sys.executable, "-m", "django"]
+
+
+class Drill:
+    """One run of the drill (``run()`` once)."""
+
+    def __init__(
+        self,
+        options: DrillOptions,
+        report_dir: Path,
+        *,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        if options.abort_method not in ABORT_METHODS:
+            raise DrillError(f"abort method must be one of {', '.join(ABORT_METHODS)}")
+        if options.abort_method == "command" and not options.abort_command:
+            raise DrillError("--abort-method command needs --abort-command")
+        if options.abort_every > 0 and options.abort_method == "none":
+            raise DrillError("--abort-every needs --abort-method pg-terminate or command")
+        if options.messages < 1 or options.workers < 1:
+            raise DrillError("the drill needs at least one message and one worker")
+        self.options = options
+        self.report_dir = report_dir
+        self.log = log
+        self.random = random.Random(options.seed)
+        self.run_id = uuid.uuid4().hex[:12]
+        self.engine = engine_for(DrillMessage)
+        self.alias = self.engine.database
+        self.workers: list[_Worker] = []
+        self._started = 0.0
+        self._spawned = 0
+        self._handled_before = 0
+        self._exits_without_progress = 0
+        settings = connections[self.alias].settings_dict
+        self.result = DrillResult(
+            run=self.run_id,
+            options=options,
+            started_at=clock.now(),
+            queue=DrillMessage._meta.label,
+            engine=f"{type(self.engine).__module__}.{type(self.engine).__name__}",
+            database=self.alias,
+            database_engine=str(settings.get("ENGINE", "")),
+        )
+
+    # --- the run ------------------------------------------------------------------------------
+    def run(self) -> DrillResult:
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        (self.report_dir / "workers").mkdir(exist_ok=True)
+        result = self.result
+        try:
+            result.leftovers_at_start = self.engine.stats(DrillMessage).total
+        except Exception as exc:
+            raise DrillError(
+                f"cannot read the drill queue ({type(exc).__name__}: {exc}); is it migrated? "
+                "python manage.py migrate spanner_queues_drill"
+            ) from exc
+        self._started = time.monotonic()
+        result.started_at = clock.now()
+        try:
+            self._send()
+            for _ in range(self.options.workers):
+                self._spawn()
+            self._drive()
+        finally:
+            self._stop_workers()
+        self._sample()
+        self._count()
+        if not self.options.keep_effects:
+            self._delete_effects()
+        return result
+
+    def _elapsed(self) -> float:
+        return time.monotonic() - self._started
+
+    def _event(self, kind: str, detail: str) -> None:
+        event = DrillEvent(clock.now(), self._elapsed(), kind, detail)
+        self.result.events.append(event)
+        self.log(f"{event.elapsed:7.2f}s  {kind:<8} {detail}")
+
+    def _send(self) -> None:
+        payload = {"run": self.run_id, "work_ms": self.options.work_ms}
+        began = time.monotonic()
+        for first in range(0, self.options.messages, SEND_BATCH):
+            batch = [
+                {"id": f"{self.run_id}-{n:07d}", "payload": payload}
+                for n in range(first, min(first + SEND_BATCH, self.options.messages))
+            ]
+            run_in_transaction(
+                lambda batch=batch: DrillMessage.send_many(batch, using=self.alias),
+                using=self.alias,
+            )
+            self.result.sent += len(batch)
+        self.result.send_seconds = time.monotonic() - began
+        self._event("sent", f"{self.result.sent} messages in {self.result.send_seconds:.2f} s")
+
+    def _worker_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PGAPPNAME"] = self._app_name()  # libpq: the sessions pg-terminate may end
+        env["SQ_DRILL_WORKER"] = self.run_id  # counting.install(): count DB-API replays
+        paths = [p for p in sys.path if p and Path(p).is_dir()]
+        env["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
+        return env
+
+    def _app_name(self) -> str:
+        return f"queuedrill-{self.run_id}"
+
+    def _spawn(self) -> None:
+        self._spawned += 1
+        argv = [
+            *worker_command(),
+            "runqueueworker",
+            DrillMessage._meta.label,
+            "--concurrency",
+            str(self.options.concurrency),
+            "--worker-id",
+            f"drill-{self.run_id}-{self._spawned}",
+            "-v1",
+        ]
+        if self.options.lease and self.engine.features.supports_custom_lease:
+            argv += ["--lease", str(self.options.lease)]
+        argv += list(self.options.worker_args)
+        log = self.report_dir / "workers" / f"worker-{self._spawned}.log"
+        worker = _Worker(argv, self._worker_env(), log)
+        self.workers.append(worker)
+        self.result.worker_logs.append(log)
+        self._event("start", f"worker {self._spawned} (pid {worker.pid})")
+
+    def _drive(self) -> None:
+        """Sample, kill, abort and restart until the queue is empty or the time is up."""
+        options, result = self.options, self.result
+        # kill points: random fractions of the batch handled, one in each of ``kills`` equal
+        # slices of 10-80 %, so that every kill falls in the drain however fast the database is
+        share = 0.7 / max(options.kills, 1)
+        points = [
+            options.messages * self.random.uniform(0.1 + i * share, 0.1 + (i + 1) * share)
+            for i in range(options.kills)
+        ]
+        next_abort = self._next_abort()
+        while True:
+            stats = self._sample()
+            handled = self._handled_rows()
+            if not self._reap(handled):
+                result.drain_seconds = self._elapsed()
+                return
+            while points and handled >= points[0]:  # every point passed since the last look
+                points.pop(0)
+                self._kill()
+            if next_abort is not None and time.monotonic() >= next_abort:
+                self._abort()
+                next_abort = self._next_abort()
+            if stats is not None and stats.total == 0:
+                result.drained = True
+                result.drain_seconds = self._elapsed()
+                self._event("drained", f"queue empty; {handled} effect rows")
+                return
+            if self._elapsed() > options.timeout:
+                result.drain_seconds = self._elapsed()
+                self._event("timeout", f"gave up after {options.timeout:.0f} s")
+                return
+            time.sleep(options.sample_interval)
+
+    def _next_abort(self) -> float | None:
+        if self.options.abort_every <= 0:
+            return None
+        return time.monotonic() + self.options.abort_every * self.random.uniform(0.5, 1.5)
+
+    def _sample(self) -> QueueStats | None:
+        with self._db():
+            stats = self.engine.stats(DrillMessage)
+            self.result.samples.append(QueueDepthSample.from_stats(stats))
+            return stats
+        return None
+
+    def _handled_rows(self) -> int:
+        with self._db():
+            return DrillEffect.objects.using(self.alias).filter(run=self.run_id).count()
+        return 0
+
+    @contextlib.contextmanager
+    def _db(self) -> Iterator[None]:
+        """A read of the drill's own bookkeeping; a failure (the server restarting under
+        ``--abort-command``) drops the connection and skips this round."""
+        try:
+            yield
+        except Exception as exc:
+            self._event("db-error", f"{type(exc).__name__}: {str(exc)[:120]}")
+            connections[self.alias].close()
+
+    def _reap(self, handled: int) -> bool:
+        """Replace workers that ended without being killed by the drill; False when so many
+        did with no progress meanwhile that the drill gives up (workers that cannot start)."""
+        if handled > self._handled_before:
+            self._handled_before, self._exits_without_progress = handled, 0
+        for worker in list(self.workers):
+            if not worker.alive():
+                self._exits_without_progress += 1
+                if self._exits_without_progress > max(3, 2 * self.options.workers):
+                    self._event("gave-up", f"workers keep exiting: see {worker.log.name}")
+                    return False
+                self.workers.remove(worker)
+                self.result.unexpected_exits += 1
+                self._event("exit", f"pid {worker.pid} exited with {worker.proc.returncode}")
+                self._spawn()
+        return True
+
+    def _kill(self) -> None:
+        alive = [w for w in self.workers if w.alive()]
+        if not alive:
+            return
+        # rather a worker that has had time to start receiving than one still starting
+        settled = [w for w in alive if time.monotonic() - w.started > SETTLED_SECONDS]
+        victim = self.random.choice(settled or alive)
+        victim.kill()
+        self.workers.remove(victim)
+        self.result.kills += 1
+        self._event("kill", f"SIGKILL pid {victim.pid}")
+        self._spawn()
+
+    def _abort(self) -> None:
+        method = self.options.abort_method
+        if method == "pg-terminate":
+            with self._db():
+                with connections[self.alias].cursor() as cursor:
+                    cursor.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE application_name = %s AND pid <> pg_backend_pid()",
+                        [self._app_name()],
+                    )
+                    ended = sum(1 for (ok,) in cursor.fetchall() if ok)
+                if ended:  # none when no worker had a session open at that moment
+                    self.result.aborts += ended
+                    self._event("abort", f"terminated {ended} worker session(s)")
+        elif method == "command":
+            done = subprocess.run(
+                self.options.abort_command, shell=True, capture_output=True, text=True
+            )
+            connections[self.alias].close()  # a restarted server dropped our session too
+            self.result.aborts += 1
+            self._event("abort", f"--abort-command exited with {done.returncode}")
+
+    def _stop_workers(self) -> None:
+        for worker in self.workers:
+            if worker.alive():
+                worker.proc.send_signal(signal.SIGTERM)
+        for worker in self.workers:
+            worker.stop(grace=30.0)
+        self.workers.clear()
+
+    # --- counting -----------------------------------------------------------------------------
+    def _count(self) -> None:
+        result = self.result
+        rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
+        per_key = {row["key"]: row["n"] for row in rows.values("key").annotate(n=Count("id"))}
+        sent = [f"{self.run_id}-{n:07d}" for n in range(result.sent)]
+        result.handled = sum(1 for key in sent if per_key.get(key, 0) >= 1)
+        result.effects = sum(per_key.values())
+        result.lost_keys = [key for key in sent if key not in per_key]
+        result.twice_keys = sorted(key for key, n in per_key.items() if n > 1)
+        result.retries_seen = sum(
+            row["m"] or 0 for row in rows.values("worker").annotate(m=Max("retries"))
+        )
+        if self.engine.features.supports_attempt_count:
+            result.redelivered = rows.filter(attempt__gt=1).count()
+        result.left_in_queue = self.engine.stats(DrillMessage).total
+
+    def _delete_effects(self) -> None:
+        rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
+        ids = list(rows.values_list("id", flat=True))
+        for first in range(0, len(ids), 500):
+            DrillEffect.objects.using(self.alias).filter(id__in=ids[first : first + 500]).delete()

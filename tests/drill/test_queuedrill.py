@@ -1,0 +1,192 @@
+"""``manage.py queuedrill`` (``spanner_queues.contrib.drill``) on whichever database the suite
+runs: real ``runqueueworker`` children, SIGKILLed during the drain; the report is written and
+says 0 lost, 0 handled twice. Kept small: the emulator runs one read-write transaction at a
+time."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.db import connection
+
+from spanner_queues.contrib.drill import runner
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+
+pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
+
+ON_EMULATOR = bool(os.environ.get("SPANNER_EMULATOR_HOST"))
+#: messages of the drill in CI
+SMALL = int(os.environ.get("SQ_DRILL_MESSAGES", 30 if ON_EMULATOR else 120))
+
+
+class DrillRun:
+    """Runs ``queuedrill`` in this process (its workers use the test's database)."""
+
+    def __init__(self, report: Path) -> None:
+        self.report = report
+
+    def __call__(self, *args: str) -> tuple[dict, str]:
+        """The report's ``report.json`` as a dict, and the command's output."""
+        out = StringIO()
+        call_command("queuedrill", "--report-dir", str(self.report), *args, stdout=out)
+        return json.loads((self.report / "report.json").read_text()), out.getvalue()
+
+
+@pytest.fixture
+def drill(child_env: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> DrillRun:
+    for name, value in child_env.items():
+        monkeypatch.setenv(name, value)
+    return DrillRun(tmp_path / "report")
+
+
+def test_drill_with_sigkills_loses_nothing_handles_nothing_twice_and_writes_its_report(
+    drill: DrillRun,
+) -> None:
+    figures, output = drill(
+        "--messages",
+        str(SMALL),
+        "--workers",
+        "2",
+        "--kills",
+        "2",
+        "--lease",
+        "1",
+        "--work-ms",
+        "5",
+        "--sample-interval",
+        "0.2",
+        "--timeout",
+        "240",
+        "--seed",
+        "7",
+    )
+    assert figures["sent"] == SMALL
+    assert figures["kills"] == 2
+    assert (figures["lost"], figures["twice"]) == (0, 0), figures
+    assert figures["handled"] == SMALL and figures["drained"] is True
+    assert "PASS: sent=" in output
+    report = drill.report
+    text = (report / "report.md").read_text()
+    assert text.startswith("# Queue fault drill: PASS")
+    assert "| **lost** (sent, never handled) | **0** |" in text
+    assert "| kills (SIGKILL) | 2 |" in text
+    svg = ET.parse(report / "depth.svg").getroot()
+    assert svg.tag.endswith("svg")
+    assert sum(1 for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "#c0392b")
+    started = 2 + figures["kills"] + figures["unexpected_exits"]  # each replaced
+    assert len(list((report / "workers").iterdir())) == started
+    # the run's effect rows are counted, then deleted; the queue is empty
+    assert not DrillEffect.objects.exists()
+    assert not DrillMessage.objects.exists()
+
+
+def test_a_missing_and_a_doubled_effect_are_counted_and_fail_the_drill(
+    drill: DrillRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The counting is real: one message's effect row removed, another's doubled, after the
+    drain and before the count, make the drill report 1 lost and 1 twice and exit non-zero."""
+    count = runner.Drill._count
+
+    def tampered(self: runner.Drill) -> None:
+        first, second = f"{self.run_id}-0000000", f"{self.run_id}-0000001"
+        DrillEffect.objects.filter(run=self.run_id, key=first).delete()
+        DrillEffect.objects.create(run=self.run_id, key=second, worker="tampered")
+        count(self)
+
+    monkeypatch.setattr(runner.Drill, "_count", tampered)
+    with pytest.raises(CommandError, match="lost or handled twice"):
+        drill(
+            "--messages",
+            "3",
+            "--workers",
+            "1",
+            "--kills",
+            "0",
+            "--sample-interval",
+            "0.2",
+            "--timeout",
+            "120",
+        )
+    figures = json.loads((drill.report / "report.json").read_text())
+    assert (figures["lost"], figures["twice"], figures["handled"]) == (1, 1, 2)
+    text = (drill.report / "report.md").read_text()
+    assert text.startswith("# Queue fault drill: FAIL")
+    assert "-0000000`" in text and "-0000001`" in text
+
+
+def test_drill_terminating_the_workers_postgresql_sessions_loses_nothing(
+    drill: DrillRun,
+) -> None:
+    if connection.vendor != "postgresql":
+        pytest.skip("pg-terminate ends PostgreSQL sessions (pg_terminate_backend)")
+    figures, _ = drill(
+        "--messages",
+        str(SMALL),
+        "--workers",
+        "2",
+        "--kills",
+        "1",
+        "--lease",
+        "1",
+        "--work-ms",
+        "20",
+        "--abort-method",
+        "pg-terminate",
+        "--abort-every",
+        "0.5",
+        "--sample-interval",
+        "0.2",
+        "--timeout",
+        "240",
+        "--seed",
+        "3",
+    )
+    assert figures["aborts"] >= 1, figures["events"]
+    assert (figures["lost"], figures["twice"], figures["drained"]) == (0, 0, True), figures
+
+
+@pytest.mark.engine_independent
+def test_abort_every_without_a_method_is_refused() -> None:
+    with pytest.raises(CommandError, match="--abort-every needs"):
+        call_command("queuedrill", "--abort-every", "1", stdout=StringIO())
+
+
+def test_drill_restarting_a_local_postgresql_server_loses_nothing(drill: DrillRun) -> None:
+    """``--abort-method command``: the test's private cluster (tests/postgres_server.py) is
+    restarted under the workers with ``pg_ctl restart``, twice or more."""
+    if connection.vendor != "postgresql":
+        pytest.skip("restarts the suite's private PostgreSQL cluster (pg_ctl)")
+    from tests.postgres_server import find_postgres
+
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        [(data,)] = cursor.fetchall()
+    log = Path(data).parent / "server.log"
+    restart = f"{find_postgres() / 'pg_ctl'} -D {data} -l {log} -m fast -w restart"
+    if os.geteuid() == 0:  # the cluster runs as SQ_PG_USER (PostgreSQL refuses root)
+        restart = f"runuser -u {os.environ.get('SQ_PG_USER', 'nobody')} -- {restart}"
+    figures, _ = drill(
+        *("--messages", str(SMALL), "--workers", "2", "--kills", "1", "--lease", "1"),
+        *("--work-ms", "20", "--abort-method", "command", "--abort-command", restart),
+        *("--abort-every", "1", "--sample-interval", "0.2", "--timeout", "240", "--seed", "5"),
+    )
+    restarts = [e for e in figures["events"] if e["kind"] == "abort"]
+    assert restarts and all(e["detail"].endswith("exited with 0") for e in restarts), restarts
+    assert (figures["lost"], figures["twice"], figures["drained"]) == (0, 0, True), figures
+
+
+@pytest.mark.engine_independent  # the workers never reach the database
+def test_workers_that_cannot_start_make_the_drill_give_up_and_fail(drill: DrillRun) -> None:
+    with pytest.raises(CommandError, match="did not drain"):
+        drill("--messages", "2", "--workers", "1", "--kills", "0", "--worker-arg=--bogus")
+    figures = json.loads((drill.report / "report.json").read_text())
+    assert figures["unexpected_exits"] == 3 and figures["drained"] is False
+    assert figures["lost"] == 2
+    assert figures["events"][-1]["kind"] == "gave-up"
