@@ -61,3 +61,59 @@ def test_howto_pages_name_the_argparse_defaults() -> None:
                 f"{page.name}: `{option} {value}` is called the default; the command's is "
                 f"{'adaptive/none' if default is None else default}"
             )
+
+
+# --- docs/howto/testing.md: the page's project, built and tested --------------------------------
+_BLOCK = re.compile(r"^```(python|ini)\n(.*?)^```", re.S | re.M)
+
+
+def _blocks(text: str) -> list[str]:
+    return [code for _lang, code in _BLOCK.findall(text)]
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{output}"
+    return output
+
+
+@pytest.mark.slow
+def test_testing_page_snippets_run_as_shown(tmp_path: Path) -> None:
+    """The quickstart's project plus every block of "Test your app..." (each names its file and
+    has its imports), then ``pytest`` with the page's ``pytest.ini``: every test passes."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SQ_", "PYTEST"))}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's spanner_queues
+    _run(["-m", "django", "startproject", "mysite", str(tmp_path)], ROOT, env)
+    _run(["manage.py", "startapp", "tasks"], tmp_path, env)
+    installed, databases, model = _blocks((DOCS / "quickstart.md").read_text())[:3]
+    assert installed.startswith("INSTALLED_APPS") and databases.startswith("DATABASES")
+    with (tmp_path / "mysite" / "settings.py").open("a") as settings:
+        settings.write("\n" + installed + "\n" + databases)
+    (tmp_path / "tasks" / "models.py").write_text(model)
+
+    page = (DOCS / "howto" / "testing.md").read_text()
+    own = page.split("## Test your app on SQLite", 1)[1]
+    files: dict[str, str] = {}
+    for code in _blocks(own):
+        header = re.match(r"# (\S+\.(?:py|ini))\n", code)
+        assert header, f"a block of testing.md does not name its file:\n{code}"
+        files[header.group(1)] = code
+    assert {"pytest.ini", "conftest.py", "tasks/tests.py", "mysite/settings_test.py"} <= set(files)
+    for name, code in files.items():
+        (tmp_path / name).write_text(code)
+    tests = sum(code.count("\ndef test_") + code.count("\n    def test_") for code in files.values())
+    assert tests >= 8
+
+    _run(["manage.py", "makemigrations", "tasks"], tmp_path, env)
+    _run(["manage.py", "check", "--fail-level", "WARNING", "--settings", "mysite.settings_test"],
+         tmp_path, env)  # fmt: skip
+    output = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider"], tmp_path, env)
+    assert re.search(rf"\b{tests} passed\b", output) and "skipped" not in output, output
