@@ -109,7 +109,7 @@ def test_testing_page_snippets_run_as_shown(tmp_path: Path) -> None:
     assert {"pytest.ini", "conftest.py", "tasks/tests.py", "mysite/settings_test.py"} <= set(files)
     for name, code in files.items():
         (tmp_path / name).write_text(code)
-    tests = sum(code.count("\ndef test_") + code.count("\n    def test_") for code in files.values())
+    tests = sum(len(re.findall(r"^ *def test_", code, re.M)) for code in files.values())
     assert tests >= 8
 
     _run(["manage.py", "makemigrations", "tasks"], tmp_path, env)
