@@ -119,11 +119,21 @@ def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
             f"{model._meta.label}: bad value {value!r} for key field {field.name!r}: "
             f"{'; '.join(exc.messages)}"
         ) from exc
-    max_length = getattr(target, "max_length", None)
-    if max_length is not None and isinstance(value, str) and len(value) > max_length:
-        raise InvalidMessage(
-            f"{model._meta.label}: key field {field.name!r} is longer than {max_length} characters."
-        )
+    if isinstance(value, str):
+        max_length = getattr(target, "max_length", None)
+        if max_length is not None and len(value) > max_length:
+            raise InvalidMessage(
+                f"{model._meta.label}: key field {field.name!r} is longer than {max_length} "
+                "characters."
+            )
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate: no database stores it
+                raise InvalidMessage(
+                    f"{model._meta.label}: key field {field.name!r} is not valid Unicode text "
+                    f"(a lone surrogate {value[exc.start]!r} at position {exc.start})."
+                ) from exc
     return value
 
 

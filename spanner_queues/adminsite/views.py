@@ -27,6 +27,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from spanner_queues import clock
 from spanner_queues.adminsite.actions import (
@@ -43,6 +44,7 @@ from spanner_queues.adminsite.browse import (
     Payload,
     get_messages,
     has_bookkeeping,
+    key_text,
     key_token,
     messages_queryset,
     ordering,
@@ -51,6 +53,7 @@ from spanner_queues.adminsite.browse import (
     search_filter,
     state_filter,
     state_of,
+    visible,
 )
 from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
@@ -115,6 +118,7 @@ class MessageRow:
     url: str
     state: str
     payload: Payload
+    key_text: SafeString  # the key for display, bidi controls made visible
 
 
 class RescheduleForm(forms.Form):
@@ -217,6 +221,7 @@ class QueuesAdmin(admin.ModelAdmin):
             url=self._url("message", model._meta.label_lower, key_token(message.key)),
             state=state_of(message, now),
             payload=render_payload(message.payload, pretty=False),
+            key_text=key_text(message),
         )
 
     # --- overview ---------------------------------------------------------------------------
@@ -346,7 +351,7 @@ class QueuesAdmin(admin.ModelAdmin):
             str(message),
             **self._queue_context(model),
             row=self._row(model, message, clock.now()),
-            key_items=list(message.key_dict.items()),
+            key_items=[(name, visible(str(v))) for name, v in message.key_dict.items()],
             payload=render_payload(message.payload),
             actions=actions_for(model, request.user),
             selected_name=SELECTED,
