@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 READY, SCHEDULED, LEASED = "ready", "scheduled", "leased"
 STATES = (READY, SCHEDULED, LEASED)
+#: what the pages call the states (``STATES`` stay the URL and CSS names): "ready" read as
+#: "nothing to do" where workers lease due messages at once
+STATE_LABELS = {READY: "due", SCHEDULED: "scheduled", LEASED: "in flight"}
 PREVIEW_CHARS = 80
 _NOTHING = Q(deliver_time__in=[])
 
@@ -165,6 +168,11 @@ def visible(text: str) -> SafeString:
         return escape(text)
     parts.append(escape(text[last:]))
     return mark_safe("".join(parts))  # each part is escaped above
+
+
+def label_html(label: str) -> SafeString:
+    """A queue label (``app_label.Model``) that may wrap after its dot, never inside a name."""
+    return mark_safe(escape(label).replace(".", ".<wbr>"))  # escaped first
 
 
 def key_text(message: Message) -> SafeString:

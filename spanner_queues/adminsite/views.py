@@ -40,12 +40,14 @@ from spanner_queues.adminsite.actions import (
     replay_target,
 )
 from spanner_queues.adminsite.browse import (
+    STATE_LABELS,
     STATES,
     Payload,
     get_messages,
     has_bookkeeping,
     key_text,
     key_token,
+    label_html,
     messages_queryset,
     ordering,
     parse_key_token,
@@ -108,6 +110,19 @@ class QueueRow:
     dead_letter_of: list[str]
     chart: DepthChart | None
 
+    @property
+    def label_html(self) -> SafeString:
+        return label_html(self.label)
+
+    @property
+    def dead_letter_html(self) -> SafeString:
+        return label_html(self.dead_letter_queue or "")
+
+
+#: seconds between the overview's own refreshes (``static/spanner_queues/admin/overview.js``
+#: fetches the page again and swaps its counts; the operator can pause it)
+OVERVIEW_REFRESH_SECONDS = 5
+
 
 @dataclass(frozen=True, slots=True)
 class MessageRow:
@@ -119,6 +134,10 @@ class MessageRow:
     state: str
     payload: Payload
     key_text: SafeString  # the key for display, bidi controls made visible
+
+    @property
+    def state_label(self) -> str:
+        return STATE_LABELS[self.state]
 
 
 class RescheduleForm(forms.Form):
@@ -267,6 +286,7 @@ class QueuesAdmin(admin.ModelAdmin):
             "Queues",
             rows=rows,
             now=clock.now(),
+            refresh_seconds=OVERVIEW_REFRESH_SECONDS,
         )
         return TemplateResponse(request, "spanner_queues/admin/overview.html", context)
 
@@ -303,7 +323,11 @@ class QueuesAdmin(admin.ModelAdmin):
         state_choices = [
             {"display": "All", "selected": not state, "query": query(state="", p="")},
             *(
-                {"display": s.capitalize(), "selected": state == s, "query": query(state=s)}
+                {
+                    "display": STATE_LABELS[s].capitalize(),
+                    "selected": state == s,
+                    "query": query(state=s),
+                }
                 for s in STATES
                 if s != "leased" or bookkeeping
             ),
@@ -333,6 +357,7 @@ class QueuesAdmin(admin.ModelAdmin):
             ),
             dead_letter_queue=dead_letter_target(model),
             replays_to=replay_target(model),
+            max_attempts_limit=queue_options(model).max_attempts,
         )
         return TemplateResponse(request, "spanner_queues/admin/messages.html", context)
 
