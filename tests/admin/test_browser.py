@@ -92,11 +92,8 @@ def _seed() -> None:
     # a long payload without spaces, held by a receiver: a lease expiry to show (issue 23: at
     # 1400 px the table hid Lease expires and Payload behind a scrollbar)
     long = {"order": 99, "url": "https://example.com/" + "x" * 40 + "/report.csv", "n": 1}
-    Jobs.send(id="job-leased-with-a-longer-key-0001", payload=long)
-    api.receive(Jobs, max_messages=7)  # every due one: in flight
-    for key in [f"job-{i:02d}" for i in range(6)] + ["job-leased-with-a-longer-key-0001"]:
-        api.release(Jobs.objects.get(id=key).as_message())  # due again, but attempted once
-    api.receive(Jobs)  # job-00 in flight again
+    Jobs.send(id="job-with-a-longer-key-0001", payload=long)
+    api.receive(Jobs)  # one in flight: its lease expiry shows
     Emails.send(id="welcome", payload={"to": "ada@example.com"})
 
 
@@ -169,7 +166,6 @@ def test_operator_delivers_a_message_now(
     browser.refresh()
     assert browser.find_element(By.ID, "sq-refresh-toggle").text == "Resume"
     # (left paused: a link clicked while the part it is in is swapped would be stale)
-    Jobs.objects.filter(id="job-new").delete()
 
     click(By.LINK_TEXT, "testapp.Jobs")
     assert "Messages in testapp.Jobs" in browser.title
