@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from dataclasses import fields as dataclass_fields
 from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
@@ -103,10 +105,20 @@ def _type_error(target: Any, value: Any) -> str | None:
     return None
 
 
-def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
+@dataclass(frozen=True, slots=True)
+class _KeyField:
+    """A key field as ``build_message`` checks it (per queue, computed once)."""
+
+    field: Any
+    target: Any  # what the value validates as: a ForeignKey's target field, else the field
+    max_length: int | None
+
+
+def _key_value(model: type[Queue], key: _KeyField, value: Any) -> Any:
     """Convert a key value as the field would, or raise ``InvalidMessage`` saying why: of the
-    field's type (never coerced), and within its validators (lengths, integer ranges)."""
-    target = getattr(field, "target_field", field)  # a ForeignKey validates as its target
+    field's type (never coerced), within its validators (lengths, integer ranges), and text
+    every database can store (no lone surrogate)."""
+    field, target = key.field, key.target
     if value is None:
         raise InvalidMessage(f"{model._meta.label}: key field {field.name!r} cannot be None.")
     wrong = _type_error(target, value)
@@ -123,20 +135,35 @@ def _key_value(model: type[Queue], field: Any, value: Any) -> Any:
             f"{model._meta.label}: bad value {value!r} for key field {field.name!r}: "
             f"{'; '.join(exc.messages)}"
         ) from exc
-    max_length = getattr(target, "max_length", None)
-    if max_length is not None and isinstance(value, str) and len(value) > max_length:
-        raise InvalidMessage(
-            f"{model._meta.label}: key field {field.name!r} is longer than {max_length} characters."
-        )
+    if isinstance(value, str):
+        max_length = key.max_length
+        if max_length is not None and len(value) > max_length:
+            raise InvalidMessage(
+                f"{model._meta.label}: key field {field.name!r} is longer than {max_length} "
+                "characters."
+            )
+        if not value.isascii():
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as exc:  # a lone surrogate: no database stores it
+                raise InvalidMessage(
+                    f"{model._meta.label}: key field {field.name!r} is not valid Unicode text "
+                    f"(a lone surrogate {value[exc.start]!r} at position {exc.start})."
+                ) from exc
     return value
 
 
 @functools.cache
-def _send_plan(model: type[Queue]) -> tuple[dict[str, Any], tuple[Any, ...], str]:
+def _send_plan(model: type[Queue]) -> tuple[dict[str, _KeyField], tuple[Any, ...], str]:
     """Per queue (declarations do not change): key fields by name and attname, the key fields
     in key order, the payload type."""
     key = key_fields(model)
-    return {f.name: f for f in key} | {f.attname: f for f in key}, key, payload_type(model)
+    checked = {}
+    for f in key:
+        target = getattr(f, "target_field", f)  # a ForeignKey validates as its target
+        checked[f] = _KeyField(f, target, getattr(target, "max_length", None))
+    by_name = {f.name: checked[f] for f in key} | {f.attname: checked[f] for f in key}
+    return by_name, key, payload_type(model)
 
 
 def build_message(
@@ -146,7 +173,7 @@ def build_message(
     ``engine``: the queue's engine, when the caller has it already."""
     if engine is None:
         engine = engine_for(model)
-    if not isinstance(spec, Mapping):
+    if type(spec) is not dict and not isinstance(spec, Mapping):
         raise InvalidMessage(
             f"{model._meta.label}: a message is a mapping of key fields and payload, not "
             f"{type(spec).__name__} {spec!r}."
@@ -156,15 +183,15 @@ def build_message(
     for name, value in spec.items():
         if name in _RESERVED:
             continue
-        field = fields.get(name)
-        if field is None:
+        checked = fields.get(name)
+        if checked is None:
             raise InvalidMessage(
                 f"{model._meta.label}: {name!r} is not a key field; key fields are "
                 f"{', '.join(f.name for f in ordered)}."
             )
         if isinstance(value, Model):  # a related object given for a ForeignKey key field
             value = value.pk
-        key[field.attname] = _key_value(model, field, value)
+        key[checked.field.attname] = _key_value(model, checked, value)
     if len(key) != len(ordered):
         for field in ordered:
             if field.attname not in key:
@@ -172,22 +199,31 @@ def build_message(
                     raise InvalidMessage(
                         f"{model._meta.label}: key field {field.name!r} is missing."
                     )
-                key[field.attname] = _key_value(model, field, field.get_default())
+                key[field.attname] = _key_value(model, fields[field.name], field.get_default())
     params = engine.params
     deliver_time = spec.get("deliver_time")
     delay = spec.get("delay")
-    return OutgoingMessage(
-        key=key,
-        payload=encode_payload(
-            spec.get("payload", b""),
-            payload_type=kind,
-            max_bytes=params.max_payload_bytes,
-            encoder=params.json_encoder,
-        ),
-        deliver_time=(
-            None if deliver_time is None and delay is None else _deliver_time(deliver_time, delay)
-        ),
+    payload = encode_payload(
+        spec.get("payload", b""),
+        payload_type=kind,
+        max_bytes=params.max_payload_bytes,
+        encoder=params.json_encoder,
     )
+    if deliver_time is not None or delay is not None:
+        deliver_time = _deliver_time(deliver_time, delay)
+    # OutgoingMessage(key=..., payload=..., deliver_time=...) without its keyword call
+    outgoing = _new(OutgoingMessage)
+    _set(outgoing, "key", key)
+    _set(outgoing, "payload", payload)
+    _set(outgoing, "deliver_time", deliver_time)
+    return outgoing
+
+
+_new = object.__new__
+_set = object.__setattr__  # what a frozen dataclass's own __init__ calls per field
+assert tuple(f.name for f in dataclass_fields(OutgoingMessage)) == (
+    "key", "payload", "deliver_time"
+), "OutgoingMessage changed: update build_message"  # fmt: skip
 
 
 def send_many(

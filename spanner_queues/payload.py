@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
 from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -41,11 +42,22 @@ def _dumps(value: Any, *, canonical: bool, encoder: type[json.JSONEncoder] | Non
         return (
             _json_encoder(encoder or DEFAULT_JSON_ENCODER, canonical).encode(value).encode("utf-8")
         )
-    except (TypeError, ValueError, OverflowError, RecursionError) as exc:
+    except RecursionError as exc:
+        raise _too_deep(value) from exc
+    except (TypeError, ValueError, OverflowError) as exc:
         # (UnicodeEncodeError is a ValueError: a lone surrogate in a string of the JSON)
         raise PayloadError(
             f"Payload of type {type(value).__name__} is not bytes, str or JSON-serialisable: {exc}"
         ) from exc
+
+
+def _too_deep(value: Any) -> PayloadError:
+    """The error for JSON nested deeper than Python's recursion limit lets it be read or
+    written (``RecursionError`` inside ``json``)."""
+    return PayloadError(
+        f"Payload ({type(value).__name__}) is JSON nested too deeply to encode or decode "
+        f"(deeper than about {sys.getrecursionlimit()} levels); flatten it."
+    )
 
 
 @functools.cache
@@ -62,6 +74,8 @@ def canonical_json(text: bytes | str) -> bytes:
         text = bytes(text)
     try:
         value = json.loads(text, parse_constant=_refuse_constant)
+    except RecursionError as exc:
+        raise _too_deep(text) from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise PayloadError(f"Payload is not JSON: {exc}") from exc
     return _dumps(value, canonical=True)
@@ -123,6 +137,8 @@ def decode_json(data: bytes) -> Any:
     """Parse a payload as JSON; raise ``PayloadError`` with the reason if it is not JSON."""
     try:
         return json.loads(data.decode("utf-8"))
+    except RecursionError as exc:
+        raise _too_deep(data) from exc
     except (UnicodeDecodeError, ValueError) as exc:
         raise PayloadError(f"Payload is not JSON: {exc}") from exc
 

@@ -162,3 +162,56 @@ def test_worker_refuses_bad_arguments_with_a_queue_error(kwargs: dict) -> None:
 def test_runqueueworker_concurrency_100000_is_a_clear_error() -> None:
     with pytest.raises(CommandError, match="must be at most 1024"):
         call_command("runqueueworker", "workerapp.WorkItems", "--concurrency", "100000")
+
+
+# --- deep JSON and lone surrogates (issue 23) --------------------------------------------------
+_DEEP_TEXT = "[" * 2000 + "]" * 2000
+
+
+def _deep_list(depth: int = 2000) -> list:
+    value: list = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [_DEEP_TEXT.encode(), _deep_list(), {"a": _deep_list()}],
+    ids=["json-text", "list", "dict"],
+)
+def test_json_nested_2000_deep_is_a_payload_error_saying_so(payload: Any) -> None:
+    """Was ``RecursionError`` for JSON text (``canonical_json``); the message names the depth."""
+    from tests.tasksapp.models import Notifications
+
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        Notifications.send(id="deep", payload=payload)
+    assert not Notifications.objects.exists()
+
+
+@pytest.mark.engine_independent
+def test_decoding_json_nested_2000_deep_is_a_payload_error() -> None:
+    from spanner_queues.payload import decode_json
+
+    with pytest.raises(PayloadError, match="nested too deeply"):
+        decode_json(_DEEP_TEXT.encode())
+
+
+@pytest.mark.parametrize(
+    ("queue", "spec"),
+    [
+        ("testapp.UserTasks", {"user_id": 1, "message_id": "a\udc80"}),
+        ("testapp.Jobs", {"id": "\ud800"}),
+    ],
+)
+def test_a_key_with_a_lone_surrogate_is_invalid_message_and_writes_nothing(
+    queue: str, spec: dict
+) -> None:
+    """Was ``UnicodeEncodeError`` from the driver."""
+    with pytest.raises(InvalidMessage, match="not valid Unicode"):
+        api.send(queue, **spec)
+    with pytest.raises(InvalidMessage, match="not valid Unicode"):
+        api.replace(queue, spec)
+    from spanner_queues.registry import get_queue
+
+    assert not get_queue(queue).objects.exists()

@@ -7,4 +7,8 @@ from demo_project.ops.models import WorkerAlert
 
 @admin.register(WorkerAlert)
 class WorkerAlertAdmin(admin.ModelAdmin):
-    list_display = ("worker_id", "last_beat_at", "detected_at")
+    list_display = ("worker_id", "simulated", "last_beat_at", "detected_at")
+
+    @admin.display(boolean=True, description="simulated by the demo")
+    def simulated(self, alert: WorkerAlert) -> bool:
+        return alert.simulated

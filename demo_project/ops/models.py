@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from django.db import models
 
 from spanner_queues.models import Queue
@@ -17,6 +19,15 @@ class WorkerHeartbeats(Queue):
         verbose_name_plural = "worker heartbeats"
 
 
+def is_simulated(info: str) -> bool:
+    """Whether a heartbeat's payload (JSON text) marks a worker the demo simulates dying."""
+    try:
+        beat = json.loads(info) if info else {}
+    except ValueError:
+        return False
+    return isinstance(beat, dict) and "simulated" in beat
+
+
 class WorkerAlert(models.Model):
     worker_id = models.CharField(max_length=100)
     last_beat_at = models.DateTimeField(null=True, blank=True)
@@ -26,4 +37,9 @@ class WorkerAlert(models.Model):
     info = models.TextField(blank=True)
 
     def __str__(self) -> str:
-        return f"{self.worker_id} stopped beating"
+        return f"{self.worker_id} stopped beating" + (" (simulated)" if self.simulated else "")
+
+    @property
+    def simulated(self) -> bool:
+        """A worker the demo's traffic generator started to die (its beat says so)."""
+        return is_simulated(self.info)

@@ -1,4 +1,6 @@
-"""A fake shipping carrier API: rate-limited (HTTP 429 with Retry-After) and idempotent."""
+"""A fake shipping carrier API: rate-limited (HTTP 429 with Retry-After) and idempotent. Its 429
+is part of the demo, not a fault: the error, and so the worker's retry log line, says
+"simulated"."""
 
 from __future__ import annotations
 
@@ -14,10 +16,11 @@ from demo_project.shop.models import CarrierBooking
 
 
 class RateLimited(Exception):
-    """HTTP 429 Too Many Requests."""
+    """HTTP 429 Too Many Requests (the demo's carrier is simulated, and says so)."""
 
     def __init__(self, retry_after: timedelta) -> None:
-        super().__init__(f"429 Too Many Requests; Retry-After: {retry_after.total_seconds():g}")
+        seconds = retry_after.total_seconds()
+        super().__init__(f"simulated 429 Too Many Requests; Retry-After: {seconds:g}")
         self.retry_after = retry_after
 
 

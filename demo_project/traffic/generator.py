@@ -110,14 +110,19 @@ class TrafficGenerator:
         self.counts["restock"] += 1
 
     def start_wave(self) -> None:
-        """Once a wave: a report (alternating kinds) and, every other wave, a worker that
-        beats once with a 20 s timeout and is never heard of again (an alert follows)."""
+        """Once a wave: a report (alternating kinds) and, every other wave, a simulated worker
+        (``simulated-crash-...``) that beats once with a 20 s timeout and is never heard of
+        again: the alert that follows says it is simulated."""
         self.waves += 1
         if self.waves % 2:
             request_report("sales_export", rows=300)
         else:
             request_report("ledger_audit")
-            send_beat(f"crashed-worker-{uuid.uuid4().hex[:4]}", timeout=timedelta(seconds=20))
+            send_beat(
+                f"simulated-crash-{uuid.uuid4().hex[:4]}",
+                timeout=timedelta(seconds=20),
+                simulated="the demo's traffic generator: this worker beats once, then stops",
+            )
             self.counts["dead_worker"] += 1
         self.counts["report"] += 1
 

@@ -8,6 +8,8 @@ shown and filtered on only for engines that keep them (``stores_bookkeeping_fiel
 from __future__ import annotations
 
 import json
+import re
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -17,6 +19,8 @@ from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
+from django.utils.html import escape
+from django.utils.safestring import SafeString, mark_safe
 
 from spanner_queues.api import _database
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 
 READY, SCHEDULED, LEASED = "ready", "scheduled", "leased"
 STATES = (READY, SCHEDULED, LEASED)
+#: what the pages call the states (``STATES`` stay the URL and CSS names): "ready" read as
+#: "nothing to do" where workers lease due messages at once
+STATE_LABELS = {READY: "due", SCHEDULED: "scheduled", LEASED: "in flight"}
 PREVIEW_CHARS = 80
 _NOTHING = Q(deliver_time__in=[])
 
@@ -139,6 +146,40 @@ def get_messages(model: type[Queue], keys: Sequence[tuple[Any, ...]]) -> list[Me
 # --- payloads -------------------------------------------------------------------------------
 
 
+#: characters that reorder or hide the text around them (bidi embeddings, overrides, isolates
+#: and marks; zero-width spaces and joiners that split words): a key or payload holding them
+#: could read as something else ("invoice\u202egpj.exe" shows as "invoiceexe.jpg")
+_HIDDEN_CHARS = re.compile("[\u061c\u200b\u200e\u200f\u202a-\u202e\u2060\u2066-\u2069\ufeff]")
+
+
+def visible(text: str) -> SafeString:
+    """``text`` as escaped HTML in which every bidi control and zero-width character is a
+    visible mark (``<span class="sq-hidden-char" title="RIGHT-TO-LEFT OVERRIDE">U+202E</span>``)
+    instead of acting on the text around it."""
+    parts = []
+    last = 0
+    for found in _HIDDEN_CHARS.finditer(text):
+        char = found.group()
+        parts.append(escape(text[last : found.start()]))
+        name = escape(unicodedata.name(char, ""))
+        parts.append(f'<span class="sq-hidden-char" title="{name}">U+{ord(char):04X}</span>')
+        last = found.end()
+    if not parts:
+        return escape(text)
+    parts.append(escape(text[last:]))
+    return mark_safe("".join(parts))  # each part is escaped above
+
+
+def label_html(label: str) -> SafeString:
+    """A queue label (``app_label.Model``) that may wrap after its dot, never inside a name."""
+    return mark_safe(escape(label).replace(".", ".<wbr>"))  # escaped first
+
+
+def key_text(message: Message) -> SafeString:
+    """A message's key as ``name=value, ...``, for display (``visible``)."""
+    return visible(", ".join(f"{name}={value}" for name, value in message.key_dict.items()))
+
+
 @dataclass(frozen=True, slots=True)
 class Payload:
     """A payload as shown: ``kind`` is json, text, hex or empty; ``text`` is never HTML."""
@@ -151,6 +192,16 @@ class Payload:
     def preview(self) -> str:
         flat = " ".join(self.text.split())
         return flat if len(flat) <= PREVIEW_CHARS else flat[: PREVIEW_CHARS - 1] + "…"
+
+    @property
+    def html(self) -> SafeString:
+        """``text`` for display (``visible``)."""
+        return visible(self.text)
+
+    @property
+    def preview_html(self) -> SafeString:
+        """``preview`` for display (``visible``)."""
+        return visible(self.preview)
 
 
 def hex_dump(data: bytes, width: int = 16) -> str:
@@ -172,7 +223,7 @@ def render_payload(data: bytes, *, pretty: bool = True) -> Payload:
         return Payload("hex", hex_dump(data) if pretty else data.hex(" "), len(data))
     try:
         value = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # (JSON nested too deeply for Python is text here)
         return Payload("text", text, len(data))
     if not pretty:
         return Payload("json", text, len(data))

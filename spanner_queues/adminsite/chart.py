@@ -18,16 +18,26 @@ MAX_POINTS = 300
 SERIES = ("total", "ready", "scheduled", "leased")
 
 
+#: what the pages call each series (the states' names stay in URLs and CSS classes): a due
+#: message waits for a receiver, a leased one is in flight
+SERIES_LABELS = {"total": "total", "ready": "due", "scheduled": "scheduled", "leased": "in flight"}
+
+
 @dataclass(frozen=True, slots=True)
 class Series:
     name: str
     points: str
     last: int
 
+    @property
+    def label(self) -> str:
+        return SERIES_LABELS.get(self.name, self.name)
+
 
 @dataclass(frozen=True, slots=True)
 class DepthChart:
-    """Polylines in a ``width`` x ``height`` box; y grows downwards, ``peak`` is the top."""
+    """Polylines in a ``width`` x ``height`` box; y grows downwards. ``peak``: the highest
+    count drawn (0 for a queue that stayed empty); the top of the box is ``peak`` (1 when 0)."""
 
     width: int
     height: int
@@ -72,7 +82,8 @@ def depth_chart(
         return None
     start, end = samples[0].measured_at, samples[-1].measured_at
     span = (end - start).total_seconds() or 1.0
-    peak = max(max(getattr(s, name) for name in series) for s in samples) or 1
+    peak = max(max(getattr(s, name) for name in series) for s in samples)
+    scale = peak or 1  # an always-empty queue: flat at the bottom, and its peak is 0
     pad = 2
     inner_w, inner_h = width - 2 * pad, height - 2 * pad
 
@@ -80,7 +91,7 @@ def depth_chart(
         x = pad + inner_w * ((sample.measured_at - start).total_seconds() / span)
         if len(samples) == 1:
             x = pad + inner_w
-        return x, pad + inner_h * (1 - value / peak)
+        return x, pad + inner_h * (1 - value / scale)
 
     lines = []
     for name in series:

@@ -27,6 +27,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
+from django.utils.safestring import SafeString
 
 from spanner_queues import clock
 from spanner_queues.adminsite.actions import (
@@ -39,11 +40,14 @@ from spanner_queues.adminsite.actions import (
     replay_target,
 )
 from spanner_queues.adminsite.browse import (
+    STATE_LABELS,
     STATES,
     Payload,
     get_messages,
     has_bookkeeping,
+    key_text,
     key_token,
+    label_html,
     messages_queryset,
     ordering,
     parse_key_token,
@@ -51,6 +55,7 @@ from spanner_queues.adminsite.browse import (
     search_filter,
     state_filter,
     state_of,
+    visible,
 )
 from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
@@ -105,6 +110,19 @@ class QueueRow:
     dead_letter_of: list[str]
     chart: DepthChart | None
 
+    @property
+    def label_html(self) -> SafeString:
+        return label_html(self.label)
+
+    @property
+    def dead_letter_html(self) -> SafeString:
+        return label_html(self.dead_letter_queue or "")
+
+
+#: seconds between the overview's own refreshes (``static/spanner_queues/admin/overview.js``
+#: fetches the page again and swaps its counts; the operator can pause it)
+OVERVIEW_REFRESH_SECONDS = 5
+
 
 @dataclass(frozen=True, slots=True)
 class MessageRow:
@@ -115,6 +133,11 @@ class MessageRow:
     url: str
     state: str
     payload: Payload
+    key_text: SafeString  # the key for display, bidi controls made visible
+
+    @property
+    def state_label(self) -> str:
+        return STATE_LABELS[self.state]
 
 
 class RescheduleForm(forms.Form):
@@ -217,6 +240,7 @@ class QueuesAdmin(admin.ModelAdmin):
             url=self._url("message", model._meta.label_lower, key_token(message.key)),
             state=state_of(message, now),
             payload=render_payload(message.payload, pretty=False),
+            key_text=key_text(message),
         )
 
     # --- overview ---------------------------------------------------------------------------
@@ -262,6 +286,7 @@ class QueuesAdmin(admin.ModelAdmin):
             "Queues",
             rows=rows,
             now=clock.now(),
+            refresh_seconds=OVERVIEW_REFRESH_SECONDS,
         )
         return TemplateResponse(request, "spanner_queues/admin/overview.html", context)
 
@@ -298,7 +323,11 @@ class QueuesAdmin(admin.ModelAdmin):
         state_choices = [
             {"display": "All", "selected": not state, "query": query(state="", p="")},
             *(
-                {"display": s.capitalize(), "selected": state == s, "query": query(state=s)}
+                {
+                    "display": STATE_LABELS[s].capitalize(),
+                    "selected": state == s,
+                    "query": query(state=s),
+                }
                 for s in STATES
                 if s != "leased" or bookkeeping
             ),
@@ -328,6 +357,7 @@ class QueuesAdmin(admin.ModelAdmin):
             ),
             dead_letter_queue=dead_letter_target(model),
             replays_to=replay_target(model),
+            max_attempts_limit=queue_options(model).max_attempts,
         )
         return TemplateResponse(request, "spanner_queues/admin/messages.html", context)
 
@@ -346,7 +376,7 @@ class QueuesAdmin(admin.ModelAdmin):
             str(message),
             **self._queue_context(model),
             row=self._row(model, message, clock.now()),
-            key_items=list(message.key_dict.items()),
+            key_items=[(name, visible(str(v))) for name, v in message.key_dict.items()],
             payload=render_payload(message.payload),
             actions=actions_for(model, request.user),
             selected_name=SELECTED,

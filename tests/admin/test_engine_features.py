@@ -46,7 +46,7 @@ def test_engine_without_bookkeeping_hides_attempts_and_leases(
     assert "Lease expires" not in html and "Attempts" not in html
     assert [c["display"] for c in response.context["state_choices"]] == [
         "All",
-        "Ready",
+        "Due",
         "Scheduled",
     ]
     assert operator_client.get(queue_url("testapp.Jobs"), {"state": "ready"}).context[

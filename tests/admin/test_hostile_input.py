@@ -3,6 +3,7 @@ times and unknown queues answer cleanly, permission first; ack checks the messag
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -82,3 +83,45 @@ def test_ack_refuses_a_message_changed_since_it_was_shown(
     assert "Nothing was changed" in notes(done)[0]
     assert bytes(Jobs.objects.get(id="k").payload) == b"new"
     assert log_entries(Jobs) == []
+
+
+# --- bidi controls and deep JSON (issue 23) ----------------------------------------------------
+#: right-to-left override, isolate, zero-width space: text that reads other than it is
+_SPOOF = "invoice\u202egpj.exe\u2067x\u200b"
+
+
+def test_bidi_controls_in_keys_and_payloads_are_shown_as_visible_marks(
+    operator_client: Client,
+) -> None:
+    Jobs.send(id=_SPOOF, payload=json_text({"file": _SPOOF}))
+    token = key_token((_SPOOF,))
+    pages = {
+        "listing": operator_client.get(queue_url("testapp.Jobs")),
+        "message": operator_client.get(f"{queue_url('testapp.Jobs')}messages/{token}/"),
+        "confirm": run(operator_client, "testapp.Jobs", "ack", [token])[0],
+    }
+    for name, response in pages.items():
+        assert response.status_code == 200, name
+        # (form values carry the key as it is; they are sent back, never shown)
+        html = re.sub(r' value="[^"]*"', "", response.content.decode())
+        for char in "\u202e\u2067\u200b":
+            assert char not in html, f"{name} page renders U+{ord(char):04X} raw"
+    for name in ("listing", "message"):
+        html = pages[name].content.decode()
+        assert 'title="RIGHT-TO-LEFT OVERRIDE">U+202E</span>' in html, name
+        assert ">U+2067</span>" in html and ">U+200B</span>" in html, name
+
+
+def json_text(value: Any) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)
+
+
+def test_a_payload_of_json_nested_2000_deep_is_shown_as_text(operator_client: Client) -> None:
+    """A bytes queue stores any bytes: the pages rendered it through ``json.loads`` (a 500 with
+    ``RecursionError``)."""
+    Jobs.send(id="deep", payload="[" * 2000 + "]" * 2000)
+    assert operator_client.get(queue_url("testapp.Jobs")).status_code == 200
+    detail = operator_client.get(f"{queue_url('testapp.Jobs')}messages/deep/")
+    assert detail.status_code == 200 and detail.context["payload"].kind == "text"

@@ -75,6 +75,7 @@ def test_demo_serves_the_admin_and_stops_cleanly(tmp_path: Path, signum: int) ->
     wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=30)
     with sqlite3.connect(tmp_path / "demo-project.sqlite3") as db:
         live = db.execute(
-            "SELECT worker_id FROM ops_workerheartbeats WHERE worker_id NOT LIKE 'crashed-%'"
+            "SELECT worker_id FROM ops_workerheartbeats"
+            " WHERE worker_id NOT LIKE 'simulated-crash-%'"
         ).fetchall()
     assert live == []  # the worker deleted its heartbeat on the way out

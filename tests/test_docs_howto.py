@@ -1,0 +1,119 @@
+"""The how-to pages say what the code does: the defaults they name for ``runqueueworker`` are the
+command's own, and the snippets of ``docs/howto/testing.md`` run as shown."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spanner_queues.management.commands.runqueueworker import Command
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+pytestmark = pytest.mark.engine_independent  # the pages and the code, no database
+
+
+def _argparse_defaults() -> dict[str, Any]:
+    parser = Command().create_parser("manage.py", "runqueueworker")
+    return {
+        option: action.default
+        for action in parser._actions
+        for option in action.option_strings
+        if option.startswith("--")
+    }
+
+
+def _is_number(text: str) -> bool:
+    return re.fullmatch(r"\d+(\.\d+)?", text) is not None
+
+
+def test_commands_reference_states_the_argparse_defaults() -> None:
+    """Each option's "default" cell is the parser's default: a number where the parser has one,
+    a word (adaptive, off, none, ...) where it has ``None``/``False``."""
+    defaults = _argparse_defaults()
+    text = (DOCS / "reference" / "commands.md").read_text()
+    rows = re.findall(r"^\| `(--[a-z-]+)[^`]*` \| ([^|]+) \|", text, re.M)
+    assert len(rows) >= 10
+    for option, cell in rows:
+        cell = cell.strip().strip("`")
+        default = defaults[option]
+        if default is None or default is False:
+            assert not _is_number(cell), f"{option}: documented {cell!r}, the parser has none"
+        elif isinstance(default, (int, float)):
+            assert _is_number(cell) and float(cell) == default, (option, cell, default)
+        else:
+            assert cell == str(default), (option, cell, default)
+
+
+#: "`--prefetch 1` (the default)", "`--batch-size 10` (default)" in running text
+_NAMED_DEFAULT = re.compile(r"`(--[a-z-]+) ([^`]+)` \((?:the )?default\)")
+
+
+def test_howto_pages_name_the_argparse_defaults() -> None:
+    defaults = _argparse_defaults()
+    for page in sorted((DOCS / "howto").rglob("*.md")):
+        for option, value in _NAMED_DEFAULT.findall(page.read_text()):
+            default = defaults[option]
+            assert default is not None and str(default) == value, (
+                f"{page.name}: `{option} {value}` is called the default; the command's is "
+                f"{'adaptive/none' if default is None else default}"
+            )
+
+
+# --- docs/howto/testing.md: the page's project, built and tested --------------------------------
+_BLOCK = re.compile(r"^```(python|ini)\n(.*?)^```", re.S | re.M)
+
+
+def _blocks(text: str) -> list[str]:
+    return [code for _lang, code in _BLOCK.findall(text)]
+
+
+def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, f"{' '.join(args)} exited {done.returncode}:\n{output}"
+    return output
+
+
+@pytest.mark.slow
+def test_testing_page_snippets_run_as_shown(tmp_path: Path) -> None:
+    """The quickstart's project plus every block of "Test your app..." (each names its file and
+    has its imports), then ``pytest`` with the page's ``pytest.ini``: every test passes."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SQ_", "PYTEST"))}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's spanner_queues
+    _run(["-m", "django", "startproject", "mysite", str(tmp_path)], ROOT, env)
+    _run(["manage.py", "startapp", "tasks"], tmp_path, env)
+    installed, databases, model = _blocks((DOCS / "quickstart.md").read_text())[:3]
+    assert installed.startswith("INSTALLED_APPS") and databases.startswith("DATABASES")
+    with (tmp_path / "mysite" / "settings.py").open("a") as settings:
+        settings.write("\n" + installed + "\n" + databases)
+    (tmp_path / "tasks" / "models.py").write_text(model)
+
+    page = (DOCS / "howto" / "testing.md").read_text()
+    own = page.split("## Test your app on SQLite", 1)[1]
+    files: dict[str, str] = {}
+    for code in _blocks(own):
+        header = re.match(r"# (\S+\.(?:py|ini))\n", code)
+        assert header, f"a block of testing.md does not name its file:\n{code}"
+        files[header.group(1)] = code
+    assert {"pytest.ini", "conftest.py", "tasks/tests.py", "mysite/settings_test.py"} <= set(files)
+    for name, code in files.items():
+        (tmp_path / name).write_text(code)
+    tests = sum(len(re.findall(r"^ *def test_", code, re.M)) for code in files.values())
+    assert tests >= 8
+
+    _run(["manage.py", "makemigrations", "tasks"], tmp_path, env)
+    _run(["manage.py", "check", "--fail-level", "WARNING", "--settings", "mysite.settings_test"],
+         tmp_path, env)  # fmt: skip
+    output = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider"], tmp_path, env)
+    assert re.search(rf"\b{tests} passed\b", output) and "skipped" not in output, output
