@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from spanner_queues import clock, controls
 from spanner_queues.exceptions import TimeLimitExceeded
 from spanner_queues.options import queue_options
-from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.state import Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -73,6 +73,8 @@ class TimeLimits:
         self.lock = threading.Lock()
         #: receiver threads by ident -> their deliveries, while inside a call with a limit
         self.running_now: dict[int, list[Delivery]] = {}
+        #: receiver threads by ident -> monotonic time their call started (for the logs)
+        self.started: dict[int, float] = {}
         self.wake = threading.Event()
 
     @contextlib.contextmanager
@@ -89,6 +91,8 @@ class TimeLimits:
                 if d.deadline is None:
                     d.deadline = deadline
             self.running_now[ident] = deliveries
+            first = min(d.deadline for d in deliveries if d.deadline is not None)
+            self.started[ident] = first - limit
         self.wake.set()
         try:
             yield
@@ -99,6 +103,7 @@ class TimeLimits:
                 try:
                     with self.lock:
                         self.running_now.pop(ident, None)
+                        self.started.pop(ident, None)
                         if any(d.timed_out for d in deliveries):
                             _set_async_exc(ident, None)  # one not yet delivered lands nowhere
                     break
@@ -124,7 +129,7 @@ class TimeLimits:
                 if now >= deadline and not any(d.timed_out for d in deliveries):
                     self.interrupt(ident, deliveries, now - deadline)
                 elif now >= deadline + self.grace and not any(d.stuck for d in deliveries):
-                    self.give_up(deliveries)
+                    self.give_up(deliveries, ident)
             time.sleep(TICK)
 
     def interrupt(self, ident: int, deliveries: list[Delivery], late: float) -> None:
@@ -134,20 +139,27 @@ class TimeLimits:
             for d in deliveries:
                 d.timed_out = True  # no more renewals; no ack
             _set_async_exc(ident, TimeLimitExceeded)
+            started = self.started.get(ident)
+        took = None if started is None else time.monotonic() - started
         for d in deliveries:
             logger.warning(
                 "%s attempt %d: the receiver ran past its time limit; interrupting it (the "
                 "message goes back to the queue)",
                 d.message,
                 d.message.attempt,
-                extra={**log_extra("timed_out", d.message), "late_seconds": round(late, 3)},
+                extra=self.events.log_extra(
+                    "timed_out", d.message, took, late_seconds=round(late, 3)
+                ),
             )
             self.events.emit("timed_out", message=d.message)
         self.events.count("timed_out", len(deliveries))
 
-    def give_up(self, deliveries: list[Delivery]) -> None:
+    def give_up(self, deliveries: list[Delivery], ident: int | None = None) -> None:
         """A receiver did not leave its call within the grace after its limit: stop the worker
         and have ``run()`` raise ``WorkerStuck``."""
+        with self.lock:
+            started = self.started.get(ident) if ident is not None else None
+        took = None if started is None else time.monotonic() - started
         for d in deliveries:
             d.stuck = True
             logger.critical(
@@ -157,7 +169,7 @@ class TimeLimits:
                 d.message,
                 d.message.attempt,
                 self.grace,
-                extra=log_extra("stuck", d.message),
+                extra=self.events.log_extra("stuck", d.message, took),
             )
         with self.held.cond:
             self.held.stuck_units += 1
