@@ -69,12 +69,12 @@ class TimeLimits:
         #: the worker-wide limit in seconds for receivers without their own (None: none)
         self.default = default
         self.grace = grace
+        #: receiver threads by ident -> monotonic time their call started (for the logs)
+        self.started: dict[int, float] = {}
         #: held while a thread enters or leaves a receiver's call and while one is interrupted
         self.lock = threading.Lock()
         #: receiver threads by ident -> their deliveries, while inside a call with a limit
         self.running_now: dict[int, list[Delivery]] = {}
-        #: receiver threads by ident -> monotonic time their call started (for the logs)
-        self.started: dict[int, float] = {}
         self.wake = threading.Event()
 
     @contextlib.contextmanager
@@ -129,7 +129,7 @@ class TimeLimits:
                 if now >= deadline and not any(d.timed_out for d in deliveries):
                     self.interrupt(ident, deliveries, now - deadline)
                 elif now >= deadline + self.grace and not any(d.stuck for d in deliveries):
-                    self.give_up(deliveries, ident)
+                    self.give_up(deliveries)
             time.sleep(TICK)
 
     def interrupt(self, ident: int, deliveries: list[Delivery], late: float) -> None:
@@ -139,8 +139,7 @@ class TimeLimits:
             for d in deliveries:
                 d.timed_out = True  # no more renewals; no ack
             _set_async_exc(ident, TimeLimitExceeded)
-            started = self.started.get(ident)
-        took = None if started is None else time.monotonic() - started
+        took = self.ran(deliveries)
         for d in deliveries:
             logger.warning(
                 "%s attempt %d: the receiver ran past its time limit; interrupting it (the "
@@ -154,12 +153,9 @@ class TimeLimits:
             self.events.emit("timed_out", message=d.message)
         self.events.count("timed_out", len(deliveries))
 
-    def give_up(self, deliveries: list[Delivery], ident: int | None = None) -> None:
+    def give_up(self, deliveries: list[Delivery]) -> None:
         """A receiver did not leave its call within the grace after its limit: stop the worker
         and have ``run()`` raise ``WorkerStuck``."""
-        with self.lock:
-            started = self.started.get(ident) if ident is not None else None
-        took = None if started is None else time.monotonic() - started
         for d in deliveries:
             d.stuck = True
             logger.critical(
@@ -169,11 +165,20 @@ class TimeLimits:
                 d.message,
                 d.message.attempt,
                 self.grace,
-                extra=self.events.log_extra("stuck", d.message, took),
+                extra=self.events.log_extra("stuck", d.message, self.ran(deliveries)),
             )
         with self.held.cond:
             self.held.stuck_units += 1
         self.held.stop()
+
+    def ran(self, deliveries: list[Delivery]) -> float | None:
+        """Seconds since the receiver call of ``deliveries`` started (None: it left it)."""
+        with self.lock:
+            started = next(
+                (self.started.get(i) for i, ds in self.running_now.items() if ds is deliveries),
+                None,
+            )
+        return None if started is None else time.monotonic() - started
 
     def limit_for(self, timeout: float | None) -> float | None:
         """A receiver's own limit, else the worker's."""
