@@ -5,9 +5,13 @@
 A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
-``already_acked``, ``returned``, ``crashed``, ``timed_out``, ``renewed``, ``renewal_failed``,
-``idle``,
-``stopping``, ``summary``, ``stopped``.
+``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``timed_out``, ``renewed``,
+``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``.
+
+Log records: every record of ``spanner_queues.worker`` about one message carries the same
+``extra`` fields (``log_extra``): ``action`` (what happened: the event name, or ``stuck``,
+``dead_letter_clash``, ...), ``queue``, ``message_key``, ``attempt``, ``worker_id`` and
+``duration`` (seconds the receiver ran, rounded to the millisecond; None where it did not run).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ FINAL_EVENTS = frozenset(
         "lease_lost",
         "already_acked",
         "returned",
+        "unmatched",
         "crashed",
     }
 )
@@ -69,6 +74,8 @@ class WorkerStats:
     returned: int = 0
     #: deliveries whose receiver ran past its time limit (also counted in ``failed``)
     timed_out: int = 0
+    #: deliveries no receiver of this worker matched, given back without spending an attempt
+    unmatched: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:
@@ -127,12 +134,33 @@ class Emitter:
         with self._lock:
             setattr(self.stats, name, getattr(self.stats, name) + n)
 
+    def log_extra(
+        self, action: str, message: Message, duration: float | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """``log_extra`` with this worker's id."""
+        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
 
-def log_extra(action: str, message: Message) -> dict[str, Any]:
-    """The structured ``extra`` of a per-message log record."""
+
+#: the fields ``log_extra`` sets on every per-message record
+LOG_FIELDS = ("action", "queue", "message_key", "attempt", "worker_id", "duration")
+
+
+def log_extra(
+    action: str,
+    message: Message,
+    *,
+    worker_id: str | None = None,
+    duration: float | None = None,
+    **more: Any,
+) -> dict[str, Any]:
+    """The structured ``extra`` of a per-message log record: ``LOG_FIELDS`` (``duration`` in
+    seconds, rounded to the millisecond; None where no receiver ran), then ``more``."""
     return {
         "action": action,
         "queue": message.queue,
         "message_key": message.key,
         "attempt": message.attempt,
+        "worker_id": worker_id,
+        "duration": None if duration is None else round(duration, 3),
+        **more,
     }

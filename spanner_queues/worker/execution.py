@@ -5,7 +5,8 @@ receiver and acks the messages, in the receiver's transaction when it is ``atomi
   non-atomic receiver runs outside any transaction, then its messages are acked.
 - The ack holds the lease held now (renewals rotate it) and refuses a message whose lease was
   lost while the receiver ran (``LeaseLost``: nothing acked, the writes roll back).
-- What happens after a failure, ``Retry`` or a lost lease is ``outcomes``'s business.
+- What happens after a failure, ``Retry``, a lost lease or a message no receiver matches
+  (``NoReceiver``) is ``outcomes``'s business.
 - A receiver that raises a ``BaseException`` that is not an ``Exception``: its transaction rolls
   back, the message is left leased, the worker stops and ``run()`` raises ``WorkerCrashed``.
 - A receiver past its time limit (``limits``) is interrupted or, if it returns late, not acked:
@@ -31,7 +32,7 @@ from spanner_queues.receivers import (
     set_pending,
 )
 from spanner_queues.transactions import run_in_transaction
-from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.limits import TimeLimits
 from spanner_queues.worker.outcomes import Outcomes
 from spanner_queues.worker.state import Delivery, Holdings, Plan
@@ -96,7 +97,10 @@ class Execution:
                         started = time.monotonic()
                         self.run_unit(plan, unit)
                 except Exception:
-                    logger.exception("worker error; message(s) left to lease expiry")
+                    logger.exception(
+                        "worker error; message(s) left to lease expiry",
+                        extra=self.events.log_extra("error", unit[0].message),
+                    )
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
                     self.crash(unit, exc)
                 finally:
@@ -138,7 +142,7 @@ class Execution:
                 type(exc).__name__,
                 exc,
                 exc_info=exc,
-                extra=log_extra("crashed", d.message),
+                extra=self.events.log_extra("crashed", d.message),
             )
             self.events.emit("crashed", message=d.message, error=exc)
         with self.held.cond:
@@ -178,8 +182,8 @@ class Execution:
             return
         try:
             spec = self.registry.route(plan.specs, message)
-        except NoReceiver as exc:
-            self.outcomes.failed([delivery], exc, None)
+        except NoReceiver as exc:  # another release's receiver: give it back
+            self.outcomes.unmatched([delivery], exc, plan.specs)
             return
         self.execute(spec, [delivery])
 
@@ -191,13 +195,18 @@ class Execution:
             else:
                 todo.append(d)
         groups: dict[str, tuple[ReceiverSpec, list[Delivery]]] = {}
+        unmatched: list[Delivery] = []
+        miss: NoReceiver | None = None
         for d in todo:
             try:
                 spec = self.registry.route(plan.specs, d.message)
-            except NoReceiver as exc:
-                self.outcomes.failed([d], exc, None)
+            except NoReceiver as exc:  # another release's receiver: give it back
+                unmatched.append(d)
+                miss = exc
                 continue
             groups.setdefault(spec.name, (spec, []))[1].append(d)
+        if miss is not None:
+            self.outcomes.unmatched(unmatched, miss, plan.specs)
         for spec, group in groups.values():
             size = spec.max_batch_size or self.batch_size
             for i in range(0, len(group), size):
@@ -251,18 +260,23 @@ class Execution:
             # this thread's next message on fresh connections
             connections.close_all()
         except LeaseLost as exc:
-            self.outcomes.lease_lost(deliveries, exc)
+            self.outcomes.lease_lost(deliveries, exc, time.monotonic() - started)
         except MessageAlreadyAcked as exc:
+            duration = time.monotonic() - started
             self.events.count("already_acked", len(deliveries))
             for d in deliveries:
                 logger.warning(
                     "%s: already acked by someone else (its lease had expired); this "
                     "delivery's transaction was rolled back",
                     d.message,
-                    extra=log_extra("already_acked", d.message),
+                    extra=self.events.log_extra("already_acked", d.message, duration),
                 )
                 self.events.emit(
-                    "already_acked", message=d.message, receiver=spec.name, error=exc
+                    "already_acked",
+                    message=d.message,
+                    receiver=spec.name,
+                    duration=duration,
+                    error=exc,
                 )
         except Exception as exc:
             self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
@@ -278,7 +292,7 @@ class Execution:
                         d.message.attempt,
                         spec.name,
                         duration,
-                        extra=log_extra("acked", d.message),
+                        extra=self.events.log_extra("acked", d.message, duration),
                     )
                 self.events.emit(
                     "acked", message=d.message, receiver=spec.name, duration=duration

@@ -297,6 +297,11 @@ class Intake:
                 "%d received message(s) of %s had an expired lease; skipped",
                 len(messages) - len(fresh),
                 plan.label,
+                extra={
+                    "action": "lease_expired",
+                    "queue": plan.label,
+                    "worker_id": self.events.worker_id,
+                },
             )
         deliveries = [
             Delivery(message=m, model=plan.model, renew_at=renew_at(m, now)) for m in fresh

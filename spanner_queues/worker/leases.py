@@ -14,7 +14,7 @@ from django.db import connections
 
 from spanner_queues import api, clock
 from spanner_queues.exceptions import NotSupportedByEngine
-from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.state import Delivery, Holdings, renew_at
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -108,6 +108,6 @@ class Renewer:
             "%s attempt %d: lease renewal failed; the message is no longer this worker's",
             d.message,
             d.message.attempt,
-            extra=log_extra("lease_lost", d.message),
+            extra=self.events.log_extra("lease_lost", d.message),
         )
         self.events.emit("renewal_failed", message=d.message)

@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from spanner_queues import clock, controls
 from spanner_queues.exceptions import TimeLimitExceeded
 from spanner_queues.options import queue_options
-from spanner_queues.worker.events import Emitter, log_extra
+from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.state import Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -69,6 +69,8 @@ class TimeLimits:
         #: the worker-wide limit in seconds for receivers without their own (None: none)
         self.default = default
         self.grace = grace
+        #: receiver threads by ident -> monotonic time their call started (for the logs)
+        self.started: dict[int, float] = {}
         #: held while a thread enters or leaves a receiver's call and while one is interrupted
         self.lock = threading.Lock()
         #: receiver threads by ident -> their deliveries, while inside a call with a limit
@@ -91,6 +93,8 @@ class TimeLimits:
                 if d.deadline is None:
                     d.deadline = deadline
             self.running_now[ident] = deliveries
+            first = min(d.deadline for d in deliveries if d.deadline is not None)
+            self.started[ident] = first - limit
         self.wake.set()
         try:
             yield
@@ -101,6 +105,7 @@ class TimeLimits:
                 try:
                     with self.lock:
                         self.running_now.pop(ident, None)
+                        self.started.pop(ident, None)
                         if any(d.timed_out for d in deliveries):
                             _set_async_exc(ident, None)  # one not yet delivered lands nowhere
                     break
@@ -136,13 +141,16 @@ class TimeLimits:
             for d in deliveries:
                 d.timed_out = True  # no more renewals; no ack
             _set_async_exc(ident, TimeLimitExceeded)
+        took = self.ran(deliveries)
         for d in deliveries:
             logger.warning(
                 "%s attempt %d: the receiver ran past its time limit; interrupting it (the "
                 "message goes back to the queue)",
                 d.message,
                 d.message.attempt,
-                extra={**log_extra("timed_out", d.message), "late_seconds": round(late, 3)},
+                extra=self.events.log_extra(
+                    "timed_out", d.message, took, late_seconds=round(late, 3)
+                ),
             )
             self.events.emit("timed_out", message=d.message)
         self.events.count("timed_out", len(deliveries))
@@ -160,11 +168,20 @@ class TimeLimits:
                 d.message,
                 d.message.attempt,
                 self.grace,
-                extra=log_extra("stuck", d.message),
+                extra=self.events.log_extra("stuck", d.message, self.ran(deliveries)),
             )
         with self.held.cond:
             self.held.stuck_units += 1
         self.held.stop()
+
+    def ran(self, deliveries: list[Delivery]) -> float | None:
+        """Seconds since the receiver call of ``deliveries`` started (None: it left it)."""
+        with self.lock:
+            started = next(
+                (self.started.get(i) for i, ds in self.running_now.items() if ds is deliveries),
+                None,
+            )
+        return None if started is None else time.monotonic() - started
 
     def limit_for(self, timeout: float | None) -> float | None:
         """A receiver's own limit, else the worker's."""

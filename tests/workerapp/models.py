@@ -70,3 +70,25 @@ class Ticks(Queue):
     """A periodic schedule keyed by name."""
 
     name = models.CharField(max_length=64, primary_key=True)
+
+
+class Jobs(Queue):
+    """Receivers chosen by the ``kind`` key column, without a catch-all: a ``kind`` no receiver
+    of this process knows is what an older worker sees of a newer release (a rolling deploy)."""
+
+    kind = models.CharField(max_length=32)
+    id = models.CharField(max_length=64, default=new_id)
+    pk = models.CompositePrimaryKey("kind", "id")
+
+    class QueueMeta:
+        max_attempts = 2
+        discard_after_max_attempts = True
+
+
+class Limited(Queue):
+    """At most two of its messages run at once in one worker process."""
+
+    id = models.CharField(max_length=64, primary_key=True, default=new_id)
+
+    class QueueMeta:
+        concurrency_limit = 2

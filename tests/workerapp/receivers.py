@@ -37,7 +37,17 @@ from django.utils import timezone
 from spanner_queues import Retry, api, receiver
 from spanner_queues.message import Message
 from spanner_queues.patterns import periodic, resend_later
-from tests.workerapp.models import Dirty, Events, Pings, Tasks, Ticks, WorkItems, WorkLog
+from tests.workerapp.models import (
+    Dirty,
+    Events,
+    Jobs,
+    Limited,
+    Pings,
+    Tasks,
+    Ticks,
+    WorkItems,
+    WorkLog,
+)
 
 
 def _wait_for_file(path: str, timeout: float = 120.0) -> None:
@@ -178,3 +188,22 @@ def recompute(messages: list[Message]) -> None:
 @periodic(Ticks, every=timedelta(seconds=0.5), key={"name": "tick"})
 def tick(message: Message) -> None:
     WorkLog.objects.create(key="tick", note="tick")
+
+
+@receiver(Jobs, match={"kind": "email"})
+def job_email(message: Message) -> None:
+    WorkLog.objects.create(key=message.key[1], note="job:email")
+
+
+@receiver(Limited, atomic=False)
+def limited(message: Message) -> None:
+    """Append ``start`` and ``end`` lines (``{"key", "pid", "event"}``) to the payload's
+    ``trace`` file around ``pause`` seconds of work (not atomic: on SQLite an atomic receiver
+    holds the database's only write lock, and no two would overlap)."""
+    spec = message.json()
+    for event in ("start", "end"):
+        if event == "end":
+            time.sleep(spec.get("pause", 0))
+        line = {"key": message.key[0], "pid": os.getpid(), "event": event}
+        with open(spec["trace"], "a") as f:
+            f.write(json.dumps(line) + "\n")
