@@ -31,6 +31,7 @@ class Queues(models.Model):
             ("ack_message", "Can ack (delete) queue messages"),
             ("reschedule_message", "Can deliver queue messages now or reschedule them"),
             ("dead_letter_message", "Can move messages to and replay them from dead-letter queues"),
+            ("pause_queue", "Can pause and resume queues for every worker"),
         ]
 
     def __str__(self) -> str:

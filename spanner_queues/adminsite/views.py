@@ -5,7 +5,11 @@ URLs (under ``admin/spanner_queues/queues/``):
 - ``""``: every declared queue with its counts and depth chart (the admin index links here);
 - ``<queue label>/``: the queue's messages, filtered by state, searched by key, paginated;
 - ``<queue label>/messages/<key>/``: one message;
-- ``<queue label>/actions/``: POST only; asks for confirmation, then performs the action.
+- ``<queue label>/actions/``: POST only; asks for confirmation, then performs the action;
+- ``<queue label>/pause/``: POST only; pauses or resumes the queue for every worker
+  (``spanner_queues.pause_queue``).
+
+The overview also lists the ``@periodic`` schedules with their next run.
 
 Staff need ``spanner_queues.view_queues`` to see any page, and each action's own permission.
 """
@@ -29,7 +33,7 @@ from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.safestring import SafeString
 
-from spanner_queues import clock
+from spanner_queues import clock, controls
 from spanner_queues.adminsite.actions import (
     ACTIONS,
     VIEW_PERMISSION,
@@ -62,8 +66,13 @@ from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
 from spanner_queues.exceptions import InvalidMessage, QueueError, UnknownQueue
 from spanner_queues.keys import key_names, row_to_message
+from spanner_queues.models import rows as queue_rows
 from spanner_queues.options import queue_options
+from spanner_queues.patterns import schedules
 from spanner_queues.registry import engine_for, get_queue, queue_models
+
+#: pausing and resuming a queue from the overview
+PAUSE_PERMISSION = "spanner_queues.pause_queue"
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
@@ -109,6 +118,9 @@ class QueueRow:
     dead_letter_count: int | None
     dead_letter_of: list[str]
     chart: DepthChart | None
+    #: the pause of this queue (None: running)
+    paused: controls.PausedQueue | None = None
+    pause_url: str = ""
 
     @property
     def label_html(self) -> SafeString:
@@ -117,6 +129,41 @@ class QueueRow:
     @property
     def dead_letter_html(self) -> SafeString:
         return label_html(self.dead_letter_queue or "")
+
+
+@dataclass(frozen=True)
+class ScheduleRow:
+    """One ``@periodic`` schedule on the overview."""
+
+    queue: str
+    key: str
+    runs: str
+    #: the deliver time of its queued message (None: not seeded yet, or gone)
+    next_run: datetime | None
+    error: str = ""
+
+    @property
+    def queue_html(self) -> SafeString:
+        return label_html(self.queue)
+
+
+def _schedule_rows() -> list[ScheduleRow]:
+    """Every registered schedule, with the deliver time of the message that is its next run."""
+    found = []
+    for schedule in schedules():
+        model = get_queue(schedule.queue)
+        if schedule.cron is not None:
+            runs = f"cron {schedule.cron.expression} ({schedule.cron.zone})"
+        else:
+            runs = f"every {schedule.every}"
+        key = ", ".join(f"{k}={v!r}" for k, v in schedule.key.items())
+        try:
+            row = queue_rows(model, engine_for(model).database).filter(**schedule.key).first()
+        except (DatabaseError, QueueError) as exc:
+            found.append(ScheduleRow(model._meta.label, key, runs, None, f"{exc}"))
+            continue
+        found.append(ScheduleRow(model._meta.label, key, runs, row.deliver_time if row else None))
+    return found
 
 
 #: seconds between the overview's own refreshes (``static/spanner_queues/admin/overview.js``
@@ -183,9 +230,8 @@ class QueuesAdmin(admin.ModelAdmin):
         return [
             path("", site.admin_view(self.overview_view), name=f"{name}_changelist"),
             path("<str:queue>/", site.admin_view(self.messages_view), name=f"{name}_messages"),
-            path(
-                "<str:queue>/actions/", site.admin_view(self.action_view), name=f"{name}_action"
-            ),
+            path("<str:queue>/actions/", site.admin_view(self.action_view), name=f"{name}_action"),
+            path("<str:queue>/pause/", site.admin_view(self.pause_view), name=f"{name}_pause"),
             path(
                 "<str:queue>/messages/<str:key>/",
                 site.admin_view(self.message_view),
@@ -256,6 +302,10 @@ class QueuesAdmin(admin.ModelAdmin):
                 errors[model._meta.label] = f"{type(exc).__name__}: {exc}"
         # A GET writes nothing: depth samples are recorded by a worker or a cron job
         # (record_depth_samples); the chart ends with the live counts of this page.
+        try:
+            paused = controls.paused(models)
+        except DatabaseError:
+            paused = {}
         rows = []
         for model in models:
             label = model._meta.label
@@ -279,6 +329,8 @@ class QueuesAdmin(admin.ModelAdmin):
                     dead_letter_count=target_stats.total if target_stats else None,
                     dead_letter_of=[m._meta.label for m in sources_of(model)],
                     chart=depth_chart(recent_samples(label, stats)),
+                    paused=paused.get(label),
+                    pause_url=self._url("pause", model._meta.label_lower),
                 )
             )
         context = self._context(
@@ -287,8 +339,42 @@ class QueuesAdmin(admin.ModelAdmin):
             rows=rows,
             now=clock.now(),
             refresh_seconds=OVERVIEW_REFRESH_SECONDS,
+            can_pause=request.user.has_perm(PAUSE_PERMISSION),
+            schedules=_schedule_rows(),
         )
         return TemplateResponse(request, "spanner_queues/admin/overview.html", context)
+
+    def pause_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        """POST ``op=pause`` (with an optional ``reason``) or ``op=resume``: for every worker."""
+        self._require_view(request)  # before the queue is looked up: nothing leaks
+        model = self._queue(queue)
+        back = HttpResponseRedirect(self._url("changelist"))
+        if request.method != "POST":
+            return back
+        if not request.user.has_perm(PAUSE_PERMISSION):
+            raise PermissionDenied
+        op = request.POST.get("op")
+        label = model._meta.label
+        try:
+            if op == "pause":
+                reason = request.POST.get("reason", "").strip() or f"paused by {request.user}"
+                done = controls.pause(model, reason=reason)
+                text = f"Paused {label} for every worker" if done else f"{label} was paused"
+            elif op == "resume":
+                done = controls.resume(model)
+                text = (
+                    f"Resumed {label}: workers receive from it again"
+                    if done
+                    else (f"{label} was not paused")
+                )
+            else:
+                messages.warning(request, "Nothing was changed.")
+                return back
+        except (DatabaseError, QueueError) as exc:
+            messages.error(request, f"Nothing was changed: {exc}")
+            return back
+        messages.success(request, f"{text}.")
+        return back
 
     # --- one queue --------------------------------------------------------------------------
     def messages_view(self, request: HttpRequest, queue: str) -> HttpResponse:
