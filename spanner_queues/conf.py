@@ -109,6 +109,11 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
             f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(sorted(unknown))}."
         )
     engine = raw.get("ENGINE", TABLE_ENGINE)
+    if not isinstance(engine, str) or not engine:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['ENGINE'] must be a dotted path or one of "
+            f"{', '.join(map(repr, ENGINE_SHORTCUTS))}, not {engine!r}."
+        )
     engine = ENGINE_SHORTCUTS.get(engine, engine)
     options = dict(raw.get("OPTIONS") or {})
     known = COMMON_OPTIONS

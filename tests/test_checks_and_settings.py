@@ -269,6 +269,15 @@ def test_unknown_queue_meta_option_lists_the_known_ones() -> None:
 
 
 @pytest.mark.engine_independent
+@pytest.mark.parametrize("engine", [None, 42, ["table"], ""])
+def test_an_engine_that_is_not_a_dotted_path_is_refused(engine: object) -> None:
+    with pytest.raises(InvalidQueueEngine, match=r"\[.ENGINE.\] must be a dotted path"):
+        parse_engine("x", {"ENGINE": engine})
+    with override_settings(SPANNER_QUEUES={"default": {"ENGINE": engine}}):
+        assert "spanner_queues.E001" in _ids(check_queues())
+
+
+@pytest.mark.engine_independent
 def test_misspelt_engine_options_are_errors() -> None:
     setting = {"default": {"ENGINE": "table", "OPTIONS": {"LEASE_SECOND": 5}}}
     with override_settings(SPANNER_QUEUES=setting):

@@ -226,7 +226,7 @@ def rows(result: Any) -> list[list[Any]]:
 
 
 def string_value(text: str | None) -> Any:
-    return Value(null_value=0) if text is None else Value(string_value=text)
+    return Value(null_value=struct_pb2.NULL_VALUE) if text is None else Value(string_value=text)
 
 
 def bool_value(flag: bool) -> Any:

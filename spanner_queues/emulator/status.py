@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from typing import Any, NoReturn
+from typing import Any, NoReturn, cast
 
 import grpc
 
@@ -59,7 +59,9 @@ def abort_with(context: Any, exc: grpc.RpcError) -> NoReturn:
     ``in_spanner_words``), its trailing metadata passed on."""
     trailing = exc.trailing_metadata() if hasattr(exc, "trailing_metadata") else None
     if trailing:
+        # each item is grpc's (key, value) namedtuple _Metadatum; its stub declares no tuple
+        pairs = cast("tuple[tuple[str, str | bytes], ...]", trailing)
         context.set_trailing_metadata(
-            [(k, v) for k, v in trailing if not k.startswith(SKIP_HEADERS)]
+            [(k, v) for k, v in pairs if not k.startswith(SKIP_HEADERS)]
         )
     abort(context, exc.code(), in_spanner_words(exc.details() or ""))
