@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.models import Q
 
@@ -20,6 +20,18 @@ def key_fields(model: type[models.Model]) -> tuple[Any, ...]:
     if fields is not None:  # CompositePrimaryKey
         return tuple(fields)
     return (pk,)
+
+
+def column_field(model: type[models.Model], name: str) -> models.Field:
+    """The concrete field ``name`` of a queue model (its key, payload and bookkeeping columns
+    are concrete fields; ``get_field`` is typed to return relations and generic keys too)."""
+    return cast("models.Field", model._meta.get_field(name))
+
+
+def parent_model(model: type[models.Model], field_name: str) -> type[models.Model]:
+    """The model a queue is interleaved in: the target of its ``interleave_in_parent``
+    ForeignKey, resolved to a class once the app registry is ready."""
+    return cast("type[models.Model]", model._meta.get_field(field_name).related_model)
 
 
 def key_names(model: type[models.Model]) -> tuple[str, ...]:

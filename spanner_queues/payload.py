@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.core.serializers.json import DjangoJSONEncoder
 
@@ -39,8 +39,11 @@ DEFAULT_JSON_ENCODER: type[json.JSONEncoder] = DjangoJSONEncoder
 
 def _dumps(value: Any, *, canonical: bool, encoder: type[json.JSONEncoder] | None = None) -> bytes:
     try:
+        # (a class is hashable; mypy checks JSONEncoder's instance __hash__ against Hashable)
         return (
-            _json_encoder(encoder or DEFAULT_JSON_ENCODER, canonical).encode(value).encode("utf-8")
+            _json_encoder(encoder or DEFAULT_JSON_ENCODER, canonical)  # type: ignore[arg-type]
+            .encode(value)
+            .encode("utf-8")
         )
     except RecursionError as exc:
         raise _too_deep(value) from exc
@@ -164,7 +167,8 @@ def field_payload_type(field: models.Field) -> str:
 def payload_type(model: type[models.Model]) -> str:
     """The payload type of queue ``model`` (of its ``payload`` field, so historical models in
     migrations have it too)."""
-    return field_payload_type(model._meta.get_field("payload"))
+    # cast: the payload column is a concrete field (keys.column_field, which imports this)
+    return field_payload_type(cast("models.Field", model._meta.get_field("payload")))
 
 
 def stored_text(payload: bytes) -> str:

@@ -9,7 +9,7 @@ options, payload and exceptions. Public names stay importable from ``spanner_que
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from django.db import models
 from django.db.models.base import ModelBase
@@ -17,6 +17,11 @@ from django.db.models.base import ModelBase
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.payload import BYTES, JSON, STRING, json_value_text
+
+if TYPE_CHECKING:
+    from django.db.models.options import Options
+
+    from spanner_queues.models import Queue
 
 UPDATE_REFUSED = (
     "Queue messages cannot be updated (Spanner queues have no UPDATE). "
@@ -47,8 +52,10 @@ class QueueQuerySet(models.QuerySet):
     def _insert(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
         if not stores_bookkeeping(self.model):
             fields = [f for f in fields if f.name not in BOOKKEEPING_FIELDS]
-        return super()._insert(objs, fields, *args, **kwargs)
+        # QuerySet._insert: the private hook save and bulk_create insert through (not in stubs)
+        return super()._insert(objs, fields, *args, **kwargs)  # type: ignore[misc]
 
+    # so the manager copies it, as Django marks its own; mypy knows no attributes on functions
     _insert.queryset_only = False  # type: ignore[attr-defined]
 
     def update(self, **kwargs: Any) -> int:
@@ -103,6 +110,8 @@ class QueueBase(ModelBase):
     matching ``payload`` field (unless it declares the field itself; check E012 then compares
     the two)."""
 
+    _meta: Options[Any]  # what every class this builds has (ModelBase's stub leaves it out)
+
     def __new__(
         mcs, name: str, bases: tuple[type, ...], attrs: dict[str, Any], **kwargs: Any
     ) -> QueueBase:
@@ -115,6 +124,6 @@ class QueueBase(ModelBase):
         return super().__new__(mcs, name, bases, attrs, **kwargs)
 
 
-def is_queue(model: Any) -> bool:
+def is_queue(model: object) -> TypeGuard[type[Queue]]:
     """Whether ``model`` is a concrete queue (a non-abstract ``Queue`` subclass)."""
     return isinstance(model, QueueBase) and not model._meta.abstract

@@ -172,12 +172,12 @@ class Front:
 
     # --- pass-through --------------------------------------------------------------------
     @staticmethod
-    def _metadata(context: Any) -> list[tuple[str, str]]:
-        return [
+    def _metadata(context: Any) -> tuple[tuple[str, str | bytes], ...]:
+        return tuple(
             (k, v)
             for k, v in context.invocation_metadata()
             if not k.startswith(status.SKIP_HEADERS)
-        ]
+        )
 
     @staticmethod
     def _timeout(context: Any) -> float | None:
@@ -185,7 +185,7 @@ class Front:
         return remaining if remaining is not None and remaining < 10**8 else None
 
     def forward(self, method: str, request: bytes, context: Any) -> bytes:
-        call = self.channel.unary_unary(method)
+        call: grpc.UnaryUnaryMultiCallable[bytes, bytes] = self.channel.unary_unary(method)
         try:
             return call(request, metadata=self._metadata(context), timeout=self._timeout(context))
         except grpc.RpcError as exc:
@@ -193,9 +193,8 @@ class Front:
             raise
 
     def forward_stream(self, method: str, request: bytes, context: Any) -> Iterator[bytes]:
-        call = self.channel.unary_stream(method)(
-            request, metadata=self._metadata(context), timeout=self._timeout(context)
-        )
+        stream: grpc.UnaryStreamMultiCallable[bytes, bytes] = self.channel.unary_stream(method)
+        call = stream(request, metadata=self._metadata(context), timeout=self._timeout(context))
         context.add_callback(call.cancel)
         try:
             yield from call

@@ -253,10 +253,10 @@ def renew(
             result = backend.read(
                 session, queue.name, columns, [t.key for t in live], transaction_id=txn
             )
-            for row in b.rows(result):
-                token = row[n].string_value if row[n].HasField("string_value") else None
+            for read in b.rows(result):
+                token = read[n].string_value if read[n].HasField("string_value") else None
                 if token:
-                    current[token] = row
+                    current[token] = read
         out, updates = [], []
         expires = at + LEASE
         for token in live:

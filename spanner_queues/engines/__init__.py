@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.conf import settings
 from django.utils.connection import BaseConnectionHandler
@@ -15,6 +15,7 @@ from spanner_queues.exceptions import InvalidQueueEngine
 from spanner_queues.options import queue_options
 
 if TYPE_CHECKING:
+    from asgiref.local import Local
     from django.db.models import Model
 
 __all__ = ["BaseQueueEngine", "EngineFeatures", "QueueStats", "engine_for", "engines"]
@@ -23,6 +24,10 @@ __all__ = ["BaseQueueEngine", "EngineFeatures", "QueueStats", "engine_for", "eng
 class EngineHandler(BaseConnectionHandler):
     settings_name = "SPANNER_QUEUES"
     exception_class = InvalidQueueEngine
+    # set by BaseConnectionHandler.__init__ (django-stubs leaves them out); a settings change
+    # replaces both (apps._reset_engines) and engine_for compares the storage
+    _settings: dict[str, Any] | None
+    _connections: Local
 
     def configure_settings(self, settings_dict: dict[str, Any] | None) -> dict[str, Any]:
         configured = getattr(settings, "SPANNER_QUEUES", None)
@@ -54,7 +59,8 @@ def engine_for(model: type[Model]) -> BaseQueueEngine:
     """The engine the queue's ``QueueMeta.engine`` alias names (this thread's, as
     ``engines[alias]``)."""
     alias = queue_options(model).engine
-    cache = _this_thread.__dict__
+    # the None key holds the storage the engines came from; the others are aliases
+    cache = cast("dict[str | None, Any]", _this_thread.__dict__)
     storage = engines._connections
     if cache.get(None) is not storage:
         cache.clear()

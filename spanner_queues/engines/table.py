@@ -43,7 +43,7 @@ from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyExists,
 )
-from spanner_queues.keys import key_filter, key_names, row_to_message
+from spanner_queues.keys import column_field, key_filter, key_names, parent_model, row_to_message
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
 from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
@@ -85,7 +85,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
             # Elsewhere the parent's ForeignKey(on_delete=CASCADE) stands in for interleaving.
             schema_editor.create_model(model)
             return
-        parent = model._meta.get_field(parent_field).related_model
+        parent = parent_model(model, parent_field)
         clause = (
             f", INTERLEAVE IN PARENT {schema_editor.quote_name(parent._meta.db_table)} "
             "ON DELETE CASCADE"
@@ -169,9 +169,8 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
     ) -> None:
         """Where the database has no INTERLEAVE, refuse messages whose parent row is missing,
         as Spanner does."""
-        field = model._meta.get_field(parent_field)
-        wanted = {m.key[field.attname] for m in messages}
-        parent = field.related_model
+        wanted = {m.key[column_field(model, parent_field).attname] for m in messages}
+        parent = parent_model(model, parent_field)
         found = set(
             parent._base_manager.using(using).filter(pk__in=wanted).values_list("pk", flat=True)
         )

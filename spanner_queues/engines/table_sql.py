@@ -9,17 +9,17 @@ save over the equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.p
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import fields as dataclass_fields
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.db import connections
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
 
 from spanner_queues import clock
 from spanner_queues.engines.base import QueueStats
-from spanner_queues.keys import key_fields, key_filter, key_names
+from spanner_queues.keys import column_field, key_fields, key_filter, key_names
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.payload import BYTES, payload_type, stored_text
 
@@ -77,7 +77,7 @@ class RowStatements:
         self.using = using
         self.key = key_fields(model)
         self.fields = {
-            name: meta.get_field(name)
+            name: column_field(model, name)
             for name in ("lease_token", "lease_expires_at", "attempts", "deliver_time")
         }
         table = quote(meta.db_table)
@@ -89,7 +89,7 @@ class RowStatements:
         token = quote(self.fields["lease_token"].column)
         self.delete_leased_sql = f"{self.delete_sql} AND {token} = %s"
         self.token_sql = f"SELECT {token} FROM {table} WHERE {where}"
-        self.due_columns = (*self.key, *(meta.get_field(n) for n in self.DUE_COLUMNS))
+        self.due_columns = (*self.key, *(column_field(model, n) for n in self.DUE_COLUMNS))
         columns = ", ".join(quote(f.column) for f in self.due_columns)
         # = filter(deliver_time__lte=now).order_by("deliver_time").values_list(...)[:limit]
         self.due_sql = (
@@ -190,6 +190,9 @@ class RowStatements:
             f["attempts"],
             f["deliver_time"],
         )
+        save_expires: Callable[[datetime], Any]
+        save_deliver: Callable[[datetime], Any]
+        look_due: Callable[[datetime], Any]
         if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
             # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
             # a datetime both come to the backend's adapter (as in InsertStatement).
@@ -320,14 +323,18 @@ class InsertStatement:
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(
             # a bytes payload: never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
-            f.get_placeholder(b"", None, connection) if isinstance(f, BinaryField) else "%s"
+            # (BinaryField.get_placeholder is Django 5.2's; django-stubs 5.2.9 lacks it)
+            f.get_placeholder(b"", None, connection)  # type: ignore[attr-defined]
+            if isinstance(f, BinaryField)
+            else "%s"
             for f in fields
         )
         table = quote(meta.db_table)
         self.sql = f"INSERT INTO {table} ({columns}) VALUES ({values})" if plain else None
 
     def send(self, m: OutgoingMessage, now: datetime) -> Message:
-        """Insert ``m`` (sent at ``now``, an aware datetime) and return it as sent."""
+        """Insert ``m`` (sent at ``now``, an aware datetime) and return it as sent; only where
+        ``sql`` is not None."""
         connection = connections[self.using]  # this thread's
         # A deliver time in the past means "now", as Spanner does for Send.
         deliver_time = max(m.deliver_time, now) if m.deliver_time else now
@@ -349,7 +356,8 @@ class InsertStatement:
             else:
                 params[i] = sent if what == self._SENT else due
         with connection.cursor() as cursor:
-            cursor.execute(self.sql, params)
+            # str: callers send only where the statement has SQL (``insert.sql is not None``)
+            cursor.execute(cast("str", self.sql), params)
         return _sent_message(
             self.label, tuple(key[n] for n in self.key_names), self.key_names, m.payload,
             deliver_time, now,

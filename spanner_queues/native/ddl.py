@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from spanner_queues.exceptions import QueueConfigurationError
-from spanner_queues.keys import key_fields
+from spanner_queues.keys import key_fields, parent_model
 from spanner_queues.semantics import format_duration
 
 if TYPE_CHECKING:
@@ -114,7 +114,7 @@ def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaratio
 
     parent = None
     if options.interleave_in_parent:
-        parent = model._meta.get_field(options.interleave_in_parent).related_model._meta.db_table
+        parent = parent_model(model, options.interleave_in_parent)._meta.db_table
     return QueueDeclaration(
         name=model._meta.db_table,
         keys=tuple(_key_column(f) for f in key_fields(model)),

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from datetime import timezone as dt_timezone
+from functools import partial
 from typing import Any
 
 from spanner_queues.deadletter import dead_letter
@@ -254,12 +255,7 @@ class Outcomes:
                     self.held.next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
                     db, engine, _ = self.held.cached(d.model)
-                    run_in_transaction(
-                        lambda m=m, db=db, model=d.model, engine=engine: engine.discard(
-                            model, [m], using=db
-                        ),
-                        using=db,
-                    )
+                    run_in_transaction(partial(engine.discard, d.model, [m], using=db), using=db)
                     self.events.count("discarded")
                     logger.error(  # (no payload bytes: they may hold personal data)
                         "%s: %d attempts, discarded (discard_after_max_attempts); payload of "

@@ -43,7 +43,7 @@ def install() -> bool:
             _replays += 1
         return original(self, *args, **kwargs)
 
-    TransactionRetryHelper.retry_transaction = counted  # type: ignore[method-assign]
+    TransactionRetryHelper.retry_transaction = counted
     _installed = True
     return True
 

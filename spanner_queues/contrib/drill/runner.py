@@ -29,6 +29,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -265,8 +266,7 @@ class Drill:
                 for n in range(first, min(first + SEND_BATCH, self.options.messages))
             ]
             run_in_transaction(
-                lambda batch=batch: DrillMessage.send_many(batch, using=self.alias),
-                using=self.alias,
+                partial(DrillMessage.send_many, batch, using=self.alias), using=self.alias
             )
             self.result.sent += len(batch)
         self.result.send_seconds = time.monotonic() - began
