@@ -5,9 +5,11 @@ DDL (an ordinary table, or ``CREATE QUEUE`` on Spanner), so one migration serves
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db.migrations.operations import CreateModel, DeleteModel
+from django.db.migrations.operations.base import Operation
 
 from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
 from spanner_queues.options import KNOWN_OPTIONS, QueueOptions
@@ -33,17 +35,19 @@ def _engine(raw: dict[str, Any], database: str, *, by_database: bool) -> Any:
     return engines[aliases[0]]
 
 
-class _QueueOperation:
-    """Runs an engine's DDL verb for a queue, only in the engine's own database."""
+class _QueueOperation(Operation):
+    """Runs an engine's DDL verb for a queue, only in the engine's own database (a mixin of
+    the model operation it is listed before)."""
 
+    name: str  # the model's, set by the model operation
     queue_options: dict[str, Any]
     by_database = False
 
     def _run(self, verb: str, app_label: str, schema_editor: Any, state: Any) -> None:
-        model = state.apps.get_model(app_label, self.name)  # type: ignore[attr-defined]
+        model = state.apps.get_model(app_label, self.name)
         alias = schema_editor.connection.alias
         engine = _engine(self.queue_options, alias, by_database=self.by_database)
-        if engine.database == alias and self.allow_migrate_model(alias, model):  # type: ignore[attr-defined]
+        if engine.database == alias and self.allow_migrate_model(alias, model):
             getattr(engine, verb)(schema_editor, model, _options(self.queue_options))
 
 
@@ -63,7 +67,7 @@ class CreateQueue(_QueueOperation, CreateModel):
         self.queue_options = dict(queue_options or {})
         super().__init__(name, fields, options=options, bases=bases, managers=managers)
 
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         _name, args, kwargs = super().deconstruct()
         if self.queue_options:
             kwargs["queue_options"] = self.queue_options
@@ -109,7 +113,7 @@ class DeleteQueue(_QueueOperation, DeleteModel):
         self.queue_options = dict(queue_options or {})
         super().__init__(name)
 
-    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+    def deconstruct(self) -> tuple[str, Sequence[Any], dict[str, Any]]:
         kwargs: dict[str, Any] = {"name": self.name}
         if self.queue_options:
             kwargs["queue_options"] = self.queue_options

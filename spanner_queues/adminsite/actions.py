@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from django.contrib.admin.models import CHANGE, DELETION, LogEntry
 from django.contrib.contenttypes.models import ContentType
@@ -196,10 +197,11 @@ def perform(
     model: type[Queue],
     messages: Sequence[Message],
     *,
-    user_id: int,
+    user_id: Any,
     deliver_time: datetime | None = None,
 ) -> None:
-    """Run ``action`` on ``messages`` and record it in the admin history, in one transaction.
+    """Run ``action`` on ``messages`` and record it in the admin history (as the user whose
+    primary key is ``user_id``, of whatever type ``AUTH_USER_MODEL``'s is), in one transaction.
     A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
     db = database(model)
     content_type = ContentType.objects.db_manager(db).get_for_model(

@@ -156,7 +156,7 @@ def visible(text: str) -> SafeString:
     """``text`` as escaped HTML in which every bidi control and zero-width character is a
     visible mark (``<span class="sq-hidden-char" title="RIGHT-TO-LEFT OVERRIDE">U+202E</span>``)
     instead of acting on the text around it."""
-    parts = []
+    parts: list[str] = []
     last = 0
     for found in _HIDDEN_CHARS.finditer(text):
         char = found.group()

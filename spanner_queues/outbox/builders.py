@@ -31,10 +31,11 @@ def resolve_fields(model: type[Model], names: Iterable[str]) -> tuple[Field, ...
     by_attname = {f.attname: f for f in model._meta.concrete_fields}
     for name in names:
         try:
-            field = model._meta.get_field(name)
+            field: object = model._meta.get_field(name)
         except FieldDoesNotExist:
-            field = by_attname.get(name)  # type: ignore[assignment]
-        if field is None or not getattr(field, "concrete", False) or field.many_to_many:
+            field = by_attname.get(name)
+        # (relations and generic foreign keys are not Fields; none of them is concrete)
+        if not isinstance(field, Field) or not field.concrete or field.many_to_many:
             known = ", ".join(f.name for f in trackable(model))
             raise QueueConfigurationError(
                 f"outbox.register({model._meta.label}): {name!r} is not a concrete field; "

@@ -24,7 +24,11 @@ def possible_events(instance: Model, update_fields: frozenset[str] | None) -> tu
 
 
 def pk_has_default(instance: Model) -> bool:
-    return all(f.has_default() or f.has_db_default() for f in instance._meta.pk_fields)
+    # (Field.has_db_default is Django 5.0's; django-stubs 5.2.9 lacks it)
+    return all(
+        f.has_default() or f.has_db_default()  # type: ignore[attr-defined]
+        for f in instance._meta.pk_fields
+    )
 
 
 def classify(

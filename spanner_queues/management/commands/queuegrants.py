@@ -124,10 +124,11 @@ class Command(BaseCommand):
             raise CommandError("No queue is declared.")
         chosen: str | None = options["dialect"]
         if chosen is None:
-            engine_dialects = {
-                getattr(engine_for(m), "dialect", None) for m in models
-            } - {None}
-            names = {d.name for d in engine_dialects}
+            names = {
+                dialect.name
+                for m in models
+                if (dialect := getattr(engine_for(m), "dialect", None)) is not None
+            }
             chosen = names.pop() if len(names) == 1 else GOOGLESQL
         dialect = native_dialect(chosen)
 
