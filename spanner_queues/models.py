@@ -44,7 +44,11 @@ if TYPE_CHECKING:
     from spanner_queues.message import Message
 
 
-class QueueManager(models.Manager.from_queryset(QueueQuerySet)):  # type: ignore[misc]
+# (a module-level name: the django-stubs plugin types a manager built by from_queryset there)
+_QueueManagerBase = models.Manager.from_queryset(QueueQuerySet)
+
+
+class QueueManager(_QueueManagerBase):
     """The manager of every queue. Kept in migrations, which is how migration state tells
     queue models apart (``CreateQueue``/``DeleteQueue``)."""
 
@@ -85,6 +89,7 @@ class Queue(models.Model, metaclass=QueueBase):
         # save() inserts through the plain base manager: skip unstored bookkeeping here too.
         if not stores_bookkeeping(type(self)):
             fields = [f for f in fields if f.name not in BOOKKEEPING_FIELDS]
+        # Model._do_insert: the private hook save_base inserts through (not in django-stubs)
         return super()._do_insert(manager, using, fields, *args)  # type: ignore[misc]
 
     # --- sending -------------------------------------------------------------------------

@@ -459,6 +459,7 @@ def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tu
             f"the emulator front cannot listen on {host_port}: the port is in use (another "
             f"front or server?) or the address is not this machine's{cause}"
         )
+    # the port it got (host_port may ask for 0); grpc.Server has no attribute for it
     server.bound_port = port  # type: ignore[attr-defined]
     server.start()
     return server, front

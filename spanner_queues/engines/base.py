@@ -218,6 +218,7 @@ class BaseQueueEngine(ABC):
         checks leases (``supports_lease_checked_ack``: a row that no longer holds its token
         raises ``StaleAck``); by key alone where it does not (native Spanner)."""
         if self.features.supports_lease_checked_ack:
+            # the lease-checking engines' ack_many takes lease_tokens; the base verb does not
             self.ack_many(model, keys, using=using, lease_tokens=lease_tokens)  # type: ignore[call-arg]
         else:
             self.ack_many(model, keys, using=using)

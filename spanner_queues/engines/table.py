@@ -98,6 +98,7 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
                 sql += clause
             return execute(sql, params)
 
+        # an instance attribute over the method, for this create_model only (deleted below)
         schema_editor.execute = execute_interleaved  # type: ignore[method-assign]
         try:
             schema_editor.create_model(model)
