@@ -210,9 +210,9 @@ class Intake:
             if got:
                 continue
             if self.burst:
-                free = self.limits.next_free()
-                if free is not None:  # a rate-limited queue waits for its bucket, not done
-                    self.idle_wait(min(free, 0.2))
+                bucket_wait = self.limits.next_free()
+                if bucket_wait is not None:  # a rate-limited queue waits for its bucket
+                    self.idle_wait(min(bucket_wait, 0.2))
                     continue
                 if idle_before:
                     # A whole round found nothing due while nothing was in flight: stop once
@@ -231,8 +231,8 @@ class Intake:
                 continue
             self.events.emit("idle")
             pause = self.poll_interval * random.uniform(0.5, 1.0)
-            free = self.limits.next_free()  # a rate-limited queue waits for its bucket
-            self.idle_wait(pause if free is None else max(pause, min(free, 0.2)))
+            bucket_wait = self.limits.next_free()  # a rate-limited queue waits for its bucket
+            self.idle_wait(pause if bucket_wait is None else max(pause, min(bucket_wait, 0.2)))
             recycle_connections()
 
     def check_paused(self) -> None:
