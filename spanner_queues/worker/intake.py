@@ -225,7 +225,7 @@ class Intake:
                     # (busy 0: all finished during this round's receive; look again at once,
                     # not after the timeout)
                     self.held.cond.wait_for(
-                        lambda busy=busy: self.held.stopping or self.held.in_flight < max(busy, 1),
+                        lambda: self.held.stopping or self.held.in_flight < max(busy, 1),
                         timeout=1.0,
                     )
                 continue
