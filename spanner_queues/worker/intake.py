@@ -221,13 +221,14 @@ class Intake:
                         return
                     continue
                 with self.held.cond:  # wait for in-flight work to finish, then look again
-                    busy = self.held.in_flight
-                    # (busy 0: all finished during this round's receive; look again at once,
-                    # not after the timeout)
-                    self.held.cond.wait_for(
-                        lambda: self.held.stopping or self.held.in_flight < max(busy, 1),
-                        timeout=1.0,
-                    )
+                    # (none in flight: all finished during this round's receive; look again
+                    # at once, not after the timeout)
+                    floor = max(self.held.in_flight, 1)
+
+                    def finished(floor: int = floor) -> bool:
+                        return self.held.stopping or self.held.in_flight < floor
+
+                    self.held.cond.wait_for(finished, timeout=1.0)
                 continue
             self.events.emit("idle")
             pause = self.poll_interval * random.uniform(0.5, 1.0)
