@@ -56,7 +56,7 @@ P = ParamSpec("P")
 
 DEFAULT_QUEUE_MODEL = "spanner_queues.TaskMessage"
 
-__all__ = ["QueueBackend", "result_from_record"]
+__all__ = ["QueueBackend", "missing_task", "result_from_record", "task_of"]
 
 
 class QueueBackend(BaseTaskBackend):
@@ -222,9 +222,9 @@ def _task_at(path: str) -> Task:
     return task
 
 
-def result_from_record(record: TaskResultRecord) -> TaskResult:
-    """A ``TaskResult`` from a stored row; its task is looked up by path (the framework's
-    ``InvalidTaskError`` if the path no longer names a task)."""
+def task_of(record: TaskResultRecord) -> Task:
+    """The task of a stored row, looked up by its path (the framework's ``InvalidTaskError``
+    if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
     if (task.queue_name, task.backend, task.run_after) != (
         record.queue_name, record.backend, record.run_after
@@ -232,6 +232,41 @@ def result_from_record(record: TaskResultRecord) -> TaskResult:
         task = task.using(
             queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
         )
+    return task
+
+
+def missing_task(record: TaskResultRecord) -> Task:
+    """A stand-in for the task of a row whose path names no task in this process: its
+    ``module_path`` is the stored path, and calling it raises ``InvalidTaskError``."""
+    path = record.task_path
+    module, _, qualname = path.rpartition(".")
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise InvalidTaskError(f"{path} is not a task in this process.")
+
+    missing.__module__, missing.__qualname__ = module, qualname
+    missing.__name__ = qualname.rpartition(".")[2]
+    task = object.__new__(Task)  # (not validated: there is no function to validate)
+    for name, value in {
+        "func": missing,
+        "priority": record.priority,
+        "backend": record.backend,
+        "queue_name": record.queue_name,
+        "run_after": record.run_after,
+        "takes_context": record.takes_context,
+    }.items():
+        object.__setattr__(task, name, value)
+    return task
+
+
+def result_from_record(record: TaskResultRecord) -> TaskResult:
+    """A ``TaskResult`` from a stored row. Its task is looked up by path; if the path no
+    longer names a task in this process, the result carries a stand-in (``missing_task``)
+    whose call raises ``InvalidTaskError``."""
+    try:
+        task = task_of(record)
+    except InvalidTaskError:
+        task = missing_task(record)
     result = TaskResult(
         task=task,
         id=record.id,

@@ -5,7 +5,9 @@ receiver and acks the messages, in the receiver's transaction when it is ``atomi
   non-atomic receiver runs outside any transaction, then its messages are acked.
 - The ack holds the lease held now (renewals rotate it) and refuses a message whose lease was
   lost while the receiver ran (``LeaseLost``: nothing acked, the writes roll back).
-- What happens after a failure, ``Retry`` or a lost lease is ``outcomes``'s business.
+- What happens after a failure, ``Retry`` or a lost lease is ``outcomes``'s business; a
+  non-atomic receiver that recorded its failure and acked raises ``AckedFailure``: reported
+  failed, nothing given back.
 - A receiver that raises a ``BaseException`` that is not an ``Exception``: its transaction rolls
   back, the message is left leased, the worker stops and ``run()`` raises ``WorkerCrashed``.
 """
@@ -19,7 +21,7 @@ from collections.abc import Sequence
 from django.db import connections
 
 from spanner_queues import clock
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry
+from spanner_queues.exceptions import AckedFailure, LeaseLost, MessageAlreadyAcked, Retry
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
     NoReceiver,
@@ -250,7 +252,11 @@ class Execution:
                     "already_acked", message=d.message, receiver=spec.name, error=exc
                 )
         except Exception as exc:
-            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+            duration = time.monotonic() - started
+            if isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
+                self.outcomes.failed(deliveries, exc.error, spec, duration, acked=True)
+            else:
+                self.outcomes.failed(deliveries, exc, spec, duration)
         else:
             duration = time.monotonic() - started
             self.events.count("processed", len(deliveries))
