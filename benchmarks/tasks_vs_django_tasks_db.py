@@ -21,7 +21,8 @@ Prints the settings each backend ran with (read back from its connection: ``jour
 (spanner_queues / django-tasks-db, higher is better) next to the goals (issue 23: drain at
 least 5x, enqueue at least 1.0x, at defaults). ``--synchronous NORMAL`` runs both on
 ``PRAGMA synchronous=NORMAL`` (safe from corruption in WAL mode; a commit does not wait for an
-fsync) instead of SQLite's default ``FULL``.
+fsync) instead of SQLite's default ``FULL``; ``--conn-max-age 0`` runs both on Django's default
+``CONN_MAX_AGE`` (``db_worker`` then reconnects per task; the worker keeps its connection).
 """
 
 from __future__ import annotations
@@ -183,10 +184,17 @@ def main() -> None:
         "--synchronous", choices=["FULL", "NORMAL"], default=None,
         help="PRAGMA synchronous for both backends (default: $SQ_BENCH_SYNCHRONOUS, else FULL)",
     )
+    parser.add_argument(
+        "--conn-max-age", choices=["none", "0"], default=None,
+        help="CONN_MAX_AGE for both backends (default: $SQ_BENCH_CONN_MAX_AGE, else none: "
+        "persistent; 0 is Django's default)",
+    )
     parser.add_argument("--json", action="store_true", help="also print the raw figures")
     args = parser.parse_args()
     if args.synchronous:
         os.environ["SQ_BENCH_SYNCHRONOUS"] = args.synchronous
+    if args.conn_max_age:
+        os.environ["SQ_BENCH_CONN_MAX_AGE"] = args.conn_max_age
 
     with tempfile.TemporaryDirectory(prefix="sq-tasks-bench-") as tmp:
         setup(Path(tmp))

@@ -336,14 +336,15 @@ def missing_task(record: TaskResultRecord) -> Task:
     return task
 
 
-def result_from_record(record: TaskResultRecord) -> TaskResult:
-    """A ``TaskResult`` from a stored row. Its task is looked up by path; if the path no
-    longer names a task in this process, the result carries a stand-in (``missing_task``)
-    whose call raises ``InvalidTaskError``."""
-    try:
-        task = task_of(record)
-    except InvalidTaskError:
-        task = missing_task(record)
+def result_from_record(record: TaskResultRecord, *, task: Task | None = None) -> TaskResult:
+    """A ``TaskResult`` from a stored row. Its task (unless given) is looked up by path; if
+    the path no longer names a task in this process, the result carries a stand-in
+    (``missing_task``) whose call raises ``InvalidTaskError``."""
+    if task is None:
+        try:
+            task = task_of(record)
+        except InvalidTaskError:
+            task = missing_task(record)
     result = TaskResult(
         task=task,
         id=record.id,

@@ -123,7 +123,7 @@ def run_task(message: Message) -> None:
     from django_tasks.signals import task_finished, task_started
     from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
-    from spanner_queues.tasks.backend import result_from_record, task_of
+    from spanner_queues.tasks.backend import missing_task, result_from_record, task_of
 
     model = get_queue(message.queue)
     engine = engine_for(model)
@@ -156,15 +156,15 @@ def run_task(message: Message) -> None:
         mark_acked(message)
         return
     backend = task_backends[record.backend]
-    result = result_from_record(record)  # (a stand-in task if its function is gone)
     value: Any = None
     failure: BaseException | None = None
     try:
-        task_of(record)
+        task = task_of(record)
     except InvalidTaskError as exc:  # the function is gone (or no longer a task): FAILED
         failure = exc
+        task = missing_task(record)
+    result = result_from_record(record, task=task)
     if failure is None:
-        task = result.task
         task_started.send(type(backend), task_result=result)
         driver = driver_for(db)
 
