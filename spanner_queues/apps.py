@@ -40,3 +40,21 @@ class SpannerQueuesConfig(AppConfig):
         from spanner_queues.tasks.runner import connect
 
         connect()  # the task receiver, for the queues of each QueueBackend in TASKS
+        _enable_metrics_for_the_view()
+
+
+def _enable_metrics_for_the_view() -> None:
+    """With ``SPANNER_QUEUES_METRICS["VIEW"]`` on, count from the start (every web process
+    serves its own counts). A wrong setting or a missing prometheus-client is left to the
+    checks (E201, E202): never a start-up traceback."""
+    from spanner_queues.conf import metrics_params
+    from spanner_queues.exceptions import QueueError
+
+    try:
+        if not metrics_params().view:
+            return
+        from spanner_queues import metrics
+
+        metrics.enable()
+    except QueueError:
+        return

@@ -12,6 +12,8 @@ E011 payload, deliver_time or a bookkeeping field redeclared with another type
 E012 payload_type is not "bytes", "string" or "json", or disagrees with the payload field
 E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
 E020 concurrency_limit is not a positive int, or rate_limit not a positive number
+
+E201 SPANNER_QUEUES_METRICS is invalid  E202 metrics VIEW on without prometheus-client
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
      row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
@@ -380,3 +382,39 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
                 )
             )
     return problems
+
+
+@checks.register()
+def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E201: ``SPANNER_QUEUES_METRICS`` is invalid (the view would answer 500 on every scrape,
+    the worker refuse to serve); E202: the view is on but prometheus-client is missing."""
+    from spanner_queues.conf import MIN_SAMPLE_INTERVAL, parse_metrics
+
+    try:
+        params = parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))
+    except QueueConfigurationError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint='For example {"VIEW": True, "TOKEN": "<16 or more characters, no '
+                f'spaces>", "SAMPLE_INTERVAL_SECONDS": 30}} (at least {MIN_SAMPLE_INTERVAL:g}); '
+                "VIEW and RECORD_DEPTH_SAMPLES are True or False. See docs/howto/metrics.md.",
+                id="spanner_queues.E201",
+            )
+        ]
+    if params.view:
+        from spanner_queues.metrics import MetricsUnavailable, _prometheus
+
+        try:
+            _prometheus()
+        except MetricsUnavailable:
+            return [
+                checks.Error(
+                    "SPANNER_QUEUES_METRICS['VIEW'] is on but prometheus-client is not "
+                    "installed.",
+                    hint="pip install 'spanner-queues[metrics]' (prometheus-client), or set "
+                    "VIEW to False.",
+                    id="spanner_queues.E202",
+                )
+            ]
+    return []

@@ -183,6 +183,8 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
 
 # --- SPANNER_QUEUES_METRICS -----------------------------------------------------------------
 METRICS_KEYS = frozenset({"VIEW", "TOKEN", "SAMPLE_INTERVAL_SECONDS", "RECORD_DEPTH_SAMPLES"})
+#: the shortest interval between reads of the queue gauges (and depth samples), in seconds
+MIN_SAMPLE_INTERVAL = 1.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,23 +214,33 @@ def parse_metrics(raw: Any) -> MetricsParams:
             f"Known: {', '.join(sorted(METRICS_KEYS))}."
         )
     token = raw.get("TOKEN")
-    if token is not None and (not isinstance(token, str) or len(token) < 16):
+    if token is not None and (
+        not isinstance(token, str)
+        or len(token) < 16
+        or any(c.isspace() for c in token)
+    ):
         raise InvalidQueueEngine(
-            "SPANNER_QUEUES_METRICS['TOKEN'] must be a string of at least 16 characters."
+            "SPANNER_QUEUES_METRICS['TOKEN'] must be a string of at least 16 characters, "
+            "without spaces (a bearer token)."
         )
     interval = raw.get("SAMPLE_INTERVAL_SECONDS", 30.0)
     if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-        0 < interval < float("inf")
+        MIN_SAMPLE_INTERVAL <= interval < float("inf")
     ):
         raise InvalidQueueEngine(
-            "SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'] must be a positive number, "
-            f"not {interval!r}."
+            "SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'] must be a number of seconds, at "
+            f"least {MIN_SAMPLE_INTERVAL:g}, not {interval!r}."
         )
+    for key in ("VIEW", "RECORD_DEPTH_SAMPLES"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES_METRICS[{key!r}] must be True or False, not {raw[key]!r}."
+            )
     return MetricsParams(
-        view=bool(raw.get("VIEW", False)),
+        view=raw.get("VIEW", False),
         token=token,
         sample_interval=float(interval),
-        record_depth_samples=bool(raw.get("RECORD_DEPTH_SAMPLES", True)),
+        record_depth_samples=raw.get("RECORD_DEPTH_SAMPLES", True),
     )
 
 

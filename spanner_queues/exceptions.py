@@ -109,6 +109,19 @@ class WorkerStuck(QueueError):
     restart the process; ``runqueueworker`` exits with status 3. The stuck message's lease is no
     longer renewed, so it is delivered again."""
 
+class AckedFailure(QueueError):
+    """Raised by a non-atomic receiver that recorded its failure and acked its message in a
+    transaction of its own (the Tasks runner, for a task that ``FAILED``): the worker reports
+    the run as failed (logged with ``error``'s traceback, counted in ``failed``, a ``failed``
+    event with ``acked=True``) and neither counts a delivery failure nor gives the message
+    back. From an ``atomic`` receiver (whose ack rolled back with it) it is a plain failure.
+    """
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        #: what the receiver's work raised
+        self.error = error
+
 
 class Retry(QueueError):
     """Raised by a receiver: ack the message and send it again under the same key, due later.

@@ -241,7 +241,7 @@ class WorkerMetrics:
             m.leases_lost.labels(queue).inc()
         if name in OUTCOMES:
             m.outcomes.labels(queue, name).inc()
-        if name == "acked":
+        if name == "acked" or (name == "failed" and event.acked):  # (a task FAILED, acked)
             m.ack_count.labels(queue).inc()
         elif name == "retried":  # Retry: the engine acked and re-sent it in one transaction
             m.ack_count.labels(queue).inc()

@@ -6,15 +6,20 @@
 transaction: the task commits with the caller's writes or not at all. ``manage.py
 runqueueworker`` runs it. See ``docs/howto/tasks.md``.
 
-``QueueBackend`` is imported lazily: the models of this package load with the app whether or
-not ``django-tasks`` is installed.
+The public names: ``QueueBackend``, and the models ``TaskResultRecord`` (one row per
+enqueued task) and ``TaskMessage`` (the default task queue), all imported lazily from here::
+
+    from spanner_queues.tasks import TaskResultRecord
+
+(the models of this package load with the app whether or not ``django-tasks`` is installed;
+the models need the app registry ready, as any Django model).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["QueueBackend"]
+__all__ = ["QueueBackend", "TaskMessage", "TaskResultRecord"]
 
 
 def __getattr__(name: str) -> Any:
@@ -22,4 +27,8 @@ def __getattr__(name: str) -> Any:
         from spanner_queues.tasks.backend import QueueBackend
 
         return QueueBackend
+    if name in ("TaskMessage", "TaskResultRecord"):
+        from spanner_queues.tasks import models
+
+        return getattr(models, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

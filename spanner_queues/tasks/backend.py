@@ -46,6 +46,7 @@ from django_tasks.utils import get_random_id
 from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
+from spanner_queues.exceptions import QueueError
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.tasks.models import FINISHED, READY, TaskResultRecord, dumps
@@ -55,8 +56,10 @@ T = TypeVar("T")
 P = ParamSpec("P")
 
 DEFAULT_QUEUE_MODEL = "spanner_queues.TaskMessage"
+#: the keys of a ``QueueBackend``'s ``OPTIONS``
+OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
 
-__all__ = ["QueueBackend", "result_from_record"]
+__all__ = ["QueueBackend", "missing_task", "result_from_record", "task_of"]
 
 
 class QueueBackend(BaseTaskBackend):
@@ -68,22 +71,39 @@ class QueueBackend(BaseTaskBackend):
     supports_priority = False  # queues deliver by deliver time; no engine orders by priority
 
     def __init__(self, alias: str, params: dict) -> None:
+        """Never raises on wrong ``OPTIONS`` (it runs in ``AppConfig.ready()``): ``check()``
+        reports them (E102, E103) and the wrong values are left out here."""
         super().__init__(alias, params)
-        self.queue_models: dict[str, str] = dict(self.options.get("QUEUE_MODELS", {}))
+        models = self.options.get("QUEUE_MODELS", {})
+        self.queue_models: dict[str, str] = (
+            {k: v for k, v in models.items() if isinstance(v, str)}
+            if isinstance(models, dict) else {}
+        )
         #: whether a task runs in the transaction that records its success and acks it
-        self.atomic_tasks = bool(self.options.get("ATOMIC_TASKS", True))
+        self.atomic_tasks = self.options.get("ATOMIC_TASKS", True) is not False
         retention = self.options.get("RESULT_RETENTION_SECONDS")
-        self.result_retention = timedelta(seconds=retention) if retention is not None else None
+        self.result_retention = (
+            timedelta(seconds=retention) if _is_positive_number(retention) else None
+        )
 
     # --- configuration ----------------------------------------------------------------------
     def queue_model(self, queue_name: str) -> Any:
         """The queue model of ``queue_name``."""
         return get_queue(self.queue_models.get(queue_name, DEFAULT_QUEUE_MODEL))
 
-    def all_queue_models(self) -> list[Any]:
-        """Every queue model this backend sends to (the default one included)."""
+    def all_queue_models(self, *, declared_only: bool = False) -> list[Any]:
+        """Every queue model this backend sends to (the default one included);
+        ``declared_only``: leave out labels that name no declared queue (E102) instead of
+        raising ``UnknownQueue``."""
         labels = {DEFAULT_QUEUE_MODEL, *self.queue_models.values()}
-        return [get_queue(label) for label in sorted(labels)]
+        out = []
+        for label in sorted(labels):
+            try:
+                out.append(get_queue(label))
+            except QueueError:
+                if not declared_only:
+                    raise
+        return out
 
     def databases(self) -> list[str]:
         """The databases of this backend's queues (its result rows live beside them)."""
@@ -96,12 +116,18 @@ class QueueBackend(BaseTaskBackend):
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         yield from check_django_tasks_installed()
-        for name, label in self.queue_models.items():
+        yield from self._check_options()
+        models = self.options.get("QUEUE_MODELS", {})
+        for name, label in (models.items() if isinstance(models, dict) else []):
+            where = f"TASKS[{self.alias!r}]['OPTIONS']['QUEUE_MODELS'][{name!r}]"
             try:
                 model = get_queue(label)
             except Exception as exc:
                 yield checks.Error(
-                    f"TASKS[{self.alias!r}] QUEUE_MODELS[{name!r}]: {exc}",
+                    f"{where} = {label!r} is not a declared queue ({exc}).",
+                    hint="Name a queue model of an app in INSTALLED_APPS ('app_label.Model', "
+                    "declared as in docs/howto/tasks.md, 'Several queues'), or remove the "
+                    f"entry: queue_name {name!r} then goes to {DEFAULT_QUEUE_MODEL}.",
                     id="spanner_queues.E102",
                 )
                 continue
@@ -112,11 +138,54 @@ class QueueBackend(BaseTaskBackend):
                 or payload_type(model) != JSON
             ):
                 yield checks.Error(
-                    f"TASKS[{self.alias!r}] QUEUE_MODELS[{name!r}]: {model._meta.label} needs a "
-                    "CharField primary key of at least 64 characters (the task result id) and "
-                    'QueueMeta.payload_type = "json".',
+                    f"{where}: {model._meta.label} needs a CharField primary key of at least "
+                    '64 characters (the task result id) and QueueMeta.payload_type = "json".',
+                    hint="Declare it with `id = models.CharField(max_length=64, "
+                    'primary_key=True)` and `class QueueMeta: payload_type = "json"`.',
                     id="spanner_queues.E102",
                 )
+
+    def _check_options(self) -> Iterable[checks.CheckMessage]:
+        """E103: unknown ``OPTIONS`` keys and wrong values (left out by ``__init__``)."""
+        where = f"TASKS[{self.alias!r}]['OPTIONS']"
+        if not isinstance(self.options, dict):
+            yield checks.Error(
+                f"{where} must be a dict, not {type(self.options).__name__}.",
+                hint=f"Known options: {', '.join(sorted(OPTIONS))}.",
+                id="spanner_queues.E103",
+            )
+            return
+        for key in sorted(set(self.options) - OPTIONS, key=str):
+            yield checks.Error(
+                f"{where} has the unknown option {key!r}.",
+                hint=f"Known options: {', '.join(sorted(OPTIONS))}.",
+                id="spanner_queues.E103",
+            )
+        models = self.options.get("QUEUE_MODELS", {})
+        if not isinstance(models, dict) or not all(
+            isinstance(v, str) for v in models.values()
+        ):
+            yield checks.Error(
+                f"{where}['QUEUE_MODELS'] must map queue names to queue labels, not "
+                f"{models!r}.",
+                hint='For example {"emails": "shop.EmailTasks"}.',
+                id="spanner_queues.E103",
+            )
+        atomic = self.options.get("ATOMIC_TASKS", True)
+        if not isinstance(atomic, bool):
+            yield checks.Error(
+                f"{where}['ATOMIC_TASKS'] must be True or False, not {atomic!r}.",
+                hint="A string such as 'False' would read as true.",
+                id="spanner_queues.E103",
+            )
+        retention = self.options.get("RESULT_RETENTION_SECONDS")
+        if retention is not None and not _is_positive_number(retention):
+            yield checks.Error(
+                f"{where}['RESULT_RETENTION_SECONDS'] must be a positive number of seconds or "
+                f"None, not {retention!r}.",
+                hint="For example 7 * 24 * 3600 (a week); None keeps every result.",
+                id="spanner_queues.E103",
+            )
 
     # --- enqueue ----------------------------------------------------------------------------
     def enqueue(self, task: Task[P, T], args: P.args, kwargs: P.kwargs) -> TaskResult[T]:  # type: ignore[valid-type]
@@ -194,6 +263,14 @@ class QueueBackend(BaseTaskBackend):
         return deleted
 
 
+def _is_positive_number(value: Any) -> bool:
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and 0 < value < float("inf")
+    )
+
+
 def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
     """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
     (registered by ``spanner_queues.tasks.runner.connect``, since Django's Tasks framework runs
@@ -222,9 +299,9 @@ def _task_at(path: str) -> Task:
     return task
 
 
-def result_from_record(record: TaskResultRecord) -> TaskResult:
-    """A ``TaskResult`` from a stored row; its task is looked up by path (the framework's
-    ``InvalidTaskError`` if the path no longer names a task)."""
+def task_of(record: TaskResultRecord) -> Task:
+    """The task of a stored row, looked up by its path (the framework's ``InvalidTaskError``
+    if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
     if (task.queue_name, task.backend, task.run_after) != (
         record.queue_name, record.backend, record.run_after
@@ -232,6 +309,42 @@ def result_from_record(record: TaskResultRecord) -> TaskResult:
         task = task.using(
             queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
         )
+    return task
+
+
+def missing_task(record: TaskResultRecord) -> Task:
+    """A stand-in for the task of a row whose path names no task in this process: its
+    ``module_path`` is the stored path, and calling it raises ``InvalidTaskError``."""
+    path = record.task_path
+    module, _, qualname = path.rpartition(".")
+
+    def missing(*args: Any, **kwargs: Any) -> Any:
+        raise InvalidTaskError(f"{path} is not a task in this process.")
+
+    missing.__module__, missing.__qualname__ = module, qualname
+    missing.__name__ = qualname.rpartition(".")[2]
+    task = object.__new__(Task)  # (not validated: there is no function to validate)
+    for name, value in {
+        "func": missing,
+        "priority": record.priority,
+        "backend": record.backend,
+        "queue_name": record.queue_name,
+        "run_after": record.run_after,
+        "takes_context": record.takes_context,
+    }.items():
+        object.__setattr__(task, name, value)
+    return task
+
+
+def result_from_record(record: TaskResultRecord, *, task: Task | None = None) -> TaskResult:
+    """A ``TaskResult`` from a stored row. Its task (unless given) is looked up by path; if
+    the path no longer names a task in this process, the result carries a stand-in
+    (``missing_task``) whose call raises ``InvalidTaskError``."""
+    if task is None:
+        try:
+            task = task_of(record)
+        except InvalidTaskError:
+            task = missing_task(record)
     result = TaskResult(
         task=task,
         id=record.id,

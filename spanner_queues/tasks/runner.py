@@ -9,13 +9,24 @@ It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the
    ``SUCCESSFUL`` status with the return value, and the ack of the message commit together.
    With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside any transaction (its writes
    commit as it makes them) and ``SUCCESSFUL`` commits with the ack after it returns.
-3. If the task raises an ``Exception``, that transaction rolls back (the task's writes with it,
-   when atomic) and a second one writes ``FAILED`` with the exception class and traceback, and
-   acks the message: a failed task is not run again (Django's Tasks semantics).
+3. If the task raises (any ``BaseException``: ``SystemExit``, ``GeneratorExit`` and
+   ``KeyboardInterrupt`` too, see below), that transaction rolls back (the task's writes with
+   it, when atomic) and a second one writes ``FAILED`` with the exception class and traceback,
+   and acks the message: a failed task is not run again (Django's Tasks semantics). A task
+   whose function is gone (its path names no task in this process) is ``FAILED`` the same way
+   (``InvalidTaskError``), without running. ``task_finished`` is then sent while the task's
+   exception is being handled (django-tasks' ``logger.exception`` logs its traceback), and
+   the receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task
+   id, queue, attempt), counts it ``failed`` and gives nothing back.
+
+``KeyboardInterrupt``: Django's immediate backend lets it through ("the user tried to
+terminate"), and so does the runner on the main thread (the test kit's ``drain``). The
+worker runs tasks in its executor threads, where Python never delivers the user's Ctrl-C
+(SIGINT is the worker's graceful stop, on the main thread): one raised there comes from the
+task's own code and is a failure like any other.
 
 The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
-task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id); an
-error before the task starts (an unknown task path) is a receiver failure the worker backs off.
+task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id).
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from django.utils.module_loading import import_string
 
 from spanner_queues import api, clock
 from spanner_queues.drivers import driver_for
+from spanner_queues.exceptions import AckedFailure
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
 from spanner_queues.registry import engine_for, get_queue
@@ -55,7 +67,7 @@ _next_prune = [0.0]
 class _TaskRaised(Exception):
     """Carries the task's own exception out of the transaction that ran it."""
 
-    def __init__(self, error: Exception) -> None:
+    def __init__(self, error: BaseException) -> None:
         super().__init__(str(error))
         self.error = error
 
@@ -91,7 +103,8 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
 
         checks.register(check_django_tasks_installed)
     for backend in backends:
-        for model in backend.all_queue_models():
+        # (a label naming no declared queue is left out: the backend's check E102 reports it)
+        for model in backend.all_queue_models(declared_only=True):
             label = model._meta.label
             if label in labels:
                 continue
@@ -106,10 +119,11 @@ def run_task(message: Message) -> None:
     """Run the task of ``message`` (see the module docstring)."""
     from django_tasks import TaskContext, TaskResultStatus, task_backends
     from django_tasks.base import TaskError
+    from django_tasks.exceptions import InvalidTaskError
     from django_tasks.signals import task_finished, task_started
     from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
-    from spanner_queues.tasks.backend import result_from_record
+    from spanner_queues.tasks.backend import missing_task, result_from_record, task_of
 
     model = get_queue(message.queue)
     engine = engine_for(model)
@@ -141,41 +155,54 @@ def run_task(message: Message) -> None:
         run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
         mark_acked(message)
         return
-    result = result_from_record(record)  # InvalidTaskError: a receiver failure, backed off
     backend = task_backends[record.backend]
-    task = result.task
-    task_started.send(type(backend), task_result=result)
-    driver = driver_for(db)
     value: Any = None
-
-    def call() -> Any:
-        try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
-            else:
-                value = task.call(*result.args, **result.kwargs)
-            return normalize_json(value)
-        except Exception as exc:
-            if backend.atomic_tasks and driver.is_retryable(exc):
-                raise  # the transaction lost a race: run it again
-            raise _TaskRaised(exc) from exc
-
-    def succeed(value: Any) -> Any:
-        _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
-        _ack(message, db)
-        return value
-
+    failure: BaseException | None = None
     try:
-        if backend.atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
-            value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
-        else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
-            value = call()
-            run_in_transaction(lambda: succeed(value), using=db, retries=retries)
-    except _TaskRaised as raised:
-        exc = raised.error
+        task = task_of(record)
+    except InvalidTaskError as exc:  # the function is gone (or no longer a task): FAILED
+        failure = exc
+        task = missing_task(record)
+    result = result_from_record(record, task=task)
+    if failure is None:
+        task_started.send(type(backend), task_result=result)
+        driver = driver_for(db)
+
+        def call() -> Any:
+            try:
+                if task.takes_context:
+                    value = task.call(
+                        TaskContext(task_result=result), *result.args, **result.kwargs
+                    )
+                else:
+                    value = task.call(*result.args, **result.kwargs)
+                return normalize_json(value)
+            except Exception as exc:
+                if backend.atomic_tasks and driver.is_retryable(exc):
+                    raise  # the transaction lost a race: run it again
+                raise _TaskRaised(exc) from exc
+            except BaseException as exc:  # SystemExit, GeneratorExit, KeyboardInterrupt...
+                if isinstance(exc, KeyboardInterrupt) and _on_main_thread():
+                    raise  # maybe the user's Ctrl-C (the test kit's drain): let it through
+                raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
+
+        def succeed(value: Any) -> Any:
+            _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
+            _ack(message, db)
+            return value
+
+        try:
+            if backend.atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
+                value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
+            else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
+                value = call()
+                run_in_transaction(lambda: succeed(value), using=db, retries=retries)
+        except _TaskRaised as raised:
+            failure = raised.error
+    if failure is not None:
         error = {
-            "exception_class_path": get_module_path(type(exc)),
-            "traceback": get_exception_traceback(exc),
+            "exception_class_path": get_module_path(type(failure)),
+            "traceback": get_exception_traceback(failure),
         }
 
         def fail() -> None:
@@ -192,8 +219,29 @@ def run_task(message: Message) -> None:
     )
     if record.status == SUCCESSFUL:
         object.__setattr__(finished, "_return_value", value)
-    task_finished.send(type(backend), task_result=finished)
+    _send_finished(task_finished, type(backend), finished, failure)
     _maybe_prune(backend)
+    if failure is not None:
+        # the worker logs it with its traceback, counts it failed, and gives nothing back
+        raise AckedFailure(failure) from failure
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _send_finished(
+    signal: Any, sender: type, result: Any, failure: BaseException | None
+) -> None:
+    """Send ``task_finished``; for a failure, while its exception is being handled, so that
+    receivers calling ``logger.exception`` (django-tasks' own) log its traceback."""
+    if failure is None:
+        signal.send(sender, task_result=result)
+        return
+    try:
+        raise failure
+    except BaseException:
+        signal.send(sender, task_result=result)
 
 
 def _finish(record: TaskResultRecord, db: str, status: str, **fields: Any) -> None:

@@ -28,7 +28,13 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from spanner_queues import api, clock
-from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError, Retry
+from spanner_queues.exceptions import (
+    AckedFailure,
+    PayloadError,
+    QueueConfigurationError,
+    QueueError,
+    Retry,
+)
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
 from spanner_queues.models import rows
@@ -224,16 +230,27 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
 
         run_in_transaction(move, using=db, retries=retries)
         return Outcome(message, RETRIED, spec.name if spec else None, exc)
+    except AckedFailure as exc:
+        if spec is None or spec.atomic:  # (its ack rolled back: an ordinary failure)
+            return _failed(model, message, spec, exc, engine, db, retries)
+        return Outcome(message, FAILED, spec.name, exc.error)  # recorded and acked (a task)
     except (Exception, NoReceiver) as exc:
-        error = exc
-        run_in_transaction(
-            lambda: engine.record_failure(model, message, error, using=db), using=db,
-            retries=retries,
-        )
-        if engine.features.supports_release:
-            api.release(message, deliver_time=clock.now() + _backoff(message, engine))
-        return Outcome(message, FAILED, spec.name if spec else None, error)
+        return _failed(model, message, spec, exc, engine, db, retries)
     return Outcome(message, ACKED, spec.name)
+
+
+def _failed(
+    model: type[Queue], message: Message, spec: Any, exc: BaseException, engine: Any, db: str,
+    retries: int,
+) -> Outcome:
+    """A failed run: count it and give the message back after its back-off."""
+    run_in_transaction(
+        lambda: engine.record_failure(model, message, exc, using=db), using=db,
+        retries=retries,
+    )
+    if engine.features.supports_release:
+        api.release(message, deliver_time=clock.now() + _backoff(message, engine))
+    return Outcome(message, FAILED, spec.name if spec else None, exc)
 
 
 def _backoff(message: Message, engine: Any) -> timedelta:

@@ -56,6 +56,8 @@ class WorkerEvent:
     duration: float | None = None
     error: BaseException | None = None
     stats: WorkerStats | None = None
+    #: a ``failed`` run whose receiver acked the message itself (``AckedFailure``)
+    acked: bool = False
 
 
 @dataclass(slots=True)

@@ -6,7 +6,8 @@ receiver and acks the messages, in the receiver's transaction when it is ``atomi
 - The ack holds the lease held now (renewals rotate it) and refuses a message whose lease was
   lost while the receiver ran (``LeaseLost``: nothing acked, the writes roll back).
 - What happens after a failure, ``Retry``, a lost lease or a message no receiver matches
-  (``NoReceiver``) is ``outcomes``'s business.
+  (``NoReceiver``) is ``outcomes``'s business; a non-atomic receiver that recorded its failure
+  and acked raises ``AckedFailure``: reported failed, nothing given back.
 - A receiver that raises a ``BaseException`` that is not an ``Exception``: its transaction rolls
   back, the message is left leased, the worker stops and ``run()`` raises ``WorkerCrashed``.
 - A receiver past its time limit (``limits``) is interrupted or, if it returns late, not acked:
@@ -22,7 +23,13 @@ from collections.abc import Sequence
 from django.db import connections
 
 from spanner_queues import clock
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry, TimeLimitExceeded
+from spanner_queues.exceptions import (
+    AckedFailure,
+    LeaseLost,
+    MessageAlreadyAcked,
+    Retry,
+    TimeLimitExceeded,
+)
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
     NoReceiver,
@@ -279,7 +286,11 @@ class Execution:
                     error=exc,
                 )
         except Exception as exc:
-            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+            duration = time.monotonic() - started
+            if isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
+                self.outcomes.failed(deliveries, exc.error, spec, duration, acked=True)
+            else:
+                self.outcomes.failed(deliveries, exc, spec, duration)
         else:
             duration = time.monotonic() - started
             self.events.count("processed", len(deliveries))

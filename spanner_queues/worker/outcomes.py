@@ -13,6 +13,8 @@
   per (queue, kind of miss) as a deployment mismatch; never failed, dead-lettered or
   discarded for it.
 - A message whose lease was lost is not acked, retried, released or dead-lettered.
+- ``AckedFailure`` from a non-atomic receiver (the Tasks runner's ``FAILED``): the run is
+  counted, logged and reported as failed; the receiver acked the message, nothing else is done.
 - At stop, prefetched messages never started are given back (``engine.return_unstarted``).
 
 Which of these an engine can do is the engine's business: nothing here reads its features.
@@ -173,7 +175,12 @@ class Outcomes:
         exc: BaseException,
         spec: ReceiverSpec | None,
         duration: float | None = None,
+        *,
+        acked: bool = False,
     ) -> None:
+        """Count, log (with ``exc``'s traceback) and report a failed run; unless the receiver
+        acked the messages itself (``acked``), count the delivery failure and give them back
+        or give up on them."""
         self.events.count("failed", len(deliveries))
         for d in deliveries:
             m = d.message
@@ -193,8 +200,9 @@ class Outcomes:
                 receiver=spec.name if spec else None,
                 duration=duration,
                 error=exc,
+                acked=acked,
             )
-            if d.lease_lost:
+            if d.lease_lost or acked:
                 continue
             db, engine, _ = self.held.cached(d.model)
             if engine.fail(d.model, m, exc, using=db).exhausted:

@@ -178,6 +178,12 @@ def test_the_view_wants_a_token_or_staff(client, settings, django_user_model) ->
         {"TOKEN": "short"},
         {"SAMPLE_INTERVAL_SECONDS": 0},
         {"SAMPLE_INTERVAL_SECONDS": "30"},
+        {"SAMPLE_INTERVAL_SECONDS": 0.001},  # ~550 depth samples a second on SQLite
+        {"VIEW": "False"},  # a string would read as true
+        {"VIEW": 1},
+        {"RECORD_DEPTH_SAMPLES": "no"},
+        {"TOKEN": " " * 24},
+        {"TOKEN": "sixteen-or-more chars with spaces"},
     ],
 )
 def test_a_wrong_setting_says_why(raw) -> None:
@@ -189,6 +195,74 @@ def test_setting_defaults() -> None:
     params = parse_metrics(None)
     assert (params.view, params.token, params.sample_interval) == (False, None, 30.0)
     assert params.record_depth_samples
+
+
+def test_the_view_setting_switches_counting_on_when_the_process_starts() -> None:
+    """A web process with ``VIEW`` on counts its sends from the start, not only once it has
+    served an authorised scrape (which is what called ``enable()`` before)."""
+    import subprocess
+
+    code = (
+        "import django, tests.settings as base\n"
+        "from django.conf import settings\n"
+        "settings.configure(**{k: getattr(base, k) for k in dir(base) if k.isupper()},"
+        f" SPANNER_QUEUES_METRICS={{'VIEW': {{view}}, 'TOKEN': {TOKEN!r}}})\n"
+        "django.setup()\n"
+        "from spanner_queues import metrics\n"
+        "print(metrics.enabled())\n"
+    )
+    for view, expected in (("True", "True"), ("False", "False")):
+        proc = subprocess.run(
+            [sys.executable, "-c", code.replace("{view}", view)], cwd=ROOT,
+            capture_output=True, text=True, timeout=300,
+            env={"PATH": "", "PYTHONPATH": str(ROOT)},
+        )
+        assert proc.stdout.strip() == expected, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"VIEW": True, "TOKEN": "short"},  # a 500 on every scrape
+        {"VIEW": "False"},
+        {"VIEW": True, "TOKEN": " " * 20},
+        {"SAMPLE_INTERVAL_SECONDS": 0.001},
+        {"VIEW": True, "TOKN": TOKEN},
+    ],
+)
+def test_manage_py_check_reports_a_wrong_metrics_setting_with_a_hint(settings, raw) -> None:
+    from spanner_queues.checks import check_metrics
+
+    settings.SPANNER_QUEUES_METRICS = raw
+    [error] = check_metrics()
+    assert error.id == "spanner_queues.E201" and "SPANNER_QUEUES_METRICS" in error.msg
+    assert error.hint
+
+
+def test_manage_py_check_wants_prometheus_client_when_the_view_is_on(
+    settings, monkeypatch
+) -> None:
+    from spanner_queues.checks import check_metrics
+
+    settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}
+    assert check_metrics() == []
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    [error] = check_metrics()
+    assert error.id == "spanner_queues.E202" and "spanner-queues[metrics]" in error.hint
+    settings.SPANNER_QUEUES_METRICS = {"VIEW": False}
+    assert check_metrics() == []
+
+
+@pytest.mark.parametrize("interval", ["0.001", "0.5", "0"])
+def test_a_metrics_interval_below_one_second_is_refused(interval) -> None:
+    from django.core.management import CommandError
+
+    from spanner_queues.management.commands.runqueueworker import Command
+
+    parser = Command().create_parser("manage.py", "runqueueworker")
+    with pytest.raises(CommandError, match=r"--metrics-interval.*at least 1"):
+        parser.parse_args(["--metrics-port", "0", "--metrics-interval", interval])
+    assert parser.parse_args(["--metrics-interval", "1"]).metrics_interval == 1.0
 
 
 # --- docs -----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ def test_a_scrape_after_known_traffic_shows_the_counts(workers, tmp_path: Path) 
     WorkItems.send_many([{"id": f"ok{i}", "payload": {}} for i in range(3)])
     WorkItems.send(id="retry", payload={"retry_after": 0.2, "trace": str(trace)})
     WorkItems.send(id="bad", payload={"fail": True})
-    w = workers("workerapp.WorkItems", "--metrics-port", "0", "--metrics-interval", "0.2", "-v0")
+    w = workers("workerapp.WorkItems", "--metrics-port", "0", "--metrics-interval", "1", "-v0")
     queue, dead = "workerapp.WorkItems", "workerapp.WorkItemsDead"
     wait_until(lambda: WorkItemsDead.objects.exists() and WorkLog.objects.count() == 4, TIMEOUT)
     wait_until(

@@ -1,12 +1,18 @@
 """The examples of Django's Tasks documentation (the django-tasks backport's usage guide),
-unchanged, against spanner_queues.tasks.QueueBackend, run by the worker."""
+unchanged, against spanner_queues.tasks.QueueBackend, run by the worker; and every python
+block of docs/howto/tasks.md, run as shown (the ``shop`` blocks as a package of their own)."""
 
 from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
 
 import pytest
 from django_tasks import TaskResultStatus, default_task_backend
 from django_tasks.exceptions import InvalidTaskError
 
+from spanner_queues.tasks import QueueBackend
 from tests.tasks import docs_context
 from tests.tasks.docs_examples import (
     calculate_meaning_of_life,
@@ -70,3 +76,164 @@ def test_priority_example_is_refused_with_the_frameworks_error() -> None:
     ``supports_priority = False`` and the framework refuses it."""
     with pytest.raises(InvalidTaskError):
         calculate_meaning_of_life.using(priority=10)
+
+
+# --- docs/howto/tasks.md: every python block runs as shown -----------------------------------
+ROOT = Path(__file__).resolve().parents[2]
+PAGE = ROOT / "docs" / "howto" / "tasks.md"
+BLOCK = re.compile(r"```python\n(.*?)```", re.S)
+CELERY = "(Celery"  # the page's "before" block: Celery code, not run here
+
+
+def page_blocks() -> list[str]:
+    return BLOCK.findall(PAGE.read_text())
+
+
+def _header(code: str) -> str:
+    first = code.splitlines()[0]
+    return first[2:] if first.startswith("# ") else ""
+
+
+def _shop_file(code: str) -> str | None:
+    """``shop/<name>.py`` for a block headed ``# shop/<name>.py[, ...]``."""
+    match = re.match(r"shop/(\w+\.py)\b", _header(code))
+    return match.group(1) if match else None
+
+
+@pytest.fixture
+def shop(tmp_path, monkeypatch):
+    """The page's ``shop`` blocks as a package on ``sys.path`` (its models.py aside: a queue
+    model needs an installed app, see the models test)."""
+    package = tmp_path / "shop"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    for code in page_blocks():
+        name = _shop_file(code)
+        if name and name != "models.py" and CELERY not in _header(code):
+            (package / name).write_text(code)
+    saved = {k: v for k, v in sys.modules.items() if k == "shop" or k.startswith("shop.")}
+    for k in saved:
+        del sys.modules[k]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield package
+    for k in [k for k in sys.modules if k == "shop" or k.startswith("shop.")]:
+        del sys.modules[k]
+    sys.modules.update(saved)
+
+
+@pytest.mark.engine_independent
+def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
+    kinds = []
+    for code in page_blocks():
+        header = _header(code)
+        if header.startswith("settings.py"):
+            kinds.append("settings")
+        elif CELERY in header:
+            kinds.append("celery")
+        elif _shop_file(code):
+            kinds.append(_shop_file(code))
+        elif code.startswith("from spanner_queues.tasks import"):
+            kinds.append("import")
+        else:
+            raise AssertionError(f"a block no test runs:\n{code}")
+    assert sorted(kinds) == sorted([
+        "settings", "import", "tasks.py", "views.py", "models.py", "test_tasks.py", "celery",
+        "signup.py",
+    ])
+
+
+def _block(kind: str) -> str:
+    for code in page_blocks():
+        if (kind == "settings" and _header(code).startswith("settings.py")) or (
+            kind == "import" and code.startswith("from spanner_queues.tasks import")
+        ) or (_shop_file(code) == kind and CELERY not in _header(code)):
+            return code
+    raise AssertionError(kind)
+
+
+@pytest.mark.engine_independent
+def test_the_settings_block_passes_the_checks_and_its_optional_line_is_a_check_error() -> None:
+    namespace: dict = {}
+    exec(_block("settings"), namespace)
+    assert {"spanner_queues", "django_tasks"} <= set(namespace["INSTALLED_APPS"])
+    backend = QueueBackend("default", namespace["TASKS"]["default"])
+    assert list(backend.check()) == []
+    uncommented = _block("settings").replace('# "QUEUE_MODELS"', '"QUEUE_MODELS"')
+    assert uncommented != _block("settings")
+    exec(uncommented, namespace)  # without a shop app: E102, no exception
+    backend = QueueBackend("default", namespace["TASKS"]["default"])
+    assert [e.id for e in backend.check()] == ["spanner_queues.E102"]
+
+
+@pytest.mark.engine_independent
+def test_the_import_block() -> None:
+    namespace: dict = {}
+    exec(_block("import"), namespace)
+    assert namespace["TaskResultRecord"]._meta.label == "spanner_queues.TaskResultRecord"
+    assert namespace["TaskMessage"]._meta.label == "spanner_queues.TaskMessage"
+
+
+@pytest.mark.engine_independent
+def test_the_queue_model_block_is_the_queue_model_the_tests_run_tasks_on() -> None:
+    """A queue model needs an installed app and a migration: the page's ``EmailTasks`` is
+    ``tests.tasksapp.models.EmailTasks`` (mapped by ``QUEUE_MODELS`` in the tests' settings),
+    statement for statement; its imports run."""
+    import ast
+    import inspect
+
+    from tests.tasksapp import models as tasksapp_models
+
+    code = _block("models.py")
+    tree = ast.parse(code)
+    imports = [n for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))]
+    exec(compile(ast.Module(body=imports, type_ignores=[]), "tasks.md", "exec"), {})
+    [documented] = [n for n in tree.body if isinstance(n, ast.ClassDef)]
+    real = ast.parse(inspect.getsource(tasksapp_models.EmailTasks)).body[0]
+    real.body = [n for n in real.body if not (  # (its docstring)
+        isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+    )]
+    assert ast.dump(documented) == ast.dump(real)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_mail(
+    shop,
+) -> None:
+    from django.contrib.auth.models import User
+    from django.core import mail
+    from django.test import RequestFactory
+    from shop.views import sign_up  # the page's blocks, as written
+
+    from spanner_queues.tasks import TaskResultRecord
+    from spanner_queues.testing import drain
+
+    response = sign_up(RequestFactory().post("/", {"username": "ada", "email": "a@b.example"}))
+    assert response.status_code == 201
+    user = User.objects.get(username="ada")
+    record = TaskResultRecord.objects.get(task_path="shop.tasks.email_welcome")
+    assert record.args == [user.pk]
+    drain("spanner_queues.TaskMessage", expect=1)
+    result = default_task_backend.get_result(record.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
+    assert mail.outbox[0].to == ["a@b.example"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_test_block_passes(shop) -> None:
+    from shop.test_tasks import test_email_welcome_sends_the_mail
+
+    test_email_welcome_sends_the_mail(db=None)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_celery_migration_after_block(shop) -> None:
+    from shop.signup import sign_up
+
+    from spanner_queues.testing import drain
+
+    user = sign_up("bob", "bob@b.example")
+    outcomes = drain("spanner_queues.TaskMessage", expect=1)
+    assert len(outcomes.acked) == 1
+    from django.core import mail
+
+    assert mail.outbox[0].to == [user.email]

@@ -39,3 +39,7 @@ def test_runqueueworker_without_arguments_runs_tasks(child_env, tmp_path) -> Non
     assert failed.errors[0].exception_class is ValueError
     assert not Thing.objects.exists()
     assert all(len(r.worker_ids) == 1 for r in results)
+    out = child.output()  # the failure is visible: counted, and logged with its traceback
+    assert " failed=1 " in out, out  # (processed: the two tasks, and other queues' messages)
+    assert 'raise ValueError(f"no thing {num}")' in out and f"id={failed.id!r}" in out, out
+    assert "NoneType: None" not in out, out

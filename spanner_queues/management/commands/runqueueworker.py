@@ -64,6 +64,17 @@ def positive_seconds(value: str) -> float:
     return number
 
 
+def sample_seconds(value: str) -> float:
+    """``--metrics-interval``: at least ``MIN_SAMPLE_INTERVAL`` (each round reads every queue's
+    stats and stores depth samples)."""
+    from spanner_queues.conf import MIN_SAMPLE_INTERVAL
+
+    number = positive_seconds(value) if value.strip() not in ("0", "0.0") else 0.0
+    if number < MIN_SAMPLE_INTERVAL:
+        raise ArgumentTypeError(f"must be at least {MIN_SAMPLE_INTERVAL:g} s, not {value}")
+    return number
+
+
 def non_negative_seconds(value: str) -> float:
     if value.strip() in ("0", "0.0"):
         return 0.0
@@ -188,9 +199,9 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--metrics-interval",
-            type=positive_seconds,
+            type=sample_seconds,
             default=None,
-            help="Seconds between reads of the queue gauges (and depth samples) "
+            help="Seconds between reads of the queue gauges (and depth samples), at least 1 "
             "(default: SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'], 30).",
         )
         parser.add_argument(

@@ -1,0 +1,30 @@
+"""Task functions of the failure tests (module-level, as the framework requires)."""
+
+from __future__ import annotations
+
+from django_tasks import task
+
+
+@task()
+def raise_value_error(n: int) -> None:
+    raise ValueError(f"task {n} failed")
+
+
+@task()
+def raise_system_exit() -> None:
+    raise SystemExit(3)
+
+
+@task()
+def raise_generator_exit() -> None:
+    raise GeneratorExit("closed")
+
+
+@task()
+def raise_keyboard_interrupt() -> None:
+    raise KeyboardInterrupt("from the task's own code")
+
+
+@task()
+def add(a: int, b: int) -> int:
+    return a + b

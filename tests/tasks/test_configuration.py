@@ -1,0 +1,80 @@
+"""A wrong ``TASKS`` setting is a system check error with a hint, never a start-up traceback;
+the task models have a public import path."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from django.core import checks
+
+from spanner_queues.receivers import ReceiverRegistry
+from spanner_queues.tasks import QueueBackend
+from spanner_queues.tasks.runner import connect
+
+ROOT = Path(__file__).resolve().parents[2]
+BAD_OPTIONS = {
+    "QUEUE_MODELS": {"emails": "shop.EmailTasks"},
+    "RESULT_RETENTION_SECONDS": "a week",
+    "ATOMIC_TASK": True,
+}
+
+
+@pytest.mark.engine_independent
+def test_an_unknown_queue_model_does_not_break_start_up(settings) -> None:
+    settings.TASKS = {
+        "default": {
+            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "QUEUES": ["default", "emails"],
+            "OPTIONS": BAD_OPTIONS,
+        }
+    }
+    registry = ReceiverRegistry()
+    assert connect(registry) == ["spanner_queues.TaskMessage"]  # the others: the checks
+
+
+@pytest.mark.engine_independent
+def test_wrong_options_are_check_errors_with_hints() -> None:
+    backend = QueueBackend("bad", {"QUEUES": ["default", "emails"], "OPTIONS": BAD_OPTIONS})
+    errors = {e.id: e for e in backend.check()}
+    assert set(errors) == {"spanner_queues.E102", "spanner_queues.E103"}, errors
+    assert all(isinstance(e, checks.Error) and e.hint for e in errors.values())
+    assert "shop.EmailTasks" in errors["spanner_queues.E102"].msg
+    assert "INSTALLED_APPS" in errors["spanner_queues.E102"].hint
+    problems = [e.msg for e in backend.check() if e.id == "spanner_queues.E103"]
+    assert any("RESULT_RETENTION_SECONDS" in m for m in problems)
+    assert any("ATOMIC_TASK" in m for m in problems)
+
+
+@pytest.mark.engine_independent
+def test_manage_py_check_reports_the_pasted_settings_block_without_a_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env={**_env(), "DJANGO_SETTINGS_MODULE": "tests.tasks.settings_misconfigured"},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert "Traceback" not in out and "UnknownQueue" not in out, out
+    assert "spanner_queues.E102" in out and "HINT:" in out, out
+    assert "spanner_queues.E103" in out, out
+
+
+def _env() -> dict[str, str]:
+    import os
+
+    return {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.engine_independent
+def test_the_task_models_have_one_public_import_path() -> None:
+    from spanner_queues.tasks import TaskMessage, TaskResultRecord
+    from spanner_queues.tasks import models as task_models
+
+    assert TaskResultRecord is task_models.TaskResultRecord
+    assert TaskMessage is task_models.TaskMessage
+    assert {"QueueBackend", "TaskMessage", "TaskResultRecord"} <= set(
+        __import__("spanner_queues.tasks", fromlist=["__all__"]).__all__
+    )

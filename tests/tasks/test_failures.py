@@ -1,0 +1,185 @@
+"""Failed tasks are visible (the traceback in the log, counted as failed by the worker and its
+metrics), tasks raising BaseExceptions or whose function is gone end FAILED, and the worker
+lives on."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from django_tasks import TaskResultStatus, default_task_backend
+from django_tasks.exceptions import InvalidTaskError
+
+from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+from tests.tasks import failing_tasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Q = TaskMessage._meta.label
+
+
+def finished(*results):
+    def check() -> bool:
+        for r in results:
+            r.refresh()
+        return all(r.is_finished for r in results)
+
+    return check
+
+
+def summary(events):
+    return next(e.stats for e in events.history if e.name == "summary")
+
+
+def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
+    run_worker, caplog
+) -> None:
+    caplog.set_level(logging.INFO)
+    result = failing_tasks.raise_value_error.enqueue(1)
+    run_worker(finished(result))
+    assert result.status == TaskResultStatus.FAILED
+    worker_records = [
+        r for r in caplog.records
+        if r.name == "spanner_queues.worker" and r.levelno >= logging.ERROR
+    ]
+    assert len(worker_records) == 1, [r.getMessage() for r in worker_records]
+    record = worker_records[0]
+    text = record.getMessage()
+    assert result.id in text and Q in text and "attempt 1" in text
+    assert record.exc_info and isinstance(record.exc_info[1], ValueError)
+    assert "task 1 failed" in caplog.text and "raise_value_error" in caplog.text
+    assert (record.queue, record.message_key, record.attempt) == (Q, (result.id,), 1)
+    # django-tasks' own task_finished line carries the traceback too (not "NoneType: None")
+    framework = [r for r in caplog.records if r.name == "django_tasks" and "FAILED" in
+                 r.getMessage()]
+    assert framework and framework[0].exc_info and framework[0].exc_info[1] is not None
+    assert "NoneType: None" not in caplog.text
+
+
+def test_failed_tasks_count_as_failed_in_the_worker_summary(run_worker) -> None:
+    results = [failing_tasks.raise_value_error.enqueue(n) for n in range(3)]
+    ok = failing_tasks.add.enqueue(1, 2)
+    events = run_worker(finished(*results, ok))
+    stats = summary(events)
+    assert stats.failed == 3  # (processed: the task that worked, and other queues' messages)
+    assert [m.key for m in events.messages("acked") if m.queue == Q] == [(ok.id,)]
+    assert sorted(m.key for m in events.messages("failed")) == sorted((r.id,) for r in results)
+    assert not events.messages("released")  # acked with FAILED: nothing given back
+    assert not TaskMessage.objects.exists()
+
+
+def test_failed_tasks_are_counted_with_the_failed_outcome_and_acked() -> None:
+    from prometheus_client import REGISTRY
+
+    from spanner_queues import metrics
+    from spanner_queues.worker import Worker
+
+    metrics.enable()
+
+    def value(name: str, **labels: str) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    outcomes = "spanner_queues_worker_messages_total"
+    before = {o: value(outcomes, queue=Q, outcome=o) for o in ("failed", "acked")}
+    acks = value("spanner_queues_message_ack_count_total", queue=Q)
+    failing_tasks.raise_value_error.enqueue(1)
+    failing_tasks.add.enqueue(1, 2)
+    Worker(
+        [TaskMessage], burst=True, install_signal_handlers=False,
+        listeners=[metrics.WorkerMetrics()],
+    ).run()
+    assert value(outcomes, queue=Q, outcome="failed") == before["failed"] + 1
+    assert value(outcomes, queue=Q, outcome="acked") == before["acked"] + 1
+    assert value("spanner_queues_message_ack_count_total", queue=Q) == acks + 2
+    # docs/prometheus/alerts.yml's TasksFailing selects this series
+    selector = _alert_selector("TasksFailing", outcomes)
+    assert selector and _matches(selector)({"queue": Q, "outcome": "failed"})
+    assert not _matches(selector)({"queue": Q, "outcome": "acked"})
+    assert not _matches(selector)({"queue": "testapp.Jobs", "outcome": "failed"})
+
+
+def _alert_selector(alert: str, metric: str) -> list[tuple[str, str, str]]:
+    """The label matchers of ``metric`` in the expression of ``alert`` in alerts.yml."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    path = Path(__file__).resolve().parents[2] / "docs/prometheus/alerts.yml"
+    rules = yaml.safe_load(path.read_text())["groups"][0]["rules"]
+    [expr] = [r["expr"] for r in rules if r["alert"] == alert]
+    inner = re.search(re.escape(metric) + r"\{([^}]*)\}", expr)
+    assert inner, expr
+    return [
+        (name, op, text.replace("\\\\", "\\"))  # (PromQL strings escape backslashes)
+        for name, op, text in re.findall(r'(\w+)\s*(=~|!=|!~|=)\s*"([^"]*)"', inner.group(1))
+    ]
+
+
+def _matches(selector: list[tuple[str, str, str]]):
+    import re
+
+    def match(labels: dict[str, str]) -> bool:
+        for name, op, text in selector:
+            got = labels.get(name, "")
+            ok = {"=": got == text, "!=": got != text}.get(op)
+            if ok is None:
+                ok = bool(re.fullmatch(text, got)) == (op == "=~")
+            if not ok:
+                return False
+        return True
+
+    return match
+
+
+@pytest.mark.parametrize(
+    "task, error",
+    [
+        (failing_tasks.raise_system_exit, SystemExit),
+        (failing_tasks.raise_generator_exit, GeneratorExit),
+        (failing_tasks.raise_keyboard_interrupt, KeyboardInterrupt),
+    ],
+)
+def test_a_task_raising_a_base_exception_is_failed_and_the_worker_lives_on(
+    run_worker, task, error
+) -> None:
+    result = task.enqueue()
+    after = failing_tasks.add.enqueue(2, 3)
+    events = run_worker(finished(result, after))  # (fails if the worker crashed)
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is error
+    assert error.__name__ in result.errors[0].traceback
+    assert after.return_value == 5
+    assert not events.messages("crashed")
+    assert not TaskMessage.objects.exists()
+
+
+def test_a_task_whose_function_is_gone_is_failed_once_and_acked(run_worker) -> None:
+    result = failing_tasks.add.enqueue(1, 1)
+    gone = "tests.tasks.failing_tasks.removed_in_this_release"
+    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    events = run_worker(lambda: not TaskMessage.objects.exists())
+    record = TaskResultRecord.objects.get(id=result.id)
+    assert record.status == "FAILED"
+    assert record.attempts == 1 and len(record.worker_ids) == 1
+    [error] = record.errors
+    assert error["exception_class_path"] == "django_tasks.exceptions.InvalidTaskError"
+    assert gone in error["traceback"]
+    assert [m.key for m in events.messages("failed")] == [(result.id,)]
+    assert summary(events).failed == 1
+    # get_result() works in a process without the function
+    stored = default_task_backend.get_result(result.id)
+    assert stored.status == TaskResultStatus.FAILED
+    assert stored.task.module_path == gone
+    assert stored.errors[0].exception_class is InvalidTaskError
+    with pytest.raises(InvalidTaskError, match=gone):
+        stored.task.call()
+
+
+def test_get_result_of_a_waiting_task_whose_function_is_gone() -> None:
+    result = failing_tasks.add.enqueue(1, 1)
+    gone = "tests.tasks.nowhere.task"
+    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    stored = default_task_backend.get_result(result.id)
+    assert stored.status == TaskResultStatus.READY and stored.args == [1, 1]
+    assert stored.task.module_path == gone
