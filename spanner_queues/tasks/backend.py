@@ -131,12 +131,8 @@ class QueueBackend(BaseTaskBackend):
                     id="spanner_queues.E102",
                 )
                 continue
-            pk = model._meta.pk
-            if (
-                getattr(pk, "max_length", None) is None
-                or pk.max_length < 64
-                or payload_type(model) != JSON
-            ):
+            max_length = getattr(model._meta.pk, "max_length", None)
+            if max_length is None or max_length < 64 or payload_type(model) != JSON:
                 yield checks.Error(
                     f"{where}: {model._meta.label} needs a CharField primary key of at least "
                     '64 characters (the task result id) and QueueMeta.payload_type = "json".',
@@ -345,7 +341,7 @@ def result_from_record(record: TaskResultRecord, *, task: Task | None = None) ->
             task = task_of(record)
         except InvalidTaskError:
             task = missing_task(record)
-    result = TaskResult(
+    result: TaskResult[Any] = TaskResult(
         task=task,
         id=record.id,
         status=TaskResultStatus(record.status),

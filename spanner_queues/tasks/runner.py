@@ -156,6 +156,8 @@ def run_task(message: Message) -> None:
         mark_acked(message)
         return
     backend = task_backends[record.backend]
+    # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
+    atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
     value: Any = None
     failure: BaseException | None = None
     try:
@@ -178,7 +180,7 @@ def run_task(message: Message) -> None:
                     value = task.call(*result.args, **result.kwargs)
                 return normalize_json(value)
             except Exception as exc:
-                if backend.atomic_tasks and driver.is_retryable(exc):
+                if atomic_tasks and driver.is_retryable(exc):
                     raise  # the transaction lost a race: run it again
                 raise _TaskRaised(exc) from exc
             except BaseException as exc:  # SystemExit, GeneratorExit, KeyboardInterrupt...
@@ -192,7 +194,7 @@ def run_task(message: Message) -> None:
             return value
 
         try:
-            if backend.atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
+            if atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
                 value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
             else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
                 value = call()
