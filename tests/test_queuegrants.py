@@ -59,6 +59,8 @@ def test_native_queue_grants_in_googlesql(native: Any) -> None:
         "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_faileddelivery "
         "TO ROLE worker;\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO ROLE worker;\n"
+        "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO ROLE worker;\n"
+        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO ROLE web;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 
@@ -78,6 +80,8 @@ def test_native_queue_grants_in_postgresql(native: Any) -> None:
         "-- spanner_queues' own tables\n"
         "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_faileddelivery TO worker;\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO worker;\n"
+        "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO worker;\n"
+        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO web;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 
@@ -98,6 +102,8 @@ def test_table_engine_queue_grants_table_privileges_and_no_functions() -> None:
         "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE testapp_usertasks TO worker;\n"
         "-- spanner_queues' own tables\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO worker;\n"
+        "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO worker;\n"
+        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO web;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 
@@ -138,3 +144,20 @@ def test_refusals(args: tuple[str, ...], error: str) -> None:
 def test_role_names_are_checked() -> None:
     with pytest.raises(CommandError, match="not a database role name"):
         grants("--role-sender", "web; DROP TABLE x", "--role-worker", "worker")
+
+
+def test_a_rate_limited_queue_adds_the_rate_buckets_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from spanner_queues import options
+    from tests.testapp.models import UserTasks
+
+    real = options.queue_options
+    monkeypatch.setattr(
+        options,
+        "queue_options",
+        lambda m: dataclasses.replace(real(m), rate_limit=5) if m is UserTasks else real(m),
+    )
+    text = grants(*ROLES, "--queue", "testapp.UserTasks", "--dialect", "postgresql")
+    assert "GRANT SELECT, INSERT, UPDATE ON TABLE spanner_queues_queuerate TO worker;\n" in text
+    assert "queuerate" not in grants(*ROLES, "--queue", "testapp.Jobs")

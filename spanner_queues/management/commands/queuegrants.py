@@ -10,8 +10,9 @@ Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-co
   and the summary read the queue) and ``EXECUTE`` on ``RECEIVE_<Q>`` and ``RENEWLEASE_<Q>``;
 - a table-engine queue: the sender gets ``INSERT ON TABLE``; the worker ``SELECT, INSERT,
   UPDATE, DELETE ON TABLE`` (claims and renewals update rows);
-- the app's own tables the worker writes: the failure ledger when a queue's engine counts no
-  deliveries, the depth samples, and the task results when ``spanner_queues.tasks`` is used.
+- the app's own tables: the failure ledger when a queue's engine counts no deliveries, the depth
+  samples, the paused queues (workers read them, the admin writes them), the rate-limit buckets
+  when a queue has ``rate_limit``, and the task results when ``spanner_queues.tasks`` is used.
 
 Your receivers' own tables are not known here: grant them to the worker role yourself.
 """
@@ -188,6 +189,16 @@ class Command(BaseCommand):
         own.append(
             Grant(("SELECT", "INSERT", "DELETE"), "TABLE", QueueDepthSample._meta.db_table, worker)
         )
+        from spanner_queues.controls import PausedQueue, QueueRate
+        from spanner_queues.options import queue_options
+
+        paused = PausedQueue._meta.db_table  # workers read it; the admin (web) pauses
+        own.append(Grant(("SELECT",), "TABLE", paused, worker))
+        own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", paused, sender))
+        if any(queue_options(m).rate_limit for m in models):  # the shared rate buckets
+            own.append(
+                Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
+            )
         from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
 
         if TaskMessage in models:  # Django's Tasks API on spanner_queues: the results table
