@@ -15,11 +15,14 @@ def run_worker() -> Callable[..., WorkerEvents]:
     """Run ``runqueueworker``'s Worker (no queue arguments: every queue with receivers, the
     task queues included) in this process until ``done()`` holds; return its events."""
 
-    def run(done: Callable[[], Any], timeout: float = 60.0) -> WorkerEvents:
+    def run(
+        done: Callable[[], Any], timeout: float = 60.0, options: dict[str, Any] | None = None
+    ) -> WorkerEvents:
         import threading
 
         events = WorkerEvents()
-        worker = Worker(install_signal_handlers=False, listeners=[events], poll_interval=0.05)
+        given = {"install_signal_handlers": False, "poll_interval": 0.05, **(options or {})}
+        worker = Worker(listeners=[events], **given)
         failures: list[BaseException] = []
 
         def target() -> None:

@@ -28,3 +28,13 @@ def raise_keyboard_interrupt() -> None:
 @task()
 def add(a: int, b: int) -> int:
     return a + b
+
+
+@task()
+def spin(seconds: float) -> None:
+    """Loops in Python (interruptible) for ``seconds``."""
+    import time
+
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        time.sleep(0.01)

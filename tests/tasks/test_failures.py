@@ -183,3 +183,18 @@ def test_get_result_of_a_waiting_task_whose_function_is_gone() -> None:
     stored = default_task_backend.get_result(result.id)
     assert stored.status == TaskResultStatus.READY and stored.args == [1, 1]
     assert stored.task.module_path == gone
+
+
+def test_a_task_past_the_workers_time_limit_ends_failed_and_the_worker_lives_on(
+    run_worker,
+) -> None:
+    from spanner_queues.exceptions import TimeLimitExceeded
+
+    result = failing_tasks.spin.enqueue(120)
+    after = failing_tasks.add.enqueue(2, 3)
+    events = run_worker(finished(result, after), options={"timeout": 0.5})
+    assert result.status == TaskResultStatus.FAILED
+    assert result.errors[0].exception_class is TimeLimitExceeded
+    assert after.return_value == 5
+    assert events.counts["timed_out"] == 1 and not events.messages("crashed")
+    assert not TaskMessage.objects.exists()
