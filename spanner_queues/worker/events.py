@@ -6,7 +6,8 @@ A listener is any callable taking a ``WorkerEvent``; one that raises is logged a
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
 ``already_acked``, ``returned``, ``crashed``, ``renewed``, ``renewal_failed``, ``idle``,
-``stopping``, ``summary``, ``stopped``.
+``stopping``, ``summary``, ``stopped``, and per queue (``queue`` set) ``receive_failed`` (each
+failed receive of a queue) and ``queue_recovered`` (its first receive that succeeded after).
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class WorkerEvent:
     duration: float | None = None
     error: BaseException | None = None
     stats: WorkerStats | None = None
+    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``)
+    queue: str | None = None
 
 
 @dataclass(slots=True)
@@ -66,6 +69,8 @@ class WorkerStats:
     already_acked: int = 0
     #: prefetched messages given back unstarted at stop
     returned: int = 0
+    #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)
+    receive_errors: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:
