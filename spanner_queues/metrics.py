@@ -266,9 +266,12 @@ class QueueGauges:
 
     def refresh(self, max_age: float | None = None) -> list[QueueStats]:
         """Read ``engine.stats()`` of every declared queue (one query per queue), unless the
-        last read is younger than ``max_age`` seconds. A queue whose read fails keeps no
-        gauge (logged)."""
-        from spanner_queues.registry import engine_for, queue_models
+        last read is younger than ``max_age`` seconds; a queue this process read (or failed to
+        read) within ``max_age`` for another purpose (the worker's summary line) is not read
+        again (``engines.stats.stats_cache``). A queue whose read fails keeps no gauge
+        (logged)."""
+        from spanner_queues.engines.stats import stats_cache
+        from spanner_queues.registry import queue_models
 
         with self._lock:
             if (
@@ -280,7 +283,7 @@ class QueueGauges:
             fresh: dict[str, QueueStats] = {}
             for model in queue_models():
                 try:
-                    fresh[model._meta.label] = engine_for(model).stats(model)
+                    fresh[model._meta.label] = stats_cache.get(model, max_age=max_age)
                 except (DatabaseError, QueueError) as exc:
                     logger.warning("queue metrics: stats of %s failed: %s", model._meta.label, exc)
             self.stats = fresh
@@ -362,7 +365,9 @@ class Sampler(threading.Thread):
         try:
             while True:
                 try:
-                    measured = self._gauges.refresh()
+                    # (a queue read within most of the interval, e.g. for the summary line,
+                    # is not read again)
+                    measured = self._gauges.refresh(max_age=self.interval * 0.9)
                     if self.record and measured:
                         from spanner_queues.monitoring import record_depth_samples
 

@@ -1,6 +1,13 @@
 """google-cloud-spanner calls that bypass the Django cursor: the ``Database`` of an alias,
 ``RENEWLEASE_<Q>`` on a strong single-use snapshot, the ``Send``/``Ack`` mutations, and the
-mapping of gRPC status errors found anywhere in an exception's cause chain."""
+mapping of gRPC status errors found anywhere in an exception's cause chain.
+
+Deadlines: queries made here (``query``: the stats, ``RENEWLEASE``) are one unary
+``ExecuteSql`` each, with a deadline (``CALL_DEADLINE_SECONDS``) and a bounded retry with
+back-off on UNAVAILABLE and RESOURCE_EXHAUSTED (``bounded_retry``). They never go through
+``Snapshot.execute_sql``, whose ``_restart_on_unavailable`` retries UNAVAILABLE at once and
+without end: with Spanner unreachable a thread spun there at 100 % CPU and a stop never
+completed. ``RECEIVE_<Q>`` has its own deadline and restarts (``receive_stream``)."""
 
 from __future__ import annotations
 
@@ -60,18 +67,89 @@ def payload_from_wire(payload_type: str, value: Any) -> bytes:
     return from_stored(value)
 
 
+#: seconds one query made here may take, retries included (``query``)
+CALL_DEADLINE_SECONDS = 10.0
+
+#: counted once per failed attempt of a ``query`` that is retried (tests and benchmarks read it:
+#: with Spanner unreachable a query makes a handful of attempts, not a spin)
+retried_attempts = 0
+
+
+def bounded_retry(deadline: float) -> Any:
+    """Retry UNAVAILABLE and RESOURCE_EXHAUSTED with exponential back-off (0.1 s doubling to
+    2 s) for at most ``deadline`` seconds in all."""
+    from google.api_core import exceptions as gexc
+    from google.api_core import retry as retries
+
+    def counted(_exc: BaseException) -> None:
+        global retried_attempts
+        retried_attempts += 1
+
+    return retries.Retry(
+        predicate=retries.if_exception_type(gexc.ServiceUnavailable, gexc.ResourceExhausted),
+        initial=0.1,
+        maximum=2.0,
+        multiplier=2.0,
+        timeout=deadline,
+        on_error=counted,
+    )
+
+
+def query(
+    database: Any,
+    sql: str,
+    params: Mapping[str, Any] | None = None,
+    param_types: Mapping[str, Any] | None = None,
+    *,
+    deadline: float = CALL_DEADLINE_SECONDS,
+) -> list[list[Any]]:
+    """The rows of ``sql`` read in a strong single-use read-only transaction: one unary
+    ``ExecuteSql`` with a deadline of ``deadline`` seconds, retries included
+    (``bounded_retry``); past it, the last error is raised (``RetryError``,
+    ``DeadlineExceeded``...). For small results (one call, no resume)."""
+    from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
+    from google.cloud.spanner_v1._helpers import (
+        _make_value_pb,
+        _merge_query_options,
+        _metadata_with_prefix,
+        _parse_list_value_pbs,
+    )
+    from google.cloud.spanner_v1.types import TransactionOptions
+    from google.protobuf.struct_pb2 import Struct
+
+    request = ExecuteSqlRequest(
+        sql=sql,
+        params=Struct(fields={k: _make_value_pb(v) for k, v in (params or {}).items()}),
+        param_types=dict(param_types or {}),
+        transaction=TransactionSelector(
+            single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+        ),
+        query_options=_merge_query_options(database._instance._client._query_options, None),
+        request_options=RequestOptions(),
+    )
+    with database.snapshot() as snapshot:  # a session, as the client picks one
+        request.session = snapshot._session.name
+        result = database.spanner_api.execute_sql(
+            request=request,
+            metadata=_metadata_with_prefix(database.name),
+            retry=bounded_retry(deadline),
+            timeout=deadline,
+        )
+    return _parse_list_value_pbs(result._pb.rows, result.metadata.row_type)
+
+
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
     """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
-    literal: old token -> (new token, new expiry)."""
+    literal: old token -> (new token, new expiry). One bounded call (``query``)."""
     from google.cloud.spanner_v1 import param_types
 
-    with database.snapshot() as snapshot:  # strong, single use
-        rows = snapshot.execute_sql(
-            sql,
-            params=dict(params),
-            param_types={name: param_types.STRING for name in params},
-        )
-        return {old: (new, expires) for old, new, expires in rows}
+    rows = query(
+        database,
+        sql,
+        params=dict(params),
+        param_types={name: param_types.STRING for name in params},
+    )
+    return {old: (new, expires) for old, new, expires in rows}
 
 
 def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any:
