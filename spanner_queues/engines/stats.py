@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from spanner_queues.transactions import forget_lost_connection
+
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
     from spanner_queues.models import Queue
@@ -120,9 +122,11 @@ class StatsCache:
 
         with self._lock:
             self.reads += 1
+        engine = engine_for(model)
         try:
-            reading = Reading(engine_for(model).stats(model), None, time.monotonic())
+            reading = Reading(engine.stats(model), None, time.monotonic())
         except Exception as exc:
+            forget_lost_connection(exc, engine.database)  # the next read reconnects
             reading = Reading(None, exc, time.monotonic())
         with self._lock:
             self._readings[key] = reading

@@ -1,0 +1,133 @@
+"""A native worker when Spanner goes away: ``runqueueworker`` children on a front of the test's
+own (``tests.process.fronts``), which is stopped (Spanner unreachable) or restarted on the same
+port (every session gone, as real Spanner deletes idle sessions and drops them on a backend
+restart). Only where the default engine runs native queues on the queue-aware front."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from spanner_queues.engines import engines
+from spanner_queues.native import client
+from tests.children import TIMEOUT, Child
+from tests.conftest import wait_until
+from tests.process.fronts import PrivateFront, ddl_of_test_database
+from tests.workerapp.models import WorkItems
+
+pytestmark = [
+    pytest.mark.process,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.requires("supports_native_queues"),
+    pytest.mark.skipif(
+        os.environ.get("DJANGO_SETTINGS_MODULE") != "tests.settings_spanner_native",
+        reason="needs the queue-aware front (its own, restarted under the worker)",
+    ),
+]
+
+#: seconds a worker whose Spanner is unreachable may take to stop after SIGTERM (the RECEIVE
+#: stream's stop waits up to 5 s; nothing else waits on Spanner)
+STOP_BOUND = 30
+
+
+@pytest.fixture
+def front(transactional_db: None) -> Iterator[PrivateFront]:
+    started = PrivateFront(settings.INSTANCE, ddl_of_test_database()).start()
+    yield started
+    started.stop()
+
+
+def _summaries(child: Child) -> int:
+    return child.output().count("processed=")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_query_to_an_unreachable_spanner_makes_a_few_attempts_and_gives_up(
+    front: PrivateFront,
+) -> None:
+    assert client.query(front.database, "SELECT 1") == [[1]]  # (its session exists)
+    front.stop()
+    before = client.retried_attempts
+    with pytest.raises(Exception) as raised:
+        client.query(front.database, "SELECT 1", deadline=3.0)
+    attempts = client.retried_attempts - before
+    # back-off 0.1 s doubling to 2 s within 3 s: a handful of attempts, not a spin
+    assert 1 <= attempts <= 10, attempts
+    assert "Unavailable" in type(raised.value).__name__ or "Retry" in type(raised.value).__name__
+
+
+def test_sigterm_stops_a_worker_whose_spanner_is_unreachable(
+    front: PrivateFront, child_env: dict[str, str], tmp_path: Path
+) -> None:
+    child = Child(
+        front.child_env(child_env),
+        tmp_path,
+        "workerapp.WorkItems",
+        "-v1",
+        "--summary-interval",
+        "0.2",
+    )
+    try:
+        wait_until(lambda: "depth: workerapp.WorkItems=0" in child.output(), timeout=TIMEOUT)
+        front.stop()  # Spanner unreachable from here on
+        # The summary lines go on (no stats read on the intake thread), the stats show the
+        # outage, and the process does not spin while it lasts.
+        wait_until(lambda: "WorkItems=? (" in child.output(), timeout=TIMEOUT)
+        seen, cpu, at = _summaries(child), _cpu_seconds(child.proc.pid), time.monotonic()
+        wait_until(lambda: _summaries(child) >= seen + 25, timeout=TIMEOUT)
+        busy = (_cpu_seconds(child.proc.pid) - cpu) / (time.monotonic() - at)
+        print(f"CPU while Spanner was unreachable: {busy:.0%} of one core")
+        child.proc.send_signal(signal.SIGTERM)
+        assert child.proc.wait(STOP_BOUND) == 0, child.output()
+        assert "stopping" in child.output()
+    finally:
+        child.kill()
+
+
+def test_a_worker_recovers_when_spanner_lost_its_sessions(
+    front: PrivateFront, child_env: dict[str, str], tmp_path: Path
+) -> None:
+    decl = engines["default"].declaration(WorkItems)
+    payload = client.wire_payload(decl.payload_type, b"{}")
+
+    def logged() -> set[str]:
+        return {row[0] for row in front.rows("SELECT `key` FROM workerapp_worklog")}
+
+    child = Child(
+        front.child_env(child_env),
+        tmp_path,
+        "workerapp.WorkItems",
+        "-v1",
+        "--summary-interval",
+        "1",
+    )
+    try:
+        front.send(decl.name, [("before",)], payload)
+        wait_until(lambda: "before" in logged(), timeout=TIMEOUT)
+        front.stop()
+        restarted_at = len(child.output())
+        front.start()  # the same port, a new emulator: every session the worker had is gone
+        front.send(decl.name, [("after1",), ("after2",)], payload)
+        wait_until(lambda: {"after1", "after2"} <= logged(), timeout=TIMEOUT)
+        # ... and no receiver run failed for it: its transaction found the session lost,
+        # closed the connection and ran again on a new one. (Without that, every run failed
+        # with "Session not found" until the new emulator, which numbers sessions 1, 2, 3...,
+        # happened to create one of the old names again; real Spanner never does.)
+        after_restart = child.output()[restarted_at:]
+        assert "attempt 1 failed" not in after_restart, after_restart
+        assert "failure failed" not in after_restart, after_restart
+        assert "lost (404 Session not found" in after_restart  # (the path it took)
+        child.proc.send_signal(signal.SIGTERM)
+        assert child.proc.wait(STOP_BOUND) == 0, child.output()
+    finally:
+        child.kill()
