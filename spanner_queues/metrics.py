@@ -73,6 +73,8 @@ METRIC_NAMES = frozenset(
         "spanner_queues_worker_in_flight_messages",
         "spanner_queues_worker_lease_renewals_total",
         "spanner_queues_worker_leases_lost_total",
+        "spanner_queues_worker_receive_errors_total",
+        "spanner_queues_worker_queue_failing",
     }
 )
 
@@ -147,6 +149,19 @@ class _Metrics:
             "before it could ack them.",
             ["queue"],
         )
+        self.receive_errors = prom.Counter(
+            "spanner_queues_worker_receive_errors",
+            "Receives of the queue that raised in the worker in this process (a dropped queue, "
+            "a missing grant, the database unreachable); the queue backs off alone.",
+            ["queue"],
+        )
+        self.queue_failing = prom.Gauge(
+            "spanner_queues_worker_queue_failing",
+            "1 while the worker in this process cannot receive from the queue (its receives "
+            "fail in a row, it backs off), 0 once a receive succeeds again.",
+            ["queue"],
+            multiprocess_mode="livemax",
+        )
         self.gauges = QueueGauges()
         prom.REGISTRY.register(_QueueCollector(self.gauges))
 
@@ -206,7 +221,8 @@ def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
 # --- the worker's events --------------------------------------------------------------------
 class WorkerMetrics:
     """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
-    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, and
+    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, failed
+    receives per queue and whether a queue is failing now, and
     the acks of finished messages (``message_ack_count``) and the ack and send of each
     ``Retry`` (``message_send_count``)."""
 
@@ -219,6 +235,11 @@ class WorkerMetrics:
     def __call__(self, event: WorkerEvent) -> None:
         message = event.message
         if message is None:
+            if event.queue is not None and event.name == "receive_failed":
+                self._m.receive_errors.labels(event.queue).inc()
+                self._m.queue_failing.labels(event.queue).set(1)
+            elif event.queue is not None and event.name == "queue_recovered":
+                self._m.queue_failing.labels(event.queue).set(0)
             return
         m, name, queue = self._m, event.name, message.queue
         ident = (queue, message.key)

@@ -119,6 +119,20 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     assert value(in_flight, queue=Q) == base
 
 
+def test_a_failing_queue_is_counted_and_shown_failing_until_it_recovers() -> None:
+    listen = metrics.WorkerMetrics()
+    errors = "spanner_queues_worker_receive_errors_total"
+    failing = "spanner_queues_worker_queue_failing"
+    before = value(errors, queue=Q)
+    for _ in range(3):
+        listen(WorkerEvent(name="receive_failed", worker_id="w", queue=Q, error=KeyError()))
+    assert value(errors, queue=Q) == before + 3
+    assert value(failing, queue=Q) == 1
+    listen(WorkerEvent(name="queue_recovered", worker_id="w", queue=Q))
+    assert value(failing, queue=Q) == 0
+    assert value(errors, queue=Q) == before + 3
+
+
 # --- gauges ---------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_the_gauges_read_engine_stats_of_every_queue() -> None:
