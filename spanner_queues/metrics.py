@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
-from spanner_queues.exceptions import QueueConfigurationError, QueueError
+from spanner_queues.exceptions import QueueConfigurationError, QueueError, QueueUnavailable
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -290,9 +290,10 @@ class QueueGauges:
         last read is younger than ``max_age`` seconds; a queue this process read (or failed to
         read) within ``max_age`` for another purpose (the worker's summary line) is not read
         again (``engines.stats.stats_cache``). A queue whose read fails keeps no gauge
-        (logged)."""
+        (logged); once a database did not answer within the engine's deadline
+        (``QueueUnavailable``), its other queues are not asked in this refresh."""
         from spanner_queues.engines.stats import stats_cache
-        from spanner_queues.registry import queue_models
+        from spanner_queues.registry import engine_for, queue_models
 
         with self._lock:
             if (
@@ -302,10 +303,16 @@ class QueueGauges:
             ):
                 return list(self.stats.values())
             fresh: dict[str, QueueStats] = {}
+            unreachable: set[str] = set()  # engine aliases whose database did not answer
             for model in queue_models():
+                alias = engine_for(model).alias
+                if alias in unreachable:
+                    continue  # (one deadline per refresh, not one per queue)
                 try:
                     fresh[model._meta.label] = stats_cache.get(model, max_age=max_age)
                 except (DatabaseError, QueueError) as exc:
+                    if isinstance(exc, QueueUnavailable):
+                        unreachable.add(alias)
                     logger.warning("queue metrics: stats of %s failed: %s", model._meta.label, exc)
             self.stats = fresh
             self.measured = time.monotonic()

@@ -2,7 +2,10 @@
 (``concurrency`` threads, each holding up to ``depth`` units; a batch queue fills one slot
 with up to ``batch_size`` messages); with ``depth > 1`` it claims again only when fewer than
 ``concurrency`` units are left waiting. Received messages whose lease already expired are
-skipped. Between rounds it re-seeds the periodic schedules and emits summaries.
+skipped. Between rounds it re-seeds the periodic schedules and emits summaries. A queue whose
+receive raises fails alone (``QueueHealth``): it is skipped until its back-off has passed
+(``QUEUE_BACKOFF_*``), the other queues are asked as usual, and its first receive that succeeds
+ends the episode (``receive_failed`` / ``queue_recovered`` events, one log line each way).
 
 ``depth`` is ``prefetch`` when given. Adaptive (``prefetch=None``, the default) it starts at 1
 and is recomputed after each receive from the moving average ``d`` of a unit's run time: it

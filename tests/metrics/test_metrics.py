@@ -149,6 +149,29 @@ def test_the_gauges_read_engine_stats_of_every_queue() -> None:
     assert value("spanner_queues_buffered_ready_messages", queue=Q) == 3
 
 
+@pytest.mark.django_db
+def test_an_unreachable_database_costs_one_deadline_per_refresh_not_one_per_queue(
+    monkeypatch,
+) -> None:
+    from spanner_queues.engines import engines
+    from spanner_queues.engines.stats import stats_cache
+    from spanner_queues.exceptions import QueueUnavailable
+
+    calls = []
+
+    def unreachable(self, model):
+        calls.append(model)
+        raise QueueUnavailable("the database did not answer within the deadline")
+
+    monkeypatch.setattr(type(engines["default"]), "stats", unreachable)
+    stats_cache.clear()
+    try:
+        assert metrics.QueueGauges().refresh() == []
+    finally:
+        stats_cache.clear()
+    assert len(calls) == 1
+
+
 def test_every_metric_name_is_exported() -> None:
     text = generate_latest(REGISTRY).decode()
     assert metrics.METRIC_NAMES <= set(metrics.metric_names_in(text))

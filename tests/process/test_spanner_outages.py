@@ -87,8 +87,10 @@ def test_sigterm_stops_a_worker_whose_spanner_is_unreachable(
         wait_until(lambda: _summaries(child) >= seen + 25, timeout=TIMEOUT)
         busy = (_cpu_seconds(child.proc.pid) - cpu) / (time.monotonic() - at)
         print(f"CPU while Spanner was unreachable: {busy:.0%} of one core")
+        signalled = time.monotonic()
         child.proc.send_signal(signal.SIGTERM)
         assert child.proc.wait(STOP_BOUND) == 0, child.output()
+        print(f"stopped {time.monotonic() - signalled:.1f} s after SIGTERM")
         assert "stopping" in child.output()
     finally:
         child.kill()
