@@ -85,6 +85,19 @@ class PrivateFront:
         self.database.create().result(120)
         return self
 
+    def burn_session_names(self, count: int = 300) -> None:
+        """Create (and forget) ``count`` sessions: the emulator numbers sessions 1, 2, 3...
+        per process, so a client's session names would soon exist again on a restarted
+        emulator, which real Spanner never does. After this, sessions made before a restart
+        keep names the restarted emulator does not reach in a test."""
+        api = self.database.spanner_api
+        left = count
+        while left > 0:
+            made = api.batch_create_sessions(
+                database=self.database.name, session_count=min(left, 100)
+            )
+            left -= len(made.session)
+
     def stop(self) -> None:
         process, self._process = self._process, None
         if process is not None:
