@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -19,7 +19,7 @@ from spanner_queues.native import client
 from tests.children import TIMEOUT, Child
 from tests.conftest import wait_until
 from tests.process.fronts import PrivateFront, ddl_of_test_database
-from tests.workerapp.models import WorkItems
+from tests.workerapp.models import Tasks, WorkItems
 
 pytestmark = [
     pytest.mark.process,
@@ -96,11 +96,25 @@ def test_sigterm_stops_a_worker_whose_spanner_is_unreachable(
         child.kill()
 
 
+@pytest.mark.parametrize(
+    "model, key",
+    [
+        # with max_attempts: the worker also reads the failure ledger through the Django cursor
+        (WorkItems, lambda name: (name,)),
+        # without: RECEIVE is the only read of the receive loop
+        (Tasks, lambda name: ("email", name)),
+    ],
+    ids=["with-failure-ledger", "receive-only"],
+)
 def test_a_worker_recovers_when_spanner_lost_its_sessions(
-    front: PrivateFront, child_env: dict[str, str], tmp_path: Path
+    front: PrivateFront,
+    child_env: dict[str, str],
+    tmp_path: Path,
+    model: type,
+    key: Callable[[str], tuple[str, ...]],
 ) -> None:
-    decl = engines["default"].declaration(WorkItems)
-    payload = client.wire_payload(decl.payload_type, b"{}")
+    decl = engines["default"].declaration(model)
+    payload = client.wire_payload(decl.payload_type, b"{}" if model is WorkItems else b"")
 
     front.burn_session_names()  # (as on real Spanner, no name comes back after the restart)
 
@@ -110,18 +124,18 @@ def test_a_worker_recovers_when_spanner_lost_its_sessions(
     child = Child(
         front.child_env(child_env),
         tmp_path,
-        "workerapp.WorkItems",
+        model._meta.label,
         "-v1",
         "--summary-interval",
         "1",
     )
     try:
-        front.send(decl.name, [("before",)], payload)
+        front.send(decl.name, [key("before")], payload)
         wait_until(lambda: "before" in logged(), timeout=TIMEOUT)
         front.stop()
         restarted_at = len(child.output())
         front.start()  # the same port, a new emulator: every session the worker had is gone
-        front.send(decl.name, [("after1",), ("after2",)], payload)
+        front.send(decl.name, [key("after1"), key("after2")], payload)
         wait_until(lambda: {"after1", "after2"} <= logged(), timeout=TIMEOUT)
         # ... and no receiver run failed for it: its transaction found the session lost,
         # closed the connection and ran again on a new one. (Without that, every run failed
