@@ -12,6 +12,8 @@ completed. ``RECEIVE_<Q>`` has its own deadline and restarts (``receive_stream``
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -136,6 +138,100 @@ def query(
             timeout=deadline,
         )
     return _parse_list_value_pbs(result._pb.rows, result.metadata.row_type)
+
+
+#: seconds a streaming read (``Snapshot.execute_sql``: the Django cursor's queries) may go on
+#: retrying UNAVAILABLE before it fails (``bound_streaming_reads``)
+STREAM_RETRY_DEADLINE_SECONDS = 30.0
+
+
+class _TrackedCall:
+    """A streaming call whose UNAVAILABLE is recorded for the retry that follows."""
+
+    def __init__(self, owner: _BoundedStreamingReads, request: Any, call: Any) -> None:
+        self._owner = owner
+        self._request = request
+        self._call = call
+
+    def __iter__(self) -> Iterator[Any]:
+        from google.api_core import exceptions as gexc
+
+        try:
+            for item in self._call:
+                self._owner._succeeded(self._request)
+                yield item
+        except gexc.ServiceUnavailable:
+            self._owner._failed(self._request)
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # cancel(), ...
+        return getattr(self._call, name)
+
+
+class _BoundedStreamingReads:
+    """A ``Database.spanner_api`` whose ``execute_streaming_sql`` the client may call again
+    after UNAVAILABLE only after a back-off (0.1 s doubling to 2 s) and for at most
+    ``deadline`` seconds in all: the client's ``_restart_on_unavailable`` calls it again at
+    once, with the same request, for ever (a thread at 100 % CPU, a stop that never
+    completes). Past the deadline the repeat raises ``DeadlineExceeded``, which that loop does
+    not catch. Everything else is the client's own API."""
+
+    def __init__(self, api: Any, deadline: float) -> None:
+        self._api = api
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        #: id(request) -> (failures in a row, monotonic time of the first, the request)
+        self._failing: dict[int, tuple[int, float, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def execute_streaming_sql(self, request: Any = None, **kwargs: Any) -> Any:
+        from google.api_core import exceptions as gexc
+
+        now = time.monotonic()
+        with self._lock:
+            for key, (_, since, _) in list(self._failing.items()):  # abandoned ones
+                if now - since > 2 * self._deadline:
+                    del self._failing[key]
+            state = self._failing.get(id(request))
+        if state is not None and state[2] is request:
+            failures, since, _ = state
+            if now - since >= self._deadline:
+                self._succeeded(request)
+                raise gexc.DeadlineExceeded(
+                    f"Spanner answered UNAVAILABLE for {self._deadline:.0f} s; not retried "
+                    "further"
+                )
+            time.sleep(min(2.0, 0.1 * 2 ** (failures - 1)))
+        try:  # (the API's stream wrapper reads the first response here)
+            call = self._api.execute_streaming_sql(request=request, **kwargs)
+        except gexc.ServiceUnavailable:
+            self._failed(request)
+            raise
+        return _TrackedCall(self, request, call)
+
+    def _failed(self, request: Any) -> None:
+        with self._lock:
+            failures, since, _ = self._failing.get(id(request), (0, time.monotonic(), request))
+            self._failing[id(request)] = (failures + 1, since, request)
+
+    def _succeeded(self, request: Any) -> None:
+        if self._failing:
+            with self._lock:
+                self._failing.pop(id(request), None)
+
+
+def bound_streaming_reads(
+    database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS
+) -> Any:
+    """Give ``database`` (a ``Database``, e.g. a Django connection's) streaming reads that
+    retry UNAVAILABLE with back-off for at most ``deadline`` seconds
+    (``_BoundedStreamingReads``); idempotent. Returns ``database``."""
+    api = database.spanner_api
+    if not isinstance(api, _BoundedStreamingReads):
+        database._spanner_api = _BoundedStreamingReads(api, deadline)
+    return database
 
 
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -64,6 +65,45 @@ def test_a_query_to_an_unreachable_spanner_makes_a_few_attempts_and_gives_up(
     # back-off 0.1 s doubling to 2 s within 3 s: a handful of attempts, not a spin
     assert 1 <= attempts <= 10, attempts
     assert "Unavailable" in type(raised.value).__name__ or "Retry" in type(raised.value).__name__
+
+
+def test_a_cursor_read_of_an_unreachable_spanner_gives_up_after_its_deadline(
+    front: PrivateFront,
+) -> None:
+    """The client's ``Snapshot.execute_sql`` (every query of the Django cursor) calls
+    ``ExecuteStreamingSql`` again at once after each UNAVAILABLE, for ever; the Django
+    connections of native databases get ``client.bound_streaming_reads``."""
+    from django.db import connection
+    from google.api_core.exceptions import DeadlineExceeded
+
+    connection.ensure_connection()
+    assert isinstance(connection.connection.database.spanner_api, client._BoundedStreamingReads)
+    database = client.bound_streaming_reads(front.database, deadline=2.0)
+    with database.snapshot() as snapshot:
+        assert [list(row) for row in snapshot.execute_sql("SELECT 1")] == [[1]]
+    front.stop()
+    inner = database.spanner_api._api
+    real, calls, raised = inner.execute_streaming_sql, [], []
+
+    def counted(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    inner.execute_streaming_sql = counted
+
+    def read() -> None:
+        try:
+            with database.snapshot() as snapshot:
+                list(snapshot.execute_sql("SELECT 1"))
+        except Exception as exc:
+            raised.append(exc)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    reader.join(60)
+    assert not reader.is_alive(), f"still retrying after {len(calls)} calls"
+    assert raised and isinstance(raised[0], DeadlineExceeded), raised
+    assert 2 <= len(calls) <= 15, len(calls)  # back-off 0.1 s doubling to 2 s, for 2 s
 
 
 def test_sigterm_stops_a_worker_whose_spanner_is_unreachable(
