@@ -55,6 +55,12 @@ class Driver:
         """True when ``exc`` means "the transaction lost a race; run it again"."""
         return False
 
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """True when ``exc`` means the connection (or the server-side session behind it) is
+        gone for good: the connection must be closed and opened again, and a transaction that
+        failed so committed nothing and may be run again on the new one."""
+        return False
+
     def is_duplicate_key(self, exc: BaseException) -> bool:
         """True when an INSERT failed because the primary key exists."""
         text = str(exc).lower()
@@ -220,6 +226,18 @@ class SpannerDriver(Driver):
             if "Transaction not found" in text or "was aborted" in text:
                 return True
         return False
+
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """``NOT_FOUND: Session not found``: Spanner deletes sessions idle for about an hour
+        and on backend restarts; the client keeps using the one it has, so only a new
+        connection (a new client and session) gets past it. The transaction it failed in
+        was on that session: nothing of it committed."""
+        from google.api_core import exceptions as gexc
+
+        return any(
+            isinstance(e, gexc.NotFound) and "session not found" in str(e).lower()
+            for e in causes(exc)
+        )
 
     def is_duplicate_key(self, exc: BaseException) -> bool:
         from google.api_core import exceptions as gexc

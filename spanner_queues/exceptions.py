@@ -76,6 +76,11 @@ class MessageUpdateRefused(QueueError, TypeError):
     """Queue rows cannot be updated: replace a message with ack + send instead."""
 
 
+class QueueUnavailable(QueueError):
+    """The database could not be reached (or did not answer) within the call's deadline; the
+    call had no effect (it was a read)."""
+
+
 class NotSupportedByEngine(QueueError, NotImplementedError):
     """The configured engine does not support this operation."""
 

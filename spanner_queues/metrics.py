@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
 
-from spanner_queues.exceptions import QueueConfigurationError, QueueError
+from spanner_queues.exceptions import QueueConfigurationError, QueueError, QueueUnavailable
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -74,6 +74,8 @@ METRIC_NAMES = frozenset(
         "spanner_queues_worker_in_flight_messages",
         "spanner_queues_worker_lease_renewals_total",
         "spanner_queues_worker_leases_lost_total",
+        "spanner_queues_worker_receive_errors_total",
+        "spanner_queues_worker_queue_failing",
     }
 )
 
@@ -151,6 +153,19 @@ class _Metrics:
             "before it could ack them.",
             ["queue"],
         )
+        self.receive_errors = prom.Counter(
+            "spanner_queues_worker_receive_errors",
+            "Receives of the queue that raised in the worker in this process (a dropped queue, "
+            "a missing grant, the database unreachable); the queue backs off alone.",
+            ["queue"],
+        )
+        self.queue_failing = prom.Gauge(
+            "spanner_queues_worker_queue_failing",
+            "1 while the worker in this process cannot receive from the queue (its receives "
+            "fail in a row, it backs off), 0 once a receive succeeds again.",
+            ["queue"],
+            multiprocess_mode="livemax",
+        )
         self.gauges = QueueGauges()
         prom.REGISTRY.register(_QueueCollector(self.gauges))
 
@@ -210,7 +225,8 @@ def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
 # --- the worker's events --------------------------------------------------------------------
 class WorkerMetrics:
     """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
-    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, and
+    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, failed
+    receives per queue and whether a queue is failing now, and
     the acks of finished messages (``message_ack_count``) and the ack and send of each
     ``Retry`` (``message_send_count``)."""
 
@@ -223,6 +239,11 @@ class WorkerMetrics:
     def __call__(self, event: WorkerEvent) -> None:
         message = event.message
         if message is None:
+            if event.queue is not None and event.name == "receive_failed":
+                self._m.receive_errors.labels(event.queue).inc()
+                self._m.queue_failing.labels(event.queue).set(1)
+            elif event.queue is not None and event.name == "queue_recovered":
+                self._m.queue_failing.labels(event.queue).set(0)
             return
         m, name, queue = self._m, event.name, message.queue
         ident = (queue, message.key)
@@ -270,8 +291,12 @@ class QueueGauges:
 
     def refresh(self, max_age: float | None = None) -> list[QueueStats]:
         """Read ``engine.stats()`` of every declared queue (one query per queue), unless the
-        last read is younger than ``max_age`` seconds. A queue whose read fails keeps no
-        gauge (logged)."""
+        last read is younger than ``max_age`` seconds; a queue this process read (or failed to
+        read) within ``max_age`` for another purpose (the worker's summary line) is not read
+        again (``engines.stats.stats_cache``). A queue whose read fails keeps no gauge
+        (logged); once a database did not answer within the engine's deadline
+        (``QueueUnavailable``), its other queues are not asked in this refresh."""
+        from spanner_queues.engines.stats import stats_cache
         from spanner_queues.registry import engine_for, queue_models
 
         with self._lock:
@@ -282,10 +307,16 @@ class QueueGauges:
             ):
                 return list(self.stats.values())
             fresh: dict[str, QueueStats] = {}
+            unreachable: set[str] = set()  # engine aliases whose database did not answer
             for model in queue_models():
+                alias = engine_for(model).alias
+                if alias in unreachable:
+                    continue  # (one deadline per refresh, not one per queue)
                 try:
-                    fresh[model._meta.label] = engine_for(model).stats(model)
+                    fresh[model._meta.label] = stats_cache.get(model, max_age=max_age)
                 except (DatabaseError, QueueError) as exc:
+                    if isinstance(exc, QueueUnavailable):
+                        unreachable.add(alias)
                     logger.warning("queue metrics: stats of %s failed: %s", model._meta.label, exc)
             self.stats = fresh
             self.measured = time.monotonic()
@@ -366,7 +397,9 @@ class Sampler(threading.Thread):
         try:
             while True:
                 try:
-                    measured = self._gauges.refresh()
+                    # (a queue read within most of the interval, e.g. for the summary line,
+                    # is not read again)
+                    measured = self._gauges.refresh(max_age=self.interval * 0.9)
                     if self.record and measured:
                         from spanner_queues.monitoring import record_depth_samples
 

@@ -7,10 +7,16 @@ safe to run again from the start. Inside a caller's ``atomic()`` block nothing c
 Outside one, each attempt runs under the driver's ``write_lock()`` (SQLite: threads of this
 process queue for the database file's single write lock in Python instead of sleeping in
 SQLite's busy handler; elsewhere nothing).
+
+A lost connection (``Driver.is_connection_lost``: Spanner's "Session not found", which is no
+Django ``DatabaseError``, so Django would keep the connection for good) is closed, so that the
+next use reconnects (``forget_lost_connection``); outside a caller's ``atomic()`` block the
+transaction then runs again on the new connection (it committed nothing on the lost one).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -40,20 +46,62 @@ def retry_counts() -> dict[str, int]:
         return dict(_retries)
 
 
+#: set on a connection found lost inside a caller's atomic() block (closed after it)
+_LOST = "_spanner_queues_lost"
+
+
+def close_lost_connections() -> None:
+    """Close this thread's connections found lost (``forget_lost_connection``) once no
+    ``atomic()`` block is open on them."""
+    for conn in connections.all(initialized_only=True):
+        if conn.__dict__.get(_LOST) and not conn.in_atomic_block:
+            conn.__dict__.pop(_LOST, None)
+            with contextlib.suppress(Exception):
+                conn.close()
+
+
+def forget_lost_connection(exc: BaseException, using: str) -> bool:
+    """If ``exc`` means the connection of ``using`` is lost for good
+    (``Driver.is_connection_lost``), close it and return True; the next use reconnects. While
+    a caller's ``atomic()`` block is still open on it, the block is marked for rollback and
+    the connection is closed by the first ``close_lost_connections()`` after it (the worker
+    calls it between messages). Never raises."""
+    try:
+        if not driver_for(using).is_connection_lost(exc):
+            return False
+        conn = connections[using]
+        logger.warning("connection %r lost (%s); reconnecting", using, exc)
+        if conn.in_atomic_block:
+            conn.needs_rollback = True
+            conn.__dict__[_LOST] = True
+        else:
+            conn.__dict__.pop(_LOST, None)
+            conn.close()
+        return True
+    except Exception:  # closing a dead connection may fail: it is dropped all the same
+        logger.debug("closing the lost connection %r failed", using, exc_info=True)
+        with contextlib.suppress(Exception):
+            connections[using].connection = None
+        return True
+
+
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
     """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors.
 
     In a caller's ``atomic()`` block ``fn`` runs once; if it fails with ``MessageAlreadyAcked`` or
     ``StaleAck`` the caller's transaction is marked for rollback (Spanner's rule on every
-    database: a failed ack is never caught and continued)."""
+    database: a failed ack is never caught and continued). A lost connection is closed and,
+    outside a caller's block, the transaction runs again on a new one (it counts as a retry)."""
     if connections[using].in_atomic_block:
         try:
             with transaction.atomic(using=using):
                 return fn()
-        except (MessageAlreadyAcked, StaleAck):
-            # The savepoint's rollback cleared the mark the engine set: the caller's
-            # transaction must not commit as if the ack had happened.
-            transaction.set_rollback(True, using=using)
+        except Exception as exc:
+            forget_lost_connection(exc, using)
+            if isinstance(exc, (MessageAlreadyAcked, StaleAck)):
+                # The savepoint's rollback cleared the mark the engine set: the caller's
+                # transaction must not commit as if the ack had happened.
+                transaction.set_rollback(True, using=using)
             raise
     driver = driver_for(using)
     attempt = 0
@@ -64,7 +112,10 @@ def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) ->
             with driver.write_lock(), transaction.atomic(using=using):
                 return fn()
         except Exception as exc:
-            if attempt >= retries or not driver.is_retryable(exc):
+            lost = forget_lost_connection(exc, using)
+            if lost:
+                driver = driver_for(using)  # (the new connection's)
+            if attempt >= retries or not (lost or driver.is_retryable(exc)):
                 raise
             attempt += 1
             with _retries_lock:

@@ -36,6 +36,7 @@ from spanner_queues.exceptions import (
     InvalidQueueEngine,
     NotSupportedByEngine,
     QueueConfigurationError,
+    QueueUnavailable,
 )
 from spanner_queues.keys import key_filter, key_names
 from spanner_queues.message import Message, OutgoingMessage
@@ -305,12 +306,23 @@ class NativeQueueEngine(BaseQueueEngine):
 
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight
-        messages count as ``ready`` and ``leased`` is always 0."""
+        messages count as ``ready`` and ``leased`` is always 0. One strong read that scans
+        the queue, with a deadline (``client.query``); when it cannot be had,
+        ``QueueUnavailable`` (a ``QueueError``) within ``client.CALL_DEADLINE_SECONDS``."""
         now = clock.now()
-        with self.spanner().snapshot() as snapshot:
-            [(total, due, oldest)] = list(
-                snapshot.execute_sql(self.dialect.stats(self.declaration(model)))
+        try:
+            [(total, due, oldest)] = client.query(
+                self.spanner(), self.dialect.stats(self.declaration(model))
             )
+        except Exception as exc:
+            from google.api_core import exceptions as gexc
+
+            if isinstance(exc, (gexc.GoogleAPIError,)):
+                raise QueueUnavailable(
+                    f"stats of {model._meta.label} could not be read: {type(exc).__name__}: "
+                    f"{exc}"
+                ) from exc
+            raise
         total, due = int(total or 0), int(due or 0)
         return QueueStats(
             queue=model._meta.label,

@@ -1,11 +1,20 @@
 """google-cloud-spanner calls that bypass the Django cursor: the ``Database`` of an alias,
 ``RENEWLEASE_<Q>`` on a strong single-use snapshot (chunked), the ``Send``/``Ack`` mutations in
 a read-write transaction (safe to retry), and the mapping of gRPC status errors found anywhere
-in an exception's cause chain."""
+in an exception's cause chain.
+
+Deadlines: queries made here (``query``: the stats, ``RENEWLEASE``) are one unary
+``ExecuteSql`` each, with a deadline (``CALL_DEADLINE_SECONDS``) and a bounded retry with
+back-off on UNAVAILABLE and RESOURCE_EXHAUSTED (``bounded_retry``). They never go through
+``Snapshot.execute_sql``, whose ``_restart_on_unavailable`` retries UNAVAILABLE at once and
+without end: with Spanner unreachable a thread spun there at 100 % CPU and a stop never
+completed. ``RECEIVE_<Q>`` has its own deadline and restarts (``receive_stream``)."""
 
 from __future__ import annotations
 
 import base64
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -63,18 +72,183 @@ def payload_from_wire(payload_type: str, value: Any) -> bytes:
     return from_stored(value)
 
 
+#: seconds one query made here may take, retries included (``query``)
+CALL_DEADLINE_SECONDS = 10.0
+
+#: counted once per failed attempt of a ``query`` that is retried (tests and benchmarks read it:
+#: with Spanner unreachable a query makes a handful of attempts, not a spin)
+retried_attempts = 0
+
+
+def bounded_retry(deadline: float) -> Any:
+    """Retry UNAVAILABLE and RESOURCE_EXHAUSTED with exponential back-off (0.1 s doubling to
+    2 s) for at most ``deadline`` seconds in all."""
+    from google.api_core import exceptions as gexc
+    from google.api_core import retry as retries
+
+    def counted(_exc: BaseException) -> None:
+        global retried_attempts
+        retried_attempts += 1
+
+    return retries.Retry(
+        predicate=retries.if_exception_type(gexc.ServiceUnavailable, gexc.ResourceExhausted),
+        initial=0.1,
+        maximum=2.0,
+        multiplier=2.0,
+        timeout=deadline,
+        on_error=counted,
+    )
+
+
+def query(
+    database: Any,
+    sql: str,
+    params: Mapping[str, Any] | None = None,
+    param_types: Mapping[str, Any] | None = None,
+    *,
+    deadline: float = CALL_DEADLINE_SECONDS,
+) -> list[list[Any]]:
+    """The rows of ``sql`` read in a strong single-use read-only transaction: one unary
+    ``ExecuteSql`` with a deadline of ``deadline`` seconds, retries included
+    (``bounded_retry``); past it, the last error is raised (``RetryError``,
+    ``DeadlineExceeded``...). For small results (one call, no resume)."""
+    from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
+    from google.cloud.spanner_v1._helpers import (
+        _make_value_pb,
+        _merge_query_options,
+        _metadata_with_prefix,
+        _parse_list_value_pbs,
+    )
+    from google.cloud.spanner_v1.types import TransactionOptions
+    from google.protobuf.struct_pb2 import Struct
+
+    request = ExecuteSqlRequest(
+        sql=sql,
+        params=Struct(fields={k: _make_value_pb(v) for k, v in (params or {}).items()}),
+        param_types=dict(param_types or {}),
+        transaction=TransactionSelector(
+            single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+        ),
+        query_options=_merge_query_options(database._instance._client._query_options, None),
+        request_options=RequestOptions(),
+    )
+    with database.snapshot() as snapshot:  # a session, as the client picks one
+        request.session = snapshot._session.name
+        result = database.spanner_api.execute_sql(
+            request=request,
+            metadata=_metadata_with_prefix(database.name),
+            retry=bounded_retry(deadline),
+            timeout=deadline,
+        )
+    return _parse_list_value_pbs(result._pb.rows, result.metadata.row_type)
+
+
+#: seconds a streaming read (``Snapshot.execute_sql``: the Django cursor's queries) may go on
+#: retrying UNAVAILABLE before it fails (``bound_streaming_reads``)
+STREAM_RETRY_DEADLINE_SECONDS = 30.0
+
+
+class _TrackedCall:
+    """A streaming call whose UNAVAILABLE is recorded for the retry that follows."""
+
+    def __init__(self, owner: _BoundedStreamingReads, request: Any, call: Any) -> None:
+        self._owner = owner
+        self._request = request
+        self._call = call
+
+    def __iter__(self) -> Iterator[Any]:
+        from google.api_core import exceptions as gexc
+
+        try:
+            for item in self._call:
+                self._owner._succeeded(self._request)
+                yield item
+        except gexc.ServiceUnavailable:
+            self._owner._failed(self._request)
+            raise
+
+    def __getattr__(self, name: str) -> Any:  # cancel(), ...
+        return getattr(self._call, name)
+
+
+class _BoundedStreamingReads:
+    """A ``Database.spanner_api`` whose ``execute_streaming_sql`` the client may call again
+    after UNAVAILABLE only after a back-off (0.1 s doubling to 2 s) and for at most
+    ``deadline`` seconds in all: the client's ``_restart_on_unavailable`` calls it again at
+    once, with the same request, for ever (a thread at 100 % CPU, a stop that never
+    completes). Past the deadline the repeat raises ``DeadlineExceeded``, which that loop does
+    not catch. Everything else is the client's own API."""
+
+    def __init__(self, api: Any, deadline: float) -> None:
+        self._api = api
+        self._deadline = deadline
+        self._lock = threading.Lock()
+        #: id(request) -> (failures in a row, monotonic time of the first, the request)
+        self._failing: dict[int, tuple[int, float, Any]] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def execute_streaming_sql(self, request: Any = None, **kwargs: Any) -> Any:
+        from google.api_core import exceptions as gexc
+
+        now = time.monotonic()
+        with self._lock:
+            for key, (_, since, _) in list(self._failing.items()):  # abandoned ones
+                if now - since > 2 * self._deadline:
+                    del self._failing[key]
+            state = self._failing.get(id(request))
+        if state is not None and state[2] is request:
+            failures, since, _ = state
+            if now - since >= self._deadline:
+                self._succeeded(request)
+                raise gexc.DeadlineExceeded(
+                    f"Spanner answered UNAVAILABLE for {self._deadline:.0f} s; not retried "
+                    "further"
+                )
+            time.sleep(min(2.0, 0.1 * 2 ** (failures - 1)))
+        try:  # (the API's stream wrapper reads the first response here)
+            call = self._api.execute_streaming_sql(request=request, **kwargs)
+        except gexc.ServiceUnavailable:
+            self._failed(request)
+            raise
+        return _TrackedCall(self, request, call)
+
+    def _failed(self, request: Any) -> None:
+        with self._lock:
+            failures, since, _ = self._failing.get(id(request), (0, time.monotonic(), request))
+            self._failing[id(request)] = (failures + 1, since, request)
+
+    def _succeeded(self, request: Any) -> None:
+        if self._failing:
+            with self._lock:
+                self._failing.pop(id(request), None)
+
+
+def bound_streaming_reads(
+    database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS
+) -> Any:
+    """Give ``database`` (a ``Database``, e.g. a Django connection's) streaming reads that
+    retry UNAVAILABLE with back-off for at most ``deadline`` seconds
+    (``_BoundedStreamingReads``); idempotent. Returns ``database``."""
+    api = database.spanner_api
+    if not isinstance(api, _BoundedStreamingReads):
+        database._spanner_api = _BoundedStreamingReads(api, deadline)
+    return database
+
+
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
     """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
-    literal: old token -> (new token, new expiry)."""
+    literal: old token -> (new token, new expiry). One bounded call (``query``)."""
     from google.cloud.spanner_v1 import param_types
 
-    with database.snapshot() as snapshot:  # strong, single use
-        rows = snapshot.execute_sql(
-            sql,
-            params=dict(params),
-            param_types={name: param_types.STRING for name in params},
-        )
-        return {old: (new, expires) for old, new, expires in rows}
+    rows = query(
+        database,
+        sql,
+        params=dict(params),
+        param_types={name: param_types.STRING for name in params},
+    )
+    return {old: (new, expires) for old, new, expires in rows}
 
 
 def renew_all(

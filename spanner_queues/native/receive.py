@@ -66,6 +66,7 @@ def permanent_error(name: str, exc: BaseException) -> QueueError | None:
     else:
         error = QueueConfigurationError(text)
     error.grpc_status = status  # type: ignore[attr-defined]
+    error.__cause__ = exc  # (a lost session: the caller reconnects, Driver.is_connection_lost)
     return error
 
 

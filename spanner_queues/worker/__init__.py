@@ -28,6 +28,10 @@ counters), ``signals`` (SIGTERM/SIGINT), sharing ``state.Holdings``. Guarantees:
   the queue's dead-letter queue, or is dropped (logged) with ``discard_after_max_attempts``.
 - Leases are renewed in the background halfway through each lease. If a renewal loses a lease,
   the worker no longer treats the message as its own: it does not ack, retry or release it.
+- A queue whose receive raises (dropped, a missing grant, unreachable) fails alone: it backs
+  off (doubling, at most ``intake.QUEUE_BACKOFF_MAX`` seconds) while the other queues go on,
+  shows in ``queue_health()``, the summary line and the ``receive_failed`` /
+  ``queue_recovered`` events, and is logged once per failure episode.
 - ``stop()`` (first SIGTERM/SIGINT): receive nothing more, finish and ack in-flight messages,
   return. A second signal ends the process at once with exit status 1.
 - Time limits (``timeout``, or ``@receiver(timeout=...)``): a receiver past its limit is
@@ -69,7 +73,7 @@ from spanner_queues.worker.leases import Renewer
 from spanner_queues.worker.limits import STUCK_GRACE_SECONDS, TimeLimits
 from spanner_queues.worker.outcomes import PARKED_UNTIL, Outcomes
 from spanner_queues.worker.signals import StopOnSignal, abort_process, on_stop
-from spanner_queues.worker.state import Holdings, Plan
+from spanner_queues.worker.state import Holdings, Plan, QueueHealth
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -82,6 +86,7 @@ __all__ = [
     "MAX_PREFETCH",
     "PARKED_UNTIL",
     "STUCK_GRACE_SECONDS",
+    "QueueHealth",
     "Worker",
     "WorkerEvent",
     "WorkerEvents",
@@ -224,6 +229,12 @@ class Worker:
     def stats(self) -> WorkerStats:
         """Counters since the worker started (live; ``copy()`` for a snapshot)."""
         return self.events.stats
+
+    def queue_health(self) -> dict[str, QueueHealth]:
+        """Receive failures per queue (label): a queue whose receives fail (dropped, missing
+        permission, unreachable) is ``failing`` and backs off alone while the others go on
+        (live objects of the intake thread; read them, do not change them)."""
+        return dict(self.intake.health)
 
     @property
     def crashed(self) -> BaseException | None:

@@ -6,7 +6,9 @@ A listener is any callable taking a ``WorkerEvent``; one that raises is logged a
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
 ``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``timed_out``, ``renewed``,
-``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``.
+``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``, and per queue (``queue``
+set) ``receive_failed`` (each failed receive of a queue) and ``queue_recovered`` (its first
+receive that succeeded after).
 
 Log records: every record of ``spanner_queues.worker`` about one message carries the same
 ``extra`` fields (``log_extra``): ``action`` (what happened: the event name, or ``stuck``,
@@ -58,6 +60,8 @@ class WorkerEvent:
     stats: WorkerStats | None = None
     #: a ``failed`` run whose receiver acked the message itself (``AckedFailure``)
     acked: bool = False
+    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``)
+    queue: str | None = None
 
 
 @dataclass(slots=True)
@@ -78,6 +82,8 @@ class WorkerStats:
     timed_out: int = 0
     #: deliveries no receiver of this worker matched, given back without spending an attempt
     unmatched: int = 0
+    #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)
+    receive_errors: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:

@@ -38,7 +38,7 @@ from spanner_queues.receivers import (
     acked_by_receiver,
     set_pending,
 )
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.transactions import close_lost_connections, run_in_transaction
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.limits import TimeLimits
 from spanner_queues.worker.outcomes import Outcomes
@@ -325,7 +325,9 @@ def recycle_connections() -> None:
     broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
     ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
     thread's life: a message is not a request, and reconnecting per message costs a new
-    client per message (on Spanner a new client, session and maintenance thread each time)."""
+    client per message (on Spanner a new client, session and maintenance thread each time).
+    A connection found lost (``transactions.forget_lost_connection``) is closed."""
+    close_lost_connections()
     for conn in connections.all(initialized_only=True):
         if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
             close_at, conn.close_at = conn.close_at, None

@@ -2,7 +2,10 @@
 (``concurrency`` threads, each holding up to ``depth`` units; a batch queue fills one slot
 with up to ``batch_size`` messages); with ``depth > 1`` it claims again only when fewer than
 ``concurrency`` units are left waiting. Received messages whose lease already expired are
-skipped. Between rounds it re-seeds the periodic schedules and emits summaries.
+skipped. Between rounds it re-seeds the periodic schedules and emits summaries. A queue whose
+receive raises fails alone (``QueueHealth``): it is skipped until its back-off has passed
+(``QUEUE_BACKOFF_*``), the other queues are asked as usual, and its first receive that succeeds
+ends the episode (``receive_failed`` / ``queue_recovered`` events, one log line each way).
 
 ``depth`` is ``prefetch`` when given. Adaptive (``prefetch=None``, the default) it starts at 1
 and is recomputed after each receive from the moving average ``d`` of a unit's run time: it
@@ -26,10 +29,11 @@ from spanner_queues import api, clock, controls
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.registry import get_queue
+from spanner_queues.transactions import forget_lost_connection
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.execution import recycle_connections
 from spanner_queues.worker.limits import QueueLimits
-from spanner_queues.worker.state import Delivery, Holdings, Plan, renew_at
+from spanner_queues.worker.state import Delivery, Holdings, Plan, QueueHealth, renew_at
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -40,6 +44,10 @@ logger = logging.getLogger("spanner_queues.worker")
 AHEAD_SECONDS = 0.25
 #: adaptive prefetch: most units one thread holds
 AUTO_PREFETCH_MAX = 100
+#: a failing queue is asked again after max(poll_interval, MIN) x 2^failures seconds, at
+#: most MAX (jittered down by a quarter)
+QUEUE_BACKOFF_MIN = 0.1
+QUEUE_BACKOFF_MAX = 5.0
 
 
 def plan_queues(
@@ -118,6 +126,8 @@ class Intake:
         self.next_pause_check = 0.0
         #: ``QueueMeta.concurrency_limit`` and ``rate_limit`` of the plans
         self.limits = QueueLimits(held, plans)
+        #: receive failures per queue (label): each queue fails, backs off and recovers alone
+        self.health: dict[str, QueueHealth] = {p.label: QueueHealth(p.label) for p in plans}
 
     @property
     def queue_labels(self) -> list[str]:
@@ -148,10 +158,11 @@ class Intake:
 
     def loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
-        round finds nothing due while nothing is held and every engine says no row is leased
-        to this process and unread, ``api.settle_receiving``; or after ``max_messages``)."""
+        round finds nothing due while nothing is held, no queue is failing and every engine
+        says no row is leased to this process and unread, ``api.settle_receiving``; or after
+        ``max_messages``). A queue whose receive raises fails alone (``queue_failed``): it
+        backs off, the others go on."""
         start = 0
-        errors = 0
         interval = self.summary_interval
         next_summary = time.monotonic() + interval if interval else None
         if self.burst:
@@ -170,46 +181,49 @@ class Intake:
                 self.events.emit("summary", stats=self.events.stats.copy())
                 next_summary = time.monotonic() + (self.summary_interval or 0)
             got = 0
-            try:
-                for offset in range(len(self.plans)):
-                    plan = self.plans[(start + offset) % len(self.plans)]
-                    if plan.label in self.paused:
-                        continue
-                    with self.held.cond:
-                        free = self.free_slots()
-                    if free <= 0 or self.held.stopping:
-                        break
-                    if plan.batch:
-                        want = plan.batch_size
-                    elif self.depth == 1:
-                        want = min(free, self.batch_size)
-                    else:
-                        want = free
-                    if self.max_messages is not None:
-                        want = min(want, self.max_messages - self.events.stats.received)
-                    if want <= 0:
-                        break
+            for offset in range(len(self.plans)):
+                plan = self.plans[(start + offset) % len(self.plans)]
+                if plan.label in self.paused:
+                    continue
+                health = self.health[plan.label]
+                if health.failing and time.monotonic() < health.retry_at:
+                    continue  # backing off: the other queues go on
+                with self.held.cond:
+                    free = self.free_slots()
+                if free <= 0 or self.held.stopping:
+                    break
+                if plan.batch:
+                    want = plan.batch_size
+                elif self.depth == 1:
+                    want = min(free, self.batch_size)
+                else:
+                    want = free
+                if self.max_messages is not None:
+                    want = min(want, self.max_messages - self.events.stats.received)
+                if want <= 0:
+                    break
+                try:
                     want = self.limits.admit(plan, want)
                     if want <= 0:
                         continue  # this queue is at its limit: the others may go on
                     n = self.receive(plan, want)
-                    self.limits.received(plan, n)
-                    got += n
-                    if self.prefetch is None:
-                        self.adapt(full=n >= want)
-                errors = 0
-            except Exception:
-                errors += 1
-                logger.exception("receive failed (%d in a row)", errors, extra={"action": "error"})
-                self.idle_wait(min(5.0, max(self.poll_interval, 0.1) * 2**errors))
-                continue
+                except Exception as exc:
+                    self.queue_failed(health, exc)
+                    continue
+                self.limits.received(plan, n)
+                if health.failing:
+                    self.queue_recovered(health)
+                got += n
+                if self.prefetch is None:
+                    self.adapt(full=n >= want)
             start += 1
             received = self.events.stats.received
             if self.max_messages is not None and received >= self.max_messages:
                 return
             if got:
                 continue
-            if self.burst:
+            failing = [h for h in self.health.values() if h.failing]
+            if self.burst and not failing:
                 bucket_wait = self.limits.next_free()
                 if bucket_wait is not None:  # a rate-limited queue waits for its bucket
                     self.idle_wait(min(bucket_wait, 0.2))
@@ -231,9 +245,13 @@ class Intake:
                     self.held.cond.wait_for(finished, timeout=1.0)
                 continue
             self.events.emit("idle")
-            pause = self.poll_interval * random.uniform(0.5, 1.0)
+            wait = self.poll_interval * random.uniform(0.5, 1.0)
+            if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
+                wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
             bucket_wait = self.limits.next_free()  # a rate-limited queue waits for its bucket
-            self.idle_wait(pause if bucket_wait is None else max(pause, min(bucket_wait, 0.2)))
+            if bucket_wait is not None:
+                wait = max(wait, min(bucket_wait, 0.2))
+            self.idle_wait(wait)
             recycle_connections()
 
     def check_paused(self) -> None:
@@ -260,10 +278,75 @@ class Intake:
                 )
         self.paused = now_paused
 
+    def queue_failed(self, health: QueueHealth, exc: Exception) -> None:
+        """A receive of ``health``'s queue raised: back it off alone (``QUEUE_BACKOFF_*``,
+        doubling per failure in a row). Logged once per episode (a warning with the
+        traceback); later failures of the episode at debug level. A lost database connection
+        is closed, so the next receive reconnects."""
+        forget_lost_connection(exc, self.held.cached(self.plan_of(health.label).model)[0])
+        now = time.monotonic()
+        health.failures += 1
+        health.error = exc
+        if health.since is None:
+            health.since = now
+        delay = min(
+            QUEUE_BACKOFF_MAX, max(self.poll_interval, QUEUE_BACKOFF_MIN) * 2**health.failures
+        )
+        health.retry_at = now + delay * random.uniform(0.75, 1.0)
+        with self.held.cond:
+            self.events.stats.receive_errors += 1
+        if health.failures == 1:
+            logger.warning(
+                "receive from %s failed (%s: %s); backing off, the worker's other queues go "
+                "on; further failures of %s are logged at debug level until it recovers",
+                health.label,
+                type(exc).__name__,
+                exc,
+                health.label,
+                exc_info=exc,
+                extra={"action": "queue_failing", "queue": health.label},
+            )
+        else:
+            logger.debug(
+                "receive from %s failed again (%d in a row): %s: %s",
+                health.label,
+                health.failures,
+                type(exc).__name__,
+                exc,
+                extra={"action": "queue_failing", "queue": health.label},
+            )
+        self.events.emit("receive_failed", queue=health.label, error=exc)
+
+    def queue_recovered(self, health: QueueHealth) -> None:
+        """A receive of a failing queue succeeded: the episode ends (logged once)."""
+        took = time.monotonic() - (health.since or time.monotonic())
+        logger.info(
+            "receive from %s recovered after %d failures in %.1f s",
+            health.label,
+            health.failures,
+            took,
+            extra={"action": "queue_recovered", "queue": health.label},
+        )
+        health.failures = 0
+        health.since = None
+        health.error = None
+        health.retry_at = 0.0
+        self.events.emit("queue_recovered", queue=health.label)
+
+    def plan_of(self, label: str) -> Plan:
+        return next(p for p in self.plans if p.label == label)
+
     def settled(self, wait: float | None = None) -> bool:
         """No queue of this worker has rows leased to this process and unread
-        (``api.settle_receiving``; every queue is asked, so their open calls end together)."""
-        answers = [api.settle_receiving(p.model, wait=wait) for p in self.plans]
+        (``api.settle_receiving``; every queue is asked, so their open calls end together).
+        A queue whose settle raises is failing (``queue_failed``): not settled."""
+        answers = []
+        for plan in self.plans:
+            try:
+                answers.append(api.settle_receiving(plan.model, wait=wait))
+            except Exception as exc:
+                self.queue_failed(self.health[plan.label], exc)
+                answers.append(False)
         return all(answers)
 
     def adapt(self, *, full: bool) -> None:

@@ -14,6 +14,7 @@ from django.db import connections
 
 from spanner_queues import api, clock
 from spanner_queues.exceptions import NotSupportedByEngine
+from spanner_queues.transactions import forget_lost_connection
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.state import Delivery, Holdings, renew_at
 
@@ -92,7 +93,8 @@ class Renewer:
             except NotSupportedByEngine:  # the lease is what it is: no renewal
                 for d in group:
                     d.renew_at = None
-            except Exception:
+            except Exception as exc:
+                forget_lost_connection(exc, self.held.cached(model)[0])  # reconnect next time
                 logger.exception("lease renewal failed; trying again")
                 now = clock.now()
                 for d in group:

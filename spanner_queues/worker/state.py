@@ -77,6 +77,35 @@ class Plan:
 Unit = list[Delivery]
 
 
+@dataclass(slots=True)
+class QueueHealth:
+    """Receive failures of one queue of a worker, in a row (a failure *episode*): while
+    ``failures`` > 0 the queue is failing and is not asked again before ``retry_at``
+    (monotonic); the worker's other queues go on. A receive that succeeds ends the episode."""
+
+    label: str
+    #: failed receives in a row (0: healthy)
+    failures: int = 0
+    #: monotonic time of the episode's first failure
+    since: float | None = None
+    #: monotonic time before which the queue is not asked again
+    retry_at: float = 0.0
+    #: the latest error of the episode
+    error: BaseException | None = None
+
+    @property
+    def failing(self) -> bool:
+        return self.failures > 0
+
+    def describe(self, now: float) -> str:
+        """``"Q (UnknownQueue: ..., 3 failures in 12 s)"`` for the worker's summary line."""
+        error = f"{type(self.error).__name__}: {self.error}" if self.error else "error"
+        if len(error) > 120:
+            error = error[:117] + "..."
+        took = now - self.since if self.since is not None else 0.0
+        return f"{self.label} ({error}; {self.failures} failures in {took:.0f} s)"
+
+
 class Holdings:
     """The worker's shared state (see the module docstring for its locking)."""
 

@@ -119,6 +119,20 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     assert value(in_flight, queue=Q) == base
 
 
+def test_a_failing_queue_is_counted_and_shown_failing_until_it_recovers() -> None:
+    listen = metrics.WorkerMetrics()
+    errors = "spanner_queues_worker_receive_errors_total"
+    failing = "spanner_queues_worker_queue_failing"
+    before = value(errors, queue=Q)
+    for _ in range(3):
+        listen(WorkerEvent(name="receive_failed", worker_id="w", queue=Q, error=KeyError()))
+    assert value(errors, queue=Q) == before + 3
+    assert value(failing, queue=Q) == 1
+    listen(WorkerEvent(name="queue_recovered", worker_id="w", queue=Q))
+    assert value(failing, queue=Q) == 0
+    assert value(errors, queue=Q) == before + 3
+
+
 # --- gauges ---------------------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_the_gauges_read_engine_stats_of_every_queue() -> None:
@@ -133,6 +147,29 @@ def test_the_gauges_read_engine_stats_of_every_queue() -> None:
     assert value("spanner_queues_buffered_ready_messages", queue=Q) == 2
     gauges.refresh()
     assert value("spanner_queues_buffered_ready_messages", queue=Q) == 3
+
+
+@pytest.mark.django_db
+def test_an_unreachable_database_costs_one_deadline_per_refresh_not_one_per_queue(
+    monkeypatch,
+) -> None:
+    from spanner_queues.engines import engines
+    from spanner_queues.engines.stats import stats_cache
+    from spanner_queues.exceptions import QueueUnavailable
+
+    calls = []
+
+    def unreachable(self, model):
+        calls.append(model)
+        raise QueueUnavailable("the database did not answer within the deadline")
+
+    monkeypatch.setattr(type(engines["default"]), "stats", unreachable)
+    stats_cache.clear()
+    try:
+        assert metrics.QueueGauges().refresh() == []
+    finally:
+        stats_cache.clear()
+    assert len(calls) == 1
 
 
 def test_every_metric_name_is_exported() -> None:

@@ -366,23 +366,38 @@ class Command(BaseCommand):
         sys.stdout.flush()
 
     def _summary(self, stats: WorkerStats) -> str:
+        """The summary line. Queue depths come from the process's stats cache
+        (``engines.stats.stats_cache.peek``): never read on this (the intake) thread, at most
+        once per queue every ``max(--summary-interval, STATS_MAX_AGE_SECONDS)`` seconds."""
+        from spanner_queues.engines.stats import STATS_MAX_AGE_SECONDS, stats_cache
+
         now = time.monotonic()
         since, before = self._last
         self._last = (now, stats.processed)
         rate = (stats.processed - before) / max(now - since, 1e-9)
+        max_age = max(self._worker.summary_interval or 0.0, STATS_MAX_AGE_SECONDS)
         depth = []
         for plan in self._worker.plans:
-            from spanner_queues.registry import engine_for
-
             try:
-                s = engine_for(plan.model).stats(plan.model)
+                reading = stats_cache.peek(plan.model, max_age=max_age)
             except Exception as exc:  # the summary must never stop the worker
-                depth.append(f"{plan.label}=? ({type(exc).__name__})")
+                reading, error = None, exc
             else:
+                error = reading.error if reading is not None else None
+            if reading is not None and reading.stats is not None:
+                s = reading.stats
                 depth.append(f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased})")
-        return (
+            elif error is not None:
+                depth.append(f"{plan.label}=? ({type(error).__name__})")
+            else:
+                depth.append(f"{plan.label}=?")
+        line = (
             f"processed={stats.processed} failed={stats.failed} timed_out={stats.timed_out} "
             f"retried={stats.retried} "
             f"dead_lettered={stats.dead_lettered} rate={rate:.1f}/s "
             f"depth: {'; '.join(depth)}"
         )
+        failing = [h for h in self._worker.queue_health().values() if h.failing]
+        if failing:
+            line += " failing: " + "; ".join(h.describe(now) for h in failing)
+        return line

@@ -1,0 +1,150 @@
+"""One process-wide cache of ``engine.stats()`` per queue, so that what shows queue depth (the
+worker's summary line, the metrics sampler and view) costs a bounded number of reads.
+
+``engine.stats()`` is a scan of the queue (``COUNT(*)``, ``MIN(...)``: its cost grows with the
+backlog). Through this cache a process reads each queue's stats at most once per ``max_age``
+seconds, whoever asks (``STATS_MAX_AGE_SECONDS`` for the summary line; the metrics use their
+``SAMPLE_INTERVAL_SECONDS``): with ``Q`` queues that is at most ``Q x 60 / max_age`` reads a
+minute per process, whatever the number of threads, summary lines or scrapes.
+
+``peek`` never blocks: it returns the latest stats known and, when they are older than
+``max_age``, starts one read in a daemon thread (never two for one queue). The worker's intake
+thread uses it, so a database that does not answer never holds up a receive or a stop. ``get``
+blocks for a read when the cached one is too old (bounded by the engine's own deadline).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from django.db import connections
+
+from spanner_queues.transactions import forget_lost_connection
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import QueueStats
+    from spanner_queues.models import Queue
+
+logger = logging.getLogger("spanner_queues.engines")
+
+#: most age, in seconds, of the stats the worker's summary line shows (at least its interval)
+STATS_MAX_AGE_SECONDS = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """The latest read of one queue's stats: its result or its error, and when (monotonic)."""
+
+    stats: QueueStats | None
+    error: BaseException | None
+    at: float
+
+
+class StatsCache:
+    """The latest ``engine.stats()`` of each queue (by engine alias and label), in this
+    process. Thread-safe; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._readings: dict[tuple[str, str], Reading] = {}
+        #: one lock per queue, held by whoever reads it (a second reader waits, then reuses)
+        self._reading: dict[tuple[str, str], threading.Lock] = {}
+        #: reads running in the background (``peek``)
+        self._background: set[tuple[str, str]] = set()
+        #: reads made (``engine.stats()`` calls) in this process: tests pin the bound with it
+        self.reads = 0
+
+    @staticmethod
+    def _key(model: type[Queue]) -> tuple[str, str]:
+        from spanner_queues.engines import engine_for
+
+        return engine_for(model).alias, model._meta.label
+
+    def latest(self, model: type[Queue]) -> Reading | None:
+        with self._lock:
+            return self._readings.get(self._key(model))
+
+    def get(self, model: type[Queue], *, max_age: float | None = None) -> QueueStats:
+        """``model``'s stats no older than ``max_age`` seconds (None or 0: read now), read
+        here if need be; the read's error is raised."""
+        key = self._key(model)
+        with self._lock:
+            lock = self._reading.setdefault(key, threading.Lock())
+        with lock:
+            reading = self._fresh(key, max_age)
+            if reading is None:
+                reading = self._read(model, key)
+        if reading.error is not None:
+            raise reading.error
+        assert reading.stats is not None
+        return reading.stats
+
+    def peek(self, model: type[Queue], *, max_age: float) -> Reading | None:
+        """The latest reading of ``model`` (None: never read), at once; when it is older than
+        ``max_age`` seconds, one read starts in a daemon thread (unless one is running)."""
+        key = self._key(model)
+        with self._lock:
+            reading = self._readings.get(key)
+            stale = reading is None or time.monotonic() - reading.at >= max_age
+            if not stale or key in self._background:
+                return reading
+            self._background.add(key)
+        thread = threading.Thread(
+            target=self._read_in_background,
+            args=(model, key),
+            name=f"spanner_queues-stats-{key[1]}",
+            daemon=True,
+        )
+        thread.start()
+        return reading
+
+    def clear(self) -> None:
+        """Forget every reading (tests)."""
+        with self._lock:
+            self._readings.clear()
+
+    # --- internals ----------------------------------------------------------------------------
+    def _fresh(self, key: tuple[str, str], max_age: float | None) -> Reading | None:
+        if not max_age:
+            return None
+        with self._lock:
+            reading = self._readings.get(key)
+        if reading is not None and time.monotonic() - reading.at < max_age:
+            return reading
+        return None
+
+    def _read(self, model: type[Queue], key: tuple[str, str]) -> Reading:
+        from spanner_queues.engines import engine_for
+
+        with self._lock:
+            self.reads += 1
+        engine = engine_for(model)
+        try:
+            reading = Reading(engine.stats(model), None, time.monotonic())
+        except Exception as exc:
+            forget_lost_connection(exc, engine.database)  # the next read reconnects
+            reading = Reading(None, exc, time.monotonic())
+        with self._lock:
+            self._readings[key] = reading
+        return reading
+
+    def _read_in_background(self, model: type[Queue], key: tuple[str, str]) -> None:
+        try:
+            with self._lock:
+                lock = self._reading.setdefault(key, threading.Lock())
+            with lock:
+                reading = self._read(model, key)
+            if reading.error is not None:
+                logger.debug("stats of %s failed: %r", key[1], reading.error)
+        finally:
+            with self._lock:
+                self._background.discard(key)
+            connections.close_all()  # this thread's own connections
+
+
+#: the process's cache
+stats_cache = StatsCache()

@@ -1,0 +1,78 @@
+"""One broken queue of a worker (dropped under it: a deploy, a missing grant, RECEIVE taking time
+to reset after re-creation) fails, backs off and recovers alone: the worker's other queues
+drain meanwhile, and the failure shows in ``queue_health()``, the events, the summary and the
+logs (one line per failure episode). Runs on every engine: a real queue (or table) is dropped
+under a running worker and created again."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection
+
+from spanner_queues.engines import engines
+from spanner_queues.options import queue_options
+from spanner_queues.worker import Worker, WorkerEvents
+from tests.conftest import wait_until
+from tests.worker.conftest import running
+from tests.workerapp.models import Tasks, WorkItems, WorkLog
+
+pytestmark = pytest.mark.django_db(transaction=True)
+MakeWorker = Callable[..., Worker]
+
+
+@contextmanager
+def dropped(model: type) -> Iterator[None]:
+    """``model``'s queue dropped for the block, created again (empty) at its end."""
+    engine = engines["default"]
+    with connection.schema_editor() as editor:
+        engine.drop_queue(editor, model, queue_options(model))
+    try:
+        yield
+    finally:
+        with connection.schema_editor() as editor:
+            engine.create_queue(editor, model, queue_options(model))
+
+
+def test_a_dropped_queue_backs_off_alone_and_recovers_when_created_again(
+    make_worker: MakeWorker, events: WorkerEvents, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The broken queue first: a worker that restarted each round at the queue that raised
+    # never asked the other one.
+    worker = make_worker(Tasks, WorkItems, summary_interval=0.05)
+    caplog.set_level(logging.DEBUG, logger="spanner_queues.worker")
+    with running(worker):
+        with dropped(Tasks):
+            assert events.wait_for("receive_failed", timeout=60)
+            sent = WorkItems.send_many([{"payload": {}} for _ in range(5)])
+            assert events.wait_for("acked", 5, timeout=90), events.counts
+            assert sorted(WorkLog.objects.values_list("key", flat=True)) == sorted(
+                m.key[0] for m in sent
+            )
+            wait_until(lambda: events.counts["receive_failed"] >= 3, timeout=60)
+            health = worker.queue_health()
+            assert health["workerapp.Tasks"].failing
+            assert not health["workerapp.WorkItems"].failing
+            assert events.wait_for("summary", events.counts["summary"] + 1)
+            summaries = [e for e in events.history if e.name == "summary"]
+            assert summaries[-1].stats is not None and summaries[-1].stats.receive_errors >= 3
+        # created again: the broken queue recovers by itself
+        Tasks.send(kind="email", id="after")
+        assert events.wait_for("queue_recovered", timeout=90)
+        wait_until(lambda: WorkLog.objects.filter(key="after").exists(), timeout=90)
+        assert not worker.queue_health()["workerapp.Tasks"].failing
+    failing = [e.queue for e in events.history if e.name == "receive_failed"]
+    assert set(failing) == {"workerapp.Tasks"}
+    # one warning for the whole episode, however many receives failed; one line when it ends
+    warnings = [
+        r
+        for r in caplog.records
+        if r.levelno >= logging.WARNING and getattr(r, "action", "") == "queue_failing"
+    ]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    assert warnings[0].queue == "workerapp.Tasks"  # type: ignore[attr-defined]
+    recovered = [r for r in caplog.records if getattr(r, "action", "") == "queue_recovered"]
+    assert len(recovered) == 1 and "workerapp.Tasks" in recovered[0].getMessage()
