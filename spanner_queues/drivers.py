@@ -189,7 +189,10 @@ def emulator_has_queues(host: str) -> bool:
 
     channel = grpc.insecure_channel(host)
     try:
-        reply = channel.unary_unary("/spanner_queues.emulator.Front/Describe")(b"", timeout=5)
+        describe: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/spanner_queues.emulator.Front/Describe"
+        )
+        reply = describe(b"", timeout=5)
         return json.loads(reply).get("queues") is True
     except (grpc.RpcError, ValueError):
         return False

@@ -378,6 +378,7 @@ class Command(BaseCommand):
         max_age = max(self._worker.summary_interval or 0.0, STATS_MAX_AGE_SECONDS)
         depth = []
         for plan in self._worker.plans:
+            error: BaseException | None
             try:
                 reading = stats_cache.peek(plan.model, max_age=max_age)
             except Exception as exc:  # the summary must never stop the worker
