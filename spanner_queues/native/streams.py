@@ -14,7 +14,6 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -188,5 +187,5 @@ def renew_leases(
     for message in messages:
         new_token, expires = renewed.get(message.lease_token or "", (None, None))
         if new_token:  # no row, or a NULL new token: the lease is lost
-            result.append(replace(message, lease_token=new_token, lease_expires_at=expires))
+            result.append(message.with_lease(new_token, expires))
     return result

@@ -238,7 +238,8 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
 
 def _backoff(message: Message, engine: Any) -> timedelta:
     now = clock.now()
-    return engine.params.backoff.delay(max(message.attempt, 1), now - (message.send_time or now))
+    age = now - (message.send_time or now)
+    return engine.params.backoff.delay(max(message.attempt or 1, 1), age)
 
 
 # --- time ------------------------------------------------------------------------------------
