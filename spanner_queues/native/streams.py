@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 #: Spanner's lease: 10 s from delivery or renewal, not configurable.
 NATIVE_LEASE = timedelta(seconds=10)
 
+#: ``max_duration`` of a probe (``Receiver``): a call that ends by itself after one batch.
+PROBE_MAX_DURATION_SECONDS = 0.001
+
 #: ``max_duration`` of a settled stream's calls (at most ``RECEIVE_MAX_DURATION_SECONDS``): a
 #: caller that stops once nothing is due waits for the open call to end, so it is short.
 BRIEF_MAX_DURATION_SECONDS = 2.0
@@ -113,8 +116,13 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
     payload_type = decl.payload_type
     current: dict[str, Any] = {}
 
-    def open_stream(max_batch_size: int, *, brief: bool = False) -> Any:
-        seconds = brief_seconds(engine) if brief else engine.max_duration_seconds
+    def open_stream(max_batch_size: int, *, brief: bool = False, probe: bool = False) -> Any:
+        if probe:
+            seconds = min(PROBE_MAX_DURATION_SECONDS, engine.max_duration_seconds)
+        elif brief:
+            seconds = brief_seconds(engine)
+        else:
+            seconds = engine.max_duration_seconds
         sql = engine.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
         deadline = seconds + 30  # the call's own gRPC deadline
         with database.snapshot() as snapshot:  # a pooled session, as the client
@@ -154,6 +162,7 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
         batch_size=engine.batch_size,
         stall_seconds=NATIVE_LEASE.total_seconds() / 2,
         brief=(engine.alias, model._meta.label) in _brief,
+        probe=True,
     )
 
 

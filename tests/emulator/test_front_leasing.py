@@ -1,0 +1,77 @@
+"""What a process's receiving leases on the queue-aware front, measured on the front's own
+bookkeeping (the hidden lease column of the queue's table): leasing is bounded by demand, and a
+plain ``api.receive()`` outside a worker holds no stream and no row once it has returned."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from spanner_queues import api
+from spanner_queues.emulator.schema import LEASE_EXPIRES
+from spanner_queues.engines import engines
+from spanner_queues.native import streams
+from tests.conftest import wait_until
+from tests.testapp.models import Jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PAYLOAD = "x" * 4096
+
+
+def leased_keys(model: Any = Jobs) -> set[str]:
+    """Keys of ``model``'s queue whose lease has not ended, as the front recorded it."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {model._meta.db_table} WHERE {LEASE_EXPIRES} > CURRENT_TIMESTAMP()"
+        )
+        return {key for (key,) in cursor.fetchall()}
+
+
+def leased_rows(model: Any = Jobs) -> int:
+    return len(leased_keys(model))
+
+
+def send(n: int) -> None:
+    for start in range(0, n, 100):
+        Jobs.send_many([{"payload": PAYLOAD} for _ in range(min(100, n - start))])
+
+
+def receiver() -> Any:
+    with streams._streams_lock:
+        return streams._streams.get((engines["default"].alias, Jobs._meta.label))
+
+
+def test_receive_of_one_leases_no_more_than_demand_plus_one_batch() -> None:
+    send(300)
+    try:
+        [_taken] = wait_until(lambda: api.receive(Jobs, max_messages=1), timeout=60)
+        # Leased and not started: everything leased but the one message handed out. The
+        # stream must end its call at the demand, not read (and lease) ahead.
+        stream = receiver()
+        assert stream is not None
+        wait_until(lambda: not stream.calling, timeout=30)
+        unstarted = leased_rows() - 1
+        batch = 1  # RECEIVE's max_batch_size is the demand
+        assert unstarted <= 1 + batch, f"{unstarted} of 299 leased and never handed out"
+    finally:
+        api.stop_receiving(Jobs, wait=10)
+
+
+def test_a_plain_receive_holds_no_stream_and_renews_no_row_after_it_returns() -> None:
+    send(3)
+    try:
+        [message] = wait_until(lambda: api.receive(Jobs), timeout=60)
+        stream = receiver()
+        # No call stays open once the receive has returned (only briefly)...
+        wait_until(lambda: not stream.calling, timeout=30)
+        # ...and a row the stream holds for nobody is not renewed: within about a lease every
+        # row but the one handed out is due again (the front's clock, its lease of 10 s).
+        assert wait_until(
+            lambda: leased_keys() <= {message.key[0]}, timeout=streams.NATIVE_LEASE.seconds + 15
+        )
+        assert not stream.calling
+    finally:
+        api.stop_receiving(Jobs, wait=10)
