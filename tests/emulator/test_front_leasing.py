@@ -13,6 +13,7 @@ from spanner_queues import api
 from spanner_queues.emulator.schema import LEASE_EXPIRES
 from spanner_queues.engines import engines
 from spanner_queues.native import streams
+from spanner_queues.native.ddl import duration
 from tests.conftest import wait_until
 from tests.testapp.models import Jobs
 
@@ -73,5 +74,23 @@ def test_a_plain_receive_holds_no_stream_and_renews_no_row_after_it_returns() ->
             lambda: leased_keys() <= {message.key[0]}, timeout=streams.NATIVE_LEASE.seconds + 15
         )
         assert not stream.calling
+    finally:
+        api.stop_receiving(Jobs, wait=10)
+
+
+def test_a_plain_receive_that_found_nothing_leaves_no_call_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = engines["default"]
+    # A call that would stay open ten minutes unless the receiver ends it.
+    monkeypatch.setattr(engine, "max_duration_seconds", 600.0)
+    monkeypatch.setattr(engine, "max_duration", duration(600.0))
+    try:
+        assert api.receive(Jobs) == []
+        stream = receiver()
+        assert wait_until(lambda: not stream.calling, timeout=30)
+        Jobs.send(payload="later")  # nobody is receiving: nothing leases it
+        assert leased_rows() == 0
+        assert wait_until(lambda: api.receive(Jobs), timeout=30)  # a new call for a new demand
     finally:
         api.stop_receiving(Jobs, wait=10)
