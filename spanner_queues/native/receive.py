@@ -304,6 +304,13 @@ class Receiver:
                     return
                 if self._ending:  # our own cancel
                     continue
+                if probe and grpc_status(exc) == "INVALID_ARGUMENT":
+                    # (Spanner documents no minimum max_duration: if it refuses a probe's,
+                    # ask in long calls from now on.)
+                    logger.warning("RECEIVE for %s refused a probe (%s); no more probes",
+                                   self.name, exc)
+                    self._probe = False
+                    continue
                 self.last_error = exc
                 fatal = permanent_error(self.name, exc)
                 if fatal is not None:
