@@ -4,6 +4,9 @@ plain ``api.receive()`` outside a worker holds no stream and no row once it has 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -92,5 +95,25 @@ def test_a_plain_receive_that_found_nothing_leaves_no_call_open(
         Jobs.send(payload="later")  # nobody is receiving: nothing leases it
         assert leased_rows() == 0
         assert wait_until(lambda: api.receive(Jobs), timeout=30)  # a new call for a new demand
+    finally:
+        api.stop_receiving(Jobs, wait=10)
+
+
+def test_another_process_drains_all_but_what_a_plain_receive_took(
+    child_env: dict[str, str],
+) -> None:
+    sent = Jobs.send_many([{"payload": str(i)} for i in range(5)])
+    try:
+        [taken] = wait_until(lambda: api.receive(Jobs), timeout=60)  # kept, never renewed
+        child = subprocess.run(
+            [sys.executable, "-m", "tests.claimer", "testapp.Jobs", "60"],
+            env=child_env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert child.returncode == 0, child.stderr
+        drained = {tuple(json.loads(line)["key"]) for line in child.stdout.splitlines()}
+        assert drained | {taken.key} == {m.key for m in sent}
     finally:
         api.stop_receiving(Jobs, wait=10)
