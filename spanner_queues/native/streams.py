@@ -5,8 +5,10 @@ thread, like database connections; streams must not be). A stream stopped by a p
 is started afresh by the next receive (the queue may have been created, or the permission
 granted, since). Every stream is stopped at exit, so none outlives the program. A renewal of
 in-flight messages renews, in the same ``RENEWLEASE_<Q>`` call, the rows the stream holds that
-are due for renewal. ``settle`` makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``)
-until it is stopped, and lets its open call end (``Receiver.settle``).
+are due for renewal, while the stream is in use (``Receiver.held_tokens_due``). A demand is
+first asked in a probe (``PROBE_MAX_DURATION_SECONDS``: one batch, no cancel). ``settle``
+makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``) until it is stopped, and lets
+its open call end (``Receiver.settle``).
 """
 
 from __future__ import annotations
