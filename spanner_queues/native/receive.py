@@ -304,9 +304,13 @@ class Receiver:
                     return
                 if self._ending:  # our own cancel
                     continue
-                if probe and grpc_status(exc) == "INVALID_ARGUMENT":
+                if (
+                    probe
+                    and grpc_status(exc) == "INVALID_ARGUMENT"
+                    and "duration" in str(exc).lower()
+                ):
                     # (Spanner documents no minimum max_duration: if it refuses a probe's,
-                    # ask in long calls from now on.)
+                    # ask in long calls from now on. Other refusals stay permanent.)
                     logger.warning("RECEIVE for %s refused a probe (%s); no more probes",
                                    self.name, exc)
                     self._probe = False
