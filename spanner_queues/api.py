@@ -27,7 +27,7 @@ from spanner_queues.exceptions import (
     QueueConfigurationError,
 )
 from spanner_queues.keys import key_fields, key_names, row_to_message
-from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
+from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import held_lease_token, mark_acked
 from spanner_queues.registry import engine_for, get_queue
@@ -463,7 +463,7 @@ def ack_many(
         if isinstance(m, Message):
             mark_acked(m)
     metrics.acked(model, messages, db)  # on commit; nothing while metrics are off
-    failed_before = [m.key for m in messages if isinstance(m, Message) and m.attempt > 1]
+    failed_before = [m.key for m in messages if isinstance(m, Message) and may_have_failed(m)]
     if failed_before:  # where failed runs are recorded, the record goes with the ack
         engine.clear_failures(model, failed_before, using=db)
 

@@ -1,15 +1,18 @@
 """Failed runs of messages on engines that keep no delivery count (native Spanner queues).
 
-Spanner counts no deliveries, so ``max_attempts`` and dead-letter queues would mean nothing
-there. Instead the worker records each failed run in the transaction that handles the failure
-(``record_failure``); the native engine reads the count when it hands a message out
-(``message.attempt`` = failed runs + 1), the worker dead-letters (or discards) the message once
-its failures reach ``max_attempts``, and the record is deleted in the transaction that acks the
-message, dead-letters or discards it (``clear_failures``).
+Spanner counts no deliveries, so ``message.attempt``, ``max_attempts`` and dead-letter queues
+would mean nothing there. Instead the worker records each failed run, on every queue, in the
+transaction that handles the failure (``record_failure``); the native engine reads the counts
+of a received batch when the first ``message.attempt`` of it is read, one query for the batch
+(``message.attempt`` = failed runs + 1; a receiver that never reads it costs no read), the
+worker dead-letters (or discards) the message once its failures reach ``max_attempts``, and
+the record is deleted in the transaction that acks the message, retries, dead-letters or
+discards it (``clear_failures``).
 
 What it does not count: a delivery whose worker died or whose lease expired mid-run leaves no
-record (Spanner redelivers it with back-off, as it always does). A key sent again while an old
-record of it stands (after a failed clear) starts from that record's count.
+record (Spanner redelivers it with back-off, as it always does), nor does a message received
+with ``api.receive`` whose lease the caller let lapse. A key sent again while an old record of
+it stands (after a failed clear) starts from that record's count.
 """
 
 from __future__ import annotations

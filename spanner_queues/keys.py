@@ -51,7 +51,7 @@ def row_to_message(model: type[models.Model], row: Any) -> Message:
         key_names=names,
         payload=from_stored(row.payload),
         deliver_time=row.deliver_time,
-        attempt=loaded.get("attempts") or 0,
+        attempt=loaded["attempts"] if "attempts" in loaded else None,  # native: unknown
         lease_token=loaded.get("lease_token"),
         lease_expires_at=loaded.get("lease_expires_at"),
         send_time=loaded.get("send_time"),

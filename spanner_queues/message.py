@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
@@ -12,6 +14,57 @@ from spanner_queues.payload import decode_json
 #: the latest deliver time accepted: leases and back-off are added to it, and every database
 #: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
 LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)
+
+logger = logging.getLogger("spanner_queues")
+
+
+class AttemptLoader:
+    """The attempt numbers of one received batch, read on demand: ``load(keys)`` returns the
+    attempt of each key it knows (keys it leaves out are first deliveries, attempt 1); it is
+    called at most once, for every key of the batch, when the first ``attempt`` of the batch
+    is read. A load that fails leaves every attempt of the batch ``None`` (unknown)."""
+
+    __slots__ = ("_keys", "_load", "_loaded")
+
+    def __init__(
+        self,
+        keys: Sequence[tuple[Any, ...]],
+        load: Callable[[Sequence[tuple[Any, ...]]], dict[tuple[Any, ...], int]],
+    ) -> None:
+        self._keys = list(keys)
+        self._load = load
+        self._loaded: dict[tuple[Any, ...], int] | None = None
+
+    def attempt(self, key: tuple[Any, ...]) -> int | None:
+        if self._loaded is None:
+            try:
+                self._loaded = self._load(self._keys)
+            except Exception:
+                logger.warning("reading the attempts of %d message(s) failed; unknown",
+                               len(self._keys), exc_info=True)
+                return None
+        return self._loaded.get(tuple(key), 1)
+
+
+class _AttemptField:
+    """``Message.attempt``: an int, None, or an ``AttemptLoader`` resolved on first read."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return 0  # the field's default
+        value = obj.__dict__.get(self._slot, 0)
+        if isinstance(value, AttemptLoader):
+            resolved = value.attempt(obj.key)
+            if resolved is not None:  # (unknown: asked again on the next read)
+                obj.__dict__[self._slot] = resolved
+            return resolved
+        return value
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self._slot] = value
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -23,7 +76,7 @@ class OutgoingMessage:
     deliver_time: datetime | None = None
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+@dataclass(frozen=True, kw_only=True)
 class Message:
     """A received (leased) or listed message.
 
@@ -31,7 +84,10 @@ class Message:
     ``payload`` is bytes for every payload type, the same on every engine: the stored bytes
     of a bytes queue, the UTF-8 text of a string queue, canonical JSON text (keys sorted, no
     spaces) of a json queue; ``text()`` and ``json()`` decode it.
-    ``attempt`` counts deliveries, this one included (0 for a message never delivered).
+    ``attempt`` counts deliveries, this one included (0 for a message never delivered), or
+    is None where the engine cannot know it (a native queue's listed message, a failed read
+    of the failure ledger). Native queues read it from the failure ledger when it is first
+    read (``AttemptLoader``), so a receiver that never reads it costs no read.
     ``lease_token`` and ``lease_expires_at`` are set while the message is leased to a receiver.
     """
 
@@ -40,10 +96,19 @@ class Message:
     key_names: tuple[str, ...]
     payload: bytes
     deliver_time: datetime | None
-    attempt: int = 0
+    attempt: int | None = _AttemptField()  # type: ignore[assignment]
     lease_token: str | None = None
     lease_expires_at: datetime | None = None
     send_time: datetime | None = None
+
+    def with_lease(self, lease_token: str | None, lease_expires_at: datetime | None) -> Message:
+        """This message under a renewed lease; an attempt not read yet stays unread."""
+        return replace(
+            self,
+            attempt=self.__dict__.get("_attempt", 0),
+            lease_token=lease_token,
+            lease_expires_at=lease_expires_at,
+        )
 
     @property
     def key_dict(self) -> dict[str, Any]:
@@ -60,3 +125,10 @@ class Message:
     def __str__(self) -> str:
         key = ", ".join(f"{n}={v!r}" for n, v in zip(self.key_names, self.key, strict=True))
         return f"{self.queue}({key})"
+
+
+def may_have_failed(message: Message) -> bool:
+    """Whether failed runs of ``message`` may be on record: its attempt is above 1, or
+    unknown (None)."""
+    attempt = message.attempt
+    return attempt is None or attempt > 1

@@ -7,6 +7,10 @@ the client cancels or the front shuts down.
 - An idle stream looks at its queue again on every commit through the front (``committed``),
   at most every ``IDLE_POLL_SECONDS`` otherwise, and when the earliest scheduled message falls
   due. Rows it leased are sent before it ends.
+- A batch is leased only as it is sent: one leased while the client cancelled (or the front
+  stopped) is given back at once (``unclaim``), as if never leased. Rows handed to gRPC stay
+  leased: what a client that stops reading without cancelling lets through its flow-control
+  window is leased, as on Spanner, where a RECEIVE row is leased when the server produces it.
 - Every batch carries a resume token (Google's client holds rows back until one arrives);
   resuming with it starts a new RECEIVE, and rows already sent stay leased to the first call.
 """
@@ -14,6 +18,7 @@ the client cancels or the front shuts down.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -27,6 +32,8 @@ from spanner_queues.emulator import schema as s
 from spanner_queues.emulator import statements as st
 from spanner_queues.emulator import status
 from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+
+logger = logging.getLogger("spanner_queues.emulator")
 
 #: how long an idle RECEIVE sleeps at most between looks at its queue.
 IDLE_POLL_SECONDS = 0.5
@@ -96,6 +103,11 @@ class Receiving:
                     sent_metadata = True
                 for row in rows:
                     partial.values.extend(row)
+                if done.is_set() or self.stopping.is_set():  # ended while leasing: not sent
+                    self._unclaim(database, queue, claimed)
+                    return
+                # (a call cancelled while gRPC sends it is not told whether the send went
+                # through: that batch stays leased, as the rows of a window a client let in)
                 yield partial.SerializeToString()
                 continue
             wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
@@ -106,6 +118,12 @@ class Receiving:
         if not sent_metadata:
             fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
             yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
+
+    def _unclaim(self, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
+        try:
+            unclaim(self.backend, database, queue, claimed)
+        except Exception:  # (they come back after their lease)
+            logger.warning("giving back an unsent batch of %s failed", queue.name, exc_info=True)
 
     def _check_mode(self, selector: Any, queue: s.QueueSchema) -> None:
         kind = selector.WhichOneof("selector")
@@ -130,6 +148,47 @@ def is_strong_read(options: Any) -> bool:
         return False
     bound = options.read_only.WhichOneof("timestamp_bound")
     return bound in (None, "strong")
+
+
+def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
+    """Give back the rows of ``claimed`` that still hold the lease it gave them (never sent):
+    due now, no lease, the attempt not counted."""
+    n = len(queue.keys)
+    token_at = [name for name, _ in claimed.fields].index(q.RECEIVE_SYSTEM[1])
+    tokens = {row[token_at].string_value: row[:n] for row in claimed.rows}
+    columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS]
+
+    def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
+        result = backend.read(
+            session, queue.name, columns, [b.ListValue(values=list(k)) for k in tokens.values()],
+            transaction_id=txn,
+        )
+        updates = []
+        for row in b.rows(result):
+            if not row[n].HasField("string_value") or row[n].string_value not in tokens:
+                continue  # acked, or leased anew since: not ours to give back
+            attempts = max(int(row[n + 1].string_value or 1) - 1, 0)
+            updates.append(
+                [
+                    *row[:n],
+                    b.Value(string_value=q.ts(q.now())),
+                    b.string_value(None),
+                    b.string_value(None),
+                    b.Value(string_value=str(attempts)),
+                ]
+            )
+        mutations = []
+        if updates:
+            mutations.append(
+                b.update_mutation(
+                    queue.name,
+                    [*queue.keys, s.NEXT_DELIVERY, s.LEASE_TOKEN, s.LEASE_EXPIRES, s.ATTEMPTS],
+                    updates,
+                )
+            )
+        return None, mutations
+
+    backend.run_in_transaction(database, work)
 
 
 def receive_args(args: dict[str, Any]) -> tuple[int, float]:

@@ -15,7 +15,7 @@ from django.core import checks
 from spanner_queues import clock
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
 from spanner_queues.exceptions import InvalidMessage, InvalidQueueEngine, NotSupportedByEngine
-from spanner_queues.message import LATEST_DELIVER_TIME, OutgoingMessage
+from spanner_queues.message import LATEST_DELIVER_TIME, OutgoingMessage, may_have_failed
 from spanner_queues.options import queue_options
 from spanner_queues.transactions import run_in_transaction
 
@@ -78,7 +78,7 @@ class Failure:
     whether it was the last one allowed (``QueueMeta.max_attempts``): then the message is
     dead-lettered or discarded, else given back due after the back-off."""
 
-    attempt: int
+    attempt: int | None
     exhausted: bool
 
 
@@ -168,7 +168,7 @@ class BaseQueueEngine(ABC):
         if not messages:
             return
         self._ack_held(model, messages, using=using)
-        failed_before = [m.key for m in messages if m.attempt > 1]
+        failed_before = [m.key for m in messages if may_have_failed(m)]
         if failed_before:
             self.clear_failures(model, failed_before, using=using)
 
@@ -196,7 +196,7 @@ class BaseQueueEngine(ABC):
         elif messages:
             self._ack_held(model, messages, using=using)
         moved = to is not None and to is not model
-        forget = keys if moved else [m.key for m in messages if m.attempt > 1]
+        forget = keys if moved else [m.key for m in messages if may_have_failed(m)]
         if forget:
             self.clear_failures(model, forget, using=using)
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
@@ -270,13 +270,13 @@ class BaseQueueEngine(ABC):
         """How long a message waits before its next delivery after ``message.attempt`` failed
         (``SPANNER_QUEUES[alias]["OPTIONS"]["BACKOFF"]``; hourly once it is old)."""
         age = clock.now() - (message.send_time or clock.now())
-        return self.params.backoff.delay(max(message.attempt, 1), age)
+        return self.params.backoff.delay(max(message.attempt or 1, 1), age)
 
     def exhausted(self, model: type[Queue], message: Message) -> bool:
         """Whether ``message`` was delivered more often than ``QueueMeta.max_attempts`` allows
         (runs lost to lease expiry count): it must not run again."""
         limit = queue_options(model).max_attempts
-        return bool(limit and message.attempt > limit)
+        return bool(limit and (message.attempt or 0) > limit)
 
     def fail(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
@@ -294,7 +294,9 @@ class BaseQueueEngine(ABC):
             logger.exception("%s: recording the failure failed", message)
             attempt = message.attempt
         limit = queue_options(model).max_attempts
-        return Failure(attempt=attempt, exhausted=bool(limit and attempt >= limit))
+        return Failure(
+            attempt=attempt, exhausted=bool(limit and attempt is not None and attempt >= limit)
+        )
 
     def give_back(
         self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
@@ -323,7 +325,7 @@ class BaseQueueEngine(ABC):
         if not self.features.supports_attempt_count:
             given = self.give_back(model, message, deliver_time=clock.now())
             return "returned" if given else "kept"
-        if message.attempt > 1:
+        if may_have_failed(message):
             return "run"
         again = OutgoingMessage(key=message.key_dict, payload=message.payload)
         run_in_transaction(

@@ -39,7 +39,7 @@ from spanner_queues.exceptions import (
     QueueUnavailable,
 )
 from spanner_queues.keys import key_filter, key_names
-from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.message import AttemptLoader, Message, OutgoingMessage
 from spanner_queues.native import client, streams
 from spanner_queues.native import messages as messages_on_wire
 from spanner_queues.native.ddl import GOOGLESQL, QueueDeclaration, declare, dialect, duration
@@ -201,20 +201,25 @@ class NativeQueueEngine(BaseQueueEngine):
         names = key_names(model)
         receiver = streams.stream_for(self, model, max_messages)
         taken = receiver.take(max_messages, self.receive_wait)
-        failed: dict[tuple, int] = {}
-        if taken and queue_options(model).max_attempts:
-            # Spanner keeps no delivery count: attempts are the failed runs workers recorded.
-            failed = failures.failures_of(
-                model._meta.label, [d.key for d in taken], using=self.database
-            )
+        if not taken:
+            return []
+        # Spanner keeps no delivery count: an attempt is the failed runs workers recorded in
+        # the failure ledger, plus one, read for the whole batch when one is first read.
+        label, database = model._meta.label, self.database
+
+        def load(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
+            failed = failures.failures_of(label, keys, using=database)
+            return {key: count + 1 for key, count in failed.items()}
+
+        attempts = AttemptLoader([d.key for d in taken], load)
         return [
             Message(
-                queue=model._meta.label,
+                queue=label,
                 key=d.key,
                 key_names=names,
                 payload=d.payload,
                 deliver_time=d.deliver_time,
-                attempt=failed.get(d.key, 0) + 1,
+                attempt=attempts,
                 lease_token=d.lease_token,
                 lease_expires_at=d.lease_expires_at,
             )
@@ -224,11 +229,9 @@ class NativeQueueEngine(BaseQueueEngine):
     def record_failure(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
     ) -> int:
-        """Spanner counts no deliveries: for a queue with ``max_attempts`` the failed run
-        goes to the failure ledger (``spanner_queues.failures``) in the caller's transaction;
-        other queues keep no count."""
-        if not queue_options(model).max_attempts:
-            return message.attempt
+        """Spanner counts no deliveries: the failed run goes to the failure ledger
+        (``spanner_queues.failures``) in the caller's transaction, on every queue, so the next
+        delivery's ``attempt`` is one more."""
         return failures.record_failure(message, error, using=using)
 
     def clear_failures(

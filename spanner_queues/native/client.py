@@ -272,7 +272,10 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
     ``ExecuteStreamingSql`` call on a strong single-use read-only transaction. Its
     ``_restart_on_unavailable`` would hold rows back until a PartialResultSet carries a resume
     token, retry UNAVAILABLE without back-off and resume RECEIVE with a token; here restarts are
-    the ``Receiver``'s, and the returned call can be ``cancel()``ed."""
+    the ``Receiver``'s. The call is the transport's own, wrapped only to map gRPC errors
+    (``GoogleAPICallError``): the client's wrapper waits for the first response before it
+    returns, so a call on an idle queue could not be ``cancel()``ed until a message came."""
+    from google.api_core.grpc_helpers import _StreamingResponseIterator
     from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
     from google.cloud.spanner_v1._helpers import _merge_query_options, _metadata_with_prefix
     from google.cloud.spanner_v1.types import TransactionOptions
@@ -286,12 +289,14 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
         query_options=_merge_query_options(database._instance._client._query_options, None),
         request_options=RequestOptions(),
     )
-    return database.spanner_api.execute_streaming_sql(
-        request=request,
-        metadata=_metadata_with_prefix(database.name),
-        retry=None,
-        timeout=timeout,
+    metadata = [
+        *_metadata_with_prefix(database.name),
+        ("x-goog-request-params", f"session={session.name}"),
+    ]
+    call = database.spanner_api.transport.execute_streaming_sql(
+        request, metadata=metadata, timeout=timeout
     )
+    return _StreamingResponseIterator(call, prefetch_first_result=False)
 
 
 def rows_of(call: Any) -> Iterator[Any]:

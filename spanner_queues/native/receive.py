@@ -1,24 +1,41 @@
 """The ``RECEIVE_<Q>`` loop: one background stream per queue and process, feeding a buffer.
 
 ``RECEIVE_<Q>`` is a long-running streaming query on a strong single-use snapshot; rows arrive
-as messages become deliverable, each already leased to this receiver. The stream runs until its
-``max_duration`` and is then started again. ``Receiver.take`` hands buffered rows to callers and
-drops those whose lease has (nearly) expired, since Spanner may deliver them to someone else.
+as messages become deliverable, each already leased to this receiver. ``Receiver.take`` hands
+buffered rows to callers and drops those whose lease has (nearly) expired, since Spanner may
+deliver them to someone else.
 
-Holding is bounded by demand: the stream is read only while fewer rows are held than the last
-``take`` asked for (at most ``buffer_size``), so gRPC flow control holds Spanner back instead of
-leasing messages nobody will start. Held rows are renewed before their lease ends (by the
-engine's ``renew_leases`` together with the in-flight ones, or by the receiver's own renewal
-thread when nobody renews), and rows that still expire are counted in
+Leasing is bounded by demand, not by gRPC flow control (a client's flow-control window lets
+the server run far ahead: 300 rows of 4 KB went through one): a call asks for what is wanted
+(``max_batch_size`` = the demand not yet held, at most ``batch_size``), and is ended (cancelled)
+at the end of the batch that meets the demand, instead of being read on. So the rows leased to
+this process and not yet handed out stay within the demand plus one batch (plus what the
+server sent before the cancel reached it). A new call opens only for a demand not met: a
+``take`` waiting for more than is held, or one that returned short within ``linger``.
+
+A cancel strands the rows the server sent before it arrived (leased to nobody until their
+lease ends), and under a backlog it would strand some at every call. So with ``probe`` a demand
+is first asked in a *probe*: a call with a tiny ``max_duration`` (``open_stream(...,
+probe=True)``), which ends by itself after one batch. A probe that comes back full (a backlog)
+is followed by another; one that comes back short (nothing more due) by a long call, which
+waits for messages to become due and is cancelled once its batch meets the demand.
+
+Only a caller that keeps asking holds a stream: a call stays open ``linger`` seconds after the
+last ``take`` returned (a worker asks again within moments), then it is ended, so a plain
+``api.receive()`` leaves no call open for long and uses none of Spanner's active receive
+queries. Held rows are renewed before their lease ends (by the engine's ``renew_leases``
+together with the in-flight ones, or by the receiver's own thread) only while the stream is in
+use (a ``take`` waiting, or one within ``linger``): a row nobody takes is left to its lease
+and goes back to the queue. Rows that expire while held are counted in
 ``lease_expiration_count``, as Spanner's metric of that name counts them.
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
 leased to nobody until their lease ends. So from the first ``settle`` on, calls are *brief*
-(``open_stream(..., brief=True)``: a short ``max_duration``), never cancelled for a stall, and
-read to their end; ``settle`` opens no new call until the next ``take``, waits for the open one
-to end and says whether rows arrived. A call broken by an error (not ended by its
-``max_duration``) can still leave rows leased: they come back after their lease.
+(``open_stream(..., brief=True)``: a short ``max_duration``), never cancelled, and read to
+their end; ``settle`` opens no new call until the next ``take``, waits for the open one to end
+and says whether rows arrived. A call broken by an error (not ended by its ``max_duration``)
+can still leave rows leased: they come back after their lease.
 """
 
 from __future__ import annotations
@@ -45,6 +62,10 @@ logger = logging.getLogger("spanner_queues.native.receive")
 
 #: how long ``take`` waits when the open call has had time to bring what is due.
 WARM_WAIT = 0.05
+
+#: how long a stream's call stays open after the last ``take`` returned (a worker asks again
+#: well within it; a plain ``api.receive()`` leaves the call open no longer).
+LINGER_SECONDS = 1.0
 
 #: Errors that no restart can cure: the stream stops and ``take`` raises them.
 PERMANENT = frozenset(
@@ -85,9 +106,10 @@ class Delivery:
 class Receiver:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
-    ``open_stream(max_batch_size, brief=...)`` returns an iterable of raw rows (it runs the
-    query; ``brief``: with a short ``max_duration``, see ``settle``); ``parse(row)`` turns a
-    row into a ``Delivery``. ``brief``: calls are brief from the start.
+    ``open_stream(max_batch_size, brief=..., [probe=True])`` returns an iterable of raw rows
+    (it runs the query; ``brief``: with a short ``max_duration``, see ``settle``; ``probe``:
+    a one-batch call, passed only with ``probe``); ``parse(row)`` turns a row into a
+    ``Delivery``. ``brief``: calls are brief from the start.
     """
 
     def __init__(
@@ -106,6 +128,8 @@ class Receiver:
         batch_size: int | None = 10,
         stall_seconds: float = 5.0,
         brief: bool = False,
+        linger: float = LINGER_SECONDS,
+        probe: bool = False,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -119,7 +143,22 @@ class Receiver:
         self._renew_within = renew_within
         #: RECEIVE's max_batch_size: the setting, but never more than is asked for.
         self._batch_size = batch_size
+        #: brief calls only: how long a full buffer waits before the call is read on.
         self._stall_seconds = stall_seconds
+        self._linger = linger
+        #: ``open_stream(..., probe=True)`` opens a one-batch call (a tiny ``max_duration``)
+        self._probe = probe
+        #: the next call is a probe: a new demand, or the last probe came back full
+        self._probe_next = True
+        #: takes waiting now, the messages they ask for together, and when the last one
+        #: returned (monotonic)
+        self._waiting = 0
+        self._asked = 0
+        self._last_wanted = time.monotonic()
+        #: until when (monotonic) the last take's unmet demand may open a new call
+        self._unmet_until = 0.0
+        #: the open call is being ended by this receiver (its error is no failure)
+        self._ending = False
         self._renewer: threading.Thread | None = None
         self._margin = lease_margin
         self._restart_delay = restart_delay
@@ -150,6 +189,7 @@ class Receiver:
         with self._cond:
             self._cap = max(1, min(max_messages, self._buffer_size))
             self._resting = False
+            self._last_wanted = time.monotonic()
             self._cond.notify_all()
 
     def start(self) -> None:
@@ -160,9 +200,9 @@ class Receiver:
                     target=self._run, name=f"spanner-queues-receive-{self.name}", daemon=True
                 )
                 self._thread.start()
-            if self._renew is not None and (self._renewer is None or not self._renewer.is_alive()):
+            if self.fatal is None and (self._renewer is None or not self._renewer.is_alive()):
                 self._renewer = threading.Thread(
-                    target=self._renew_held, name=f"spanner-queues-renew-{self.name}", daemon=True
+                    target=self._watch, name=f"spanner-queues-renew-{self.name}", daemon=True
                 )
                 self._renewer.start()
 
@@ -185,57 +225,96 @@ class Receiver:
         return self._thread is not None and self._thread.is_alive()
 
     # --- the stream ----------------------------------------------------------------------
+    def _demand(self) -> int:
+        """How many rows the stream may hold: what the takes waiting now ask for together,
+        at least what the last one asked for, at most ``buffer_size`` (under ``_cond``)."""
+        return max(1, min(max(self._cap, self._asked), self._buffer_size))
+
+    def _unmet(self) -> bool:
+        """A ``take`` is waiting, or the last one returned short within ``linger``."""
+        return self._waiting > 0 or time.monotonic() < self._unmet_until
+
+    def _in_use(self) -> bool:
+        """A ``take`` is waiting, or one returned within ``linger`` (under ``_cond``)."""
+        return self._waiting > 0 or time.monotonic() - self._last_wanted < self._linger
+
     def _run(self) -> None:
         failures = 0
         while not self._stop.is_set():
-            with self._cond:  # hold no more than asked for: no stream at all while full
+            with self._cond:  # a new call only for a demand not met, for what it lacks
                 while (
-                    len(self._buffer) >= self._cap or self._resting
+                    len(self._buffer) >= self._demand() or self._resting or not self._unmet()
                 ) and not self._stop.is_set():
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     return
                 self._calling = True  # with the check above: ``settle`` sees no gap
+                self._ending = False
                 brief = self._brief
-            stalled = False
+                # RECEIVE's max_batch_size: the demand not yet held, at most the setting.
+                demand = self._demand()
+                batch = max(1, min(demand - len(self._buffer), self._batch_size or demand))
             read_on = False  # a brief call stalled: read it to its end, past the cap
+            probe = self._probe and self._probe_next and not brief
+            in_batch = 0  # rows of the batch being read
+            full = False  # the last batch read was full: more may be due
             try:
                 self.streams_started += 1
                 self._open_since = time.monotonic()
-                batch = min(self._cap, self._batch_size or self._cap)
-                for row in self._open_stream(max(1, batch), brief=brief):
+                calls = self._open_stream(batch, brief=brief, probe=True) if probe else (
+                    self._open_stream(batch, brief=brief)
+                )
+                for row in calls:
                     delivery = self._parse(row)
+                    end = False
+                    in_batch += 1
+                    if delivery.last_in_batch:
+                        full, in_batch = in_batch >= batch, 0
                     with self._cond:
                         if self._stop.is_set():
                             return
                         self._buffer.append(delivery)
                         self._batch_open = not delivery.last_in_batch
                         self._cond.notify_all()
-                        # Held enough: read no further, so flow control holds the server back.
-                        full_since = time.monotonic()
-                        while (
-                            len(self._buffer) >= self._cap
-                            and not read_on
-                            and not self._stop.is_set()
-                        ):
-                            if time.monotonic() - full_since >= self._stall_seconds:
-                                if brief:  # it ends soon: never cancel rows on the wire
+                        if brief:
+                            # It ends soon: never cancel rows on the wire. Held enough: read
+                            # no further for a while, then read on to the call's end.
+                            full_since = time.monotonic()
+                            while (
+                                len(self._buffer) >= self._demand()
+                                and not read_on
+                                and not self._stop.is_set()
+                            ):
+                                if time.monotonic() - full_since >= self._stall_seconds:
                                     read_on = True
                                     break
-                                stalled = True
-                                break
-                            self._cond.wait(0.5)
-                    if stalled:
-                        # Nobody has taken anything for half a lease: end the call rather
-                        # than let the server lease more to a buffer nobody reads. A new call
-                        # starts when a receive asks for more.
+                                self._cond.wait(0.5)
+                        elif not self._batch_open and (
+                            len(self._buffer) >= self._demand() or not self._in_use()
+                        ):
+                            # The demand is met (or nobody asks any more): end the call at
+                            # this batch's end rather than read (and lease) ahead. A new call
+                            # starts when a take wants more.
+                            self._ending = end = True
+                    if end:
                         self._cancel_stream()
                         break
                 failures = 0  # max_duration elapsed (or held enough): call RECEIVE again
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
                 if self._stop.is_set():  # cancelled by stop()
                     return
-                if stalled:  # our own cancel
+                if self._ending:  # our own cancel
+                    continue
+                if (
+                    probe
+                    and grpc_status(exc) == "INVALID_ARGUMENT"
+                    and "duration" in str(exc).lower()
+                ):
+                    # (Spanner documents no minimum max_duration: if it refuses a probe's,
+                    # ask in long calls from now on. Other refusals stay permanent.)
+                    logger.warning("RECEIVE for %s refused a probe (%s); no more probes",
+                                   self.name, exc)
+                    self._probe = False
                     continue
                 self.last_error = exc
                 fatal = permanent_error(self.name, exc)
@@ -263,6 +342,10 @@ class Receiver:
             finally:
                 self._open_since = None
                 with self._cond:
+                    # A probe that came back full: a backlog, probe again. One that came back
+                    # short: nothing more is due, wait in a long call. After a long call, the
+                    # next demand probes first.
+                    self._probe_next = full if probe else True
                     self._batch_open = False
                     self._calling = False
                     self._cond.notify_all()
@@ -303,6 +386,11 @@ class Receiver:
             return not self._buffer and not open_call
 
     @property
+    def calling(self) -> bool:
+        """A RECEIVE call is open."""
+        return self._calling
+
+    @property
     def brief(self) -> bool:
         """Calls are brief (``settle``)."""
         return self._brief
@@ -314,9 +402,13 @@ class Receiver:
 
     # --- renewal of held rows --------------------------------------------------------------
     def held_tokens_due(self) -> list[str]:
-        """Tokens of held rows whose lease ends within ``renew_within``."""
+        """Tokens of held rows whose lease ends within ``renew_within``, while the stream is
+        in use (a ``take`` waiting or one within ``linger``); none otherwise: rows nobody
+        takes are left to their lease."""
         limit = clock.now() + self._renew_within
         with self._cond:
+            if not self._in_use():
+                return []
             return [d.lease_token for d in self._buffer if d.lease_expires_at <= limit]
 
     def apply_renewals(self, renewed: dict[str, tuple[str | None, Any]], asked: list[str]) -> None:
@@ -336,10 +428,19 @@ class Receiver:
             self._buffer = kept
             self._cond.notify_all()
 
-    def _renew_held(self) -> None:
-        """Renew held rows nobody else renewed, about halfway through their lease."""
-        assert self._renew is not None
-        while not self._stop.wait(0.5):
+    def _watch(self) -> None:
+        """End a call nobody uses any more (no ``take`` within ``linger``; brief calls end on
+        their own), and renew held rows nobody else renewed, about halfway through their
+        lease, while the stream is in use."""
+        tick = max(0.05, min(0.5, self._linger / 4))
+        while not self._stop.wait(tick):
+            with self._cond:
+                idle = self._calling and not self._brief and not self._in_use()
+                if idle:
+                    self._ending = True
+                    self._cancel_stream()
+            if self._renew is None:
+                continue
             tokens = self.held_tokens_due()
             if not tokens:
                 continue
@@ -360,17 +461,30 @@ class Receiver:
         deadline = time.monotonic() + wait
         self.want(max_messages)
         with self._cond:
-            while True:
-                if self.fatal is not None and not self._buffer:
-                    raise self.fatal
-                self._drop_expired()
-                enough = len(self._buffer) >= max_messages
-                batch_done = self._buffer and not self._batch_open
-                remaining = deadline - time.monotonic()
-                if enough or batch_done or remaining <= 0:
-                    taken = [
-                        self._buffer.popleft() for _ in range(min(max_messages, len(self._buffer)))
-                    ]
-                    self._cond.notify_all()
-                    return taken
-                self._cond.wait(remaining)
+            self._waiting += 1
+            self._asked += max_messages
+            try:
+                while True:
+                    if self.fatal is not None and not self._buffer:
+                        raise self.fatal
+                    self._drop_expired()
+                    enough = len(self._buffer) >= max_messages
+                    batch_done = self._buffer and not self._batch_open
+                    remaining = deadline - time.monotonic()
+                    if enough or batch_done or remaining <= 0:
+                        taken = [
+                            self._buffer.popleft()
+                            for _ in range(min(max_messages, len(self._buffer)))
+                        ]
+                        short = len(taken) < max_messages
+                        break
+                    self._cond.wait(remaining)
+            finally:
+                self._waiting -= 1
+                self._asked -= max_messages
+                self._last_wanted = time.monotonic()
+                self._cond.notify_all()
+            # Asked for more than it got: a call may still open (or stay open) for the rest,
+            # within ``linger``; a demand met opens none.
+            self._unmet_until = self._last_wanted + self._linger if short else 0.0
+            return taken

@@ -5,8 +5,10 @@ thread, like database connections; streams must not be). A stream stopped by a p
 is started afresh by the next receive (the queue may have been created, or the permission
 granted, since). Every stream is stopped at exit, so none outlives the program. A renewal of
 in-flight messages renews, in the same ``RENEWLEASE_<Q>`` call, the rows the stream holds that
-are due for renewal. ``settle`` makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``)
-until it is stopped, and lets its open call end (``Receiver.settle``).
+are due for renewal, while the stream is in use (``Receiver.held_tokens_due``). A demand is
+first asked in a probe (``PROBE_MAX_DURATION_SECONDS``: one batch, no cancel). ``settle``
+makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``) until it is stopped, and lets
+its open call end (``Receiver.settle``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from __future__ import annotations
 import atexit
 import threading
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,9 @@ if TYPE_CHECKING:
 
 #: Spanner's lease: 10 s from delivery or renewal, not configurable.
 NATIVE_LEASE = timedelta(seconds=10)
+
+#: ``max_duration`` of a probe (``Receiver``): a call that ends by itself after one batch.
+PROBE_MAX_DURATION_SECONDS = 0.001
 
 #: ``max_duration`` of a settled stream's calls (at most ``RECEIVE_MAX_DURATION_SECONDS``): a
 #: caller that stops once nothing is due waits for the open call to end, so it is short.
@@ -114,8 +118,13 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
     payload_type = decl.payload_type
     current: dict[str, Any] = {}
 
-    def open_stream(max_batch_size: int, *, brief: bool = False) -> Any:
-        seconds = brief_seconds(engine) if brief else engine.max_duration_seconds
+    def open_stream(max_batch_size: int, *, brief: bool = False, probe: bool = False) -> Any:
+        if probe:
+            seconds = min(PROBE_MAX_DURATION_SECONDS, engine.max_duration_seconds)
+        elif brief:
+            seconds = brief_seconds(engine)
+        else:
+            seconds = engine.max_duration_seconds
         sql = engine.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
         deadline = seconds + 30  # the call's own gRPC deadline
         with database.snapshot() as snapshot:  # a pooled session, as the client
@@ -155,6 +164,7 @@ def _open(engine: NativeQueueEngine, model: type[Queue]) -> Receiver:
         batch_size=engine.batch_size,
         stall_seconds=NATIVE_LEASE.total_seconds() / 2,
         brief=(engine.alias, model._meta.label) in _brief,
+        probe=True,
     )
 
 
@@ -190,5 +200,5 @@ def renew_leases(
     for message in messages:
         new_token, expires = renewed.get(message.lease_token or "", (None, None))
         if new_token:  # no row, or a NULL new token: the lease is lost
-            result.append(replace(message, lease_token=new_token, lease_expires_at=expires))
+            result.append(message.with_lease(new_token, expires))
     return result

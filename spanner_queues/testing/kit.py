@@ -255,7 +255,8 @@ def _failed(
 
 def _backoff(message: Message, engine: Any) -> timedelta:
     now = clock.now()
-    return engine.params.backoff.delay(max(message.attempt, 1), now - (message.send_time or now))
+    age = now - (message.send_time or now)
+    return engine.params.backoff.delay(max(message.attempt or 1, 1), age)
 
 
 # --- time ------------------------------------------------------------------------------------

@@ -202,3 +202,24 @@ def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(fake) 
     assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
     wait_until(lambda: len(fake.receive_ends) == len(calls))
     assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
+
+
+# --- probes (a demand is first asked in a one-batch call) ------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refused_probe_falls_back_to_long_calls(fake) -> None:
+    """Spanner documents no minimum ``max_duration``: if it refuses a probe's ('1ms'), the
+    stream asks in long calls instead of failing every receive."""
+    import grpc
+
+    fake.fail(
+        "ExecuteStreamingSql", grpc.StatusCode.INVALID_ARGUMENT, "max_duration too short",
+        sql_contains="max_duration => '1ms'", times=100,
+    )
+    UserTasks.send(user_id=1, message_id="a", payload="x")
+    [message] = wait_until(lambda: api.receive(UserTasks), timeout=30)
+    assert message.key == (1, "a")
+    calls = fake.sql("RECEIVE_testapp_usertasks")
+    assert "'1ms'" in calls[0].sql and "'1ms'" not in calls[-1].sql
+    api.stop_receiving(UserTasks, wait=5)

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 RECEIVE_USERTASKS = (
     "SELECT user_id, message_id, Payload, DeliverTime, SpannerLeaseToken, "
     "SpannerLeaseExpirationTimestamp, SpannerLastBatchMessage FROM "
-    "RECEIVE_testapp_usertasks(max_batch_size => {n}, max_duration => '5s')"
+    "RECEIVE_testapp_usertasks(max_batch_size => {n}, max_duration => '{d}')"
 )
 
 
@@ -194,9 +194,10 @@ def test_send_many_is_one_multi_row_insert(fake) -> None:
 def test_receive_is_a_strong_single_use_streaming_query(fake) -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
     [message] = api.receive(UserTasks)
-    [call] = [r for r in fake.sql("RECEIVE_") if r.method == "ExecuteStreamingSql"]
-    # max_batch_size: RECEIVE_BATCH_SIZE (10), but never more than the receive asked for
-    assert call.sql == RECEIVE_USERTASKS.format(n=1)
+    call = next(r for r in fake.sql("RECEIVE_") if r.method == "ExecuteStreamingSql")
+    # max_batch_size: RECEIVE_BATCH_SIZE (10), but never more than the receive asked for;
+    # a demand is first asked in a probe (a one-batch call), then in long calls ('5s')
+    assert call.sql == RECEIVE_USERTASKS.format(n=1, d="1ms")
     single = call.request.transaction.single_use
     assert single.read_only.strong and "read_write" not in single
     assert message.key == (1, "a") and message.lease_token
@@ -212,9 +213,10 @@ def test_receive_returns_promptly_when_nothing_is_due(fake) -> None:
 def test_receive_restarts_the_stream_when_it_ends(fake) -> None:
     api.receive(UserTasks)
     fake.end_streams()  # as when max_duration elapses
-    wait_until(lambda: len(fake.sql("RECEIVE_")) >= 2)
+    # (no new call while nobody receives: the next receive opens one)
     UserTasks.send(user_id=1, message_id="after", payload="")
     assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "after")
+    assert len(fake.sql("RECEIVE_")) >= 2
 
 
 @pytest.mark.parametrize("code", [grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED])
@@ -280,12 +282,12 @@ def test_postgresql_dialect_receive_and_renew_on_the_wire(fake) -> None:
     try:
         UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": "p"} for m in "ab"])
         batch = wait_until(lambda: pg.receive(UserTasks, max_messages=2))
-        [call] = [r for r in fake.sql("spanner.receive_") if r.method == "ExecuteStreamingSql"]
-        assert call.sql == (
+        call = next(r for r in fake.sql("spanner.receive_") if r.method == "ExecuteStreamingSql")
+        assert call.sql == (  # (a probe first: a one-batch call)
             "SELECT user_id, message_id, payload, deliver_time, spanner_lease_token, "
             "spanner_lease_expiration_timestamp, spanner_last_batch_message FROM "
             "spanner.receive_testapp_usertasks(max_batch_size => 2, priority => NULL, "
-            "max_duration => '5s')"
+            "max_duration => '1ms')"
         )
         if len(batch) < 2:
             batch += wait_until(lambda: pg.receive(UserTasks))
