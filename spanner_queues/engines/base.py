@@ -252,10 +252,10 @@ class BaseQueueEngine(ABC):
 
     def record_failure(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
-    ) -> int:
+    ) -> int | None:
         """Count a failed run of ``message`` in the caller's transaction; return the number of
         the attempt that failed. Engines that count deliveries (``supports_attempt_count``)
-        already have it in ``message.attempt`` and write nothing."""
+        already have it in ``message.attempt`` and write nothing (None: not known)."""
         return message.attempt
 
     def clear_failures(
@@ -284,6 +284,7 @@ class BaseQueueEngine(ABC):
         """Count a failed run of ``message`` (``record_failure``, in a transaction of its own;
         if that fails, it is logged and the delivery's attempt number stands) and say whether
         it was the last attempt allowed."""
+        attempt: int | None
         try:
             attempt = run_in_transaction(
                 lambda: self.record_failure(model, message, error, using=using),

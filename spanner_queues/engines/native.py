@@ -219,7 +219,8 @@ class NativeQueueEngine(BaseQueueEngine):
                 key_names=names,
                 payload=d.payload,
                 deliver_time=d.deliver_time,
-                attempt=attempts,
+                # resolved on first read (message._AttemptField)
+                attempt=attempts,  # type: ignore[arg-type]
                 lease_token=d.lease_token,
                 lease_expires_at=d.lease_expires_at,
             )

@@ -309,7 +309,8 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
                 )._update_bookkeeping(
                     lease_token=token,
                     lease_expires_at=expires,
-                    deliver_time=expires + self.params.backoff.delay(msg.attempt, age),
+                    # (the table engine always counts: attempt is never None here)
+                    deliver_time=expires + self.params.backoff.delay(msg.attempt or 1, age),
                 )
                 if n == 1:
                     renewed.append(replace(msg, lease_token=token, lease_expires_at=expires))

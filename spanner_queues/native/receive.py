@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from spanner_queues import clock
 from spanner_queues.exceptions import (
@@ -103,6 +103,12 @@ class Delivery:
     last_in_batch: bool
 
 
+class OpenStream(Protocol):
+    """Runs one ``RECEIVE_<Q>`` call and returns its rows (see ``Receiver``)."""
+
+    def __call__(self, max_batch_size: int, *, brief: bool = ..., probe: bool = ...) -> Any: ...
+
+
 class Receiver:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
@@ -115,7 +121,7 @@ class Receiver:
     def __init__(
         self,
         name: str,
-        open_stream: Callable[[], Any],
+        open_stream: OpenStream,
         parse: Callable[[Any], Delivery],
         *,
         buffer_size: int = 100,
@@ -415,7 +421,7 @@ class Receiver:
         """Carry renewed tokens forward; drop (and count) held rows whose renewal was lost."""
         asked_set = set(asked)
         with self._cond:
-            kept = collections.deque()
+            kept: collections.deque[Delivery] = collections.deque()
             for d in self._buffer:
                 if d.lease_token not in asked_set:
                     kept.append(d)

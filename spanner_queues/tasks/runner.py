@@ -141,7 +141,8 @@ def run_task(message: Message) -> None:
         now = clock.now()
         record.status = RUNNING
         record.worker_ids_json = dumps([*record.worker_ids, WORKER_ID])
-        record.attempts = message.attempt
+        # the delivery count, where the engine knows it; else one more start
+        record.attempts = message.attempt if message.attempt is not None else record.attempts + 1
         record.started_at = record.started_at or now
         record.last_attempted_at = now
         record.save(using=db, update_fields=[

@@ -29,7 +29,7 @@ def handle_drill_message(message: Message) -> None:
         run=str(spec.get("run", "")),
         key=str(message.key[0]),
         worker=WORKER,
-        attempt=message.attempt,
+        attempt=message.attempt or 0,  # 0: not known (a native ledger read failed)
         retries=counting.retries(),
     )
 
