@@ -181,11 +181,15 @@ def main() -> None:
         "--prefetch", type=int, nargs="*", default=[10], help="prefetch variants in (b)"
     )
     parser.add_argument(
-        "--synchronous", choices=["FULL", "NORMAL"], default=None,
+        "--synchronous",
+        choices=["FULL", "NORMAL"],
+        default=None,
         help="PRAGMA synchronous for both backends (default: $SQ_BENCH_SYNCHRONOUS, else FULL)",
     )
     parser.add_argument(
-        "--conn-max-age", choices=["none", "0"], default=None,
+        "--conn-max-age",
+        choices=["none", "0"],
+        default=None,
         help="CONN_MAX_AGE for both backends (default: $SQ_BENCH_CONN_MAX_AGE, else none: "
         "persistent; 0 is Django's default)",
     )
@@ -221,8 +225,10 @@ def main() -> None:
             f"p50 {r['p50_ms']:.2f} ms  p99 {r['p99_ms']:.2f} ms"
         )
     ratio = enqueue["spanner_queues"]["ops_per_s"] / enqueue["django_tasks_db"]["ops_per_s"]
-    print(f"  {'ratio (throughput)':<36} {ratio:.2f}x  (goal >= {ENQUEUE_GOAL:.1f}x: "
-          f"{'met' if ratio >= ENQUEUE_GOAL else 'not met'})")
+    print(
+        f"  {'ratio (throughput)':<36} {ratio:.2f}x  (goal >= {ENQUEUE_GOAL:.1f}x: "
+        f"{'met' if ratio >= ENQUEUE_GOAL else 'not met'})"
+    )
 
     print(f"\n(b) drain a backlog of {args.drain} no-op tasks")
     base = drain["django_tasks_db"]["tasks_per_s"]

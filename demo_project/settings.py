@@ -109,8 +109,7 @@ elif DEMO_DATABASE in ("emulator", "emulator-native", "spanner"):
     INSTALLED_APPS = ["django_spanner", *INSTALLED_APPS]  # must be first
 else:
     raise environ.ImproperlyConfigured(
-        f"DEMO_DATABASE must be sqlite, emulator, emulator-native or spanner, "
-        f"not {DEMO_DATABASE!r}"
+        f"DEMO_DATABASE must be sqlite, emulator, emulator-native or spanner, not {DEMO_DATABASE!r}"
     )
 
 SPANNER_QUEUES = {

@@ -264,8 +264,7 @@ def _check_fields(model: Any) -> list[checks.CheckMessage]:
                 checks.Error(
                     f"Key field {field.name!r} of {model._meta.label} is one of the columns "
                     "every queue has (and the engine rewrites or reads as such).",
-                    hint="Rename the key field; reserved: "
-                    f"{', '.join(sorted(QUEUE_COLUMNS))}.",
+                    hint=f"Rename the key field; reserved: {', '.join(sorted(QUEUE_COLUMNS))}.",
                     obj=model,
                     id="spanner_queues.E010",
                 )
@@ -277,8 +276,7 @@ def _check_fields(model: Any) -> list[checks.CheckMessage]:
                 checks.Error(
                     f"Field {name!r} of {model._meta.label} clashes with an argument or method "
                     "of Queue (send, send_many, replace take delay=, using=, payload=...).",
-                    hint="Rename the field; reserved: "
-                    f"{', '.join(sorted(RESERVED_FIELD_NAMES))}.",
+                    hint=f"Rename the field; reserved: {', '.join(sorted(RESERVED_FIELD_NAMES))}.",
                     obj=model,
                     id="spanner_queues.E010",
                 )
@@ -410,8 +408,7 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
         except MetricsUnavailable:
             return [
                 checks.Error(
-                    "SPANNER_QUEUES_METRICS['VIEW'] is on but prometheus-client is not "
-                    "installed.",
+                    "SPANNER_QUEUES_METRICS['VIEW'] is on but prometheus-client is not installed.",
                     hint="pip install 'spanner-queues[metrics]' (prometheus-client), or set "
                     "VIEW to False.",
                     id="spanner_queues.E202",

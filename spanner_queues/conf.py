@@ -215,17 +215,17 @@ def parse_metrics(raw: Any) -> MetricsParams:
         )
     token = raw.get("TOKEN")
     if token is not None and (
-        not isinstance(token, str)
-        or len(token) < 16
-        or any(c.isspace() for c in token)
+        not isinstance(token, str) or len(token) < 16 or any(c.isspace() for c in token)
     ):
         raise InvalidQueueEngine(
             "SPANNER_QUEUES_METRICS['TOKEN'] must be a string of at least 16 characters, "
             "without spaces (a bearer token)."
         )
     interval = raw.get("SAMPLE_INTERVAL_SECONDS", 30.0)
-    if isinstance(interval, bool) or not isinstance(interval, (int, float)) or not (
-        MIN_SAMPLE_INTERVAL <= interval < float("inf")
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, (int, float))
+        or not (MIN_SAMPLE_INTERVAL <= interval < float("inf"))
     ):
         raise InvalidQueueEngine(
             "SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'] must be a number of seconds, at "

@@ -114,6 +114,7 @@ class WorkerStuck(QueueError):
     restart the process; ``runqueueworker`` exits with status 3. The stuck message's lease is no
     longer renewed, so it is delivered again."""
 
+
 class AckedFailure(QueueError):
     """Raised by a non-atomic receiver that recorded its failure and acked its message in a
     transaction of its own (the Tasks runner, for a task that ``FAILED``): the worker reports

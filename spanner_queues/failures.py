@@ -56,8 +56,9 @@ class FailedDelivery(models.Model):
 
 def key_text(key: Sequence[Any]) -> str:
     """One stable text per key (bytes as base64; UUIDs, dates and decimals as Django's JSON)."""
-    values = [base64.b64encode(v).decode() if isinstance(v, (bytes, memoryview)) else v
-              for v in key]
+    values = [
+        base64.b64encode(v).decode() if isinstance(v, (bytes, memoryview)) else v for v in key
+    ]
     return json.dumps(values, cls=DjangoJSONEncoder, separators=(",", ":"))
 
 
@@ -78,7 +79,10 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
     detail = f"{type(error).__name__}: {error}"[:ERROR_LIMIT] if error is not None else ""
     if row is None:
         row = manager.create(
-            queue=message.queue, message_key=text, failures=1, last_error=detail,
+            queue=message.queue,
+            message_key=text,
+            failures=1,
+            last_error=detail,
             updated_at=clock.now(),
         )
     else:

@@ -40,8 +40,11 @@ class AttemptLoader:
             try:
                 self._loaded = self._load(self._keys)
             except Exception:
-                logger.warning("reading the attempts of %d message(s) failed; unknown",
-                               len(self._keys), exc_info=True)
+                logger.warning(
+                    "reading the attempts of %d message(s) failed; unknown",
+                    len(self._keys),
+                    exc_info=True,
+                )
                 return None
         return self._loaded.get(tuple(key), 1)
 

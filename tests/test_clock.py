@@ -93,12 +93,16 @@ def _reads_of_djangos_clock(path: Path) -> list[str]:
             found += [f"import of {a.name}" for a in node.names if a.name in ("now", "localtime")]
         elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
             if (node.value.id, node.attr) in {
-                ("timezone", "now"), ("datetime", "now"), ("datetime", "utcnow"),
+                ("timezone", "now"),
+                ("datetime", "now"),
+                ("datetime", "utcnow"),
             }:
                 found.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
         if (
-            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
-            and node.func.attr == "localtime" and not node.args
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "localtime"
+            and not node.args
         ):
             found.append(f"line {node.lineno}: localtime() of now")
     return found

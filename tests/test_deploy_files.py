@@ -80,9 +80,7 @@ def test_every_metric_the_files_name_is_exported() -> None:
     for text in texts:
         named |= set(re.findall(r"\bspanner_queues_[a-z_]+", text))
     assert named, "the recipe names no metric"
-    exported = set(METRIC_NAMES) | {
-        m + s for m in METRIC_NAMES for s in HISTOGRAM_SERIES
-    }
+    exported = set(METRIC_NAMES) | {m + s for m in METRIC_NAMES for s in HISTOGRAM_SERIES}
     assert named - exported == set()
     keda = _kind("ScaledObject", "shop-worker")
     queries = [t["metadata"]["query"] for t in keda["spec"]["triggers"]]

@@ -76,7 +76,7 @@ def test_django_spanner_takes_the_project_from_the_environment_and_options_to_co
                 "INSTANCE": "i",
                 "NAME": "d",
                 "OPTIONS": {"database_role": "worker"},
-            }
+            },
         }
     )
     params = handler["sp"].get_connection_params()
@@ -96,9 +96,23 @@ def _demo_grants(tmp_path: Path, *args: str) -> str:
     }
     env.pop("SPANNER_EMULATOR_HOST", None)
     done = subprocess.run(
-        [sys.executable, "-m", "django", "queuegrants", "--role-sender", "web",
-         "--role-worker", "worker", *args],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False,
+        [
+            sys.executable,
+            "-m",
+            "django",
+            "queuegrants",
+            "--role-sender",
+            "web",
+            "--role-worker",
+            "worker",
+            *args,
+        ],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -113,8 +113,7 @@ def test_task_queue_adds_the_task_results_table(native: Any) -> None:
     text = grants(*ROLES, "--queue", "spanner_queues.TaskMessage")
     assert "GRANT SELECT, UPDATE ON TABLE spanner_queues_taskresultrecord TO ROLE worker;" in text
     assert (
-        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_taskresultrecord TO ROLE web;"
-        in text
+        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_taskresultrecord TO ROLE web;" in text
     )
 
 

@@ -204,9 +204,7 @@ def perform(
     primary key is ``user_id``, of whatever type ``AUTH_USER_MODEL``'s is), in one transaction.
     A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
     db = database(model)
-    content_type = ContentType.objects.db_manager(db).get_for_model(
-        model, for_concrete_model=False
-    )
+    content_type = ContentType.objects.db_manager(db).get_for_model(model, for_concrete_model=False)
     change_message = action.change_message(model, deliver_time) + "."
 
     def run() -> None:

@@ -160,7 +160,10 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
 
     def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
         result = backend.read(
-            session, queue.name, columns, [b.ListValue(values=list(k)) for k in tokens.values()],
+            session,
+            queue.name,
+            columns,
+            [b.ListValue(values=list(k)) for k in tokens.values()],
             transaction_id=txn,
         )
         updates = []

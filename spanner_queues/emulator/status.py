@@ -61,7 +61,5 @@ def abort_with(context: Any, exc: grpc.RpcError) -> NoReturn:
     if trailing:
         # each item is grpc's (key, value) namedtuple _Metadatum; its stub declares no tuple
         pairs = cast("tuple[tuple[str, str | bytes], ...]", trailing)
-        context.set_trailing_metadata(
-            [(k, v) for k, v in pairs if not k.startswith(SKIP_HEADERS)]
-        )
+        context.set_trailing_metadata([(k, v) for k, v in pairs if not k.startswith(SKIP_HEADERS)])
     abort(context, exc.code(), in_spanner_words(exc.details() or ""))

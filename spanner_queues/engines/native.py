@@ -323,8 +323,7 @@ class NativeQueueEngine(BaseQueueEngine):
 
             if isinstance(exc, (gexc.GoogleAPIError,)):
                 raise QueueUnavailable(
-                    f"stats of {model._meta.label} could not be read: {type(exc).__name__}: "
-                    f"{exc}"
+                    f"stats of {model._meta.label} could not be read: {type(exc).__name__}: {exc}"
                 ) from exc
             raise
         total, due = int(total or 0), int(due or 0)

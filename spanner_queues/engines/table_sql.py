@@ -92,9 +92,7 @@ class RowStatements:
         self.due_columns = (*self.key, *(column_field(model, n) for n in self.DUE_COLUMNS))
         columns = ", ".join(quote(f.column) for f in self.due_columns)
         # = filter(deliver_time__lte=now).order_by("deliver_time").values_list(...)[:limit]
-        self.due_sql = (
-            f"SELECT {columns} FROM {table} WHERE {deliver} <= %s ORDER BY {deliver} ASC"
-        )
+        self.due_sql = f"SELECT {columns} FROM {table} WHERE {deliver} <= %s ORDER BY {deliver} ASC"
         self.any_due_sql = f"SELECT 1 FROM {table} WHERE {deliver} <= %s"
 
     @staticmethod

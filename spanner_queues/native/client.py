@@ -203,8 +203,7 @@ class _BoundedStreamingReads:
             if now - since >= self._deadline:
                 self._succeeded(request)
                 raise gexc.DeadlineExceeded(
-                    f"Spanner answered UNAVAILABLE for {self._deadline:.0f} s; not retried "
-                    "further"
+                    f"Spanner answered UNAVAILABLE for {self._deadline:.0f} s; not retried further"
                 )
             time.sleep(min(2.0, 0.1 * 2 ** (failures - 1)))
         try:  # (the API's stream wrapper reads the first response here)
@@ -225,9 +224,7 @@ class _BoundedStreamingReads:
                 self._failing.pop(id(request), None)
 
 
-def bound_streaming_reads(
-    database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS
-) -> Any:
+def bound_streaming_reads(database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS) -> Any:
     """Give ``database`` (a ``Database``, e.g. a Django connection's) streaming reads that
     retry UNAVAILABLE with back-off for at most ``deadline`` seconds
     (``_BoundedStreamingReads``); idempotent. Returns ``database``."""

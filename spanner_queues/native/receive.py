@@ -267,8 +267,10 @@ class Receiver:
             try:
                 self.streams_started += 1
                 self._open_since = time.monotonic()
-                calls = self._open_stream(batch, brief=brief, probe=True) if probe else (
-                    self._open_stream(batch, brief=brief)
+                calls = (
+                    self._open_stream(batch, brief=brief, probe=True)
+                    if probe
+                    else (self._open_stream(batch, brief=brief))
                 )
                 for row in calls:
                     delivery = self._parse(row)
@@ -318,8 +320,9 @@ class Receiver:
                 ):
                     # (Spanner documents no minimum max_duration: if it refuses a probe's,
                     # ask in long calls from now on. Other refusals stay permanent.)
-                    logger.warning("RECEIVE for %s refused a probe (%s); no more probes",
-                                   self.name, exc)
+                    logger.warning(
+                        "RECEIVE for %s refused a probe (%s); no more probes", self.name, exc
+                    )
                     self._probe = False
                     continue
                 self.last_error = exc

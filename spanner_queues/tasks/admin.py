@@ -11,8 +11,15 @@ from spanner_queues.tasks.models import TaskResultRecord
 
 
 class TaskResultAdmin(admin.ModelAdmin):
-    list_display = ("id", "task_path", "status", "queue_name", "attempts", "enqueued_at",
-                    "finished_at")
+    list_display = (
+        "id",
+        "task_path",
+        "status",
+        "queue_name",
+        "attempts",
+        "enqueued_at",
+        "finished_at",
+    )
     list_filter = ("status", "backend", "queue_name", "task_path")
     search_fields = ("id", "task_path")
     date_hierarchy = "enqueued_at"

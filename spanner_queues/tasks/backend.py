@@ -77,7 +77,8 @@ class QueueBackend(BaseTaskBackend):
         models = self.options.get("QUEUE_MODELS", {})
         self.queue_models: dict[str, str] = (
             {k: v for k, v in models.items() if isinstance(v, str)}
-            if isinstance(models, dict) else {}
+            if isinstance(models, dict)
+            else {}
         )
         #: whether a task runs in the transaction that records its success and acks it
         self.atomic_tasks = self.options.get("ATOMIC_TASKS", True) is not False
@@ -118,7 +119,7 @@ class QueueBackend(BaseTaskBackend):
         yield from check_django_tasks_installed()
         yield from self._check_options()
         models = self.options.get("QUEUE_MODELS", {})
-        for name, label in (models.items() if isinstance(models, dict) else []):
+        for name, label in models.items() if isinstance(models, dict) else []:
             where = f"TASKS[{self.alias!r}]['OPTIONS']['QUEUE_MODELS'][{name!r}]"
             try:
                 model = get_queue(label)
@@ -158,12 +159,9 @@ class QueueBackend(BaseTaskBackend):
                 id="spanner_queues.E103",
             )
         models = self.options.get("QUEUE_MODELS", {})
-        if not isinstance(models, dict) or not all(
-            isinstance(v, str) for v in models.values()
-        ):
+        if not isinstance(models, dict) or not all(isinstance(v, str) for v in models.values()):
             yield checks.Error(
-                f"{where}['QUEUE_MODELS'] must map queue names to queue labels, not "
-                f"{models!r}.",
+                f"{where}['QUEUE_MODELS'] must map queue names to queue labels, not {models!r}.",
                 hint='For example {"emails": "shop.EmailTasks"}.',
                 id="spanner_queues.E103",
             )
@@ -224,7 +222,10 @@ class QueueBackend(BaseTaskBackend):
         def write() -> None:
             record.save(using=db, force_insert=True)
             api.send(
-                model, using=db, payload=payload, deliver_time=task.run_after,
+                model,
+                using=db,
+                payload=payload,
+                deliver_time=task.run_after,
                 **{pk_name: result.id},
             )
 
@@ -253,17 +254,17 @@ class QueueBackend(BaseTaskBackend):
         cutoff = (now or clock.now()) - self.result_retention
         deleted = 0
         for db in self.databases():
-            deleted += TaskResultRecord.objects.using(db).filter(
-                status__in=FINISHED, finished_at__lt=cutoff
-            ).delete()[0]
+            deleted += (
+                TaskResultRecord.objects.using(db)
+                .filter(status__in=FINISHED, finished_at__lt=cutoff)
+                .delete()[0]
+            )
         return deleted
 
 
 def _is_positive_number(value: Any) -> bool:
     return (
-        isinstance(value, (int, float))
-        and not isinstance(value, bool)
-        and 0 < value < float("inf")
+        isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < float("inf")
     )
 
 
@@ -300,7 +301,9 @@ def task_of(record: TaskResultRecord) -> Task:
     if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
     if (task.queue_name, task.backend, task.run_after) != (
-        record.queue_name, record.backend, record.run_after
+        record.queue_name,
+        record.backend,
+        record.run_after,
     ):
         task = task.using(
             queue_name=record.queue_name, backend=record.backend, run_after=record.run_after

@@ -145,9 +145,16 @@ def run_task(message: Message) -> None:
         record.attempts = message.attempt if message.attempt is not None else record.attempts + 1
         record.started_at = record.started_at or now
         record.last_attempted_at = now
-        record.save(using=db, update_fields=[
-            "status", "worker_ids_json", "attempts", "started_at", "last_attempted_at",
-        ])
+        record.save(
+            using=db,
+            update_fields=[
+                "status",
+                "worker_ids_json",
+                "attempts",
+                "started_at",
+                "last_attempted_at",
+            ],
+        )
         return record
 
     record = run_in_transaction(start, using=db, retries=retries)
@@ -233,9 +240,7 @@ def _on_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _send_finished(
-    signal: Any, sender: type, result: Any, failure: BaseException | None
-) -> None:
+def _send_finished(signal: Any, sender: type, result: Any, failure: BaseException | None) -> None:
     """Send ``task_finished``; for a failure, while its exception is being handled, so that
     receivers calling ``logger.exception`` (django-tasks' own) log its traceback."""
     if failure is None:

@@ -112,7 +112,10 @@ def _payload_bytes(message: Message, wanted: Any) -> bytes:
 
 
 def assert_sent(
-    queue: str | type[Queue], count: int | None = None, *, using: str | None = None,
+    queue: str | type[Queue],
+    count: int | None = None,
+    *,
+    using: str | None = None,
     **match: Any,
 ) -> list[Message]:
     """The messages of ``queue`` matching ``match`` (key fields, top-level fields of a JSON
@@ -225,8 +228,7 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
 
         def move() -> None:
             api.ack(message, using=db)
-            api.send(model, using=db, payload=message.payload, deliver_time=due,
-                     **message.key_dict)
+            api.send(model, using=db, payload=message.payload, deliver_time=due, **message.key_dict)
 
         run_in_transaction(move, using=db, retries=retries)
         return Outcome(message, RETRIED, spec.name if spec else None, exc)
@@ -240,12 +242,18 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
 
 
 def _failed(
-    model: type[Queue], message: Message, spec: Any, exc: BaseException, engine: Any, db: str,
+    model: type[Queue],
+    message: Message,
+    spec: Any,
+    exc: BaseException,
+    engine: Any,
+    db: str,
     retries: int,
 ) -> Outcome:
     """A failed run: count it and give the message back after its back-off."""
     run_in_transaction(
-        lambda: engine.record_failure(model, message, exc, using=db), using=db,
+        lambda: engine.record_failure(model, message, exc, using=db),
+        using=db,
         retries=retries,
     )
     if engine.features.supports_release:

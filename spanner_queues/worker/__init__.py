@@ -163,8 +163,10 @@ class Worker:
             or not 0 < timeout < float("inf")
         ):
             raise InvalidArgument(f"timeout must be a positive number of seconds, not {timeout!r}.")
-        if isinstance(stuck_grace, bool) or not isinstance(stuck_grace, (int, float)) or not (
-            0 < stuck_grace < float("inf")
+        if (
+            isinstance(stuck_grace, bool)
+            or not isinstance(stuck_grace, (int, float))
+            or not (0 < stuck_grace < float("inf"))
         ):
             raise InvalidArgument(f"stuck_grace must be a positive number, not {stuck_grace!r}.")
         #: seconds between re-seeds of the periodic schedules while running (None: at start only)

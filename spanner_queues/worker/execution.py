@@ -254,9 +254,7 @@ class Execution:
                     run_in_transaction(body, using=db, retries=retries)
                 else:
                     body()  # outside any transaction: external side effects, then ack
-                    run_in_transaction(
-                        lambda: self.ack(deliveries, db), using=db, retries=retries
-                    )
+                    run_in_transaction(lambda: self.ack(deliveries, db), using=db, retries=retries)
             finally:
                 set_pending(None)
         except Retry as exc:
@@ -305,9 +303,7 @@ class Execution:
                         duration,
                         extra=self.events.log_extra("acked", d.message, duration),
                     )
-                self.events.emit(
-                    "acked", message=d.message, receiver=spec.name, duration=duration
-                )
+                self.events.emit("acked", message=d.message, receiver=spec.name, duration=duration)
 
     def ack(self, deliveries: list[Delivery], db: str) -> None:
         """Ack in the current transaction, unless a lease was lost (then raise LeaseLost)."""

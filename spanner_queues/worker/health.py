@@ -198,8 +198,10 @@ class WorkerHealth:
                 body = ("\n".join(problems) if problems else "ok").encode() + b"\n"
                 start_response(
                     status,
-                    [("Content-Type", "text/plain; charset=utf-8"),
-                     ("Content-Length", str(len(body)))],
+                    [
+                        ("Content-Type", "text/plain; charset=utf-8"),
+                        ("Content-Length", str(len(body))),
+                    ],
                 )
                 return [body]
             if fallback is not None:

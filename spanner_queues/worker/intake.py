@@ -354,8 +354,10 @@ class Intake:
         took = self.held.unit_seconds
         if took is None:
             return  # nothing timed yet: one per free thread
-        budget = AHEAD_SECONDS if self.lease_seconds is None else min(
-            AHEAD_SECONDS, self.lease_seconds / 2
+        budget = (
+            AHEAD_SECONDS
+            if self.lease_seconds is None
+            else min(AHEAD_SECONDS, self.lease_seconds / 2)
         )
         if took > 0:
             fit = max(1, min(AUTO_PREFETCH_MAX, int(budget / took)))

@@ -389,4 +389,3 @@ def miss_kind(specs: Sequence[ReceiverSpec], message: Message) -> str:
         else:
             parts.append(f"no {name}")
     return ", ".join(parts) or "(no match fields)"
-

@@ -160,9 +160,10 @@ def test_operator_delivers_a_message_now(
     toggle.click()
     assert toggle.text == "Resume"
     assert browser.find_element(By.ID, "sq-refresh-status").text == "Refresh paused."
-    assert browser.execute_script(
-        "return localStorage.getItem('spanner_queues.overview.paused');"
-    ) == "1"
+    assert (
+        browser.execute_script("return localStorage.getItem('spanner_queues.overview.paused');")
+        == "1"
+    )
     browser.refresh()
     assert browser.find_element(By.ID, "sq-refresh-toggle").text == "Resume"
     # (left paused: a link clicked while the part it is in is swapped would be stale)

@@ -49,9 +49,12 @@ def test_engine_without_bookkeeping_hides_attempts_and_leases(
         "Due",
         "Scheduled",
     ]
-    assert operator_client.get(queue_url("testapp.Jobs"), {"state": "ready"}).context[
-        "page"
-    ].paginator.count == 1
+    assert (
+        operator_client.get(queue_url("testapp.Jobs"), {"state": "ready"})
+        .context["page"]
+        .paginator.count
+        == 1
+    )
     detail = operator_client.get(f"{queue_url('testapp.Jobs')}messages/a/").content.decode()
     assert "Lease expires" not in detail
     overview = operator_client.get(OVERVIEW)

@@ -93,8 +93,11 @@ def test_a_queue_page_keeps_its_state_names_for_urls_but_shows_due_and_in_flight
     Jobs.send(id="a", payload="x")
     response = operator_client.get(queue_url("testapp.Jobs"))
     assert [c["display"] for c in response.context["state_choices"]][:2] == ["All", "Due"]
-    assert operator_client.get(queue_url("testapp.Jobs"), {"state": "ready"}).context[
-        "page"
-    ].paginator.count == 1
+    assert (
+        operator_client.get(queue_url("testapp.Jobs"), {"state": "ready"})
+        .context["page"]
+        .paginator.count
+        == 1
+    )
     html = response.content.decode()
     assert '<span class="sq-state sq-state-ready">due</span>' in html

@@ -143,7 +143,7 @@ def test_message_page_shows_key_payload_and_bookkeeping(operator_client: Client)
     assert response.status_code == 200
     html = response.content.decode()
     assert response.context["payload"].kind == "json"
-    assert '{\n  &quot;b&quot;: [\n    1,\n    2\n  ],\n  &quot;a&quot;: &quot;é&quot;\n}' in html
+    assert "{\n  &quot;b&quot;: [\n    1,\n    2\n  ],\n  &quot;a&quot;: &quot;é&quot;\n}" in html
     assert "m/1,2" in html and "42" in html
     assert "Attempts" in html and "Lease expires" in html
 

@@ -250,8 +250,11 @@ def test_the_view_setting_switches_counting_on_when_the_process_starts() -> None
     )
     for view, expected in (("True", "True"), ("False", "False")):
         proc = subprocess.run(
-            [sys.executable, "-c", code.replace("{view}", view)], cwd=ROOT,
-            capture_output=True, text=True, timeout=300,
+            [sys.executable, "-c", code.replace("{view}", view)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
             env={"PATH": "", "PYTHONPATH": str(ROOT)},
         )
         assert proc.stdout.strip() == expected, proc.stdout + proc.stderr
@@ -276,9 +279,7 @@ def test_manage_py_check_reports_a_wrong_metrics_setting_with_a_hint(settings, r
     assert error.hint
 
 
-def test_manage_py_check_wants_prometheus_client_when_the_view_is_on(
-    settings, monkeypatch
-) -> None:
+def test_manage_py_check_wants_prometheus_client_when_the_view_is_on(settings, monkeypatch) -> None:
     from spanner_queues.checks import check_metrics
 
     settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}

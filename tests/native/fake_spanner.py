@@ -657,9 +657,7 @@ def run_query(
             raise FakeError(grpc.StatusCode.FAILED_PRECONDITION, str(exc)) from exc
         except sqlite3.OperationalError as exc:
             if "locked" in str(exc):
-                raise FakeError(
-                    grpc.StatusCode.ABORTED, f"Transaction was aborted: {exc}"
-                ) from exc
+                raise FakeError(grpc.StatusCode.ABORTED, f"Transaction was aborted: {exc}") from exc
             raise FakeError(grpc.StatusCode.INVALID_ARGUMENT, f"{exc}: {sql}") from exc
         if is_dml:
             count = len(rows) if returning else cursor.rowcount

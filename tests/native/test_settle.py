@@ -214,8 +214,11 @@ def test_a_refused_probe_falls_back_to_long_calls(fake) -> None:
     import grpc
 
     fake.fail(
-        "ExecuteStreamingSql", grpc.StatusCode.INVALID_ARGUMENT, "max_duration too short",
-        sql_contains="max_duration => '1ms'", times=100,
+        "ExecuteStreamingSql",
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "max_duration too short",
+        sql_contains="max_duration => '1ms'",
+        times=100,
     )
     UserTasks.send(user_id=1, message_id="a", payload="x")
     [message] = wait_until(lambda: api.receive(UserTasks), timeout=30)

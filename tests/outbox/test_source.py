@@ -35,9 +35,7 @@ def test_package_source_never_calls_on_commit() -> None:
     assert offenders == []
 
 
-@pytest.mark.parametrize(
-    "path", sorted((PACKAGE / "outbox").glob("*.py")), ids=lambda p: p.name
-)
+@pytest.mark.parametrize("path", sorted((PACKAGE / "outbox").glob("*.py")), ids=lambda p: p.name)
 def test_outbox_uses_no_thread_or_second_connection(path: Path) -> None:
     tree = ast.parse(path.read_text())
     imported = {

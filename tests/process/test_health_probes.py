@@ -95,9 +95,7 @@ def test_readyz_is_503_while_the_worker_stops_and_livez_stays_200(workers, tmp_p
 
 def test_livez_is_503_while_a_receiver_is_past_its_limit(workers, tmp_path) -> None:
     trace, release = tmp_path / "trace", tmp_path / "release"
-    w = workers(
-        "workerapp.WorkItems", "--health-port", "0", "--health-max-run", "0.5", "-v1"
-    )
+    w = workers("workerapp.WorkItems", "--health-port", "0", "--health-max-run", "0.5", "-v1")
     wait_until(lambda: w.status("/livez") == 200, TIMEOUT)
     WorkItems.send(id="stuck", payload={"trace": str(trace), "block": str(release)})
     wait_until(lambda: _running(trace), TIMEOUT)

@@ -52,7 +52,10 @@ def test_wrong_options_are_check_errors_with_hints() -> None:
 def test_manage_py_check_reports_the_pasted_settings_block_without_a_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "django", "check"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**_env(), "DJANGO_SETTINGS_MODULE": "tests.tasks.settings_misconfigured"},
     )
     out = proc.stdout + proc.stderr

@@ -136,17 +136,27 @@ def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
             kinds.append("import")
         else:
             raise AssertionError(f"a block no test runs:\n{code}")
-    assert sorted(kinds) == sorted([
-        "settings", "import", "tasks.py", "views.py", "models.py", "test_tasks.py", "celery",
-        "signup.py",
-    ])
+    assert sorted(kinds) == sorted(
+        [
+            "settings",
+            "import",
+            "tasks.py",
+            "views.py",
+            "models.py",
+            "test_tasks.py",
+            "celery",
+            "signup.py",
+        ]
+    )
 
 
 def _block(kind: str) -> str:
     for code in page_blocks():
-        if (kind == "settings" and _header(code).startswith("settings.py")) or (
-            kind == "import" and code.startswith("from spanner_queues.tasks import")
-        ) or (_shop_file(code) == kind and CELERY not in _header(code)):
+        if (
+            (kind == "settings" and _header(code).startswith("settings.py"))
+            or (kind == "import" and code.startswith("from spanner_queues.tasks import"))
+            or (_shop_file(code) == kind and CELERY not in _header(code))
+        ):
             return code
     raise AssertionError(kind)
 
@@ -189,9 +199,13 @@ def test_the_queue_model_block_is_the_queue_model_the_tests_run_tasks_on() -> No
     exec(compile(ast.Module(body=imports, type_ignores=[]), "tasks.md", "exec"), {})
     [documented] = [n for n in tree.body if isinstance(n, ast.ClassDef)]
     real = ast.parse(inspect.getsource(tasksapp_models.EmailTasks)).body[0]
-    real.body = [n for n in real.body if not (  # (its docstring)
-        isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
-    )]
+    real.body = [
+        n
+        for n in real.body
+        if not (  # (its docstring)
+            isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+        )
+    ]
     assert ast.dump(documented) == ast.dump(real)
 
 

@@ -39,7 +39,8 @@ def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
     run_worker(finished(result))
     assert result.status == TaskResultStatus.FAILED
     worker_records = [
-        r for r in caplog.records
+        r
+        for r in caplog.records
         if r.name == "spanner_queues.worker" and r.levelno >= logging.ERROR
     ]
     assert len(worker_records) == 1, [r.getMessage() for r in worker_records]
@@ -50,8 +51,9 @@ def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
     assert "task 1 failed" in caplog.text and "raise_value_error" in caplog.text
     assert (record.queue, record.message_key, record.attempt) == (Q, (result.id,), 1)
     # django-tasks' own task_finished line carries the traceback too (not "NoneType: None")
-    framework = [r for r in caplog.records if r.name == "django_tasks" and "FAILED" in
-                 r.getMessage()]
+    framework = [
+        r for r in caplog.records if r.name == "django_tasks" and "FAILED" in r.getMessage()
+    ]
     assert framework and framework[0].exc_info and framework[0].exc_info[1] is not None
     assert "NoneType: None" not in caplog.text
 
@@ -85,7 +87,9 @@ def test_failed_tasks_are_counted_with_the_failed_outcome_and_acked() -> None:
     failing_tasks.raise_value_error.enqueue(1)
     failing_tasks.add.enqueue(1, 2)
     Worker(
-        [TaskMessage], burst=True, install_signal_handlers=False,
+        [TaskMessage],
+        burst=True,
+        install_signal_handlers=False,
         listeners=[metrics.WorkerMetrics()],
     ).run()
     assert value(outcomes, queue=Q, outcome="failed") == before["failed"] + 1

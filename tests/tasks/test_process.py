@@ -17,10 +17,14 @@ pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 
 def test_runqueueworker_without_arguments_runs_tasks(child_env, tmp_path) -> None:
-    results = [tasks.add.enqueue(1, 2), tasks.async_add.enqueue(2, 3),
-               tasks.fail_after_write.enqueue(4)]
+    results = [
+        tasks.add.enqueue(1, 2),
+        tasks.async_add.enqueue(2, 3),
+        tasks.fail_after_write.enqueue(4),
+    ]
     child = Child(child_env, tmp_path)  # no queue named: every queue with receivers, tasks too
     try:
+
         def done() -> bool:
             for r in results:
                 r.refresh()

@@ -29,9 +29,11 @@ def test_a_message_no_receiver_matches_is_given_back_without_spending_an_attempt
     with running(make_worker(Jobs)):
         # (or until the message is gone, as it was before: discarded after max_attempts)
         wait_until(
-            lambda: sum(1 for m in events.messages("received") if m.key == ("refund", "r1"))
-            >= deliveries
-            or events.counts["discarded"],
+            lambda: (
+                sum(1 for m in events.messages("received") if m.key == ("refund", "r1"))
+                >= deliveries
+                or events.counts["discarded"]
+            ),
             timeout=120,
         )
     assert WorkLog.objects.filter(note="job:email").count() == 1

@@ -46,14 +46,18 @@ def test_every_worker_record_about_a_message_carries_the_structured_fields(
     worker = make_worker(WorkItems, Jobs, concurrency=2)
     with running(worker):
         wait_until(
-            lambda: events.counts["dead_lettered"]
-            and events.counts["timed_out"]
-            and events.counts["unmatched"]
-            and events.counts["acked"] >= 3,
+            lambda: (
+                events.counts["dead_lettered"]
+                and events.counts["timed_out"]
+                and events.counts["unmatched"]
+                and events.counts["acked"] >= 3
+            ),
             timeout=120,
         )
     records = [
-        (r, m) for r in caplog.records if r.name.startswith("spanner_queues.worker")
+        (r, m)
+        for r in caplog.records
+        if r.name.startswith("spanner_queues.worker")
         if (m := _about_a_message(r)) is not None
     ]
     for record, message in records:

@@ -91,8 +91,7 @@ class Command(BaseCommand):
             "--dialect",
             choices=[GOOGLESQL, POSTGRESQL],
             default=None,
-            help="Spelling of the grants (default: each native engine's DIALECT, else "
-            "googlesql).",
+            help="Spelling of the grants (default: each native engine's DIALECT, else googlesql).",
         )
         parser.add_argument(
             "--queue",
@@ -168,9 +167,7 @@ class Command(BaseCommand):
                 target = get_queue(dead)
                 if target._meta.db_table not in selected:
                     kind = (
-                        "QUEUE"
-                        if engine_for(target).features.supports_native_queues
-                        else "TABLE"
+                        "QUEUE" if engine_for(target).features.supports_native_queues else "TABLE"
                     )
                     lines.append(f"-- {model._meta.label} dead-letters into {target._meta.label}")
                     lines.append(
