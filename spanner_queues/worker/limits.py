@@ -222,7 +222,11 @@ class QueueLimits:
         if credit < want and self.empty_until.get(label, 0.0) <= now:
             granted, free_at = controls.take_starts(plan.model, want - credit, rate)
             if granted:
-                credit, lapses = credit + granted, now + controls.RATE_BURST_SECONDS
+                # new starts lapse with the ones still held (never later): each start is used
+                # within RATE_BURST_SECONDS of being taken, or not at all
+                if credit == 0:
+                    lapses = now + controls.RATE_BURST_SECONDS
+                credit += granted
             if credit < want:
                 wait = (free_at - clock.now()).total_seconds()
                 self.empty_until[label] = now + max(wait, 0.0)

@@ -60,7 +60,7 @@ def test_a_queue_runs_no_more_than_its_concurrency_limit(
 
 
 def test_a_rate_limit_is_shared_by_every_worker(make_worker, limit) -> None:
-    rate, sent = 5.0, 20
+    rate, sent = 5.0, 30
     limit(rate_limit=rate)
     WorkItems.send_many([{"payload": {}} for _ in range(sent)])
     starts: list[float] = []
@@ -77,11 +77,13 @@ def test_a_rate_limit_is_shared_by_every_worker(make_worker, limit) -> None:
         wait_until(lambda: WorkLog.objects.count() == sent, timeout=60)
     starts.sort()
     assert len(starts) == sent
-    # at most one second's burst plus the rate in any second, across both workers together
+    # in any span of T s at most rate x (T + 2) starts (a one-second burst, and starts used up
+    # to a second after they were taken), across both workers together
     for i, t in enumerate(starts):
-        assert sum(1 for u in starts[i:] if u - t < 1.0) <= 2 * rate
-    # the bucket gave out one burst at once, then `rate` a second: never faster than that
-    assert starts[-1] - starts[0] >= (sent - 2 * rate) / rate
+        assert sum(1 for u in starts[i:] if u - t < 1.0) <= 3 * rate
+    # one bucket for both: 30 starts cannot happen faster than that allows (two buckets could
+    # start all 30 within the first second)
+    assert starts[-1] - starts[0] >= (sent - 3 * rate) / rate
     assert controls.QueueRate.objects.filter(queue="workerapp.WorkItems").exists()
 
 
