@@ -26,8 +26,9 @@ last ``take`` returned (a worker asks again within moments), then it is ended, s
 queries. Held rows are renewed before their lease ends (by the engine's ``renew_leases``
 together with the in-flight ones, or by the receiver's own thread) only while the stream is in
 use (a ``take`` waiting, or one within ``linger``): a row nobody takes is left to its lease
-and goes back to the queue. Rows that expire while held are counted in
-``lease_expiration_count``, as Spanner's metric of that name counts them.
+and goes back to the queue. A row whose renewal is on the wire is handed out only once it has
+answered, with the renewed token (the one it had is rotated out). Rows that expire while held
+are counted in ``lease_expiration_count``, as Spanner's metric of that name counts them.
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
