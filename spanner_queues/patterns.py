@@ -23,7 +23,7 @@ from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from croniter import croniter
+from croniter import CroniterBadDateError, croniter
 from django.utils import timezone
 
 from spanner_queues import api, clock
@@ -186,6 +186,10 @@ class Cron:
                 f"{expression!r}: give five fields (minute hour day month weekday); "
                 "seconds are not supported."
             )
+        try:  # valid to croniter, yet it may match no date at all (30 February)
+            croniter(expression, datetime(2000, 1, 1)).get_next(datetime)
+        except CroniterBadDateError as exc:
+            raise InvalidArgument(f"{expression!r} never runs: it matches no date.") from exc
         self.expression = expression
         self.zone = _zone(zone)
 

@@ -160,3 +160,13 @@ def test_a_rate_limited_queue_adds_the_rate_buckets_table(monkeypatch: pytest.Mo
     text = grants(*ROLES, "--queue", "testapp.UserTasks", "--dialect", "postgresql")
     assert "GRANT SELECT, INSERT, UPDATE ON TABLE spanner_queues_queuerate TO worker;\n" in text
     assert "queuerate" not in grants(*ROLES, "--queue", "testapp.Jobs")
+
+
+def test_a_task_queue_of_your_own_adds_the_task_results_table(native: Any) -> None:
+    # QUEUE_MODELS gives tasks a queue of the project's own: its workers write the results
+    # too. Only the backend's default queue (TaskMessage) added the results table, so a worker
+    # role granted for tasksapp.EmailTasks could not record a task RUNNING.
+    native("googlesql")
+    text = grants(*ROLES, "--queue", "tasksapp.EmailTasks")
+    assert "GRANT SELECT, UPDATE ON TABLE spanner_queues_taskresultrecord TO ROLE worker;" in text
+    assert "spanner_queues_taskresultrecord TO ROLE web;" in text

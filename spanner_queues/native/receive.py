@@ -26,8 +26,9 @@ last ``take`` returned (a worker asks again within moments), then it is ended, s
 queries. Held rows are renewed before their lease ends (by the engine's ``renew_leases``
 together with the in-flight ones, or by the receiver's own thread) only while the stream is in
 use (a ``take`` waiting, or one within ``linger``): a row nobody takes is left to its lease
-and goes back to the queue. Rows that expire while held are counted in
-``lease_expiration_count``, as Spanner's metric of that name counts them.
+and goes back to the queue. A row whose renewal is on the wire is handed out only once it has
+answered, with the renewed token (the one it had is rotated out). Rows that expire while held
+are counted in ``lease_expiration_count``, as Spanner's metric of that name counts them.
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
@@ -147,6 +148,9 @@ class Receiver:
         self._cap = 1
         self._renew = renew
         self._renew_within = renew_within
+        #: tokens of held rows whose renewal is on the wire: not handed out until it answers
+        #: (a row taken meanwhile would leave with the token the renewal rotates out)
+        self._renewing: set[str] = set()
         #: RECEIVE's max_batch_size: the setting, but never more than is asked for.
         self._batch_size = batch_size
         #: brief calls only: how long a full buffer waits before the call is read on.
@@ -413,12 +417,26 @@ class Receiver:
     def held_tokens_due(self) -> list[str]:
         """Tokens of held rows whose lease ends within ``renew_within``, while the stream is
         in use (a ``take`` waiting or one within ``linger``); none otherwise: rows nobody
-        takes are left to their lease."""
+        takes are left to their lease. The caller renews them and then calls
+        ``apply_renewals`` (or ``renewal_failed``): until then ``take`` hands none of them
+        out."""
         limit = clock.now() + self._renew_within
         with self._cond:
             if not self._in_use():
                 return []
-            return [d.lease_token for d in self._buffer if d.lease_expires_at <= limit]
+            due = [
+                d.lease_token
+                for d in self._buffer
+                if d.lease_expires_at <= limit and d.lease_token not in self._renewing
+            ]
+            self._renewing.update(due)
+            return due
+
+    def renewal_failed(self, asked: list[str]) -> None:
+        """The renewal of ``asked`` (from ``held_tokens_due``) failed: they may be taken."""
+        with self._cond:
+            self._renewing.difference_update(asked)
+            self._cond.notify_all()
 
     def apply_renewals(self, renewed: dict[str, tuple[str | None, Any]], asked: list[str]) -> None:
         """Carry renewed tokens forward; drop (and count) held rows whose renewal was lost."""
@@ -435,6 +453,7 @@ class Receiver:
                 else:
                     self.lease_expiration_count += 1
             self._buffer = kept
+            self._renewing.difference_update(asked)
             self._cond.notify_all()
 
     def _watch(self) -> None:
@@ -456,9 +475,24 @@ class Receiver:
             try:
                 renewed = self._renew(tokens)
             except Exception as exc:  # transient: the next round tries again
+                self.renewal_failed(tokens)
                 logger.warning("renewing held rows of %s failed: %s", self.name, exc)
                 continue
             self.apply_renewals(renewed, tokens)
+
+    def _pop(self, count: int) -> list[Delivery]:
+        """Hand out up to ``count`` held rows, oldest first, none under renewal (``_cond``)."""
+        if not self._renewing:
+            return [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
+        taken: list[Delivery] = []
+        kept: collections.deque[Delivery] = collections.deque()
+        for d in self._buffer:
+            if len(taken) < count and d.lease_token not in self._renewing:
+                taken.append(d)
+            else:
+                kept.append(d)
+        self._buffer = kept
+        return taken
 
     def take(self, max_messages: int, wait: float) -> list[Delivery]:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
@@ -477,14 +511,13 @@ class Receiver:
                     if self.fatal is not None and not self._buffer:
                         raise self.fatal
                     self._drop_expired()
-                    enough = len(self._buffer) >= max_messages
-                    batch_done = self._buffer and not self._batch_open
+                    # (rows whose renewal is on the wire wait for its answer: ``_renewing``)
+                    free = sum(1 for d in self._buffer if d.lease_token not in self._renewing)
+                    enough = free >= max_messages
+                    batch_done = free > 0 and not self._batch_open
                     remaining = deadline - time.monotonic()
                     if enough or batch_done or remaining <= 0:
-                        taken = [
-                            self._buffer.popleft()
-                            for _ in range(min(max_messages, len(self._buffer)))
-                        ]
+                        taken = self._pop(max_messages)
                         short = len(taken) < max_messages
                         break
                     self._cond.wait(remaining)

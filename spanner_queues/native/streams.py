@@ -193,7 +193,12 @@ def renew_leases(
     tokens = list(dict.fromkeys([m.lease_token for m in messages if m.lease_token] + held))
     if not tokens:
         return []
-    renewed = renew_tokens(engine, model, tokens)
+    try:
+        renewed = renew_tokens(engine, model, tokens)
+    except BaseException:
+        if held and receiver is not None:
+            receiver.renewal_failed(held)
+        raise
     if held and receiver is not None:
         receiver.apply_renewals(renewed, held)
     result = []

@@ -74,15 +74,16 @@ class QueueBackend(BaseTaskBackend):
         """Never raises on wrong ``OPTIONS`` (it runs in ``AppConfig.ready()``): ``check()``
         reports them (E102, E103) and the wrong values are left out here."""
         super().__init__(alias, params)
-        models = self.options.get("QUEUE_MODELS", {})
+        options: dict[str, Any] = self.options if isinstance(self.options, dict) else {}  # E103
+        models = options.get("QUEUE_MODELS", {})
         self.queue_models: dict[str, str] = (
             {k: v for k, v in models.items() if isinstance(v, str)}
             if isinstance(models, dict)
             else {}
         )
         #: whether a task runs in the transaction that records its success and acks it
-        self.atomic_tasks = self.options.get("ATOMIC_TASKS", True) is not False
-        retention = self.options.get("RESULT_RETENTION_SECONDS")
+        self.atomic_tasks = options.get("ATOMIC_TASKS", True) is not False
+        retention: Any = options.get("RESULT_RETENTION_SECONDS")
         self.result_retention = (
             timedelta(seconds=retention) if _is_positive_number(retention) else None
         )
@@ -118,7 +119,7 @@ class QueueBackend(BaseTaskBackend):
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         yield from check_django_tasks_installed()
         yield from self._check_options()
-        models = self.options.get("QUEUE_MODELS", {})
+        models = self.options.get("QUEUE_MODELS", {}) if isinstance(self.options, dict) else {}
         for name, label in models.items() if isinstance(models, dict) else []:
             where = f"TASKS[{self.alias!r}]['OPTIONS']['QUEUE_MODELS'][{name!r}]"
             try:

@@ -289,9 +289,9 @@ class Intake:
         health.error = exc
         if health.since is None:
             health.since = now
-        delay = min(
-            QUEUE_BACKOFF_MAX, max(self.poll_interval, QUEUE_BACKOFF_MIN) * 2**health.failures
-        )
+        # (the exponent is capped: a float times 2**1024 overflows, after ~75 min of failures)
+        doubled = max(self.poll_interval, QUEUE_BACKOFF_MIN) * 2 ** min(health.failures, 64)
+        delay = min(QUEUE_BACKOFF_MAX, doubled)
         health.retry_at = now + delay * random.uniform(0.75, 1.0)
         with self.held.cond:
             self.events.stats.receive_errors += 1

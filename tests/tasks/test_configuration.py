@@ -49,6 +49,16 @@ def test_wrong_options_are_check_errors_with_hints() -> None:
 
 
 @pytest.mark.engine_independent
+@pytest.mark.parametrize("options", [["ATOMIC_TASKS"], "QUEUE_MODELS", None])
+def test_options_that_are_not_a_dict_are_a_check_error_not_a_traceback(options: object) -> None:
+    # (__init__ runs in AppConfig.ready(): it called OPTIONS.get() before any check ran)
+    backend = QueueBackend("bad", {"QUEUES": ["default"], "OPTIONS": options})
+    errors = [e for e in backend.check() if e.id == "spanner_queues.E103"]
+    assert errors and "must be a dict" in errors[0].msg, errors
+    assert backend.queue_models == {} and backend.atomic_tasks is True
+
+
+@pytest.mark.engine_independent
 def test_manage_py_check_reports_the_pasted_settings_block_without_a_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "django", "check"],

@@ -7,6 +7,7 @@ under a running worker and created again."""
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
@@ -16,6 +17,7 @@ from django.db import connection
 from spanner_queues.engines import engines
 from spanner_queues.options import queue_options
 from spanner_queues.worker import Worker, WorkerEvents
+from spanner_queues.worker.intake import QUEUE_BACKOFF_MAX
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Tasks, WorkItems, WorkLog
@@ -76,3 +78,15 @@ def test_a_dropped_queue_backs_off_alone_and_recovers_when_created_again(
     assert warnings[0].queue == "workerapp.Tasks"  # type: ignore[attr-defined]
     recovered = [r for r in caplog.records if getattr(r, "action", "") == "queue_recovered"]
     assert len(recovered) == 1 and "workerapp.Tasks" in recovered[0].getMessage()
+
+
+def test_a_queue_failing_for_hours_keeps_backing_off_at_the_cap(make_worker: MakeWorker) -> None:
+    # The back-off doubled per failure in a row as a float times 2**failures: the 1,024th
+    # failure (about 75 minutes of a dropped queue at the 5 s cap) raised OverflowError out of
+    # the intake loop and stopped the worker.
+    worker = make_worker(Tasks, WorkItems)
+    health = worker.intake.health["workerapp.Tasks"]
+    for _ in range(1100):
+        worker.intake.queue_failed(health, RuntimeError("queue dropped"))
+    assert health.failures == 1100
+    assert 0 < health.retry_at - time.monotonic() <= QUEUE_BACKOFF_MAX

@@ -97,6 +97,19 @@ def test_cron_and_zone_are_checked_when_declared() -> None:
     assert schedules(registry) == []
 
 
+@pytest.mark.engine_independent
+def test_a_cron_expression_that_never_matches_is_refused_when_declared() -> None:
+    # Valid to croniter but with no date (30 February): accepted before, then every seed of
+    # the worker raised CroniterBadDateError (no QueueError) and the schedule never ran.
+    registry = ReceiverRegistry()
+    with pytest.raises(InvalidArgument, match="never runs"):
+        periodic(Ticks, cron="0 0 30 2 *", key={"name": "x"}, registry=registry)
+    assert schedules(registry) == []
+    assert Cron("0 0 29 2 *", "UTC").next_after(datetime(2027, 1, 1, tzinfo=UTC)) == datetime(
+        2028, 2, 29, tzinfo=UTC
+    )
+
+
 @pytest.mark.django_db
 def test_a_cron_schedule_runs_across_both_daylight_saving_changes() -> None:
     """Seeded at its next cron time, each run sends the next one, in the zone's wall time."""

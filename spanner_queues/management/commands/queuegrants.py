@@ -12,7 +12,8 @@ Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-co
   UPDATE, DELETE ON TABLE`` (claims and renewals update rows);
 - the app's own tables: the failure ledger when a queue's engine counts no deliveries, the depth
   samples, the paused queues (workers read them, the admin writes them), the rate-limit buckets
-  when a queue has ``rate_limit``, and the task results when ``spanner_queues.tasks`` is used.
+  when a queue has ``rate_limit``, and the task results when a queue of a ``QueueBackend``
+  (``TaskMessage`` or one of its ``QUEUE_MODELS``) is among the queues.
 
 Your receivers' own tables are not known here: grant them to the worker role yourself.
 """
@@ -197,8 +198,14 @@ class Command(BaseCommand):
                 Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
             )
         from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+        from spanner_queues.tasks.runner import queue_backends
 
-        if TaskMessage in models:  # Django's Tasks API on spanner_queues: the results table
+        # Django's Tasks API on spanner_queues: the results table, for the backend's default
+        # queue and the queues of QUEUE_MODELS alike (their workers write the results too)
+        task_queues = {TaskMessage}
+        for backend in queue_backends():
+            task_queues.update(backend.all_queue_models(declared_only=True))
+        if task_queues.intersection(models):
             results = TaskResultRecord._meta.db_table
             own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
             own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
