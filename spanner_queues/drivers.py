@@ -267,6 +267,10 @@ _MISSING_PARENT = re.compile(
 
 #: PostgreSQL SQLSTATEs worth running the transaction again for
 _PG_RETRYABLE = frozenset({"40001", "40P01"})  # serialization_failure, deadlock_detected
+#: PostgreSQL SQLSTATEs of a connection the server ended: admin_shutdown ("terminating
+#: connection due to administrator command": pg_terminate_backend, a restart), crash_shutdown,
+#: and the connection_exception class (08xxx)
+_PG_CONNECTION_GONE = frozenset({"57P01", "57P02", "57P03"})
 
 
 class PostgreSQLDriver(Driver):
@@ -278,6 +282,20 @@ class PostgreSQLDriver(Driver):
         for current in causes(exc):
             code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
             if code in _PG_RETRYABLE:
+                return True
+        return False
+
+    def is_connection_lost(self, exc: BaseException) -> bool:
+        """The server ended the connection (a terminated backend, a restart, a dropped
+        socket): psycopg marks it closed or broken, or the error carries a connection
+        SQLSTATE. A transaction that failed so committed nothing that it could still commit,
+        and the worker's transactions hold their ack: run again, each is at most once."""
+        raw = getattr(self.connection, "connection", None)
+        if raw is not None and (getattr(raw, "closed", False) or getattr(raw, "broken", False)):
+            return True
+        for current in causes(exc):
+            code = getattr(current, "sqlstate", None) or getattr(current, "pgcode", None)
+            if code in _PG_CONNECTION_GONE or (isinstance(code, str) and code.startswith("08")):
                 return True
         return False
 
