@@ -127,6 +127,13 @@ class TimeLimits:
                 continue
             now = time.monotonic()
             for ident, deliveries in watched:
+                if all(d.done for d in deliveries):
+                    # finished: its thread left the call without clearing its entry (an
+                    # interrupt can land in the context manager's own code before its cleanup)
+                    with self.lock:
+                        if self.running_now.get(ident) is deliveries:
+                            del self.running_now[ident]
+                    continue
                 deadline = min(d.deadline for d in deliveries if d.deadline is not None)
                 if now >= deadline and not any(d.timed_out for d in deliveries):
                     self.interrupt(ident, deliveries, now - deadline)

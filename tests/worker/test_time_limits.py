@@ -77,3 +77,25 @@ def test_time_limits_must_be_positive(make_worker) -> None:
             make_worker(WorkItems, timeout=bad)
         with pytest.raises(ReceiverConfigurationError, match="timeout must be a positive"):
             receiver(WorkItems, timeout=bad, registry=ReceiverRegistry())
+
+
+def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worker) -> None:
+    """An interrupt can land in the context manager's own code before its cleanup runs: the
+    watch entry of a thread that left its call then stays. The watchdog drops it once the
+    delivery is done instead of stopping the worker as stuck."""
+    import threading
+    import time
+
+    from spanner_queues.worker.state import Delivery
+
+    worker = make_worker(WorkItems, timeout=0.1)
+    worker.limits.grace = 0.1
+    stale = Delivery(message=None, model=WorkItems, renew_at=None)  # type: ignore[arg-type]
+    stale.deadline, stale.timed_out, stale.done = time.monotonic() - 5, True, True
+    worker.limits.running_now[12345] = [stale]
+    watchdog = threading.Thread(target=worker.limits.run, daemon=True)
+    watchdog.start()
+    wait_until(lambda: 12345 not in worker.limits.running_now)
+    worker.held.stop()
+    watchdog.join(5)
+    assert worker.held.stuck_units == 0 and not stale.stuck
