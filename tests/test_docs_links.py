@@ -1,0 +1,115 @@
+"""The documentation's relative links resolve: every ``[text](target)`` in ``docs/``,
+``README.md``, ``CONTRIBUTING.md``, ``CHANGELOG.md``, ``benchmarks/`` and ``deploy/`` names a
+file or folder of the checkout, and every ``#anchor`` names a heading (GitHub's slugs) or an
+``<a id>`` of the page it points into. Every page under ``docs/`` is reachable from
+``docs/index.md``, and every how-to page is in the README's documentation list or the index."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.engine_independent  # the pages on disk, no database
+
+_FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
+_CODE = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)", re.S)
+_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+_REFDEF = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s|$)", re.M)
+_HEADING = re.compile(r"^ {0,3}(#{1,6})\s+(.*?)\s*#*\s*$", re.M)
+_HTML_ID = re.compile(r"<a\s+(?:id|name)=\"([^\"]+)\"", re.I)
+_EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:
+
+
+def _pages() -> list[Path]:
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md"]
+    for folder in ("docs", "deploy", "benchmarks"):
+        pages += sorted((ROOT / folder).rglob("*.md"))
+    return [page for page in pages if page.exists()]
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code blocks (links inside code are not links)."""
+    return _FENCE.sub("", text)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: markup dropped, lower case, punctuation but ``-`` and
+    ``_`` dropped, spaces to hyphens."""
+    text = re.sub(r"!?\[([^\]]*)\]\([^)]*\)", r"\1", heading)  # links keep their text
+    text = re.sub(r"<[^>]+>", "", text).replace("`", "")
+    return re.sub(r"[^\w\- ]", "", text.lower()).replace(" ", "-")
+
+
+def _anchors(page: Path) -> set[str]:
+    text = page.read_text()
+    found: set[str] = set(_HTML_ID.findall(text))
+    seen: dict[str, int] = {}
+    for _hashes, heading in _HEADING.findall(_prose(text)):
+        slug = _slug(heading)
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def _targets(page: Path) -> list[str]:
+    text = _CODE.sub("", _prose(page.read_text()))
+    return _LINK.findall(text) + _REFDEF.findall(text)
+
+
+def _broken(page: Path) -> list[str]:
+    broken = []
+    for target in _targets(page):
+        if _EXTERNAL.match(target):
+            continue
+        path, _, anchor = target.partition("#")
+        where = (page.parent / path).resolve() if path else page
+        if not where.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and where.suffix == ".md" and anchor not in _anchors(where):
+            broken.append(f"{target}: no heading #{anchor}")
+    return broken
+
+
+def _linked_pages(page: Path) -> set[Path]:
+    found = set()
+    for target in _targets(page):
+        path = target.partition("#")[0]
+        if path and not _EXTERNAL.match(target):
+            found.add((page.parent / path).resolve())
+    return found
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_relative_links_and_anchors_resolve(page: Path) -> None:
+    assert _broken(page) == []
+
+
+def test_slugs_follow_github() -> None:
+    assert _slug("The test suite (`bin/test`)") == "the-test-suite-bintest"
+    assert _slug('`OPTIONS["BACKOFF"]`') == "optionsbackoff"
+    assert _slug("E020: a [queue](x.md) is *declared*") == "e020-a-queue-is-declared"
+    assert _slug("Pause and resume, per queue") == "pause-and-resume-per-queue"
+
+
+def test_every_docs_page_is_reachable_from_the_index() -> None:
+    docs = ROOT / "docs"
+    reached: set[Path] = set()
+    todo = [docs / "index.md"]
+    while todo:
+        page = todo.pop()
+        if page in reached:
+            continue
+        reached.add(page)
+        todo += [p for p in _linked_pages(page) if p.suffix == ".md" and p.is_relative_to(docs)]
+    assert sorted(str(p.relative_to(ROOT)) for p in set(docs.rglob("*.md")) - reached) == []
+
+
+def test_every_howto_page_is_listed_in_the_index_and_the_readme() -> None:
+    howtos = {page.resolve() for page in (ROOT / "docs" / "howto").glob("*.md")}
+    for listing in (ROOT / "docs" / "index.md", ROOT / "README.md"):
+        missing = howtos - _linked_pages(listing)
+        assert sorted(page.name for page in missing) == [], listing.name
