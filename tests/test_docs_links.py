@@ -113,3 +113,54 @@ def test_every_howto_page_is_listed_in_the_index_and_the_readme() -> None:
     for listing in (ROOT / "docs" / "index.md", ROOT / "README.md"):
         missing = howtos - _linked_pages(listing)
         assert sorted(page.name for page in missing) == [], listing.name
+
+
+def _map_rows() -> dict[str, str]:
+    """CONTRIBUTING.md's module map: first cell (a module, or a package ending in ``/``) -> row."""
+    text = (ROOT / "CONTRIBUTING.md").read_text().split("One line per module", 1)[1]
+    rows = {}
+    for line in text.split("\n## ", 1)[0].splitlines():
+        cells = line.split("|")
+        if len(cells) > 3:
+            for name in re.findall(r"`([^`]+)`", cells[1]):
+                rows[name] = line
+    return rows
+
+
+def _named_in_map(module: str, rows: dict[str, str]) -> bool:
+    """``module`` (a path under ``spanner_queues/``) has its own row, shares one (``a.py``,
+    ``b.py``), or is named (``b.py`` or ``b``) in the row of a package holding it."""
+    parts = module.split("/")
+    if module in rows or (
+        module.endswith("/__init__.py") and module[: -len("__init__.py")] in rows
+    ):
+        return True
+    if any(
+        line.startswith(f"| `{'/'.join(parts[:-1])}/") and f"`{parts[-1]}`" in line
+        for line in rows.values()
+    ):
+        return True
+    for depth in range(len(parts) - 1, 0, -1):
+        package = "/".join(parts[:depth]) + "/"
+        if package in rows:
+            rest = "/".join(parts[depth:])
+            names = {
+                module,
+                rest,
+                rest.removesuffix(".py"),
+                parts[-1],
+                parts[-1].removesuffix(".py"),
+            }
+            return any(f"`{name}`" in rows[package] for name in names)
+    return False
+
+
+def test_contributing_map_names_every_module() -> None:
+    package = ROOT / "spanner_queues"
+    modules = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if "migrations" not in path.parts and path.name != "__init__.py"
+    ]
+    rows = _map_rows()
+    assert [module for module in modules if not _named_in_map(module, rows)] == []
