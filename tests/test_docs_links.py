@@ -88,6 +88,16 @@ def test_relative_links_and_anchors_resolve(page: Path) -> None:
     assert _broken(page) == []
 
 
+_CUT_TABLE = re.compile(r"^\|.*\|[ \t]*\n[ \t]*\n(\|.*\|)[ \t]*\n(?!\|[ :|-]+\|)", re.M)
+
+
+@pytest.mark.parametrize("page", _pages(), ids=lambda page: str(page.relative_to(ROOT)))
+def test_no_table_is_cut_by_a_blank_line(page: Path) -> None:
+    """A blank line ends a Markdown table: rows after it (no header row of their own) render as
+    text."""
+    assert _CUT_TABLE.findall(_prose(page.read_text())) == []
+
+
 def test_slugs_follow_github() -> None:
     assert _slug("The test suite (`bin/test`)") == "the-test-suite-bintest"
     assert _slug('`OPTIONS["BACKOFF"]`') == "optionsbackoff"
