@@ -174,3 +174,32 @@ def test_contributing_map_names_every_module() -> None:
     ]
     rows = _map_rows()
     assert [module for module in modules if not _named_in_map(module, rows)] == []
+
+
+def test_contributing_map_states_the_layers_each_module_imports() -> None:
+    """The map's "imports (layer)" column is the set of layers the module (or package, its own
+    modules left out) imports at run time, per ``tests/test_import_graph.py``."""
+    from tests.test_import_graph import PACKAGE, _layer_of, _layers, import_graph
+
+    graph, layers, wrong, seen = import_graph(), _layers(), [], set()
+    for line in _map_rows().values():
+        cells = line.split("|")
+        if line in seen or "anything" in cells[3] or cells[3].strip() == "testing":
+            continue
+        seen.add(line)
+        first = re.findall(r"`([^`]+)`", cells[1])[0]
+        name = f"{PACKAGE}." + first.removesuffix(".py").removesuffix("/").replace("/", ".")
+        name = name.removesuffix(".__init__")
+        own = [m for m in graph if m == name or (first.endswith("/") and m.startswith(name + "."))]
+        targets = {t for m in own for t in graph[m] if t not in own}
+        found = {_layer_of(t, layers) for t in targets} - {None}
+        named = {
+            f"{PACKAGE}." + n.strip("/").replace("/", ".")
+            for n in re.findall(r"`([^`]+)`", cells[3])
+        }
+        stated = {int(d) for d in re.findall(r"\b[1-7]\b", cells[3])} | (
+            {_layer_of(n, layers) for n in named} - {None}
+        )
+        if found != stated:
+            wrong.append(f"{first}: map says {sorted(stated)}, imports {sorted(found)}")
+    assert wrong == []
