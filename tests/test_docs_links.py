@@ -2,7 +2,9 @@
 ``README.md``, ``CONTRIBUTING.md``, ``CHANGELOG.md``, ``benchmarks/`` and ``deploy/`` names a
 file or folder of the checkout, and every ``#anchor`` names a heading (GitHub's slugs) or an
 ``<a id>`` of the page it points into. Every page under ``docs/`` is reachable from
-``docs/index.md``, and every how-to page is in the README's documentation list or the index."""
+``docs/index.md``; every how-to page is in the README's documentation list and the index; no
+table is cut by a blank line. CONTRIBUTING.md's module map names every module, with the layers
+it imports."""
 
 from __future__ import annotations
 
