@@ -16,6 +16,7 @@ the package ``__init__`` modules here are thin (docstrings, re-exports of their 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import spanner_queues
@@ -205,10 +206,14 @@ UPPER = (
     "spanner_queues.deadletter",
     "spanner_queues.registry",
     "spanner_queues.monitoring",
+    "spanner_queues.controls",
+    "spanner_queues.metrics",
     "spanner_queues.receivers",
     "spanner_queues.worker",
     "spanner_queues.patterns",
     "spanner_queues.outbox",
+    "spanner_queues.tasks",
+    "spanner_queues.contrib",
     "spanner_queues.admin",
     "spanner_queues.adminsite",
     "spanner_queues.checks",
@@ -238,3 +243,58 @@ def test_the_clock_is_the_bottom_layer() -> None:
     """``clock`` is read by every layer (the worker's threads included): it imports nothing of
     the package, so any module may import it without a cycle."""
     assert import_graph()["spanner_queues.clock"] == set()
+
+
+CONTRIBUTING = ROOT.parent / "CONTRIBUTING.md"
+
+
+def _layers() -> dict[str, int]:
+    """CONTRIBUTING.md's layer table: module or package prefix -> its layer (1 top, 7 floor)."""
+    layers = {}
+    for line in CONTRIBUTING.read_text().splitlines():
+        row = line.split("|")
+        if len(row) < 3 or not row[1].strip()[:1].isdigit():
+            continue
+        number = int(row[1].strip().split(".", 1)[0])
+        for name in re.findall(r"`([a-z_/]+)`", row[1]):
+            layers[f"{PACKAGE}." + name.strip("/").replace("/", ".")] = number
+    return layers
+
+
+def _layer_of(module: str, layers: dict[str, int]) -> int | None:
+    best = max((p for p in layers if _within(module, (p,))), key=len, default=None)
+    return layers[best] if best else None
+
+
+def test_every_import_follows_the_layers_of_contributing() -> None:
+    """No module imports a layer above its own (CONTRIBUTING.md's table), but for the two
+    exceptions it states: ``adminsite/models`` (imports nothing, imported from below) and the
+    engine handler (``engines/__init__``), which layer 6 may import."""
+    layers = _layers()
+    assert layers[f"{PACKAGE}.controls"] == 4 and layers[f"{PACKAGE}.clock"] == 7
+    allowed = {f"{PACKAGE}.adminsite.models"}
+    offenders = []
+    for module, targets in import_graph().items():
+        own = _layer_of(module, layers)
+        if own is None or module in allowed:
+            continue
+        for target in targets - allowed:
+            theirs = _layer_of(target, layers)
+            if own == 6 and target == f"{PACKAGE}.engines":
+                continue
+            if theirs is not None and theirs < own:
+                offenders.append(f"{module} (layer {own}) -> {target} (layer {theirs})")
+    assert not offenders, "imports reaching up a layer:\n" + "\n".join(sorted(offenders))
+
+
+def test_every_module_has_a_layer_or_a_side() -> None:
+    layers = _layers()
+    sides = (*TESTING, f"{PACKAGE}.contrib")
+    unplaced = sorted(
+        m
+        for m in import_graph()
+        if m != PACKAGE and _layer_of(m, layers) is None and not _within(m, sides)
+    )
+    assert not unplaced, "modules missing from CONTRIBUTING.md's layer table: " + ", ".join(
+        unplaced
+    )
