@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
+
+from django.db import connections
 
 from spanner_queues import api, clock, controls
 from spanner_queues.exceptions import QueueConfigurationError
@@ -120,10 +123,10 @@ class Intake:
         self.summary_interval = summary_interval
         #: the lease the last receive got, in seconds (None: the engine gives none)
         self.lease_seconds: float | None = None
-        #: labels of this worker's queues paused by an operator (``controls``), and when to
-        #: read them again (monotonic)
-        self.paused: set[str] = set()
-        self.next_pause_check = 0.0
+        #: labels of this worker's queues paused by an operator (``controls``): read before the
+        #: first round, then every ``PAUSE_CHECK_SECONDS`` by the ``watch_pauses`` thread (a
+        #: read that waits out a database outage never holds up this loop or a stop)
+        self.paused: frozenset[str] = frozenset()
         #: ``QueueMeta.concurrency_limit`` and ``rate_limit`` of the plans
         self.limits = QueueLimits(held, plans)
         #: receive failures per queue (label): each queue fails, backs off and recovers alone
@@ -167,6 +170,8 @@ class Intake:
         next_summary = time.monotonic() + interval if interval else None
         if self.burst:
             self.settled(wait=0)  # from now on, streams receive in calls that end on their own
+        self.check_paused()  # a worker started while a queue is paused never receives from it
+        threading.Thread(target=self.watch_pauses, name="sq-pauses", daemon=True).start()
         while True:
             with self.held.cond:
                 self.held.cond.wait_for(lambda: self.held.stopping or self.wants_more())
@@ -175,8 +180,6 @@ class Intake:
                 idle_before = self.held.in_flight == 0
             if self.reseed_interval is not None and time.monotonic() >= self.held.next_seed:
                 self.seed()
-            if time.monotonic() >= self.next_pause_check:
-                self.check_paused()
             if next_summary is not None and time.monotonic() >= next_summary:
                 self.events.emit("summary", stats=self.events.stats.copy())
                 next_summary = time.monotonic() + (self.summary_interval or 0)
@@ -254,11 +257,24 @@ class Intake:
             self.idle_wait(wait)
             recycle_connections()
 
+    def watch_pauses(self) -> None:
+        """The pause watcher thread: ``check_paused`` every ``PAUSE_CHECK_SECONDS`` until the
+        worker stops."""
+        try:
+            while True:
+                with self.held.cond:
+                    if self.held.cond.wait_for(
+                        lambda: self.held.stopping, timeout=controls.PAUSE_CHECK_SECONDS
+                    ):
+                        return
+                self.check_paused()
+        finally:
+            connections.close_all()
+
     def check_paused(self) -> None:
-        """Read which of this worker's queues are paused (every ``PAUSE_CHECK_SECONDS``); stop
-        the background receiving of a queue once it is paused, so rows it leased and nobody
-        started go back. A failed read keeps the last answer."""
-        self.next_pause_check = time.monotonic() + controls.PAUSE_CHECK_SECONDS
+        """Read which of this worker's queues are paused; stop the background receiving of a
+        queue once it is paused, so rows it leased and nobody started go back. A failed read
+        keeps the last answer."""
         try:
             now_paused = set(controls.paused(p.model for p in self.plans))
         except Exception:
@@ -276,7 +292,7 @@ class Intake:
                 logger.info(
                     "%s was resumed", plan.label, extra={"action": "resumed", "queue": plan.label}
                 )
-        self.paused = now_paused
+        self.paused = frozenset(now_paused)
 
     def queue_failed(self, health: QueueHealth, exc: Exception) -> None:
         """A receive of ``health``'s queue raised: back it off alone (``QUEUE_BACKOFF_*``,
