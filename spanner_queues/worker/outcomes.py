@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from functools import partial
 from typing import Any
@@ -112,34 +112,53 @@ class Outcomes:
             self.events.emit("returned", message=d.message)
         return run_now
 
-    def retry(
-        self, deliveries: list[Delivery], exc: Retry, spec: ReceiverSpec, duration: float
-    ) -> None:
+    def _resend(
+        self,
+        deliveries: list[Delivery],
+        exc: BaseException,
+        *,
+        after: timedelta | None,
+        not_done: str,
+        duration: float | None = None,
+    ) -> list[Delivery]:
+        """Ack and send again, under their keys, the deliveries whose lease is still held
+        (``engine.retry``, one transaction; due ``after`` from now, or after the back-off).
+        Returns those moved; lost leases and messages acked meanwhile are reported (``not
+        done``: what the log says was not done to them)."""
         self.held.freeze(deliveries)
         mine = [d for d in deliveries if not d.lease_lost]
         if len(mine) < len(deliveries):
             self.lease_lost([d for d in deliveries if d.lease_lost], exc, duration)
         if not mine:
-            return
+            return []
         model = mine[0].model
         db, engine, _ = self.held.cached(model)
 
         def move() -> None:
-            engine.retry(model, [d.message for d in mine], after=exc.after, using=db)
+            engine.retry(model, [d.message for d in mine], after=after, using=db)
 
         try:
             run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
         except MessageAlreadyAcked as err:
             for d in mine:
                 logger.warning(
-                    "%s: already acked; not retried",
+                    "%s: already acked; not %s",
                     d.message,
+                    not_done,
                     extra=self.events.log_extra("already_acked", d.message, duration),
                 )
                 self.events.emit("already_acked", message=d.message, error=err)
-            return
+            return []
         except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
             self.lease_lost(mine, err, duration)
+            return []
+        return mine
+
+    def retry(
+        self, deliveries: list[Delivery], exc: Retry, spec: ReceiverSpec, duration: float
+    ) -> None:
+        mine = self._resend(deliveries, exc, after=exc.after, not_done="retried", duration=duration)
+        if not mine:
             return
         self.events.count("retried", len(mine))
         for d in mine:
@@ -314,31 +333,8 @@ class Outcomes:
         messages: give them back due after their back-off without spending an attempt, in
         one transaction (``engine.retry``: acked and sent again under their keys; attempts
         and recorded failures start again), and warn once per (queue, kind of miss)."""
-        self.held.freeze(deliveries)
-        mine = [d for d in deliveries if not d.lease_lost]
-        if len(mine) < len(deliveries):
-            self.lease_lost([d for d in deliveries if d.lease_lost], exc)
+        mine = self._resend(deliveries, exc, after=None, not_done="given back")
         if not mine:
-            return
-        model = mine[0].model
-        db, engine, _ = self.held.cached(model)
-
-        def give_back() -> None:
-            engine.retry(model, [d.message for d in mine], after=None, using=db)
-
-        try:
-            run_in_transaction(give_back, using=db, retries=engine.params.transaction_retries)
-        except MessageAlreadyAcked as err:
-            for d in mine:
-                logger.warning(
-                    "%s: already acked; not given back",
-                    d.message,
-                    extra=self.events.log_extra("already_acked", d.message),
-                )
-                self.events.emit("already_acked", message=d.message, error=err)
-            return
-        except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
-            self.lease_lost(mine, err)
             return
         self.events.count("unmatched", len(mine))
         for d in mine:
