@@ -4,6 +4,8 @@ the client cancels or the front shuts down.
 
 - RECEIVE runs only in a strong read-only transaction: single use, or one the front saw begun
   strong (``remember_strong_read``); anything else is ``INVALID_ARGUMENT``.
+- A call looks at its queue at least once, whatever its ``max_duration`` (a probe of 1 ms on a
+  loaded machine would otherwise end before its first look and return nothing that is due).
 - An idle stream looks at its queue again on every commit through the front (``committed``),
   at most every ``IDLE_POLL_SECONDS`` otherwise, and when the earliest scheduled message falls
   due. Rows it leased are sent before it ends.
@@ -83,7 +85,11 @@ class Receiving:
         context.add_callback(done.set)
         sent_metadata = False
         batches = 0
-        while not (done.is_set() or self.stopping.is_set()) and time.monotonic() < deadline:
+        looked = False  # a call looks at its queue at least once, however short its duration
+        while not (done.is_set() or self.stopping.is_set()) and (
+            not looked or time.monotonic() < deadline
+        ):
+            looked = True
             try:
                 earliest = q.has_due(self.backend, database, queue)
                 claimed = None

@@ -170,12 +170,14 @@ class NativeQueueEngine(BaseQueueEngine):
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
         self._require_googlesql("Sending with DML")
+        streams.sent(self.alias, model._meta.label)
         return messages_on_wire.insert(self, model, messages, using=using)
 
     def send_mutations(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> Any:
         """Send with ``Send`` mutations committed together in a read-write transaction of
         their own, outside any Django transaction (``CommitOutcomeUnknown`` when the commit's
         answer is lost). Returns the commit timestamp."""
+        streams.sent(self.alias, model._meta.label)
         return messages_on_wire.send_mutations(self, model, messages)
 
     # --- receiving ------------------------------------------------------------------------
@@ -200,7 +202,11 @@ class NativeQueueEngine(BaseQueueEngine):
         # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
         names = key_names(model)
         receiver = streams.stream_for(self, model, max_messages)
-        taken = receiver.take(max_messages, self.receive_wait)
+        taken = receiver.take(
+            max_messages,
+            self.receive_wait,
+            last_sent=streams.last_sent(self.alias, model._meta.label),
+        )
         if not taken:
             return []
         # Spanner keeps no delivery count: an attempt is the failed runs workers recorded in

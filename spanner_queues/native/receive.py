@@ -494,18 +494,28 @@ class Receiver:
         self._buffer = kept
         return taken
 
-    def take(self, max_messages: int, wait: float) -> list[Delivery]:
+    def take(
+        self, max_messages: int, wait: float, *, last_sent: float | None = None
+    ) -> list[Delivery]:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
-        (only a moment when a call has been open that long and brought nothing: nothing is
-        due), then for the rest of its batch (``SpannerLastBatchMessage``)."""
+        (only a moment when a call has been open that long and brought nothing, and this
+        process sent nothing to the queue since it opened, ``last_sent`` (monotonic): nothing
+        is due), then for the rest of its batch (``SpannerLastBatchMessage``)."""
         opened = self._open_since
-        if opened is not None and time.monotonic() - opened >= wait:
+        if (
+            opened is not None
+            and time.monotonic() - opened >= wait
+            and (last_sent is None or last_sent < opened)
+        ):
             wait = min(wait, WARM_WAIT)
         deadline = time.monotonic() + wait
         self.want(max_messages)
         with self._cond:
             self._waiting += 1
             self._asked += max_messages
+            # (wake the stream's thread: it may have looked at the demand before this take
+            # counted itself, and would otherwise sleep out its poll, longer than ``wait``)
+            self._cond.notify_all()
             try:
                 while True:
                     if self.fatal is not None and not self._buffer:

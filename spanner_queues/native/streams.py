@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -42,6 +43,19 @@ _streams: dict[tuple[str, str], Receiver] = {}
 #: streams whose calls are brief (``settle``), until stopped.
 _brief: set[tuple[str, str]] = set()
 _streams_lock = threading.Lock()
+#: when (monotonic) this process last sent to a queue: (alias, label) -> time.
+_last_sent: dict[tuple[str, str], float] = {}
+
+
+def sent(alias: str, label: str) -> None:
+    """This process sends to queue ``label`` on ``alias`` (``Receiver.take``: a call open since
+    before it has not yet been shown that message, so a take waits its full wait for it)."""
+    _last_sent[(alias, label)] = time.monotonic()
+
+
+def last_sent(alias: str, label: str) -> float | None:
+    """When this process last sent to queue ``label`` on ``alias`` (monotonic), or None."""
+    return _last_sent.get((alias, label))
 
 
 def stop_all_streams(wait: float | None = 5.0) -> None:
