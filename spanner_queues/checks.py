@@ -28,17 +28,30 @@ from django.conf import settings
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
+from django.db.migrations.loader import MigrationLoader
 from django.db.models import ForeignKey
 
+from spanner_queues import registry
+from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
+from spanner_queues.conf import MIN_SAMPLE_INTERVAL, parse_metrics
+from spanner_queues.engines import engines
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
-from spanner_queues.keys import key_fields
+from spanner_queues.keys import key_fields, key_names
+from spanner_queues.metrics import MetricsUnavailable, _prometheus
+from spanner_queues.operations import CreateQueue, DeleteQueue
 from spanner_queues.options import KNOWN_OPTIONS, queue_options, row_deletion, unknown_options
+from spanner_queues.payload import (
+    BYTES,
+    JSON,
+    PAYLOAD_TYPES,
+    STRING,
+    field_payload_type,
+    payload_type,
+)
 
 
 @checks.register(checks.Tags.models, checks.Tags.database)
 def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    from spanner_queues.engines import engines
-    from spanner_queues.registry import queue_models
 
     problems: list[checks.CheckMessage] = []
     usable: dict[str, Any] = {}
@@ -83,7 +96,7 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         )
 
     recorded = _recorded_schema_options()
-    for model in queue_models():
+    for model in registry.queue_models():
         if app_configs is not None and model._meta.app_config not in app_configs:
             continue
         problems.extend(_check_queue_model(model, usable, engines.settings))
@@ -93,9 +106,6 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 
 def _recorded_schema_options() -> dict[tuple[str, str], dict[str, Any]]:
     """The ``queue_options`` of the last ``CreateQueue`` of each queue, in migration order."""
-    from django.db.migrations.loader import MigrationLoader
-
-    from spanner_queues.operations import CreateQueue, DeleteQueue
 
     try:
         loader = MigrationLoader(None, ignore_no_migrations=True)
@@ -118,7 +128,6 @@ def _recorded_schema_options() -> dict[tuple[str, str], dict[str, Any]]:
 def _check_schema_options(
     model: Any, recorded: dict[tuple[str, str], dict[str, Any]]
 ) -> list[checks.CheckMessage]:
-    from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
 
     key = (model._meta.app_label, model._meta.model_name)
     if key not in recorded:
@@ -140,8 +149,6 @@ def _check_schema_options(
 
 
 def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
-    from spanner_queues.keys import key_names
-    from spanner_queues.registry import get_queue
 
     problems: list[checks.CheckMessage] = []
     if options.max_attempts is not None and (
@@ -156,7 +163,7 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
         )
     if options.dead_letter_queue:
         try:
-            target = get_queue(options.dead_letter_queue)
+            target = registry.get_queue(options.dead_letter_queue)
         except QueueError as exc:
             problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E008"))
         else:
@@ -186,7 +193,6 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
 def _check_dead_letter_payloads(model: Any, target: Any) -> list[checks.CheckMessage]:
     """A dead-lettered message keeps its payload bytes: the dead-letter queue must take them
     (the same payload type, bytes for any, or string for canonical JSON text)."""
-    from spanner_queues.payload import BYTES, JSON, STRING, payload_type
 
     if _payload_type_problem(model, None) or _payload_type_problem(target, None):
         return []  # reported as E012
@@ -206,7 +212,6 @@ def _check_dead_letter_payloads(model: Any, target: Any) -> list[checks.CheckMes
 
 def _payload_type_problem(model: Any, declared: str | None) -> str | None:
     """Why the queue's payload type is unusable, or None."""
-    from spanner_queues.payload import PAYLOAD_TYPES, field_payload_type
 
     if declared is not None and declared not in PAYLOAD_TYPES:
         return f"QueueMeta.payload_type = {declared!r} is not 'bytes', 'string' or 'json'."
@@ -386,7 +391,6 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
 def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E201: ``SPANNER_QUEUES_METRICS`` is invalid (the view would answer 500 on every scrape,
     the worker refuse to serve); E202: the view is on but prometheus-client is missing."""
-    from spanner_queues.conf import MIN_SAMPLE_INTERVAL, parse_metrics
 
     try:
         params = parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))
@@ -401,8 +405,6 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
             )
         ]
     if params.view:
-        from spanner_queues.metrics import MetricsUnavailable, _prometheus
-
         try:
             _prometheus()
         except MetricsUnavailable:

@@ -14,8 +14,6 @@ from django.db.backends.signals import connection_created
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engines
-from spanner_queues.native.client import bound_streaming_reads
-from spanner_queues.native.introspection import wrap
 from spanner_queues.registry import engine_for, queue_models
 
 
@@ -49,11 +47,15 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
         connection.alias in _native_aliases()
         and driver_for(connection.alias).supports_native_queues
     ):
-        wrap(connection, native_queue_tables)
+        # (here, not at the top: the client loads google-cloud-spanner, which a project with
+        # no native queue need not import)
+        from spanner_queues.native import client, introspection
+
+        introspection.wrap(connection, native_queue_tables)
         # the client's streaming reads (the cursor's queries) retry UNAVAILABLE for ever
         database = getattr(connection.connection, "database", None)
         if database is not None:
-            bound_streaming_reads(database)
+            client.bound_streaming_reads(database)
 
 
 def connect() -> None:

@@ -29,11 +29,19 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError, connections, transaction
+from django.http import Http404, HttpResponse
 
+from spanner_queues.conf import metrics_params
+from spanner_queues.engines.stats import stats_cache
 from spanner_queues.exceptions import QueueConfigurationError, QueueError, QueueUnavailable
+from spanner_queues.message import Message
+from spanner_queues.monitoring import record_depth_samples
+from spanner_queues.receivers import handled_by_running_receiver
+from spanner_queues.registry import engine_for, queue_models
 
 if TYPE_CHECKING:
     from django.http import HttpRequest, HttpResponse
@@ -214,8 +222,6 @@ def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
     m = _metrics
     if m is None or not messages:
         return
-    from spanner_queues.message import Message
-    from spanner_queues.receivers import handled_by_running_receiver
 
     n = sum(1 for x in messages if not (isinstance(x, Message) and handled_by_running_receiver(x)))
     if n:
@@ -296,8 +302,6 @@ class QueueGauges:
         again (``engines.stats.stats_cache``). A queue whose read fails keeps no gauge
         (logged); once a database did not answer within the engine's deadline
         (``QueueUnavailable``), its other queues are not asked in this refresh."""
-        from spanner_queues.engines.stats import stats_cache
-        from spanner_queues.registry import engine_for, queue_models
 
         with self._lock:
             if (
@@ -335,8 +339,6 @@ class _QueueCollector:
 
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
-        from spanner_queues.registry import engine_for, queue_models
 
         ready = GaugeMetricFamily(
             "spanner_queues_buffered_ready_messages",
@@ -392,7 +394,6 @@ class Sampler(threading.Thread):
         self._gauges = _get().gauges
 
     def run(self) -> None:
-        from datetime import timedelta
 
         try:
             while True:
@@ -401,8 +402,6 @@ class Sampler(threading.Thread):
                     # is not read again)
                     measured = self._gauges.refresh(max_age=self.interval * 0.9)
                     if self.record and measured:
-                        from spanner_queues.monitoring import record_depth_samples
-
                         record_depth_samples(
                             min_interval=timedelta(seconds=self.interval * 0.9), stats=measured
                         )
@@ -453,9 +452,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
 
     404 unless ``SPANNER_QUEUES_METRICS["VIEW"]``; 403 unless the request carries
     ``Authorization: Bearer <TOKEN>`` or comes from an active staff user."""
-    from django.http import Http404, HttpResponse
-
-    from spanner_queues.conf import metrics_params
 
     params = metrics_params()
     if not params.view:

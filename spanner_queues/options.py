@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.keys import key_fields
 
 if TYPE_CHECKING:
     from django.db import models
@@ -84,8 +86,6 @@ _POLICY_KEYS = frozenset({"older_than", "days"})
 def row_deletion(model: type[models.Model], options: QueueOptions) -> RowDeletion | None:
     """The queue's ``row_deletion_policy``, validated; ``QueueConfigurationError`` says why
     it is unusable. ``older_than`` names ``deliver_time`` or a ``DateTimeField`` key field."""
-    from spanner_queues.exceptions import QueueConfigurationError
-    from spanner_queues.keys import key_fields
 
     policy = options.row_deletion_policy
     if policy is None:

@@ -20,6 +20,24 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connections
+from google.api_core import exceptions as gexc
+from google.api_core import retry as retries
+from google.api_core.grpc_helpers import _StreamingResponseIterator
+from google.cloud.spanner_v1 import (
+    ExecuteSqlRequest,
+    RequestOptions,
+    TransactionSelector,
+    param_types,
+)
+from google.cloud.spanner_v1._helpers import (
+    _make_value_pb,
+    _merge_query_options,
+    _metadata_with_prefix,
+    _parse_list_value_pbs,
+)
+from google.cloud.spanner_v1.streamed import StreamedResultSet
+from google.cloud.spanner_v1.types import TransactionOptions
+from google.protobuf.struct_pb2 import Struct
 
 from spanner_queues.drivers import causes
 from spanner_queues.exceptions import CommitOutcomeUnknown
@@ -36,7 +54,6 @@ def database_for(alias: str) -> Any:
 
 def grpc_status(exc: BaseException) -> str | None:
     """The gRPC status name (``"OUT_OF_RANGE"``...) of the first API error in the chain."""
-    from google.api_core import exceptions as gexc
 
     for error in causes(exc):
         if isinstance(error, gexc.GoogleAPICallError) and error.grpc_status_code is not None:
@@ -83,8 +100,6 @@ retried_attempts = 0
 def bounded_retry(deadline: float) -> Any:
     """Retry UNAVAILABLE and RESOURCE_EXHAUSTED with exponential back-off (0.1 s doubling to
     2 s) for at most ``deadline`` seconds in all."""
-    from google.api_core import exceptions as gexc
-    from google.api_core import retry as retries
 
     def counted(_exc: BaseException) -> None:
         global retried_attempts
@@ -112,15 +127,6 @@ def query(
     ``ExecuteSql`` with a deadline of ``deadline`` seconds, retries included
     (``bounded_retry``); past it, the last error is raised (``RetryError``,
     ``DeadlineExceeded``...). For small results (one call, no resume)."""
-    from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
-    from google.cloud.spanner_v1._helpers import (
-        _make_value_pb,
-        _merge_query_options,
-        _metadata_with_prefix,
-        _parse_list_value_pbs,
-    )
-    from google.cloud.spanner_v1.types import TransactionOptions
-    from google.protobuf.struct_pb2 import Struct
 
     request = ExecuteSqlRequest(
         sql=sql,
@@ -157,7 +163,6 @@ class _TrackedCall:
         self._call = call
 
     def __iter__(self) -> Iterator[Any]:
-        from google.api_core import exceptions as gexc
 
         try:
             for item in self._call:
@@ -190,7 +195,6 @@ class _BoundedStreamingReads:
         return getattr(self._api, name)
 
     def execute_streaming_sql(self, request: Any = None, **kwargs: Any) -> Any:
-        from google.api_core import exceptions as gexc
 
         now = time.monotonic()
         with self._lock:
@@ -237,7 +241,6 @@ def bound_streaming_reads(database: Any, deadline: float = STREAM_RETRY_DEADLINE
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
     """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
     literal: old token -> (new token, new expiry). One bounded call (``query``)."""
-    from google.cloud.spanner_v1 import param_types
 
     rows = query(
         database,
@@ -272,10 +275,6 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
     the ``Receiver``'s. The call is the transport's own, wrapped only to map gRPC errors
     (``GoogleAPICallError``): the client's wrapper waits for the first response before it
     returns, so a call on an idle queue could not be ``cancel()``ed until a message came."""
-    from google.api_core.grpc_helpers import _StreamingResponseIterator
-    from google.cloud.spanner_v1 import ExecuteSqlRequest, RequestOptions, TransactionSelector
-    from google.cloud.spanner_v1._helpers import _merge_query_options, _metadata_with_prefix
-    from google.cloud.spanner_v1.types import TransactionOptions
 
     request = ExecuteSqlRequest(
         session=session.name,
@@ -298,7 +297,6 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
 
 def rows_of(call: Any) -> Iterator[Any]:
     """Decoded rows of a streaming call, each as soon as its PartialResultSet arrives."""
-    from google.cloud.spanner_v1.streamed import StreamedResultSet
 
     yield from StreamedResultSet(call)
 

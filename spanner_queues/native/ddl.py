@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.keys import key_fields, parent_model
+from spanner_queues.options import row_deletion
+from spanner_queues.payload import payload_type
 from spanner_queues.semantics import format_duration
 
 if TYPE_CHECKING:
@@ -109,8 +111,6 @@ def _key_column(f: Any) -> KeyColumn:
 def declare(model: type[models.Model], options: QueueOptions) -> QueueDeclaration:
     """Read a queue model's key columns, interleave parent, ``native_options`` and
     ``row_deletion_policy``."""
-    from spanner_queues.options import row_deletion
-    from spanner_queues.payload import payload_type
 
     parent = None
     if options.interleave_in_parent:

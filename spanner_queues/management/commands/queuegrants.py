@@ -27,7 +27,15 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from spanner_queues import options as queue_settings
+from spanner_queues import registry
+from spanner_queues.adminsite.models import QueueDepthSample
+from spanner_queues.controls import PausedQueue, QueueRate
+from spanner_queues.engines.native import dialect as native_dialect
 from spanner_queues.exceptions import QueueError
+from spanner_queues.failures import FailedDelivery
+from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+from spanner_queues.tasks.runner import queue_backends
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -109,16 +117,13 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from spanner_queues.engines.native import dialect as native_dialect
-        from spanner_queues.options import queue_options
-        from spanner_queues.registry import engine_for, get_queue, queue_models
 
         sender: str = options["role_sender"]
         worker: str = options["role_worker"]
         if sender == worker:
             raise CommandError("--role-sender and --role-worker must be two roles.")
         try:
-            models = [get_queue(q) for q in options["queue"]] or queue_models()
+            models = [registry.get_queue(q) for q in options["queue"]] or registry.queue_models()
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
         if not models:
@@ -128,7 +133,7 @@ class Command(BaseCommand):
             names = {
                 dialect.name
                 for m in models
-                if (dialect := getattr(engine_for(m), "dialect", None)) is not None
+                if (dialect := getattr(registry.engine_for(m), "dialect", None)) is not None
             }
             chosen = names.pop() if len(names) == 1 else GOOGLESQL
         dialect = native_dialect(chosen)
@@ -144,7 +149,7 @@ class Command(BaseCommand):
         ledger = False
         selected = {m._meta.db_table for m in models}
         for model in models:
-            engine = engine_for(model)
+            engine = registry.engine_for(model)
             table = model._meta.db_table
             if engine.features.supports_native_queues:
                 lines.append(f"-- {model._meta.label}: native queue {table}")
@@ -163,12 +168,14 @@ class Command(BaseCommand):
             lines += [g.render(dialect, chosen) for g in grants]
             if not engine.features.supports_attempt_count:
                 ledger = True
-            dead = queue_options(model).dead_letter_queue
+            dead = queue_settings.queue_options(model).dead_letter_queue
             if dead:
-                target = get_queue(dead)
+                target = registry.get_queue(dead)
                 if target._meta.db_table not in selected:
                     kind = (
-                        "QUEUE" if engine_for(target).features.supports_native_queues else "TABLE"
+                        "QUEUE"
+                        if registry.engine_for(target).features.supports_native_queues
+                        else "TABLE"
                     )
                     lines.append(f"-- {model._meta.label} dead-letters into {target._meta.label}")
                     lines.append(
@@ -179,26 +186,21 @@ class Command(BaseCommand):
         lines.append("-- spanner_queues' own tables")
         own: list[Grant] = []
         if ledger:
-            from spanner_queues.failures import FailedDelivery
-
             own.append(Grant(TABLE_WORKER, "TABLE", FailedDelivery._meta.db_table, worker))
-        from spanner_queues.adminsite.models import QueueDepthSample
 
         own.append(
             Grant(("SELECT", "INSERT", "DELETE"), "TABLE", QueueDepthSample._meta.db_table, worker)
         )
-        from spanner_queues.controls import PausedQueue, QueueRate
-        from spanner_queues.options import queue_options
 
         paused = PausedQueue._meta.db_table  # workers read it; the admin (web) pauses
         own.append(Grant(("SELECT",), "TABLE", paused, worker))
         own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", paused, sender))
-        if any(queue_options(m).rate_limit for m in models):  # the shared rate buckets
+        if any(
+            queue_settings.queue_options(m).rate_limit for m in models
+        ):  # the shared rate buckets
             own.append(
                 Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
             )
-        from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
-        from spanner_queues.tasks.runner import queue_backends
 
         # Django's Tasks API on spanner_queues: the results table, for the backend's default
         # queue and the queues of QUEUE_MODELS alike (their workers write the results too)

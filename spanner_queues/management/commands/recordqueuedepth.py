@@ -14,6 +14,8 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError
 
 from spanner_queues.exceptions import QueueError
+from spanner_queues.monitoring import record_depth_samples
+from spanner_queues.registry import get_queue
 
 
 class Command(BaseCommand):
@@ -32,8 +34,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        from spanner_queues.monitoring import record_depth_samples
-        from spanner_queues.registry import get_queue
 
         try:
             queues = [get_queue(q) for q in options["queues"]] or None

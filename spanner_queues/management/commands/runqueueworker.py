@@ -18,6 +18,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from spanner_queues import metrics
+from spanner_queues.conf import MIN_SAMPLE_INTERVAL, metrics_params
+from spanner_queues.engines.stats import STATS_MAX_AGE_SECONDS, stats_cache
 from spanner_queues.exceptions import QueueError, WorkerCrashed, WorkerStuck
 from spanner_queues.worker import (
     FINAL_EVENTS,
@@ -27,6 +30,7 @@ from spanner_queues.worker import (
     WorkerEvent,
     WorkerStats,
 )
+from spanner_queues.worker.health import WorkerHealth, serve
 
 
 def positive_int(value: str) -> int:
@@ -67,7 +71,6 @@ def positive_seconds(value: str) -> float:
 def sample_seconds(value: str) -> float:
     """``--metrics-interval``: at least ``MIN_SAMPLE_INTERVAL`` (each round reads every queue's
     stats and stores depth samples)."""
-    from spanner_queues.conf import MIN_SAMPLE_INTERVAL
 
     number = positive_seconds(value) if value.strip() not in ("0", "0.0") else 0.0
     if number < MIN_SAMPLE_INTERVAL:
@@ -299,7 +302,6 @@ class Command(BaseCommand):
     ) -> Any:
         """The probes' state (a listener); served on --health-port when given (and on the
         metrics port by ``_start_metrics``)."""
-        from spanner_queues.worker.health import WorkerHealth, serve
 
         health = WorkerHealth(max_run_seconds=options["health_max_run"])
         listeners.append(health)
@@ -324,9 +326,6 @@ class Command(BaseCommand):
     ) -> Any:
         """Serve /metrics (and the probes), count the worker's events, and start the sampler
         of the queue gauges (and depth samples)."""
-        from spanner_queues import metrics
-        from spanner_queues.conf import metrics_params
-        from spanner_queues.worker.health import serve
 
         try:
             params = metrics_params()
@@ -369,7 +368,6 @@ class Command(BaseCommand):
         """The summary line. Queue depths come from the process's stats cache
         (``engines.stats.stats_cache.peek``): never read on this (the intake) thread, at most
         once per queue every ``max(--summary-interval, STATS_MAX_AGE_SECONDS)`` seconds."""
-        from spanner_queues.engines.stats import STATS_MAX_AGE_SECONDS, stats_cache
 
         now = time.monotonic()
         since, before = self._last
