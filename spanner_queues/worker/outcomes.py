@@ -250,8 +250,7 @@ class Outcomes:
         """
         run_now = []
         for d in unit:
-            db, engine, _ = self.held.cached(d.model)
-            policy = DeliveryPolicy(engine)
+            db, policy = self.held.cached(d.model)[0], self.policy(d.model)
 
             def give_back(
                 d: Delivery = d, policy: DeliveryPolicy = policy, db: str = db
@@ -292,10 +291,14 @@ class Outcomes:
             self.events.emit("returned", message=d.message)
         return run_now
 
+    def policy(self, model: type[Queue]) -> DeliveryPolicy:
+        """The delivery policy of ``model``'s engine."""
+        return DeliveryPolicy(self.held.cached(model)[1])
+
     def ack(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
         """A run succeeded: ack its messages in the receiver's transaction
         (``DeliveryPolicy.ack``)."""
-        DeliveryPolicy(self.held.cached(model)[1]).ack(model, messages, using=using)
+        self.policy(model).ack(model, messages, using=using)
 
     def _resend(
         self,
@@ -321,7 +324,7 @@ class Outcomes:
         db, engine, _ = self.held.cached(model)
 
         def move() -> None:
-            DeliveryPolicy(engine).retry(model, [d.message for d in mine], after=after, using=db)
+            self.policy(model).retry(model, [d.message for d in mine], after=after, using=db)
 
         try:
             run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
@@ -409,8 +412,8 @@ class Outcomes:
             )
             if d.lease_lost or acked:
                 continue
-            db, engine, _ = self.held.cached(d.model)
-            if DeliveryPolicy(engine).fail(d.model, m, exc, using=db).exhausted:
+            db = self.held.cached(d.model)[0]
+            if self.policy(d.model).fail(d.model, m, exc, using=db).exhausted:
                 self.give_up([d], exc, duration)
             else:
                 self.release(d)
@@ -418,7 +421,7 @@ class Outcomes:
     def release(self, d: Delivery, *, deliver_time: datetime | None = None) -> None:
         """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
         engine can; else it comes back after its lease."""
-        policy = DeliveryPolicy(self.held.cached(d.model)[1])
+        policy = self.policy(d.model)
 
         def give_back() -> bool:
             if d.lease_lost:
@@ -467,8 +470,7 @@ class Outcomes:
                     self.events.emit("dead_lettered", message=m, error=exc)
                     self.held.next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
-                    db, engine, _ = self.held.cached(d.model)
-                    discard = DeliveryPolicy(engine).discard
+                    db, discard = self.held.cached(d.model)[0], self.policy(d.model).discard
                     run_in_transaction(partial(discard, d.model, [m], using=db), using=db)
                     self.events.count("discarded")
                     logger.error(  # (no payload bytes: they may hold personal data)
@@ -518,8 +520,9 @@ class Outcomes:
     ) -> None:
         """No receiver in ``specs`` (this worker's, for the deliveries' queue) matches these
         messages: give them back due after their back-off without spending an attempt, in
-        one transaction (``DeliveryPolicy.retry``: acked and sent again under their keys; attempts
-        and recorded failures start again), and warn once per (queue, kind of miss)."""
+        one transaction (``DeliveryPolicy.retry``: acked and sent again under their keys;
+        attempts and recorded failures start again), and warn once per (queue, kind of
+        miss)."""
         mine = self._resend(deliveries, exc, after=None, not_done="given back")
         if not mine:
             return
