@@ -458,7 +458,7 @@ def ack_many(
         return
     engine, db = engine_for(model), _database(model, using)
     tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
-    engine.ack_keys(model, keys, tokens, using=db)
+    engine.ack_many(model, keys, using=db, lease_tokens=tokens)
     for m in messages:  # a worker's running receiver acked its own message: not again
         if isinstance(m, Message):
             mark_acked(m)

@@ -7,7 +7,8 @@
             dead_letter_queue = "myapp.UserTasksDead"   # same key field names as UserTasks
 
 ``dead_letter(message)`` acks the message and sends it, same key and payload, to the
-dead-letter queue in one transaction; ``replay(message)`` does the reverse.
+dead-letter queue in one transaction (``api.requeue``); ``replay(message)`` does the reverse.
+When a message is dead-lettered is the worker's delivery policy (``worker.outcomes``).
 """
 
 from __future__ import annotations
@@ -38,17 +39,13 @@ def sources_of(dead_letter_queue: str | type[Queue]) -> list[type[Queue]]:
     ]
 
 
-def _move(message: Message, source: type[Queue], target: type[Queue], using: str | None) -> Message:
-    return requeue(message, to=target, using=using)
-
-
 def dead_letter(message: Message, *, using: str | None = None) -> Message:
     """Move ``message`` to its queue's dead-letter queue (ack + send, one transaction)."""
     source = get_queue(message.queue)
     target = dead_letter_queue_for(source)
     if target is None:
         raise QueueConfigurationError(f"{source._meta.label} declares no dead_letter_queue.")
-    return _move(message, source, target, using)
+    return requeue(message, to=target, using=using)
 
 
 def replay(message: Message, *, using: str | None = None) -> Message:
@@ -60,4 +57,4 @@ def replay(message: Message, *, using: str | None = None) -> Message:
             f"{dead._meta.label} is the dead-letter queue of {len(sources)} queues; "
             "replay needs exactly one."
         )
-    return _move(message, dead, sources[0], using)
+    return requeue(message, to=sources[0], using=using)

@@ -1,23 +1,25 @@
 """The engine seam: everything above it (send API, outbox, worker, admin, checks, migrations)
-talks to a ``BaseQueueEngine`` and branches only on ``engine.features``."""
+talks to a ``BaseQueueEngine`` and branches only on ``engine.features``.
+
+The seam is storage only: one verb per change to a queue's storage (create/drop, send,
+receive, ack, delete, requeue, release, renew, the failure ledger) and what can be read of it
+(stats, lease expirations, checks). Back-off, attempts, giving back, dead-lettering and
+discarding are the worker's delivery policy (``spanner_queues.worker.outcomes``), built on
+these verbs."""
 
 from __future__ import annotations
 
-import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from django.core import checks
 
-from spanner_queues import clock
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
-from spanner_queues.exceptions import InvalidMessage, InvalidQueueEngine, NotSupportedByEngine
-from spanner_queues.message import LATEST_DELIVER_TIME, OutgoingMessage, may_have_failed
-from spanner_queues.options import queue_options
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
+from spanner_queues.message import OutgoingMessage, may_have_failed
 
 if TYPE_CHECKING:
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
@@ -25,9 +27,6 @@ if TYPE_CHECKING:
     from spanner_queues.message import Message
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
-
-
-logger = logging.getLogger("spanner_queues.engines")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,8 +45,9 @@ class EngineFeatures:
     #: whether the queue stores the bookkeeping fields (``send_time``, ``attempts``,
     #: ``lease_token``, ``lease_expires_at``); when False the ORM neither reads nor writes them.
     stores_bookkeeping_fields: bool = True
-    #: whether ``ack_many`` accepts ``lease_tokens`` and refuses a stale ack (``StaleAck``)
-    #: instead of deleting a newer message sent under the same key. Native Spanner acks by key.
+    #: whether ``ack_many`` checks its ``lease_tokens`` and refuses a stale ack (``StaleAck``)
+    #: instead of deleting a newer message sent under the same key. Native Spanner acks by key
+    #: (the tokens are ignored).
     supports_lease_checked_ack: bool = False
 
 
@@ -70,21 +70,6 @@ class QueueStats:
         if self.oldest_send_time is None:
             return None
         return max(self.measured_at - self.oldest_send_time, timedelta(0))
-
-
-@dataclass(frozen=True, slots=True)
-class Failure:
-    """What ``fail`` decided about a failed run: the number of the attempt that failed, and
-    whether it was the last one allowed (``QueueMeta.max_attempts``): then the message is
-    dead-lettered or discarded, else given back due after the back-off."""
-
-    attempt: int | None
-    exhausted: bool
-
-
-#: what ``return_unstarted`` did: given back due now, to be run now (giving it back would spend
-#: an attempt that never ran), or kept (left to its lease expiry: the engine cannot give back)
-Unstarted = Literal["returned", "run", "kept"]
 
 
 class BaseQueueEngine(ABC):
@@ -157,20 +142,20 @@ class BaseQueueEngine(ABC):
         """Lease up to ``max_messages`` due messages; an empty list when none is due."""
 
     @abstractmethod
-    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
-        """Delete messages by key in the caller's transaction; all or ``MessageAlreadyAcked``."""
-
-    def ack_messages(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
-        """Ack received messages in the caller's transaction with the leases they carry (where
-        ``supports_lease_checked_ack``, a message whose row no longer holds its token raises
-        ``StaleAck``; one without a token is acked by key), and forget their recorded failures.
-        All or nothing; on failure the caller's transaction is marked for rollback."""
-        if not messages:
-            return
-        self._ack_held(model, messages, using=using)
-        failed_before = [m.key for m in messages if may_have_failed(m)]
-        if failed_before:
-            self.clear_failures(model, failed_before, using=using)
+    def ack_many(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        using: str,
+        lease_tokens: Sequence[str | None] | None = None,
+    ) -> None:
+        """Delete messages by key in the caller's transaction, all or none: a missing one
+        raises ``MessageAlreadyAcked``. ``lease_tokens`` gives each key's lease (None: by key
+        alone); where the engine checks leases (``supports_lease_checked_ack``) a row that no
+        longer holds its token is not deleted (``StaleAck``), elsewhere the tokens are
+        ignored (native Spanner acks by key). On either error the caller's transaction is
+        marked for rollback."""
 
     def requeue(
         self,
@@ -183,54 +168,22 @@ class BaseQueueEngine(ABC):
         missing_ok: bool = False,
     ) -> list[Message]:
         """Ack ``messages`` and send ``outgoing`` (to ``to``, default the same queue) in the
-        caller's transaction on ``using``: both or neither. The ack is the one of
-        ``ack_messages`` (lease-checked where the engine can; ``MessageAlreadyAcked`` or
-        ``StaleAck`` and nothing is sent). The new messages start afresh: no delivery
-        counted, and the failures recorded of a message that failed before, or that moves to
-        another queue, are forgotten. With ``missing_ok`` whatever is under the keys is
-        deleted, held or not, a missing message is no error and recorded failures stay
-        (``api.replace``: no lease is held)."""
+        caller's transaction on ``using``: both or neither. The ack is ``ack_many`` with the
+        leases the messages carry (``MessageAlreadyAcked`` or ``StaleAck`` and nothing is
+        sent). The new messages start afresh: no delivery counted, and the failures recorded
+        of a message that failed before, or that moves to another queue, are forgotten. With
+        ``missing_ok`` whatever is under the keys is deleted, held or not, a missing message
+        is no error and recorded failures stay (``api.replace``: no lease is held)."""
         keys = [m.key for m in messages]
         if missing_ok:
             self.delete_any(model, keys, using=using)
         elif messages:
-            self._ack_held(model, messages, using=using)
+            self.ack_many(model, keys, using=using, lease_tokens=[m.lease_token for m in messages])
         moved = to is not None and to is not model
         forget = keys if moved else [m.key for m in messages if may_have_failed(m)]
         if forget:
             self.clear_failures(model, forget, using=using)
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
-
-    def _ack_held(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
-        self.ack_keys(
-            model, [m.key for m in messages], [m.lease_token for m in messages], using=using
-        )
-
-    def ack_keys(
-        self,
-        model: type[Queue],
-        keys: Sequence[tuple[Any, ...]],
-        lease_tokens: Sequence[str | None],
-        *,
-        using: str,
-    ) -> None:
-        """``ack_many`` with each key's lease token (None: by key alone) where the engine
-        checks leases (``supports_lease_checked_ack``: a row that no longer holds its token
-        raises ``StaleAck``); by key alone where it does not (native Spanner)."""
-        if self.features.supports_lease_checked_ack:
-            # the lease-checking engines' ack_many takes lease_tokens; the base verb does not
-            self.ack_many(model, keys, using=using, lease_tokens=lease_tokens)  # type: ignore[call-arg]
-        else:
-            self.ack_many(model, keys, using=using)
-
-    def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
-        """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the
-        caller's transaction: ack them as ``ack_messages`` does and forget every failure
-        recorded of them (the failed run just recorded included)."""
-        if not messages:
-            return
-        self._ack_held(model, messages, using=using)
-        self.clear_failures(model, [m.key for m in messages], using=using)
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
@@ -247,9 +200,11 @@ class BaseQueueEngine(ABC):
     def release(
         self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
     ) -> None:
-        """Give a leased message back, due at ``deliver_time`` (default now)."""
+        """Give a leased message back, due at ``deliver_time`` (default now); ``LeaseLost`` if
+        its lease is no longer held."""
         raise self._unsupported("release")
 
+    # --- the failure ledger (engines that count no deliveries) -------------------------------
     def record_failure(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
     ) -> int | None:
@@ -265,100 +220,7 @@ class BaseQueueEngine(ABC):
         dead-lettered or discarded). Nothing to do where attempts are counted on the rows."""
         return None
 
-    # --- attempts, back-off and giving back (the worker's outcome policy asks these) ----------
-    def backoff(self, message: Message) -> timedelta:
-        """How long a message waits before its next delivery after ``message.attempt`` failed
-        (``SPANNER_QUEUES[alias]["OPTIONS"]["BACKOFF"]``; hourly once it is old)."""
-        age = clock.now() - (message.send_time or clock.now())
-        return self.params.backoff.delay(max(message.attempt or 1, 1), age)
-
-    def exhausted(self, model: type[Queue], message: Message) -> bool:
-        """Whether ``message`` was delivered more often than ``QueueMeta.max_attempts`` allows
-        (runs lost to lease expiry count): it must not run again."""
-        limit = queue_options(model).max_attempts
-        return bool(limit and (message.attempt or 0) > limit)
-
-    def fail(
-        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
-    ) -> Failure:
-        """Count a failed run of ``message`` (``record_failure``, in a transaction of its own;
-        if that fails, it is logged and the delivery's attempt number stands) and say whether
-        it was the last attempt allowed."""
-        attempt: int | None
-        try:
-            attempt = run_in_transaction(
-                lambda: self.record_failure(model, message, error, using=using),
-                using=using,
-                retries=self.params.transaction_retries,
-            )
-        except Exception:
-            logger.exception("%s: recording the failure failed", message)
-            attempt = message.attempt
-        limit = queue_options(model).max_attempts
-        return Failure(
-            attempt=attempt, exhausted=bool(limit and attempt is not None and attempt >= limit)
-        )
-
-    def give_back(
-        self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
-    ) -> bool:
-        """Give a held message back before its lease ends, due at ``deliver_time`` (default:
-        after the back-off for its attempt). False where the engine cannot release
-        (``supports_release``): the message then comes back after its lease. ``LeaseLost`` if
-        the lease is no longer held."""
-        if not self.features.supports_release:
-            return False
-        due = deliver_time or clock.now() + self.backoff(message)
-        self.release(model, message, deliver_time=due)
-        return True
-
-    def return_unstarted(self, model: type[Queue], message: Message, *, using: str) -> Unstarted:
-        """Give back a received message that was never run, due now, without spending one of
-        its attempts (the delivery counted one; enough graceful stops would otherwise
-        dead-letter a message that never ran):
-
-        - engines that count deliveries: a first delivery is acked and sent again under its
-          key in one transaction (``requeue``: attempts back to 0); a later one (it failed
-          before) is to be ``"run"`` now, so that its attempt is one that ran;
-        - the others (attempts are failed runs, not deliveries): released due now, or
-          ``"kept"`` (left to its lease expiry) where the engine cannot release.
-        """
-        if not self.features.supports_attempt_count:
-            given = self.give_back(model, message, deliver_time=clock.now())
-            return "returned" if given else "kept"
-        if may_have_failed(message):
-            return "run"
-        again = OutgoingMessage(key=message.key_dict, payload=message.payload)
-        run_in_transaction(
-            lambda: self.requeue(model, [message], [again], using=using),
-            using=using,
-            retries=self.params.transaction_retries,
-        )
-        return "returned"
-
-    def retry(
-        self,
-        model: type[Queue],
-        messages: Sequence[Message],
-        *,
-        after: timedelta | None,
-        using: str,
-    ) -> list[Message]:
-        """``raise Retry(after=...)``: ``requeue`` each message under its key with its
-        payload, due ``after`` from now (default: after its back-off), in the caller's
-        transaction."""
-        now = clock.now()
-        again = []
-        for m in messages:
-            due = now + (after if after is not None else self.backoff(m))
-            if due > LATEST_DELIVER_TIME:
-                raise InvalidMessage(
-                    f"{m}: retry due {due}, after {LATEST_DELIVER_TIME:%Y-%m-%d}, the latest a "
-                    "queue accepts."
-                )
-            again.append(OutgoingMessage(key=m.key_dict, payload=m.payload, deliver_time=due))
-        return self.requeue(model, messages, again, using=using)
-
+    # --- receiving in the background ---------------------------------------------------------
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
     ) -> None:

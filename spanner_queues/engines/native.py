@@ -275,7 +275,16 @@ class NativeQueueEngine(BaseQueueEngine):
         return streams.renew_leases(self, model, messages)
 
     # --- acking ---------------------------------------------------------------------------
-    def ack_many(self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str) -> None:
+    def ack_many(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        using: str,
+        lease_tokens: Sequence[str | None] | None = None,
+    ) -> None:
+        """By key alone: Spanner's ack is a DELETE by key (``lease_tokens`` is not checked;
+        ``supports_lease_checked_ack`` is False)."""
         self._require_googlesql("Acking with DML")
         messages_on_wire.delete(self, model, keys, using=using)
 

@@ -47,6 +47,7 @@ from spanner_queues.receivers import (
 )
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
+from spanner_queues.worker.outcomes import DeliveryPolicy
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -224,7 +225,8 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
         finally:
             set_pending(None)
     except Retry as exc:
-        due = clock.now() + (exc.after if exc.after is not None else _backoff(message, engine))
+        after = exc.after if exc.after is not None else DeliveryPolicy(engine).backoff(message)
+        due = clock.now() + after
 
         def move() -> None:
             api.ack(message, using=db)
@@ -257,14 +259,8 @@ def _failed(
         retries=retries,
     )
     if engine.features.supports_release:
-        api.release(message, deliver_time=clock.now() + _backoff(message, engine))
+        api.release(message, deliver_time=clock.now() + DeliveryPolicy(engine).backoff(message))
     return Outcome(message, FAILED, spec.name if spec else None, exc)
-
-
-def _backoff(message: Message, engine: Any) -> timedelta:
-    now = clock.now()
-    age = now - (message.send_time or now)
-    return engine.params.backoff.delay(max(message.attempt or 1, 1), age)
 
 
 # --- time ------------------------------------------------------------------------------------

@@ -313,7 +313,7 @@ class Execution:
         # the lease held now (renewed); messages the receiver acked itself are done
         pending = [m for m in self.held.freeze(deliveries) if not acked_by_receiver(m)]
         model = deliveries[0].model
-        self.held.cached(model)[1].ack_messages(model, pending, using=db)
+        self.outcomes.ack(model, pending, using=db)
 
 
 def recycle_connections() -> None:

@@ -1,42 +1,61 @@
-"""Outcome policy: what happens to a message after its receiver ran (or could not run).
+"""The delivery policy: what happens to a message after its receiver ran (or could not run).
+
+One place for it, built on the engine's storage verbs (``engines/base.py``): the engine stores,
+leases and deletes; ``DeliveryPolicy`` decides back-off, attempts, giving back, retry and
+discard; ``Outcomes`` acts on a run's outcome for the worker (logs, events, dead letters).
 
 - ``raise Retry(after=...)``: the message is acked and sent again under the same key, due
-  ``after`` later (default: the engine's back-off), in one transaction (``engine.retry``).
-- Any other exception: the failure is counted (``engine.fail``); past ``max_attempts`` the
-  message moves to its dead-letter queue, or is dropped (logged) with
-  ``discard_after_max_attempts``; else it is given back due after the engine's back-off
-  (``engine.give_back``; engines that cannot release leave it to its lease expiry).
+  ``after`` later (default: the back-off), in one transaction (``DeliveryPolicy.retry``).
+- Any other exception: the failure is counted (``DeliveryPolicy.fail``); past ``max_attempts``
+  the message moves to its dead-letter queue, or is dropped (logged) with
+  ``discard_after_max_attempts``; else it is given back due after the back-off
+  (``DeliveryPolicy.give_back``; engines that cannot release leave it to its lease expiry).
 - A message no receiver of this worker matches (``NoReceiver``: in a rolling deploy, a newer
   release's ``match=`` receiver this older worker lacks): given back due after its back-off
-  without spending an attempt (``engine.retry``: acked and sent again under its key in one
-  transaction, so its attempt count and recorded failures start again), and warned of once
+  without spending an attempt (``DeliveryPolicy.retry``: acked and sent again under its key in
+  one transaction, so its attempt count and recorded failures start again), and warned of once
   per (queue, kind of miss) as a deployment mismatch; never failed, dead-lettered or
   discarded for it.
 - A message whose lease was lost is not acked, retried, released or dead-lettered.
 - ``AckedFailure`` from a non-atomic receiver (the Tasks runner's ``FAILED``): the run is
   counted, logged and reported as failed; the receiver acked the message, nothing else is done.
-- At stop, prefetched messages never started are given back (``engine.return_unstarted``).
+- At stop, prefetched messages never started are given back
+  (``DeliveryPolicy.return_unstarted``).
 
-Which of these an engine can do is the engine's business: nothing here reads its features.
+The policy branches on ``engine.features.supports_*`` only (release, attempt counting).
 """
 
 from __future__ import annotations
 
+import enum
 import logging
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from spanner_queues import clock
 from spanner_queues.deadletter import dead_letter
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, MessageAlreadyExists, Retry
-from spanner_queues.message import Message
+from spanner_queues.exceptions import (
+    InvalidMessage,
+    LeaseLost,
+    MessageAlreadyAcked,
+    MessageAlreadyExists,
+    Retry,
+)
+from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
+from spanner_queues.options import queue_options
 from spanner_queues.receivers import NoReceiver, ReceiverSpec
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.state import Delivery, Holdings
+
+if TYPE_CHECKING:
+    from spanner_queues.engines.base import BaseQueueEngine
+    from spanner_queues.models import Queue
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -45,6 +64,164 @@ PARKED_UNTIL = datetime(8999, 1, 1, tzinfo=dt_timezone.utc)
 
 #: at most this many (queue, kind of miss) pairs are remembered for the once-only warning
 MISMATCHES_REMEMBERED = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """What ``DeliveryPolicy.fail`` decided about a failed run: the number of the attempt that
+    failed, and whether it was the last one allowed (``QueueMeta.max_attempts``): then the
+    message is dead-lettered or discarded, else given back due after the back-off."""
+
+    attempt: int | None
+    exhausted: bool
+
+
+class Unstarted(enum.Enum):
+    """What ``DeliveryPolicy.return_unstarted`` did with a message that was never run."""
+
+    #: given back, due now
+    RETURNED = "returned"
+    #: to be run now (giving it back would spend an attempt that never ran)
+    RUN = "run"
+    #: kept: left to its lease expiry (the engine cannot give back)
+    KEPT = "kept"
+
+
+class DeliveryPolicy:
+    """Back-off, attempts, giving back, retry and discard for the queues of one engine, on the
+    engine's storage verbs (``ack_many``, ``requeue``, ``release``, ``record_failure``,
+    ``clear_failures``). Cheap to make: it holds the engine and nothing else."""
+
+    __slots__ = ("engine",)
+
+    def __init__(self, engine: BaseQueueEngine) -> None:
+        self.engine = engine
+
+    def backoff(self, message: Message) -> timedelta:
+        """How long a message waits before its next delivery after ``message.attempt`` failed
+        (``SPANNER_QUEUES[alias]["OPTIONS"]["BACKOFF"]``; hourly once it is old)."""
+        age = clock.now() - (message.send_time or clock.now())
+        return self.engine.params.backoff.delay(max(message.attempt or 1, 1), age)
+
+    @staticmethod
+    def exhausted(model: type[Queue], message: Message) -> bool:
+        """Whether ``message`` was delivered more often than ``QueueMeta.max_attempts`` allows
+        (runs lost to lease expiry count): it must not run again."""
+        limit = queue_options(model).max_attempts
+        return bool(limit and (message.attempt or 0) > limit)
+
+    def ack(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Ack received messages in the caller's transaction with the leases they carry
+        (``ack_many``: ``StaleAck`` where the engine checks leases and a row no longer holds
+        its token; a message without a token is acked by key), and forget the failures
+        recorded of those that failed before. All or nothing; on failure the caller's
+        transaction is marked for rollback."""
+        if not messages:
+            return
+        engine = self.engine
+        engine.ack_many(
+            model, [m.key for m in messages], using=using, lease_tokens=_tokens(messages)
+        )
+        failed_before = [m.key for m in messages if may_have_failed(m)]
+        if failed_before:
+            engine.clear_failures(model, failed_before, using=using)
+
+    def fail(
+        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
+    ) -> Failure:
+        """Count a failed run of ``message`` (``record_failure``, in a transaction of its own;
+        if that fails, it is logged and the delivery's attempt number stands) and say whether
+        it was the last attempt allowed."""
+        engine = self.engine
+        attempt: int | None
+        try:
+            attempt = run_in_transaction(
+                lambda: engine.record_failure(model, message, error, using=using),
+                using=using,
+                retries=engine.params.transaction_retries,
+            )
+        except Exception:
+            logger.exception("%s: recording the failure failed", message)
+            attempt = message.attempt
+        limit = queue_options(model).max_attempts
+        return Failure(
+            attempt=attempt, exhausted=bool(limit and attempt is not None and attempt >= limit)
+        )
+
+    def give_back(
+        self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
+    ) -> bool:
+        """Give a held message back before its lease ends, due at ``deliver_time`` (default:
+        after the back-off for its attempt). False where the engine cannot release
+        (``supports_release``): the message then comes back after its lease. ``LeaseLost`` if
+        the lease is no longer held."""
+        if not self.engine.features.supports_release:
+            return False
+        due = deliver_time or clock.now() + self.backoff(message)
+        self.engine.release(model, message, deliver_time=due)
+        return True
+
+    def return_unstarted(self, model: type[Queue], message: Message, *, using: str) -> Unstarted:
+        """Give back a received message that was never run, due now, without spending one of
+        its attempts (the delivery counted one; enough graceful stops would otherwise
+        dead-letter a message that never ran):
+
+        - engines that count deliveries: a first delivery is acked and sent again under its
+          key in one transaction (``requeue``: attempts back to 0); a later one (it failed
+          before) is to be run now (``RUN``), so that its attempt is one that ran;
+        - the others (attempts are failed runs, not deliveries): released due now, or
+          ``KEPT`` (left to its lease expiry) where the engine cannot release.
+        """
+        engine = self.engine
+        if not engine.features.supports_attempt_count:
+            given = self.give_back(model, message, deliver_time=clock.now())
+            return Unstarted.RETURNED if given else Unstarted.KEPT
+        if may_have_failed(message):
+            return Unstarted.RUN
+        again = OutgoingMessage(key=message.key_dict, payload=message.payload)
+        run_in_transaction(
+            lambda: engine.requeue(model, [message], [again], using=using),
+            using=using,
+            retries=engine.params.transaction_retries,
+        )
+        return Unstarted.RETURNED
+
+    def retry(
+        self,
+        model: type[Queue],
+        messages: Sequence[Message],
+        *,
+        after: timedelta | None,
+        using: str,
+    ) -> list[Message]:
+        """``raise Retry(after=...)``: ``requeue`` each message under its key with its
+        payload, due ``after`` from now (default: after its back-off), in the caller's
+        transaction."""
+        now = clock.now()
+        again = []
+        for m in messages:
+            due = now + (after if after is not None else self.backoff(m))
+            if due > LATEST_DELIVER_TIME:
+                raise InvalidMessage(
+                    f"{m}: retry due {due}, after {LATEST_DELIVER_TIME:%Y-%m-%d}, the latest a "
+                    "queue accepts."
+                )
+            again.append(OutgoingMessage(key=m.key_dict, payload=m.payload, deliver_time=due))
+        return self.engine.requeue(model, messages, again, using=using)
+
+    def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the
+        caller's transaction: ack them as ``ack`` does and forget every failure recorded of
+        them (the failed run just recorded included)."""
+        if not messages:
+            return
+        keys = [m.key for m in messages]
+        self.engine.ack_many(model, keys, using=using, lease_tokens=_tokens(messages))
+        self.engine.clear_failures(model, keys, using=using)
+
+
+def _tokens(messages: Sequence[Message]) -> list[str | None]:
+    return [m.lease_token for m in messages]
 
 
 class Outcomes:
@@ -73,12 +250,14 @@ class Outcomes:
         """
         run_now = []
         for d in unit:
-            db, engine, _ = self.held.cached(d.model)
+            db, policy = self.held.cached(d.model)[0], self.policy(d.model)
 
-            def give_back(d: Delivery = d, engine: Any = engine, db: str = db) -> str | None:
+            def give_back(
+                d: Delivery = d, policy: DeliveryPolicy = policy, db: str = db
+            ) -> Unstarted | None:
                 if d.lease_lost:
                     return None
-                return engine.return_unstarted(d.model, d.message, using=db)
+                return policy.return_unstarted(d.model, d.message, using=db)
 
             try:
                 with self.held.lease_write(d.model, give_back) as (_, done):
@@ -98,10 +277,10 @@ class Outcomes:
                 )
                 continue
             # None: the lease was lost, reported (and not run) by the run below
-            if done is None or done == "run":
+            if done is None or done is Unstarted.RUN:
                 run_now.append(d)
                 continue
-            if done == "kept":
+            if done is Unstarted.KEPT:
                 continue  # left to its lease expiry
             self.events.count("returned")
             logger.debug(
@@ -111,6 +290,15 @@ class Outcomes:
             )
             self.events.emit("returned", message=d.message)
         return run_now
+
+    def policy(self, model: type[Queue]) -> DeliveryPolicy:
+        """The delivery policy of ``model``'s engine."""
+        return DeliveryPolicy(self.held.cached(model)[1])
+
+    def ack(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
+        """A run succeeded: ack its messages in the receiver's transaction
+        (``DeliveryPolicy.ack``)."""
+        self.policy(model).ack(model, messages, using=using)
 
     def _resend(
         self,
@@ -122,7 +310,8 @@ class Outcomes:
         duration: float | None = None,
     ) -> list[Delivery]:
         """Ack and send again, under their keys, the deliveries whose lease is still held
-        (``engine.retry``, one transaction; due ``after`` from now, or after the back-off).
+        (``DeliveryPolicy.retry``, one transaction; due ``after`` from now, or after the
+        back-off).
         Returns those moved; lost leases and messages acked meanwhile are reported (``not
         done``: what the log says was not done to them)."""
         self.held.freeze(deliveries)
@@ -135,7 +324,7 @@ class Outcomes:
         db, engine, _ = self.held.cached(model)
 
         def move() -> None:
-            engine.retry(model, [d.message for d in mine], after=after, using=db)
+            self.policy(model).retry(model, [d.message for d in mine], after=after, using=db)
 
         try:
             run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
@@ -186,7 +375,7 @@ class Outcomes:
             self.events.emit("lease_lost", message=d.message, error=exc)
 
     def exhausted(self, d: Delivery) -> bool:
-        return self.held.cached(d.model)[1].exhausted(d.model, d.message)
+        return DeliveryPolicy.exhausted(d.model, d.message)
 
     def failed(
         self,
@@ -223,8 +412,8 @@ class Outcomes:
             )
             if d.lease_lost or acked:
                 continue
-            db, engine, _ = self.held.cached(d.model)
-            if engine.fail(d.model, m, exc, using=db).exhausted:
+            db = self.held.cached(d.model)[0]
+            if self.policy(d.model).fail(d.model, m, exc, using=db).exhausted:
                 self.give_up([d], exc, duration)
             else:
                 self.release(d)
@@ -232,12 +421,12 @@ class Outcomes:
     def release(self, d: Delivery, *, deliver_time: datetime | None = None) -> None:
         """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
         engine can; else it comes back after its lease."""
-        engine = self.held.cached(d.model)[1]
+        policy = self.policy(d.model)
 
         def give_back() -> bool:
             if d.lease_lost:
                 return False
-            return engine.give_back(d.model, d.message, deliver_time=deliver_time)
+            return policy.give_back(d.model, d.message, deliver_time=deliver_time)
 
         try:
             with self.held.lease_write(d.model, give_back) as (_, given):
@@ -281,8 +470,8 @@ class Outcomes:
                     self.events.emit("dead_lettered", message=m, error=exc)
                     self.held.next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
-                    db, engine, _ = self.held.cached(d.model)
-                    run_in_transaction(partial(engine.discard, d.model, [m], using=db), using=db)
+                    db, discard = self.held.cached(d.model)[0], self.policy(d.model).discard
+                    run_in_transaction(partial(discard, d.model, [m], using=db), using=db)
                     self.events.count("discarded")
                     logger.error(  # (no payload bytes: they may hold personal data)
                         "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
@@ -331,8 +520,9 @@ class Outcomes:
     ) -> None:
         """No receiver in ``specs`` (this worker's, for the deliveries' queue) matches these
         messages: give them back due after their back-off without spending an attempt, in
-        one transaction (``engine.retry``: acked and sent again under their keys; attempts
-        and recorded failures start again), and warn once per (queue, kind of miss)."""
+        one transaction (``DeliveryPolicy.retry``: acked and sent again under their keys;
+        attempts and recorded failures start again), and warn once per (queue, kind of
+        miss)."""
         mine = self._resend(deliveries, exc, after=None, not_done="given back")
         if not mine:
             return

@@ -50,9 +50,10 @@ def test_a_receiver_failing_on_attempt_1_succeeds_on_attempt_2_and_the_message_i
 def test_attempt_increases_by_one_per_delivery_of_an_unacked_message() -> None:
     from spanner_queues.engines import engine_for
     from spanner_queues.options import queue_options
+    from spanner_queues.worker.outcomes import DeliveryPolicy
 
     assert not queue_options(Jobs).max_attempts
-    engine = engine_for(Jobs)
+    policy = DeliveryPolicy(engine_for(Jobs))
     Jobs.send(payload="x")
     seen: list[int | None] = []
     try:
@@ -61,9 +62,9 @@ def test_attempt_increases_by_one_per_delivery_of_an_unacked_message() -> None:
             seen.append(message.attempt)
             # A failed run, as the worker reports it (recorded where the engine keeps no
             # count on the row); then the message comes back (released, or after its lease).
-            failure = engine.fail(Jobs, message, RuntimeError("failed"), using="default")
+            failure = policy.fail(Jobs, message, RuntimeError("failed"), using="default")
             assert failure.attempt == message.attempt
-            engine.give_back(Jobs, message, deliver_time=clock.now())
+            policy.give_back(Jobs, message, deliver_time=clock.now())
     finally:
         api.stop_receiving(Jobs, wait=10)
     assert seen == [1, 2, 3]
