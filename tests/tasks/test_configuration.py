@@ -130,3 +130,37 @@ def test_the_task_models_have_one_public_import_path() -> None:
     assert {"QueueBackend", "TaskMessage", "TaskResultRecord"} <= set(
         __import__("spanner_queues.contrib.tasks", fromlist=["__all__"]).__all__
     )
+
+
+@pytest.mark.engine_independent
+def test_the_core_app_has_no_task_models_and_its_migrations_create_none() -> None:
+    """A project without the tasks app gets no task tables: the models and their migration
+    belong to ``spanner_queues_tasks``, and no core migration depends on it."""
+    from django.apps import apps
+    from django.db.migrations.loader import MigrationLoader
+
+    from spanner_queues.contrib.tasks import TaskMessage, TaskResultRecord
+
+    core = {m.__name__ for m in apps.get_app_config("spanner_queues").get_models()}
+    assert not core & {"TaskMessage", "TaskResultRecord"}, core
+    assert TaskMessage._meta.app_label == TaskResultRecord._meta.app_label == "spanner_queues_tasks"
+    loader = MigrationLoader(None, ignore_no_migrations=True)
+    created = {
+        (app, getattr(op, "name", ""))
+        for (app, _), migration in loader.disk_migrations.items()
+        for op in migration.operations
+        if app in ("spanner_queues", "spanner_queues_tasks")
+    }
+    assert {name for app, name in created if app == "spanner_queues"}.isdisjoint(
+        {"TaskMessage", "TaskResultRecord"}
+    )
+    assert {n for a, n in created if a == "spanner_queues_tasks"} == {
+        "TaskMessage",
+        "TaskResultRecord",
+    }
+    assert not any(
+        dep[0] == "spanner_queues_tasks"
+        for (app, _), migration in loader.disk_migrations.items()
+        if app == "spanner_queues"
+        for dep in migration.dependencies
+    )
