@@ -164,3 +164,19 @@ def test_the_core_app_has_no_task_models_and_its_migrations_create_none() -> Non
         if app == "spanner_queues"
         for dep in migration.dependencies
     )
+
+
+@pytest.mark.engine_independent
+def test_enqueue_without_the_app_installed_says_which_app_is_missing(monkeypatch) -> None:
+    """Checks do not run under gunicorn: there the enqueue itself names the missing app
+    (raised before anything is written)."""
+    from django.apps import apps
+
+    from spanner_queues.exceptions import QueueConfigurationError
+    from tests.tasksapp import tasks
+
+    installed = apps.is_installed
+    app = "spanner_queues.contrib.tasks"
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != app and installed(name))
+    with pytest.raises(QueueConfigurationError, match=r"'spanner_queues\.contrib\.tasks'.*E104"):
+        tasks.add.enqueue(1, 2)

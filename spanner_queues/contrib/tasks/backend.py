@@ -47,7 +47,7 @@ from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
-from spanner_queues.exceptions import QueueError
+from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
@@ -55,6 +55,8 @@ from spanner_queues.transactions import run_in_transaction
 T = TypeVar("T")
 P = ParamSpec("P")
 
+#: the app of this backend (its queue, results and task receiver)
+APP = "spanner_queues.contrib.tasks"
 DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 #: the keys of a ``QueueBackend``'s ``OPTIONS``
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
@@ -90,7 +92,13 @@ class QueueBackend(BaseTaskBackend):
 
     # --- configuration ----------------------------------------------------------------------
     def queue_model(self, queue_name: str) -> Any:
-        """The queue model of ``queue_name``."""
+        """The queue model of ``queue_name`` (``QueueConfigurationError`` without the app
+        installed: its queue and results are not declared then)."""
+        if not apps.is_installed(APP):
+            raise QueueConfigurationError(
+                f"TASKS[{self.alias!r}] uses QueueBackend, but {APP!r} is not in "
+                "INSTALLED_APPS (system check spanner_queues.E104)."
+            )
         return get_queue(self.queue_models.get(queue_name, DEFAULT_QUEUE_MODEL))
 
     def all_queue_models(self, *, declared_only: bool = False) -> list[Any]:
