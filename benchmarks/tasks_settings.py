@@ -16,5 +16,5 @@ DATABASES["default"]["CONN_MAX_AGE"] = None if _age == "none" else int(_age)
 
 TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
-    "queues": {"BACKEND": "spanner_queues.tasks.QueueBackend"},
+    "queues": {"BACKEND": "spanner_queues.contrib.tasks.QueueBackend"},
 }

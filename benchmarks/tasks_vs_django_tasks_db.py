@@ -54,8 +54,8 @@ def backend_settings() -> dict[str, str]:
     """What each backend's database connection runs with, read back from SQLite."""
     from django.db import connections
 
+    from spanner_queues.contrib.tasks.models import TaskMessage
     from spanner_queues.registry import engine_for
-    from spanner_queues.tasks.models import TaskMessage
 
     out = {}
     for name, alias in (
@@ -77,7 +77,9 @@ def backend_settings() -> dict[str, str]:
 
 def clear() -> None:
     sqlite_bench.clear(
-        "workerbench.Order", "spanner_queues.TaskMessage", "spanner_queues.TaskResultRecord"
+        "workerbench.Order",
+        "spanner_queues_tasks.TaskMessage",
+        "spanner_queues_tasks.TaskResultRecord",
     )
 
 
@@ -129,7 +131,7 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
     from django_tasks_db.models import DBTaskResult
 
     from benchmarks.workerbench.tasks import noop
-    from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+    from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
     from spanner_queues.worker import Worker
 
     results: dict[str, Any] = {}
@@ -144,7 +146,7 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
                 ours_task.enqueue(str(i))
         t0 = time.perf_counter()
         stats = Worker(
-            ["spanner_queues.TaskMessage"],
+            ["spanner_queues_tasks.TaskMessage"],
             burst=True,
             concurrency=c,
             prefetch=p,

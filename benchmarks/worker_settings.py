@@ -20,6 +20,7 @@ INSTALLED_APPS = [
     "django_tasks",
     "django_tasks_db",
     "spanner_queues",
+    "spanner_queues.contrib.tasks",
     "benchmarks.workerbench",
 ]
 

@@ -44,6 +44,7 @@ needed = [
     "spanner_queues/py.typed",
     "spanner_queues/templates/spanner_queues/admin/overview.html",
     "spanner_queues/migrations/0001_initial.py",
+    "spanner_queues/contrib/tasks/migrations/0001_initial.py",
     "spanner_queues/emulator/__main__.py",
     "spanner_queues/management/commands/runqueueworker.py",
     "spanner_queues/management/commands/queuegrants.py",
@@ -145,6 +146,9 @@ with transaction.atomic():
     sent = UserTasks.send(user_id=user.pk, message_id="welcome", payload={"type": "welcome"})
 assert sent.payload == b"{\"type\":\"welcome\"}", sent.payload
 assert UserTasks.objects.count() == 1
+from django.db import connection
+ours = [t for t in connection.introspection.table_names() if t.startswith("spanner_queues")]
+assert not [t for t in ours if "task" in t], f"the Tasks app is not installed, yet: {ours}"
 '
 python manage.py runqueueworker --burst -v2 | tee worker.txt
 grep -q "^acked" worker.txt || fail "runqueueworker --burst acked nothing"

@@ -8,5 +8,3 @@ from spanner_queues.adminsite.models import Queues
 from spanner_queues.adminsite.views import QueuesAdmin
 
 admin.site.register(Queues, QueuesAdmin)
-
-from spanner_queues.tasks import admin as _tasks_admin  # noqa: E402, F401  (task results)

@@ -23,12 +23,6 @@ class SpannerQueuesConfig(AppConfig):
     verbose_name = "Spanner queues"
     default_auto_field = "django.db.models.AutoField"
 
-    def import_models(self) -> None:
-        super().import_models()
-        # the task queue and results of spanner_queues.tasks live beside the backend; loading
-        # them here (not from models.py, which they subclass) keeps the import graph acyclic
-        from spanner_queues.tasks import models  # noqa: F401
-
     def ready(self) -> None:
         from spanner_queues import checks  # noqa: F401  (registers the system checks)
 
@@ -37,9 +31,6 @@ class SpannerQueuesConfig(AppConfig):
 
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py
-        from spanner_queues.tasks.runner import connect
-
-        connect()  # the task receiver, for the queues of each QueueBackend in TASKS
         _enable_metrics_for_the_view()
 
 

@@ -13,6 +13,8 @@ E012 payload_type is not "bytes", "string" or "json", or disagrees with the payl
 E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
 E020 concurrency_limit is not a positive int, or rate_limit not a positive number
 
+E104 TASKS names spanner_queues' QueueBackend but spanner_queues.contrib.tasks is not installed
+     (E101-E103, the backend's own, are reported by the app when it is installed)
 E201 SPANNER_QUEUES_METRICS is invalid  E202 metrics VIEW on without prometheus-client
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
@@ -24,12 +26,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 from django.db.migrations.loader import MigrationLoader
 from django.db.models import ForeignKey
+from django.utils.module_loading import import_string
 
 from spanner_queues import registry
 from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
@@ -417,3 +421,43 @@ def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
                 )
             ]
     return []
+
+
+#: the optional app of Django's Tasks backend (this module never imports it)
+TASKS_APP = "spanner_queues.contrib.tasks"
+
+
+def _is_queue_backend(path: Any) -> bool:
+    """Whether the ``BACKEND`` path names the Tasks app's ``QueueBackend`` or a subclass.
+    A path that does not import is left to django-tasks' own checks."""
+    if not isinstance(path, str):
+        return False
+    try:
+        backend = import_string(path)
+    except ImportError:
+        return path.startswith(TASKS_APP + ".")  # e.g. django-tasks is not installed
+    return isinstance(backend, type) and any(
+        (c.__module__, c.__name__) == (TASKS_APP + ".backend", "QueueBackend")
+        for c in backend.__mro__
+    )
+
+
+@checks.register()
+def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E104: a ``TASKS`` backend is spanner_queues' ``QueueBackend`` but its app (its queue,
+    results table and task receiver) is not in ``INSTALLED_APPS``."""
+    configured = getattr(settings, "TASKS", None)
+    if not isinstance(configured, dict) or apps.is_installed(TASKS_APP):
+        return []
+    return [
+        checks.Error(
+            f"TASKS[{alias!r}] uses spanner_queues' QueueBackend, but {TASKS_APP!r} is not in "
+            "INSTALLED_APPS.",
+            hint=f'Add "django_tasks" and "{TASKS_APP}" to INSTALLED_APPS and run `manage.py '
+            "migrate spanner_queues_tasks` (the task queue and results). See "
+            "docs/howto/tasks.md.",
+            id="spanner_queues.E104",
+        )
+        for alias, conf in configured.items()
+        if isinstance(conf, dict) and _is_queue_backend(conf.get("BACKEND"))
+    ]

@@ -26,6 +26,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "spanner_queues",
     "django_tasks",
+    "spanner_queues.contrib.tasks",  # Django's Tasks API (tests/tasks)
     "tests.testapp",
     "tests.workerapp",
     "tests.outboxapp",
@@ -88,7 +89,7 @@ SPANNER_QUEUES = {
 # Django's Tasks API on spanner_queues (tests/tasks): "default" and "emails" queue names
 TASKS = {
     "default": {
-        "BACKEND": "spanner_queues.tasks.QueueBackend",
+        "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
         "QUEUES": ["default", "emails"],
         "OPTIONS": {"QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"}},
     }

@@ -212,7 +212,6 @@ UPPER = (
     "spanner_queues.worker",
     "spanner_queues.patterns",
     "spanner_queues.outbox",
-    "spanner_queues.tasks",
     "spanner_queues.contrib",
     "spanner_queues.admin",
     "spanner_queues.adminsite",
@@ -237,6 +236,27 @@ def test_engines_and_below_do_not_import_the_verbs_or_above() -> None:
         if _within(target, UPPER)
     )
     assert not offenders, "lower layers reaching up:\n" + "\n".join(offenders)
+
+
+CONTRIB = "spanner_queues.contrib"
+#: the one module outside the optional apps that may import one (when it is installed)
+READS_CONTRIB = {"spanner_queues.management.commands.queuegrants"}
+
+
+def test_nothing_but_queuegrants_imports_the_optional_apps() -> None:
+    """The apps under ``contrib/`` are optional: the core runs without them installed, so no
+    core module imports them (``queuegrants`` reads the tasks app's tables, behind
+    ``apps.is_installed``)."""
+    graph = import_graph()
+    assert "spanner_queues.contrib.tasks.models" in graph["spanner_queues.contrib.tasks.backend"]
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        if not _within(module, (CONTRIB,)) and module not in READS_CONTRIB
+        for target in targets
+        if _within(target, (CONTRIB,))
+    )
+    assert not offenders, "core modules importing an optional app:\n" + "\n".join(offenders)
 
 
 def test_the_clock_is_the_bottom_layer() -> None:

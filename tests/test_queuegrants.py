@@ -36,6 +36,8 @@ def native(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 ROLES = ("--role-sender", "web", "--role-worker", "worker")
+#: the tasks app's results table
+RESULTS = "spanner_queues_tasks_taskresultrecord"
 
 
 def test_native_queue_grants_in_googlesql(native: Any) -> None:
@@ -110,11 +112,9 @@ def test_table_engine_queue_grants_table_privileges_and_no_functions() -> None:
 
 def test_task_queue_adds_the_task_results_table(native: Any) -> None:
     native("googlesql")
-    text = grants(*ROLES, "--queue", "spanner_queues.TaskMessage")
-    assert "GRANT SELECT, UPDATE ON TABLE spanner_queues_taskresultrecord TO ROLE worker;" in text
-    assert (
-        "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_taskresultrecord TO ROLE web;" in text
-    )
+    text = grants(*ROLES, "--queue", "spanner_queues_tasks.TaskMessage")
+    assert f"GRANT SELECT, UPDATE ON TABLE {RESULTS} TO ROLE worker;" in text
+    assert f"GRANT SELECT, INSERT, DELETE ON TABLE {RESULTS} TO ROLE web;" in text
 
 
 def test_every_declared_queue_by_default(native: Any) -> None:
@@ -168,5 +168,5 @@ def test_a_task_queue_of_your_own_adds_the_task_results_table(native: Any) -> No
     # role granted for tasksapp.EmailTasks could not record a task RUNNING.
     native("googlesql")
     text = grants(*ROLES, "--queue", "tasksapp.EmailTasks")
-    assert "GRANT SELECT, UPDATE ON TABLE spanner_queues_taskresultrecord TO ROLE worker;" in text
-    assert "spanner_queues_taskresultrecord TO ROLE web;" in text
+    assert f"GRANT SELECT, UPDATE ON TABLE {RESULTS} TO ROLE worker;" in text
+    assert f"{RESULTS} TO ROLE web;" in text

@@ -186,12 +186,12 @@ class SignupTests(TestCase):
 # --- tasks (docs/howto/tasks.md) -----------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
 def test_drain_runs_tasks_in_the_test():
-    from spanner_queues.tasks import TaskMessage
+    from spanner_queues.contrib.tasks import TaskMessage
     from tests.tasksapp.tasks import fail_after_write, make_thing
 
     result = make_thing.enqueue(num=5)
     failing = fail_after_write.enqueue(6)
-    outcomes = drain("spanner_queues.TaskMessage", expect=2)
+    outcomes = drain("spanner_queues_tasks.TaskMessage", expect=2)
     # a failed task is reported failed, as the worker does; it is acked: not run again
     assert [o.message.key for o in outcomes.acked] == [(result.id,)]
     assert [o.message.key for o in outcomes.failed] == [(failing.id,)]

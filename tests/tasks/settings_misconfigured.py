@@ -7,7 +7,7 @@ from tests.settings import *  # noqa: F403
 
 TASKS = {
     "default": {
-        "BACKEND": "spanner_queues.tasks.QueueBackend",
+        "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
         "QUEUES": ["default", "emails"],
         "OPTIONS": {
             "QUEUE_MODELS": {"emails": "shop.EmailTasks"},

@@ -1,4 +1,4 @@
-"""spanner_queues.tasks.QueueBackend: transactional enqueue, results, and runs by the worker."""
+"""spanner_queues.contrib.tasks.QueueBackend: transactional enqueue, results, and worker runs."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from django.utils import timezone
 from django_tasks import TaskResultStatus, default_task_backend, task_backends
 from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
+from spanner_queues.contrib.tasks import QueueBackend
+from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
+from spanner_queues.contrib.tasks.runner import RECEIVER_NAME
 from spanner_queues.receivers import receivers
-from spanner_queues.tasks import QueueBackend
-from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
-from spanner_queues.tasks.runner import RECEIVER_NAME
 from tests.tasksapp import tasks
 from tests.tasksapp.models import EmailTasks, Thing
 
@@ -157,7 +157,7 @@ def test_aenqueue_and_aget_result() -> None:
 def test_retention_prunes_finished_results_only(settings) -> None:
     settings.TASKS = {
         "default": {
-            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
             "QUEUES": ["default", "emails"],
             "OPTIONS": {
                 "QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"},
@@ -197,7 +197,7 @@ def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
 def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker) -> None:
     settings.TASKS = {
         "default": {
-            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
             "QUEUES": ["default", "emails"],
             "OPTIONS": {"QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"}, "ATOMIC_TASKS": False},
         }
@@ -229,7 +229,7 @@ def test_signals_and_worker_side_retention(settings, run_worker) -> None:
 
     settings.TASKS = {
         "default": {
-            "BACKEND": "spanner_queues.tasks.QueueBackend",
+            "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
             "QUEUES": ["default", "emails"],
             "OPTIONS": {
                 "QUEUE_MODELS": {"emails": "tasksapp.EmailTasks"},
@@ -259,7 +259,7 @@ def test_admin_lists_results_read_only_with_filters(client, django_user_model) -
     admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client.force_login(admin)
     result = tasks.add.enqueue(1, 2)
-    url = "/admin/spanner_queues/taskresultrecord/"
+    url = "/admin/spanner_queues_tasks/taskresultrecord/"
     page = client.get(url, {"status__exact": "READY"})
     assert page.status_code == 200 and result.id in page.content.decode()
     assert result.id not in client.get(url, {"status__exact": "FAILED"}).content.decode()

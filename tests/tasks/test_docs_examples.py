@@ -1,5 +1,5 @@
 """The examples of Django's Tasks documentation (the django-tasks backport's usage guide),
-unchanged, against spanner_queues.tasks.QueueBackend, run by the worker; and every python
+unchanged, against spanner_queues.contrib.tasks.QueueBackend, run by the worker; and every python
 block of docs/howto/tasks.md, run as shown (the ``shop`` blocks as a package of their own)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from django_tasks import TaskResultStatus, default_task_backend
 from django_tasks.exceptions import InvalidTaskError
 
-from spanner_queues.tasks import QueueBackend
+from spanner_queues.contrib.tasks import QueueBackend
 from tests.tasks import docs_context
 from tests.tasks.docs_examples import (
     calculate_meaning_of_life,
@@ -59,7 +59,7 @@ def test_errors(run_worker) -> None:
 
 def test_on_commit_enqueue_of_djangos_docs_still_works(run_worker) -> None:
     create_and_enqueue_on_commit()
-    from spanner_queues.tasks.models import TaskResultRecord
+    from spanner_queues.contrib.tasks.models import TaskResultRecord
 
     record = TaskResultRecord.objects.get(task_path=process_thing.module_path)
     run_worker(lambda: default_task_backend.get_result(record.id).is_finished)
@@ -132,7 +132,7 @@ def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
             kinds.append("celery")
         elif _shop_file(code):
             kinds.append(_shop_file(code))
-        elif code.startswith("from spanner_queues.tasks import"):
+        elif code.startswith("from spanner_queues.contrib.tasks import"):
             kinds.append("import")
         else:
             raise AssertionError(f"a block no test runs:\n{code}")
@@ -154,7 +154,7 @@ def _block(kind: str) -> str:
     for code in page_blocks():
         if (
             (kind == "settings" and _header(code).startswith("settings.py"))
-            or (kind == "import" and code.startswith("from spanner_queues.tasks import"))
+            or (kind == "import" and code.startswith("from spanner_queues.contrib.tasks import"))
             or (_shop_file(code) == kind and CELERY not in _header(code))
         ):
             return code
@@ -179,8 +179,8 @@ def test_the_settings_block_passes_the_checks_and_its_optional_line_is_a_check_e
 def test_the_import_block() -> None:
     namespace: dict = {}
     exec(_block("import"), namespace)
-    assert namespace["TaskResultRecord"]._meta.label == "spanner_queues.TaskResultRecord"
-    assert namespace["TaskMessage"]._meta.label == "spanner_queues.TaskMessage"
+    assert namespace["TaskResultRecord"]._meta.label == "spanner_queues_tasks.TaskResultRecord"
+    assert namespace["TaskMessage"]._meta.label == "spanner_queues_tasks.TaskMessage"
 
 
 @pytest.mark.engine_independent
@@ -218,7 +218,7 @@ def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_
     from django.test import RequestFactory
     from shop.views import sign_up  # the page's blocks, as written
 
-    from spanner_queues.tasks import TaskResultRecord
+    from spanner_queues.contrib.tasks import TaskResultRecord
     from spanner_queues.testing import drain
 
     response = sign_up(RequestFactory().post("/", {"username": "ada", "email": "a@b.example"}))
@@ -226,7 +226,7 @@ def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_
     user = User.objects.get(username="ada")
     record = TaskResultRecord.objects.get(task_path="shop.tasks.email_welcome")
     assert record.args == [user.pk]
-    drain("spanner_queues.TaskMessage", expect=1)
+    drain("spanner_queues_tasks.TaskMessage", expect=1)
     result = default_task_backend.get_result(record.id)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
     assert mail.outbox[0].to == ["a@b.example"]
@@ -246,7 +246,7 @@ def test_the_celery_migration_after_block(shop) -> None:
     from spanner_queues.testing import drain
 
     user = sign_up("bob", "bob@b.example")
-    outcomes = drain("spanner_queues.TaskMessage", expect=1)
+    outcomes = drain("spanner_queues_tasks.TaskMessage", expect=1)
     assert len(outcomes.acked) == 1
     from django.core import mail
 

@@ -10,7 +10,7 @@ import pytest
 from django_tasks import TaskResultStatus, default_task_backend
 from django_tasks.exceptions import InvalidTaskError
 
-from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
+from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from tests.tasks import failing_tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)

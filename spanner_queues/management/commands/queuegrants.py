@@ -12,8 +12,9 @@ Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-co
   UPDATE, DELETE ON TABLE`` (claims and renewals update rows);
 - the app's own tables: the failure ledger when a queue's engine counts no deliveries, the depth
   samples, the paused queues (workers read them, the admin writes them), the rate-limit buckets
-  when a queue has ``rate_limit``, and the task results when a queue of a ``QueueBackend``
-  (``TaskMessage`` or one of its ``QUEUE_MODELS``) is among the queues.
+  when a queue has ``rate_limit``, and (with ``spanner_queues.contrib.tasks`` installed) the
+  task results when a queue of a ``QueueBackend`` (``TaskMessage`` or one of its
+  ``QUEUE_MODELS``) is among the queues.
 
 Your receivers' own tables are not known here: grant them to the worker role yourself.
 """
@@ -25,6 +26,7 @@ from argparse import ArgumentParser, ArgumentTypeError
 from dataclasses import dataclass
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
 from spanner_queues import options as queue_settings
@@ -34,8 +36,6 @@ from spanner_queues.controls import PausedQueue, QueueRate
 from spanner_queues.engines.native import dialect as native_dialect
 from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
-from spanner_queues.tasks.models import TaskMessage, TaskResultRecord
-from spanner_queues.tasks.runner import queue_backends
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -201,16 +201,19 @@ class Command(BaseCommand):
             own.append(
                 Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
             )
+        if apps.is_installed("spanner_queues.contrib.tasks"):
+            from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
+            from spanner_queues.contrib.tasks.runner import queue_backends
 
-        # Django's Tasks API on spanner_queues: the results table, for the backend's default
-        # queue and the queues of QUEUE_MODELS alike (their workers write the results too)
-        task_queues = {TaskMessage}
-        for backend in queue_backends():
-            task_queues.update(backend.all_queue_models(declared_only=True))
-        if task_queues.intersection(models):
-            results = TaskResultRecord._meta.db_table
-            own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
-            own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
+            # Django's Tasks API on spanner_queues: the results table, for the backend's
+            # default queue and the queues of QUEUE_MODELS alike (their workers write results)
+            task_queues = {TaskMessage}
+            for backend in queue_backends():
+                task_queues.update(backend.all_queue_models(declared_only=True))
+            if task_queues.intersection(models):
+                results = TaskResultRecord._meta.db_table
+                own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
+                own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
         lines += [g.render(dialect, chosen) for g in own]
         lines.append(f"-- and the tables your receivers write, to {worker}")
         self.stdout.write("\n".join(lines))

@@ -1,9 +1,13 @@
-"""The task queue and the task results, shipped by the ``spanner_queues`` app.
+"""The task queue and the task results of the ``spanner_queues_tasks`` app.
 
 ``TaskMessage`` is a JSON-payload queue keyed by the task result's id; ``TaskResultRecord``
 keeps one row per enqueued task (status, arguments, return value, errors, workers). Both live
 on the task queue's database, so ``enqueue()`` writes them in one transaction. JSON is kept as
 text (``TextField``): every database stores it, the Spanner emulator included.
+
+Both name their ``app_label``, so this module imports even when the app is not installed
+(django-tasks builds the backend, which imports it, wherever a task is declared): the check
+``spanner_queues.E104`` then says what is missing, instead of Django's ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from django.db import models
 
 from spanner_queues.models import Queue
 
+APP_LABEL = "spanner_queues_tasks"
+
 #: statuses of ``django_tasks.TaskResultStatus`` (kept here so the model needs no django-tasks)
 READY, RUNNING, FAILED, SUCCESSFUL = "READY", "RUNNING", "FAILED", "SUCCESSFUL"
 STATUS_CHOICES = [(s, s.capitalize()) for s in (READY, RUNNING, FAILED, SUCCESSFUL)]
@@ -23,11 +29,12 @@ FINISHED = (FAILED, SUCCESSFUL)
 
 
 class TaskMessage(Queue):
-    """The default queue of ``spanner_queues.tasks.QueueBackend``: one message per task."""
+    """The default queue of ``spanner_queues.contrib.tasks.QueueBackend``: one message per task."""
 
     id = models.CharField(max_length=64, primary_key=True)
 
     class Meta:
+        app_label = APP_LABEL
         verbose_name = "task message"
 
     class QueueMeta:
@@ -64,6 +71,7 @@ class TaskResultRecord(models.Model):
     finished_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
+        app_label = APP_LABEL
         verbose_name = "task result"
         default_permissions = ("view",)
         indexes = [models.Index(fields=["status", "finished_at"], name="sq_task_status_finished")]

@@ -42,12 +42,7 @@ from django.conf import settings
 from django.utils.module_loading import import_string
 
 from spanner_queues import api, clock
-from spanner_queues.drivers import driver_for
-from spanner_queues.exceptions import AckedFailure
-from spanner_queues.message import Message
-from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
-from spanner_queues.registry import engine_for, get_queue
-from spanner_queues.tasks.models import (
+from spanner_queues.contrib.tasks.models import (
     FAILED,
     FINISHED,
     RUNNING,
@@ -55,11 +50,16 @@ from spanner_queues.tasks.models import (
     TaskResultRecord,
     dumps,
 )
+from spanner_queues.drivers import driver_for
+from spanner_queues.exceptions import AckedFailure
+from spanner_queues.message import Message
+from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
+from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
 #: the worker id recorded in results: host and process
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
-RECEIVER_NAME = "spanner_queues.tasks.runner.run_task"
+RECEIVER_NAME = "spanner_queues.contrib.tasks.runner.run_task"
 _prune_lock = threading.Lock()
 _next_prune = [0.0]
 
@@ -81,7 +81,7 @@ def queue_backends() -> list[Any]:
             cls = import_string(conf.get("BACKEND", ""))
         except ImportError:
             continue  # django-tasks' own checks report it
-        from spanner_queues.tasks.backend import QueueBackend
+        from spanner_queues.contrib.tasks.backend import QueueBackend
 
         if isinstance(cls, type) and issubclass(cls, QueueBackend):
             from django_tasks import task_backends
@@ -99,7 +99,7 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
     if backends:
         from django.core import checks
 
-        from spanner_queues.tasks.backend import check_django_tasks_installed
+        from spanner_queues.contrib.tasks.backend import check_django_tasks_installed
 
         checks.register(check_django_tasks_installed)
     for backend in backends:
@@ -123,7 +123,7 @@ def run_task(message: Message) -> None:
     from django_tasks.signals import task_finished, task_started
     from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
-    from spanner_queues.tasks.backend import missing_task, result_from_record, task_of
+    from spanner_queues.contrib.tasks.backend import missing_task, result_from_record, task_of
 
     model = get_queue(message.queue)
     engine = engine_for(model)

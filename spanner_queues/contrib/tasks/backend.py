@@ -16,7 +16,7 @@ Guarantees:
 - ``"QUEUES"`` (top level, Django's own): allowed ``queue_name`` values (default
   ``["default"]``; ``[]`` allows any).
 - ``"OPTIONS": {"QUEUE_MODELS": {"emails": "shop.EmailTasks"}}``: the queue model of a
-  ``queue_name`` (default: ``spanner_queues.TaskMessage``). Such a model has one ``CharField``
+  ``queue_name`` (default: ``spanner_queues_tasks.TaskMessage``). Such a model has one ``CharField``
   primary key of at least 64 characters and ``QueueMeta.payload_type = "json"``, and no
   receiver of its own (the backend registers one).
 - ``"OPTIONS": {"ATOMIC_TASKS": False}``: run each task outside any transaction (for long
@@ -46,16 +46,18 @@ from django_tasks.utils import get_random_id
 from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
-from spanner_queues.exceptions import QueueError
+from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
+from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.registry import engine_for, get_queue
-from spanner_queues.tasks.models import FINISHED, READY, TaskResultRecord, dumps
 from spanner_queues.transactions import run_in_transaction
 
 T = TypeVar("T")
 P = ParamSpec("P")
 
-DEFAULT_QUEUE_MODEL = "spanner_queues.TaskMessage"
+#: the app of this backend (its queue, results and task receiver)
+APP = "spanner_queues.contrib.tasks"
+DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 #: the keys of a ``QueueBackend``'s ``OPTIONS``
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
 
@@ -90,7 +92,13 @@ class QueueBackend(BaseTaskBackend):
 
     # --- configuration ----------------------------------------------------------------------
     def queue_model(self, queue_name: str) -> Any:
-        """The queue model of ``queue_name``."""
+        """The queue model of ``queue_name`` (``QueueConfigurationError`` without the app
+        installed: its queue and results are not declared then)."""
+        if not apps.is_installed(APP):
+            raise QueueConfigurationError(
+                f"TASKS[{self.alias!r}] uses QueueBackend, but {APP!r} is not in "
+                "INSTALLED_APPS (system check spanner_queues.E104)."
+            )
         return get_queue(self.queue_models.get(queue_name, DEFAULT_QUEUE_MODEL))
 
     def all_queue_models(self, *, declared_only: bool = False) -> list[Any]:
@@ -271,13 +279,13 @@ def _is_positive_number(value: Any) -> bool:
 
 def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
     """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
-    (registered by ``spanner_queues.tasks.runner.connect``, since Django's Tasks framework runs
-    backend checks only when its app is installed)."""
+    (registered by ``spanner_queues.contrib.tasks.runner.connect``, since Django's Tasks
+    framework runs backend checks only when its app is installed)."""
     if apps.is_installed("django_tasks"):
         return []
     return [
         checks.Error(
-            "spanner_queues.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
+            "spanner_queues.contrib.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
             id="spanner_queues.E101",
         )
     ]

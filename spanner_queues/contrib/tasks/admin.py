@@ -7,7 +7,7 @@ from typing import Any
 from django.contrib import admin
 from django.http import HttpRequest
 
-from spanner_queues.tasks.models import TaskResultRecord
+from spanner_queues.contrib.tasks.models import TaskResultRecord
 
 
 class TaskResultAdmin(admin.ModelAdmin):

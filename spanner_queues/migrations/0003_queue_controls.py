@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('spanner_queues', '0003_tasks'),
+        ('spanner_queues', '0002_failed_delivery'),
     ]
 
     operations = [

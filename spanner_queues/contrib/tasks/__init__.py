@@ -1,0 +1,37 @@
+"""Django's Tasks API (the ``django-tasks`` backport on Django 5.2) on spanner_queues: an
+optional app (label ``spanner_queues_tasks``).
+
+    INSTALLED_APPS += ["django_tasks", "spanner_queues.contrib.tasks"]
+    TASKS = {"default": {"BACKEND": "spanner_queues.contrib.tasks.QueueBackend"}}
+
+``enqueue()`` sends a message to a queue on the caller's connection, in the caller's
+transaction: the task commits with the caller's writes or not at all. ``manage.py
+runqueueworker`` runs it. ``manage.py migrate spanner_queues_tasks`` creates its queue and
+results table. See ``docs/howto/tasks.md``.
+
+The public names: ``QueueBackend``, and the models ``TaskResultRecord`` (one row per
+enqueued task) and ``TaskMessage`` (the default task queue), all imported lazily from here::
+
+    from spanner_queues.contrib.tasks import TaskResultRecord
+
+(the models need the app registry ready, as any Django model; ``TASKS`` naming this backend
+without the app in ``INSTALLED_APPS`` is the system check error ``spanner_queues.E104``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["QueueBackend", "TaskMessage", "TaskResultRecord"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "QueueBackend":
+        from spanner_queues.contrib.tasks.backend import QueueBackend
+
+        return QueueBackend
+    if name in ("TaskMessage", "TaskResultRecord"):
+        from spanner_queues.contrib.tasks import models
+
+        return getattr(models, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
