@@ -32,11 +32,12 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
+    MessageContext,
     NoReceiver,
     ReceiverRegistry,
     ReceiverSpec,
-    acked_by_receiver,
-    set_pending,
+    call,
+    running,
 )
 from spanner_queues.transactions import close_lost_connections, run_in_transaction
 from spanner_queues.worker.events import Emitter
@@ -230,33 +231,46 @@ class Execution:
 
         by_key = {(d.message.queue, d.message.key): d for d in deliveries}
 
-        def current(message: Message) -> Message:
-            """The lease held now, for an ack by the receiver's code (a pattern helper)."""
+        def lease(message: Message) -> Message:
+            """The lease held now (renewed), for the receiver's code (``context.lease``)."""
+            with self.held.renew_lock:
+                return by_key[(message.queue, message.key)].message
+
+        def freeze(message: Message) -> Message:
+            """The lease held now, for an ack by the receiver's code: no longer renewed."""
             return self.held.freeze([by_key[(message.queue, message.key)]])[0]
+
+        context = MessageContext(
+            spec,
+            [d.message for d in deliveries],
+            worker_id=self.events.worker_id,
+            deadline=started + limit if limit is not None else None,
+            lease=lease,
+            freeze=freeze,
+            stopping=lambda: self.held.stopping,
+        )
 
         def body() -> None:
             with self.held.renew_lock:  # (again on a retried transaction: renew while it runs)
                 for d in deliveries:
                     d.acking = False
-            messages = [d.message for d in deliveries]
-            # (again on a retried transaction: its acks rolled back)
-            set_pending(messages, current=current)
+            context._restart()  # (again on a retried transaction: its acks rolled back)
             with self.limits.running(deliveries, limit):
-                spec.func(messages if spec.batch else messages[0])
+                call(spec, context)
             if any(d.timed_out for d in deliveries):  # returned late: never acked
                 raise TimeLimitExceeded(f"{spec.name} ran past its time limit of {limit} s")
             if spec.atomic:
-                self.ack(deliveries, db)
+                self.ack(deliveries, db, context)
 
         try:
-            try:
+            with running(context):
                 if spec.atomic:
                     run_in_transaction(body, using=db, retries=retries)
                 else:
                     body()  # outside any transaction: external side effects, then ack
-                    run_in_transaction(lambda: self.ack(deliveries, db), using=db, retries=retries)
-            finally:
-                set_pending(None)
+                    run_in_transaction(
+                        lambda: self.ack(deliveries, db, context), using=db, retries=retries
+                    )
         except Retry as exc:
             self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
         except TimeLimitExceeded as exc:
@@ -305,13 +319,14 @@ class Execution:
                     )
                 self.events.emit("acked", message=d.message, receiver=spec.name, duration=duration)
 
-    def ack(self, deliveries: list[Delivery], db: str) -> None:
-        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost)."""
+    def ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
+        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost);
+        the messages the receiver's code acked itself (``context.acked``) are done."""
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        # the lease held now (renewed); messages the receiver acked itself are done
-        pending = [m for m in self.held.freeze(deliveries) if not acked_by_receiver(m)]
+        # the lease held now (renewed)
+        pending = [m for m in self.held.freeze(deliveries) if not context.acked(m)]
         model = deliveries[0].model
         self.held.cached(model)[1].ack_messages(model, pending, using=db)
 
