@@ -19,11 +19,10 @@ from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spanner_queues import api
-from spanner_queues.drivers import driver_for
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.transactions import holding
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
@@ -153,48 +152,16 @@ class Holdings:
     ) -> Iterator[tuple[bool, T | None]]:
         """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
         ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
-        write's result)`` and records the new leases: an ack reads no token in between.
-
-        Where one write lock serves the whole database (``Driver.single_writer``: SQLite),
-        ``write()`` runs in a read-write transaction of its own and ``renew_lock`` is taken
-        inside it, once the transaction has the database's lock (``BEGIN IMMEDIATE``) - the
-        order of an ack, which takes ``renew_lock`` inside its transaction. Taken before, it
-        was held while waiting for the database (on every retry) by a thread that an ack
-        holding the database's lock then waited for. ``wait``: give up when this process's
-        write lock stays busy that long (an atomic receiver of this process holds it while it
-        runs): yields ``(False, None)`` and nothing is written. Errors of ``write()`` and of
-        its transaction are raised by the ``with`` statement."""
+        write's result)`` and records the new leases: an ack reads no token in between. An
+        ack takes ``renew_lock`` inside its transaction; ``transactions.holding`` orders this
+        write the same way where the database has a single write lock. ``wait``: give up
+        (``(False, None)``, nothing written) when this process's write lock stays busy that
+        long (an atomic receiver of this process holds it while it runs). Errors of
+        ``write()`` and of its transaction are raised by the ``with`` statement."""
         db, engine, _ = self.cached(model)
-        driver = driver_for(db)
-        if not driver.single_writer:
-            with self.renew_lock:
-                yield True, write()
-            return
-        held = False
-
-        def attempt() -> T:
-            nonlocal held
-            if not held:  # (still held when only a commit failed: a retry keeps it)
-                self.renew_lock.acquire()
-                held = True
-            try:
-                return write()
-            except BaseException:
-                self.renew_lock.release()
-                held = False
-                raise
-
-        try:
-            with driver.write_lock(timeout=wait) as got:
-                if not got and wait is not None:
-                    result: tuple[bool, T | None] = (False, None)
-                else:
-                    retries = engine.params.transaction_retries
-                    result = (True, run_in_transaction(attempt, using=db, retries=retries))
+        retries = engine.params.transaction_retries
+        with holding(self.renew_lock, write, using=db, retries=retries, wait=wait) as result:
             yield result
-        finally:
-            if held:
-                self.renew_lock.release()
 
     def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
         """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
