@@ -216,3 +216,39 @@ def test_the_lease_held_now_is_the_renewed_one(make_worker: MakeWorker) -> None:
     assert worker.run().processed == 1
     [(handed, held)] = tokens
     assert handed != held
+
+
+def test_the_receivers_page_context_snippet_runs_as_shown(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The block of "The run's context" in docs/howto/receivers.md, with ``myapp.models``'s
+    ``UserTasks`` standing for a test queue: the receiver logs its context and is acked."""
+    import logging
+    import re
+    import sys
+    import types
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs/howto/receivers.md").read_text()
+    section = page.split("## The run's context", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)  # type: ignore[union-attr]
+    myapp = types.ModuleType("myapp")
+    models = types.ModuleType("myapp.models")
+    models.UserTasks = WorkItemsDead  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "myapp", myapp)
+    monkeypatch.setitem(sys.modules, "myapp.models", models)
+    registry = ReceiverRegistry()
+    monkeypatch.setattr(
+        "spanner_queues.receiver",
+        lambda *a, **kw: receiver(*a, registry=registry, **kw),
+        raising=False,
+    )
+    namespace: dict[str, Any] = {"__name__": "docs_receivers"}
+    exec(compile(code, "docs/howto/receivers.md", "exec"), namespace)
+    [spec] = registry.all()
+    assert spec.takes_context and spec.timeout == 60
+    WorkItemsDead.send(id="doc")
+    with caplog.at_level(logging.INFO, logger="docs_receivers"):
+        stats = make_worker(WorkItemsDead, registry=registry, burst=True, worker_id="w-doc").run()
+    assert (stats.processed, stats.failed) == (1, 0)
+    assert any("attempt 1 on w-doc" in r.getMessage() for r in caplog.records)
