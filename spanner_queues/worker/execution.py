@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 from django.db import connections
 
@@ -34,7 +33,6 @@ from spanner_queues.message import Message
 from spanner_queues.receivers import (
     MessageContext,
     NoReceiver,
-    ReceiverRegistry,
     ReceiverSpec,
     call,
     running,
@@ -43,7 +41,7 @@ from spanner_queues.transactions import close_lost_connections, run_in_transacti
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.limits import TimeLimits
 from spanner_queues.worker.outcomes import Outcomes
-from spanner_queues.worker.state import Delivery, Holdings, Plan
+from spanner_queues.worker.state import Config, Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -60,26 +58,19 @@ class Execution:
         events: Emitter,
         outcomes: Outcomes,
         limits: TimeLimits,
-        *,
-        plans: Sequence[Plan],
-        registry: ReceiverRegistry,
-        concurrency: int,
-        prefetch: int | None,
-        batch_size: int,
+        config: Config,
     ) -> None:
         self.held = held
         self.events = events
         self.outcomes = outcomes
         self.limits = limits
-        self.plans = plans
-        self.registry = registry
-        self.concurrency = concurrency
+        self.config = config
+        prefetch = config.prefetch
         #: units may wait for a thread: prefetch > 1, or adaptive (None)
         self.ahead = prefetch is None or prefetch > 1
         #: a fixed prefetch > 1 gives back every unit not started at stop (adaptive: those
         #: claimed ahead of a free thread, ``Delivery.ahead``)
         self.fixed_prefetch = prefetch is not None and prefetch > 1
-        self.batch_size = batch_size
 
     def run(self) -> None:
         """An executor thread: take units and run them until told to end (None)."""
@@ -92,11 +83,11 @@ class Execution:
                 with held.cond:
                     held.waiting -= 1
                     unstarted = held.stopping and (self.fixed_prefetch or unit[0].ahead)
-                    if self.ahead and held.waiting == self.concurrency - 1:
+                    if self.ahead and held.waiting == self.config.concurrency - 1:
                         held.cond.notify_all()  # below the low-water mark: claim more
                 started = 0.0
                 try:
-                    plan = next(p for p in self.plans if p.model is unit[0].model)
+                    plan = next(p for p in self.config.plans if p.model is unit[0].model)
                     if unstarted:
                         unit_now = self.outcomes.return_unstarted(unit)
                         if unit_now:
@@ -128,7 +119,7 @@ class Execution:
                         # for fewer waiting units than threads, or, with prefetch 1, for a free
                         # thread) and whoever waits for the slots to empty or for a stop. With
                         # units still waiting nobody is woken for nothing once per message.
-                        if self.held.waiting < self.concurrency or self.held.stopping:
+                        if self.held.waiting < self.config.concurrency or self.held.stopping:
                             self.held.cond.notify_all()
                         if self.held.stopping and self.held.in_flight == 0:
                             self.held.renew_cond.notify_all()
@@ -189,7 +180,7 @@ class Execution:
             self.outcomes.give_up([delivery], None)
             return
         try:
-            spec = self.registry.route(plan.specs, message)
+            spec = self.config.registry.route(plan.specs, message)
         except NoReceiver as exc:  # another release's receiver: give it back
             self.outcomes.unmatched([delivery], exc, plan.specs)
             return
@@ -207,7 +198,7 @@ class Execution:
         miss: NoReceiver | None = None
         for d in todo:
             try:
-                spec = self.registry.route(plan.specs, d.message)
+                spec = self.config.registry.route(plan.specs, d.message)
             except NoReceiver as exc:  # another release's receiver: give it back
                 unmatched.append(d)
                 miss = exc
@@ -216,7 +207,7 @@ class Execution:
         if miss is not None:
             self.outcomes.unmatched(unmatched, miss, plan.specs)
         for spec, group in groups.values():
-            size = spec.max_batch_size or self.batch_size
+            size = spec.max_batch_size or self.config.batch_size
             for i in range(0, len(group), size):
                 self.execute(spec, group[i : i + size])
 

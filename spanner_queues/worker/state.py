@@ -1,5 +1,6 @@
 """What a worker holds, shared by its parts: the deliveries (received messages with their
-current lease), the units waiting for an executor, the slot counters, and the locks.
+current lease), the units waiting for an executor, the slot counters, and the locks; and how
+it runs (``Config``, read by its parts).
 
 Locking: ``cond`` (and ``renew_cond``, on the same lock) guard the counters, ``deliveries``
 and ``stopping``; ``renew_lock`` is held by a renewal, and by whoever reads a delivery's lease
@@ -14,7 +15,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
-    from spanner_queues.receivers import ReceiverSpec
+    from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec
 
 T = TypeVar("T")
 
@@ -70,6 +71,26 @@ class Plan:
     @property
     def label(self) -> str:
         return self.model._meta.label
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """How a worker runs: the ``Worker``'s arguments, validated by it, read by its parts
+    (``intake``, ``execution``); see ``Worker`` for each."""
+
+    plans: tuple[Plan, ...]
+    registry: ReceiverRegistry
+    concurrency: int
+    #: units each thread may hold (None: adaptive)
+    prefetch: int | None
+    batch_size: int
+    burst: bool
+    max_messages: int | None
+    lease: timedelta | None
+    poll_interval: float
+    #: seconds between re-seeds of the periodic schedules while running (None: at start only)
+    reseed_interval: float | None
+    summary_interval: float | None
 
 
 #: a unit: one message, or the messages of one batch; None tells an executor to end
