@@ -45,9 +45,6 @@ from spanner_queues.worker.state import Config, Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
 
-#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
-EWMA_WEIGHT = 0.2
-
 
 class Execution:
     """Runs units taken from ``held.units`` (see the module docstring)."""
@@ -79,12 +76,12 @@ class Execution:
                 unit = self.held.units.get()
                 if unit is None:
                     return
-                held = self.held
-                with held.cond:
-                    held.waiting -= 1
-                    unstarted = held.stopping and (self.fixed_prefetch or unit[0].ahead)
-                    if self.ahead and held.waiting == self.config.concurrency - 1:
-                        held.cond.notify_all()  # below the low-water mark: claim more
+                unstarted = self.held.take(
+                    unit,
+                    concurrency=self.config.concurrency,
+                    ahead=self.ahead,
+                    fixed_prefetch=self.fixed_prefetch,
+                )
                 started = 0.0
                 try:
                     plan = next(p for p in self.config.plans if p.model is unit[0].model)
@@ -104,25 +101,7 @@ class Execution:
                     self.crash(unit, exc)
                 finally:
                     took = time.monotonic() - started if started else None
-                    with self.held.cond:
-                        for d in unit:
-                            d.done = True
-                        self.held.deliveries.difference_update(unit)
-                        self.held.by_queue[unit[0].model._meta.label] -= len(unit)
-                        self.held.in_flight -= 1
-                        if took is not None:  # for the adaptive prefetch (intake)
-                            avg = self.held.unit_seconds
-                            self.held.unit_seconds = (
-                                took if avg is None else avg + (took - avg) * EWMA_WEIGHT
-                            )
-                        # A slot is free: wake the intake only if it may claim now (it waits
-                        # for fewer waiting units than threads, or, with prefetch 1, for a free
-                        # thread) and whoever waits for the slots to empty or for a stop. With
-                        # units still waiting nobody is woken for nothing once per message.
-                        if self.held.waiting < self.config.concurrency or self.held.stopping:
-                            self.held.cond.notify_all()
-                        if self.held.stopping and self.held.in_flight == 0:
-                            self.held.renew_cond.notify_all()
+                    self.held.done(unit, took, concurrency=self.config.concurrency)
                     recycle_connections()
         finally:
             connections.close_all()

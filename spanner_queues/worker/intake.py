@@ -382,21 +382,12 @@ class Intake:
             Delivery(message=m, model=plan.model, renew_at=renew_at(m, now)) for m in fresh
         ]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
+        units = [u for u in units if u]
         with self.held.cond:
-            # units beyond the threads free now wait: given back if the worker stops first
-            for unit in units[max(0, self.config.concurrency - self.held.in_flight) :]:
-                for d in unit:
-                    d.ahead = True
             self.events.stats.received += len(messages)
-            self.held.deliveries.update(deliveries)
-            self.held.by_queue[plan.label] += len(deliveries)
-            taken = len([u for u in units if u])
-            self.held.in_flight += taken
-            self.held.waiting += taken
-            self.held.renew_cond.notify_all()
+            self.held.hold(plan.label, units, concurrency=self.config.concurrency)
         for unit in units:
-            if unit:
-                for d in unit:
-                    self.events.emit("received", message=d.message)
-                self.held.units.put(unit)
+            for d in unit:
+                self.events.emit("received", message=d.message)
+            self.held.units.put(unit)
         return len(messages)

@@ -3,9 +3,11 @@ current lease), the units waiting for an executor, the slot counters, and the lo
 it runs (``Config``, read by its parts).
 
 Locking: ``cond`` (and ``renew_cond``, on the same lock) guard the counters, ``deliveries``
-and ``stopping``; ``renew_lock`` is held by a renewal, and by whoever reads a delivery's lease
-token to ack, retry, release or dead-letter it (``freeze``), so the token acked with is the
-row's until the ack commits.
+and ``stopping``. The slot accounting (``in_flight``, ``waiting``, ``by_queue``,
+``deliveries``, ``unit_seconds``) changes only in ``Holdings``'s own methods, in one place:
+``hold`` (the intake's claim), ``take`` and ``done`` (an executor's). ``renew_lock`` is held by
+a renewal, and by whoever reads a delivery's lease token to ack, retry, release or dead-letter
+it (``freeze``), so the token acked with is the row's until the ack commits.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ if TYPE_CHECKING:
     from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec
 
 T = TypeVar("T")
+
+#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
+EWMA_WEIGHT = 0.2
 
 
 @dataclass(eq=False, slots=True)
@@ -152,6 +157,54 @@ class Holdings:
         #: the worker stops without waiting for them
         self.stuck_units = 0
         self._per_queue: dict[type[Queue], tuple[str, BaseQueueEngine, QueueOptions]] = {}
+
+    def hold(self, label: str, units: list[Unit], *, concurrency: int) -> None:
+        """Intake: the units of one receive of queue ``label`` are this worker's, each in a
+        slot, waiting for an executor (the caller then puts them on ``units``); those beyond
+        the threads free now wait ahead (given back if the worker stops first). Wakes the
+        renewer."""
+        with self.cond:
+            for unit in units[max(0, concurrency - self.in_flight) :]:
+                for d in unit:
+                    d.ahead = True
+            for unit in units:
+                self.deliveries.update(unit)
+                self.by_queue[label] += len(unit)
+            self.in_flight += len(units)
+            self.waiting += len(units)
+            self.renew_cond.notify_all()
+
+    def take(self, unit: Unit, *, concurrency: int, ahead: bool, fixed_prefetch: bool) -> bool:
+        """An executor took ``unit``: it no longer waits. Returns whether it is to be given
+        back unstarted (the worker stops, and it was claimed ahead of a free thread, or every
+        unit waits with a fixed prefetch). Below the low-water mark the intake is woken."""
+        with self.cond:
+            self.waiting -= 1
+            unstarted = self.stopping and (fixed_prefetch or unit[0].ahead)
+            if ahead and self.waiting == concurrency - 1:
+                self.cond.notify_all()  # below the low-water mark: claim more
+            return unstarted
+
+    def done(self, unit: Unit, took: float | None, *, concurrency: int) -> None:
+        """An executor is done with ``unit`` (``took`` seconds to run and ack; None: it did not
+        run): its slot is free, its time goes into ``unit_seconds``."""
+        with self.cond:
+            for d in unit:
+                d.done = True
+            self.deliveries.difference_update(unit)
+            self.by_queue[unit[0].model._meta.label] -= len(unit)
+            self.in_flight -= 1
+            if took is not None:  # for the adaptive prefetch (intake)
+                avg = self.unit_seconds
+                self.unit_seconds = took if avg is None else avg + (took - avg) * EWMA_WEIGHT
+            # A slot is free: wake the intake only if it may claim now (it waits for fewer
+            # waiting units than threads, or, with prefetch 1, for a free thread) and whoever
+            # waits for the slots to empty or for a stop. With units still waiting nobody is
+            # woken for nothing once per message.
+            if self.waiting < concurrency or self.stopping:
+                self.cond.notify_all()
+            if self.stopping and self.in_flight == 0:
+                self.renew_cond.notify_all()
 
     def stop(self) -> None:
         with self.cond:
