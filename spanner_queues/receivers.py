@@ -19,12 +19,25 @@ imports those modules (like ``admin.py``). Options of ``@receiver``:
   matches.
 - ``batch=True``: the receiver takes a list of messages (up to ``max_batch_size``) and the whole
   batch is acked in one transaction (with the receiver's writes when ``atomic``).
+- ``takes_context=True``: the receiver is called with a ``MessageContext`` first
+  (``def r(context, message)``), as Django's ``@task(takes_context=True)`` is with its
+  ``TaskContext``: its messages, receiver, worker, time left and the lease held now.
+
+While the worker runs a receiver, the run's ``MessageContext`` is also the value of a
+``contextvars.ContextVar``: the verbs (``api.ack``, ``api.requeue``...) and the pattern helpers
+called by the receiver's code find it there, ack with the lease the worker holds now, and tell
+the worker not to ack those messages again. Code the receiver runs in another thread *with its
+context* (``asyncio.to_thread``, ``contextvars.copy_context().run``) belongs to the run; a
+thread started without it does not, and a context that outlives its run is inert.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +50,7 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 __all__ = [
+    "MessageContext",
     "NoReceiver",
     "ReceiverConfigurationError",
     "ReceiverRegistry",
@@ -75,6 +89,8 @@ class ReceiverSpec:
     max_batch_size: int | None = None
     #: time limit in seconds (None: the worker's ``timeout``)
     timeout: float | None = None
+    #: called as ``func(context, message_or_messages)`` with a ``MessageContext``
+    takes_context: bool = False
 
     @property
     def model(self) -> type[Queue]:
@@ -212,14 +228,19 @@ def receiver(
     batch: bool = False,
     max_batch_size: int | None = None,
     timeout: float | None = None,
+    takes_context: bool = False,
     registry: ReceiverRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a receiver of ``queue`` (a model or its label).
 
     ``timeout``: its time limit in seconds (default: the worker's ``--timeout``): past it the
     run is interrupted and counts as a failed attempt (``spanner_queues.worker.limits``).
+    ``takes_context``: call it as ``func(context, message)`` (batches: ``func(context,
+    messages)``) with the run's ``MessageContext``.
     The function is returned unchanged, so it can still be called directly in tests.
     """
+    if not isinstance(takes_context, bool):
+        raise ReceiverConfigurationError(f"takes_context must be a bool, not {takes_context!r}.")
     if timeout is not None and (
         isinstance(timeout, bool)
         or not isinstance(timeout, (int, float))
@@ -245,6 +266,7 @@ def receiver(
                 batch=batch,
                 max_batch_size=max_batch_size,
                 timeout=float(timeout) if timeout is not None else None,
+                takes_context=takes_context,
             )
         )
         return func
@@ -252,52 +274,171 @@ def receiver(
     return decorator
 
 
-# --- what the receiver's own code did with the message -----------------------------------
-_local = threading.local()
+# --- the run of a receiver, as its code sees it ----------------------------------------------
 
 
-def _pending() -> set[tuple[str, tuple]] | None:
-    return getattr(_local, "pending", None)
+class MessageContext:
+    """One run of a receiver by the worker (or by the test kit's ``drain``), handed to
+    receivers declared with ``takes_context=True`` and bound, for the run, to a
+    ``contextvars.ContextVar`` that the verbs read (see the module docstring).
+
+    Guarantees: ``messages`` are the ones the receiver was handed, as handed (their lease as
+    received); ``lease(m)`` is ``m`` with the lease the worker holds now (renewals rotate the
+    token while the receiver runs); ``acked(m)`` says whether the receiver's code acked ``m``
+    in this attempt of its transaction (a retried transaction starts again). Once the run is
+    over (``active`` False) the context is inert: ``lease(m)`` is ``m`` and nothing is
+    recorded.
+    """
+
+    __slots__ = (
+        "_acked",
+        "_freeze",
+        "_keys",
+        "_peek",
+        "_stopping",
+        "active",
+        "deadline",
+        "messages",
+        "receiver",
+        "worker_id",
+    )
+
+    def __init__(
+        self,
+        receiver: ReceiverSpec,
+        messages: Sequence[Message],
+        *,
+        worker_id: str | None = None,
+        deadline: float | None = None,
+        lease: Callable[[Message], Message] | None = None,
+        freeze: Callable[[Message], Message] | None = None,
+        stopping: Callable[[], bool] | None = None,
+    ) -> None:
+        #: the ``ReceiverSpec`` being run (its ``name``, ``queue``, ``atomic``, ...)
+        self.receiver = receiver
+        #: the messages handed to the receiver (one, or a batch)
+        self.messages: tuple[Message, ...] = tuple(messages)
+        #: the worker's id (``Worker.worker_id``; None outside a worker)
+        self.worker_id = worker_id
+        #: ``time.monotonic()`` past which the run is interrupted (None: no time limit)
+        self.deadline = deadline
+        #: True while the run lasts
+        self.active = True
+        self._keys = frozenset((m.queue, m.key) for m in self.messages)
+        self._peek = lease
+        self._freeze = freeze
+        self._stopping = stopping
+        self._acked: set[tuple[str, tuple]] = set()
+
+    def __repr__(self) -> str:
+        state = "active" if self.active else "over"
+        return f"<MessageContext {self.receiver.name} x{len(self.messages)} {state}>"
+
+    @property
+    def message(self) -> Message:
+        """The message of a single-message receiver (a batch has none: see ``messages``)."""
+        if len(self.messages) != 1 or self.receiver.batch:
+            raise ReceiverConfigurationError(
+                f"{self.receiver.name} is a batch receiver: use context.messages."
+            )
+        return self.messages[0]
+
+    @property
+    def attempt(self) -> int | None:
+        """The delivery attempt of ``message`` (1 on the first delivery; None where the engine
+        counts none)."""
+        return self.message.attempt
+
+    @property
+    def queue(self) -> type[Queue]:
+        """The queue model the messages came from."""
+        return self.receiver.model
+
+    def handles(self, message: Message) -> bool:
+        """Whether ``message`` is one this run was handed, while the run lasts."""
+        return self.active and (message.queue, message.key) in self._keys
+
+    def lease(self, message: Message) -> Message:
+        """``message`` with the lease the worker holds now (renewed), for a message of this
+        run; any other message (or after the run) as it is."""
+        if self._peek is not None and self.handles(message):
+            return self._peek(message)
+        return message
+
+    def acked(self, message: Message) -> bool:
+        """Whether the receiver's code acked ``message`` (``api.ack``, a pattern helper) in
+        this attempt of the run."""
+        return (message.queue, message.key) in self._acked
+
+    def time_left(self) -> float | None:
+        """Seconds left before the time limit interrupts the run (None: no limit)."""
+        if self.deadline is None:
+            return None
+        return self.deadline - time.monotonic()
+
+    def should_stop(self) -> bool:
+        """Whether the worker is stopping (``stop()``, SIGTERM): a long receiver may then end
+        early at a checkpoint (``patterns.checkpoint``) instead of running to its limit."""
+        return self._stopping is not None and self._stopping()
+
+    # --- the verbs' side (through the ContextVar) --------------------------------------------
+
+    def _held_token(self, message: Message) -> str | None:
+        """The token to ack ``message`` with; from now on the worker no longer renews it."""
+        if self._freeze is not None and self.handles(message):
+            return self._freeze(message).lease_token
+        return message.lease_token
+
+    def _record_ack(self, message: Message) -> None:
+        if self.handles(message):
+            self._acked.add((message.queue, message.key))
+
+    def _restart(self) -> None:
+        """A retried transaction: the acks of the attempt before rolled back."""
+        self._acked.clear()
 
 
-def set_pending(
-    messages: Iterable[Message] | None,
-    *,
-    current: Callable[[Message], Message] | None = None,
-) -> None:
-    """Worker use: the messages the current thread's receiver is handling (None: none);
-    ``current(message)`` gives the message with the lease the worker holds now (renewals
-    rotate the token while the receiver runs)."""
-    _local.pending = None if messages is None else {(m.queue, m.key) for m in messages}
-    _local.current = current if messages is not None else None
-    _local.acked = set()
+#: the run of the receiver whose code is running in this context (None: none)
+_running: contextvars.ContextVar[MessageContext | None] = contextvars.ContextVar(
+    "spanner_queues_receiver_run", default=None
+)
+
+
+@contextlib.contextmanager
+def running(context: MessageContext) -> Iterator[MessageContext]:
+    """Worker (and test kit) use: bind ``context`` for the receiver's run; at exit the run is
+    over everywhere its context was copied to."""
+    token = _running.set(context)
+    try:
+        yield context
+    finally:
+        context.active = False
+        _running.reset(token)
+
+
+def call(spec: ReceiverSpec, context: MessageContext) -> Any:
+    """Call the receiver as declared: with its context first when ``takes_context``."""
+    arg: Any = list(context.messages) if spec.batch else context.messages[0]
+    return spec.func(context, arg) if spec.takes_context else spec.func(arg)
 
 
 def held_lease_token(message: Message) -> str | None:
-    """The lease token to ack ``message`` with: the worker's current one while the running
+    """The lease token to ack ``message`` with: the worker's current one while a running
     receiver handles it (renewals rotate it), else the message's own."""
-    pending = _pending()
-    current = getattr(_local, "current", None)
-    if current is not None and pending is not None and (message.queue, message.key) in pending:
-        return current(message).lease_token
-    return message.lease_token
+    context = _running.get()
+    return message.lease_token if context is None else context._held_token(message)
 
 
 def mark_acked(message: Message) -> None:
-    """Record that the running receiver acked ``message`` itself (the pattern helpers call
-    this), so that the worker does not ack it a second time."""
-    pending = _pending()
-    if pending is not None and (message.queue, message.key) in pending:
-        _local.acked.add((message.queue, message.key))
-
-
-def acked_by_receiver(message: Message) -> bool:
-    """Worker use: whether the receiver's code acked ``message`` (via a pattern helper)."""
-    return (message.queue, message.key) in getattr(_local, "acked", set())
+    """Record that the running receiver acked ``message`` itself (the verbs and pattern
+    helpers call this), so that the worker does not ack it a second time."""
+    context = _running.get()
+    if context is not None:
+        context._record_ack(message)
 
 
 def handled_by_running_receiver(message: Message) -> bool:
-    """Whether ``message`` is one the current thread's running receiver was handed by the
+    """Whether ``message`` is one the running receiver (in this context) was handed by the
     worker (which then reports it acked, or not, itself)."""
-    pending = _pending()
-    return pending is not None and (message.queue, message.key) in pending
+    context = _running.get()
+    return context is not None and context.handles(message)

@@ -8,6 +8,11 @@ Outside one, each attempt runs under the driver's ``write_lock()`` (SQLite: thre
 process queue for the database file's single write lock in Python instead of sleeping in
 SQLite's busy handler; elsewhere nothing).
 
+``holding`` runs a write under a lock of the caller's that other threads take inside their own
+transactions (the worker's renewal lock), in the order the database needs: on a single-writer
+database (``Driver.single_writer``: SQLite) that lock is taken only once the database's write
+lock is had, so callers never wait for the database while holding it.
+
 A lost connection (``Driver.is_connection_lost``: Spanner's "Session not found", which is no
 Django ``DatabaseError``, so Django would keep the connection for good) is closed, so that the
 next use reconnects (``forget_lost_connection``); outside a caller's ``atomic()`` block the
@@ -21,8 +26,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Iterator
+from typing import Protocol, TypeVar
 
 from django.db import connections, transaction
 
@@ -123,3 +128,68 @@ def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) ->
             delay = min(0.2, 0.002 * (2**attempt)) * (0.5 + random.random())
             logger.debug("transaction retry %d on %s after %r", attempt, using, exc)
             time.sleep(delay)
+
+
+class Lock(Protocol):
+    """A re-entrant lock (``threading.RLock``)."""
+
+    def acquire(self, blocking: bool = ..., timeout: float = ...) -> bool: ...
+
+    def release(self) -> None: ...
+
+
+@contextlib.contextmanager
+def holding(
+    guard: Lock,
+    write: Callable[[], T],
+    *,
+    using: str,
+    retries: int = 20,
+    wait: float | None = None,
+) -> Iterator[tuple[bool, T | None]]:
+    """Run ``write()`` holding ``guard``, a lock that other threads take inside their own
+    read-write transactions on ``using``, and keep holding it for the ``with`` block, which
+    yields ``(True, write's result)``. Errors of ``write()`` and of its transaction are raised
+    by the ``with`` statement.
+
+    The lock order is the database's. Where one write lock serves the whole database
+    (``Driver.single_writer``: SQLite), ``write()`` runs in a read-write transaction of its own
+    and ``guard`` is taken inside it, once the transaction has the database's lock (``BEGIN
+    IMMEDIATE``): the order of the threads that take ``guard`` inside their transactions.
+    Taken before, it would be held while waiting for the database (on every retry) by a thread
+    that one holding the database's lock then waits for. ``wait``: give up when this process's
+    write lock stays busy that long (a transaction of this process holds it): yields ``(False,
+    None)`` and nothing is written. Elsewhere ``guard`` is simply held around ``write()``,
+    which opens the transactions it needs."""
+    driver = driver_for(using)
+    if not driver.single_writer:
+        guard.acquire()
+        try:
+            yield True, write()
+        finally:
+            guard.release()
+        return
+    held = False
+
+    def attempt() -> T:
+        nonlocal held
+        if not held:  # (still held when only a commit failed: a retry keeps it)
+            guard.acquire()
+            held = True
+        try:
+            return write()
+        except BaseException:
+            guard.release()
+            held = False
+            raise
+
+    try:
+        with driver.write_lock(timeout=wait) as got:
+            if not got and wait is not None:
+                result: tuple[bool, T | None] = (False, None)
+            else:
+                result = (True, run_in_transaction(attempt, using=using, retries=retries))
+        yield result
+    finally:
+        if held:
+            guard.release()

@@ -318,3 +318,15 @@ def test_every_module_has_a_layer_or_a_side() -> None:
     assert not unplaced, "modules missing from CONTRIBUTING.md's layer table: " + ", ".join(
         unplaced
     )
+
+
+def test_the_worker_names_no_database_driver() -> None:
+    """Lock ordering for single-writer databases (SQLite) is the vendor floor's business
+    (``transactions.holding``), not the worker's: no module of ``worker/`` imports
+    ``drivers``."""
+    offenders = sorted(
+        f"{module} -> {PACKAGE}.drivers"
+        for module, targets in import_graph().items()
+        if _within(module, (f"{PACKAGE}.worker",)) and f"{PACKAGE}.drivers" in targets
+    )
+    assert not offenders, "the worker reaches the drivers:\n" + "\n".join(offenders)

@@ -39,11 +39,12 @@ from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
 from spanner_queues.models import rows
 from spanner_queues.receivers import (
+    MessageContext,
     NoReceiver,
     ReceiverRegistry,
-    acked_by_receiver,
+    call,
     receivers,
-    set_pending,
+    running,
 )
 from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
@@ -203,27 +204,26 @@ def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) 
     retries = engine.params.transaction_retries
     spec = None
 
-    def ack_unless_done() -> None:
-        if not acked_by_receiver(message):
-            api.ack(message, using=db)
-
     try:
         spec = registry.route(specs, message)
+        context = MessageContext(spec, [message])
+
+        def ack_unless_done() -> None:
+            if not context.acked(message):
+                api.ack(message, using=db)
 
         def body() -> None:
-            set_pending([message])
-            spec.func([message] if spec.batch else message)
+            context._restart()  # (again on a retried transaction: its acks rolled back)
+            call(spec, context)
             if spec.atomic:
                 ack_unless_done()
 
-        try:
+        with running(context):
             if spec.atomic:
                 run_in_transaction(body, using=db, retries=retries)
             else:
                 body()
                 run_in_transaction(ack_unless_done, using=db, retries=retries)
-        finally:
-            set_pending(None)
     except Retry as exc:
         after = exc.after if exc.after is not None else DeliveryPolicy(engine).backoff(message)
         due = clock.now() + after

@@ -73,7 +73,7 @@ from spanner_queues.worker.leases import Renewer
 from spanner_queues.worker.limits import STUCK_GRACE_SECONDS, TimeLimits
 from spanner_queues.worker.outcomes import PARKED_UNTIL, Outcomes
 from spanner_queues.worker.signals import StopOnSignal, abort_process, on_stop
-from spanner_queues.worker.state import Holdings, Plan, QueueHealth
+from spanner_queues.worker.state import Config, Holdings, Plan, QueueHealth
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -190,21 +190,9 @@ class Worker:
         self.events = Emitter(self.worker_id, listeners, self.held.cond)
         self.outcomes = Outcomes(self.held, self.events)
         self.limits = TimeLimits(self.held, self.events, default=timeout, grace=stuck_grace)
-        self.execution = Execution(
-            self.held,
-            self.events,
-            self.outcomes,
-            self.limits,
-            plans=self.plans,
-            registry=self.registry,
-            concurrency=concurrency,
-            prefetch=prefetch,
-            batch_size=batch_size,
-        )
-        self.intake = Intake(
-            self.held,
-            self.events,
-            plans=self.plans,
+        #: how this worker runs, as its parts read it
+        self.config = Config(
+            plans=tuple(self.plans),
             registry=self.registry,
             concurrency=concurrency,
             prefetch=prefetch,
@@ -216,6 +204,8 @@ class Worker:
             reseed_interval=reseed_interval,
             summary_interval=summary_interval,
         )
+        self.execution = Execution(self.held, self.events, self.outcomes, self.limits, self.config)
+        self.intake = Intake(self.held, self.events, self.config)
         self.leases = Renewer(self.held, self.events)
         self._on_signal = StopOnSignal(self.stop, lambda: self.stopping, self.events.emit, abort)
 

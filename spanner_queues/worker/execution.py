@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 from django.db import connections
 
@@ -32,22 +31,19 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
+    MessageContext,
     NoReceiver,
-    ReceiverRegistry,
     ReceiverSpec,
-    acked_by_receiver,
-    set_pending,
+    call,
+    running,
 )
 from spanner_queues.transactions import close_lost_connections, run_in_transaction
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.limits import TimeLimits
 from spanner_queues.worker.outcomes import Outcomes
-from spanner_queues.worker.state import Delivery, Holdings, Plan
+from spanner_queues.worker.state import Config, Delivery, Holdings, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
-
-#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
-EWMA_WEIGHT = 0.2
 
 
 class Execution:
@@ -59,26 +55,19 @@ class Execution:
         events: Emitter,
         outcomes: Outcomes,
         limits: TimeLimits,
-        *,
-        plans: Sequence[Plan],
-        registry: ReceiverRegistry,
-        concurrency: int,
-        prefetch: int | None,
-        batch_size: int,
+        config: Config,
     ) -> None:
         self.held = held
         self.events = events
         self.outcomes = outcomes
         self.limits = limits
-        self.plans = plans
-        self.registry = registry
-        self.concurrency = concurrency
+        self.config = config
+        prefetch = config.prefetch
         #: units may wait for a thread: prefetch > 1, or adaptive (None)
         self.ahead = prefetch is None or prefetch > 1
         #: a fixed prefetch > 1 gives back every unit not started at stop (adaptive: those
         #: claimed ahead of a free thread, ``Delivery.ahead``)
         self.fixed_prefetch = prefetch is not None and prefetch > 1
-        self.batch_size = batch_size
 
     def run(self) -> None:
         """An executor thread: take units and run them until told to end (None)."""
@@ -87,15 +76,15 @@ class Execution:
                 unit = self.held.units.get()
                 if unit is None:
                     return
-                held = self.held
-                with held.cond:
-                    held.waiting -= 1
-                    unstarted = held.stopping and (self.fixed_prefetch or unit[0].ahead)
-                    if self.ahead and held.waiting == self.concurrency - 1:
-                        held.cond.notify_all()  # below the low-water mark: claim more
+                unstarted = self.held.take(
+                    unit,
+                    concurrency=self.config.concurrency,
+                    ahead=self.ahead,
+                    fixed_prefetch=self.fixed_prefetch,
+                )
                 started = 0.0
                 try:
-                    plan = next(p for p in self.plans if p.model is unit[0].model)
+                    plan = next(p for p in self.config.plans if p.model is unit[0].model)
                     if unstarted:
                         unit_now = self.outcomes.return_unstarted(unit)
                         if unit_now:
@@ -112,25 +101,7 @@ class Execution:
                     self.crash(unit, exc)
                 finally:
                     took = time.monotonic() - started if started else None
-                    with self.held.cond:
-                        for d in unit:
-                            d.done = True
-                        self.held.deliveries.difference_update(unit)
-                        self.held.by_queue[unit[0].model._meta.label] -= len(unit)
-                        self.held.in_flight -= 1
-                        if took is not None:  # for the adaptive prefetch (intake)
-                            avg = self.held.unit_seconds
-                            self.held.unit_seconds = (
-                                took if avg is None else avg + (took - avg) * EWMA_WEIGHT
-                            )
-                        # A slot is free: wake the intake only if it may claim now (it waits
-                        # for fewer waiting units than threads, or, with prefetch 1, for a free
-                        # thread) and whoever waits for the slots to empty or for a stop. With
-                        # units still waiting nobody is woken for nothing once per message.
-                        if self.held.waiting < self.concurrency or self.held.stopping:
-                            self.held.cond.notify_all()
-                        if self.held.stopping and self.held.in_flight == 0:
-                            self.held.renew_cond.notify_all()
+                    self.held.done(unit, took, concurrency=self.config.concurrency)
                     recycle_connections()
         finally:
             connections.close_all()
@@ -188,7 +159,7 @@ class Execution:
             self.outcomes.give_up([delivery], None)
             return
         try:
-            spec = self.registry.route(plan.specs, message)
+            spec = self.config.registry.route(plan.specs, message)
         except NoReceiver as exc:  # another release's receiver: give it back
             self.outcomes.unmatched([delivery], exc, plan.specs)
             return
@@ -206,7 +177,7 @@ class Execution:
         miss: NoReceiver | None = None
         for d in todo:
             try:
-                spec = self.registry.route(plan.specs, d.message)
+                spec = self.config.registry.route(plan.specs, d.message)
             except NoReceiver as exc:  # another release's receiver: give it back
                 unmatched.append(d)
                 miss = exc
@@ -215,7 +186,7 @@ class Execution:
         if miss is not None:
             self.outcomes.unmatched(unmatched, miss, plan.specs)
         for spec, group in groups.values():
-            size = spec.max_batch_size or self.batch_size
+            size = spec.max_batch_size or self.config.batch_size
             for i in range(0, len(group), size):
                 self.execute(spec, group[i : i + size])
 
@@ -230,33 +201,46 @@ class Execution:
 
         by_key = {(d.message.queue, d.message.key): d for d in deliveries}
 
-        def current(message: Message) -> Message:
-            """The lease held now, for an ack by the receiver's code (a pattern helper)."""
+        def lease(message: Message) -> Message:
+            """The lease held now (renewed), for the receiver's code (``context.lease``)."""
+            with self.held.renew_lock:
+                return by_key[(message.queue, message.key)].message
+
+        def freeze(message: Message) -> Message:
+            """The lease held now, for an ack by the receiver's code: no longer renewed."""
             return self.held.freeze([by_key[(message.queue, message.key)]])[0]
+
+        context = MessageContext(
+            spec,
+            [d.message for d in deliveries],
+            worker_id=self.events.worker_id,
+            deadline=started + limit if limit is not None else None,
+            lease=lease,
+            freeze=freeze,
+            stopping=lambda: self.held.stopping,
+        )
 
         def body() -> None:
             with self.held.renew_lock:  # (again on a retried transaction: renew while it runs)
                 for d in deliveries:
                     d.acking = False
-            messages = [d.message for d in deliveries]
-            # (again on a retried transaction: its acks rolled back)
-            set_pending(messages, current=current)
+            context._restart()  # (again on a retried transaction: its acks rolled back)
             with self.limits.running(deliveries, limit):
-                spec.func(messages if spec.batch else messages[0])
+                call(spec, context)
             if any(d.timed_out for d in deliveries):  # returned late: never acked
                 raise TimeLimitExceeded(f"{spec.name} ran past its time limit of {limit} s")
             if spec.atomic:
-                self.ack(deliveries, db)
+                self.ack(deliveries, db, context)
 
         try:
-            try:
+            with running(context):
                 if spec.atomic:
                     run_in_transaction(body, using=db, retries=retries)
                 else:
                     body()  # outside any transaction: external side effects, then ack
-                    run_in_transaction(lambda: self.ack(deliveries, db), using=db, retries=retries)
-            finally:
-                set_pending(None)
+                    run_in_transaction(
+                        lambda: self.ack(deliveries, db, context), using=db, retries=retries
+                    )
         except Retry as exc:
             self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
         except TimeLimitExceeded as exc:
@@ -305,13 +289,14 @@ class Execution:
                     )
                 self.events.emit("acked", message=d.message, receiver=spec.name, duration=duration)
 
-    def ack(self, deliveries: list[Delivery], db: str) -> None:
-        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost)."""
+    def ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
+        """Ack in the current transaction, unless a lease was lost (then raise LeaseLost);
+        the messages the receiver's code acked itself (``context.acked``) are done."""
         lost = [d for d in deliveries if d.lease_lost]
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        # the lease held now (renewed); messages the receiver acked itself are done
-        pending = [m for m in self.held.freeze(deliveries) if not acked_by_receiver(m)]
+        # the lease held now (renewed)
+        pending = [m for m in self.held.freeze(deliveries) if not context.acked(m)]
         model = deliveries[0].model
         self.outcomes.ack(model, pending, using=db)
 

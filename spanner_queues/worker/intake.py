@@ -23,7 +23,6 @@ import random
 import threading
 import time
 from collections.abc import Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import connections
@@ -36,7 +35,7 @@ from spanner_queues.transactions import forget_lost_connection
 from spanner_queues.worker.events import Emitter
 from spanner_queues.worker.execution import recycle_connections
 from spanner_queues.worker.limits import QueueLimits
-from spanner_queues.worker.state import Delivery, Holdings, Plan, QueueHealth, renew_at
+from spanner_queues.worker.state import Config, Delivery, Holdings, Plan, QueueHealth, renew_at
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -89,38 +88,12 @@ def plan_queues(
 class Intake:
     """Receives for the worker's plans into ``held.units`` (see the module docstring)."""
 
-    def __init__(
-        self,
-        held: Holdings,
-        events: Emitter,
-        *,
-        plans: Sequence[Plan],
-        registry: ReceiverRegistry,
-        concurrency: int,
-        prefetch: int | None,
-        batch_size: int,
-        burst: bool,
-        max_messages: int | None,
-        lease: timedelta | None,
-        poll_interval: float,
-        reseed_interval: float | None,
-        summary_interval: float | None,
-    ) -> None:
+    def __init__(self, held: Holdings, events: Emitter, config: Config) -> None:
         self.held = held
         self.events = events
-        self.plans = plans
-        self.registry = registry
-        self.concurrency = concurrency
-        self.prefetch = prefetch
+        self.config = config
         #: units each thread may hold now (see the module docstring)
-        self.depth = 1 if prefetch is None else prefetch
-        self.batch_size = batch_size
-        self.burst = burst
-        self.max_messages = max_messages
-        self.lease = lease
-        self.poll_interval = poll_interval
-        self.reseed_interval = reseed_interval
-        self.summary_interval = summary_interval
+        self.depth = 1 if config.prefetch is None else config.prefetch
         #: the lease the last receive got, in seconds (None: the engine gives none)
         self.lease_seconds: float | None = None
         #: labels of this worker's queues paused by an operator (``controls``): read before the
@@ -128,13 +101,13 @@ class Intake:
         #: read that waits out a database outage never holds up this loop or a stop)
         self.paused: frozenset[str] = frozenset()
         #: ``QueueMeta.concurrency_limit`` and ``rate_limit`` of the plans
-        self.limits = QueueLimits(held, plans)
+        self.limits = QueueLimits(held, config.plans)
         #: receive failures per queue (label): each queue fails, backs off and recovers alone
-        self.health: dict[str, QueueHealth] = {p.label: QueueHealth(p.label) for p in plans}
+        self.health: dict[str, QueueHealth] = {p.label: QueueHealth(p.label) for p in config.plans}
 
     @property
     def queue_labels(self) -> list[str]:
-        return [p.label for p in self.plans]
+        return [p.label for p in self.config.plans]
 
     def seed(self) -> None:
         """Send the first run of every ``periodic`` schedule of this worker's queues whose
@@ -143,21 +116,21 @@ class Intake:
         or deleted starts again without a restart."""
         from spanner_queues.patterns import seed_schedules
 
-        if self.reseed_interval is not None:
-            self.held.next_seed = time.monotonic() + self.reseed_interval
+        if self.config.reseed_interval is not None:
+            self.held.next_seed = time.monotonic() + self.config.reseed_interval
         try:
-            for message in seed_schedules(self.queue_labels, registry=self.registry):
+            for message in seed_schedules(self.queue_labels, registry=self.config.registry):
                 logger.info("seeded periodic schedule %s", message, extra={"action": "seeded"})
         except Exception:
             logger.exception("seeding periodic schedules failed", extra={"action": "error"})
 
     def free_slots(self) -> int:
-        return self.concurrency * self.depth - self.held.in_flight
+        return self.config.concurrency * self.depth - self.held.in_flight
 
     def wants_more(self) -> bool:
         # depth 1: a free thread. Otherwise also fewer units waiting than threads, so that
         # a claim takes many messages at once rather than one each time one finishes.
-        return self.free_slots() > 0 and self.held.waiting < self.concurrency
+        return self.free_slots() > 0 and self.held.waiting < self.config.concurrency
 
     def loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
@@ -166,9 +139,9 @@ class Intake:
         ``max_messages``). A queue whose receive raises fails alone (``queue_failed``): it
         backs off, the others go on."""
         start = 0
-        interval = self.summary_interval
+        interval = self.config.summary_interval
         next_summary = time.monotonic() + interval if interval else None
-        if self.burst:
+        if self.config.burst:
             self.settled(wait=0)  # from now on, streams receive in calls that end on their own
         self.check_paused()  # a worker started while a queue is paused never receives from it
         threading.Thread(target=self.watch_pauses, name="sq-pauses", daemon=True).start()
@@ -178,14 +151,14 @@ class Intake:
                 if self.held.stopping:
                     return
                 idle_before = self.held.in_flight == 0
-            if self.reseed_interval is not None and time.monotonic() >= self.held.next_seed:
+            if self.config.reseed_interval is not None and time.monotonic() >= self.held.next_seed:
                 self.seed()
             if next_summary is not None and time.monotonic() >= next_summary:
                 self.events.emit("summary", stats=self.events.stats.copy())
-                next_summary = time.monotonic() + (self.summary_interval or 0)
+                next_summary = time.monotonic() + (self.config.summary_interval or 0)
             got = 0
-            for offset in range(len(self.plans)):
-                plan = self.plans[(start + offset) % len(self.plans)]
+            for offset in range(len(self.config.plans)):
+                plan = self.config.plans[(start + offset) % len(self.config.plans)]
                 if plan.label in self.paused:
                     continue
                 health = self.health[plan.label]
@@ -198,11 +171,11 @@ class Intake:
                 if plan.batch:
                     want = plan.batch_size
                 elif self.depth == 1:
-                    want = min(free, self.batch_size)
+                    want = min(free, self.config.batch_size)
                 else:
                     want = free
-                if self.max_messages is not None:
-                    want = min(want, self.max_messages - self.events.stats.received)
+                if self.config.max_messages is not None:
+                    want = min(want, self.config.max_messages - self.events.stats.received)
                 if want <= 0:
                     break
                 try:
@@ -217,16 +190,16 @@ class Intake:
                 if health.failing:
                     self.queue_recovered(health)
                 got += n
-                if self.prefetch is None:
+                if self.config.prefetch is None:
                     self.adapt(full=n >= want)
             start += 1
             received = self.events.stats.received
-            if self.max_messages is not None and received >= self.max_messages:
+            if self.config.max_messages is not None and received >= self.config.max_messages:
                 return
             if got:
                 continue
             failing = [h for h in self.health.values() if h.failing]
-            if self.burst and not failing:
+            if self.config.burst and not failing:
                 bucket_wait = self.limits.next_free()
                 if bucket_wait is not None:  # a rate-limited queue waits for its bucket
                     self.idle_wait(min(bucket_wait, 0.2))
@@ -248,8 +221,8 @@ class Intake:
                     self.held.cond.wait_for(finished, timeout=1.0)
                 continue
             self.events.emit("idle")
-            wait = self.poll_interval * random.uniform(0.5, 1.0)
-            if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
+            wait = self.config.poll_interval * random.uniform(0.5, 1.0)
+            if failing and len(failing) == len(self.config.plans):  # nothing to ask before a retry
                 wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
             bucket_wait = self.limits.next_free()  # a rate-limited queue waits for its bucket
             if bucket_wait is not None:
@@ -276,11 +249,11 @@ class Intake:
         queue once it is paused, so rows it leased and nobody started go back. A failed read
         keeps the last answer."""
         try:
-            now_paused = set(controls.paused(p.model for p in self.plans))
+            now_paused = set(controls.paused(p.model for p in self.config.plans))
         except Exception:
             logger.exception("reading paused queues failed", extra={"action": "error"})
             return
-        for plan in self.plans:
+        for plan in self.config.plans:
             if plan.label in now_paused and plan.label not in self.paused:
                 logger.info(
                     "%s is paused: not receiving from it until it is resumed",
@@ -306,7 +279,7 @@ class Intake:
         if health.since is None:
             health.since = now
         # (the exponent is capped: a float times 2**1024 overflows, after ~75 min of failures)
-        doubled = max(self.poll_interval, QUEUE_BACKOFF_MIN) * 2 ** min(health.failures, 64)
+        doubled = max(self.config.poll_interval, QUEUE_BACKOFF_MIN) * 2 ** min(health.failures, 64)
         delay = min(QUEUE_BACKOFF_MAX, doubled)
         health.retry_at = now + delay * random.uniform(0.75, 1.0)
         with self.held.cond:
@@ -350,14 +323,14 @@ class Intake:
         self.events.emit("queue_recovered", queue=health.label)
 
     def plan_of(self, label: str) -> Plan:
-        return next(p for p in self.plans if p.label == label)
+        return next(p for p in self.config.plans if p.label == label)
 
     def settled(self, wait: float | None = None) -> bool:
         """No queue of this worker has rows leased to this process and unread
         (``api.settle_receiving``; every queue is asked, so their open calls end together).
         A queue whose settle raises is failing (``queue_failed``): not settled."""
         answers = []
-        for plan in self.plans:
+        for plan in self.config.plans:
             try:
                 answers.append(api.settle_receiving(plan.model, wait=wait))
             except Exception as exc:
@@ -387,7 +360,7 @@ class Intake:
             self.held.cond.wait_for(lambda: self.held.stopping, timeout=seconds)
 
     def receive(self, plan: Plan, want: int) -> int:
-        messages = api.receive(plan.model, max_messages=want, lease=self.lease)
+        messages = api.receive(plan.model, max_messages=want, lease=self.config.lease)
         if not messages:
             return 0
         now = clock.now()
@@ -409,21 +382,12 @@ class Intake:
             Delivery(message=m, model=plan.model, renew_at=renew_at(m, now)) for m in fresh
         ]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
+        units = [u for u in units if u]
         with self.held.cond:
-            # units beyond the threads free now wait: given back if the worker stops first
-            for unit in units[max(0, self.concurrency - self.held.in_flight) :]:
-                for d in unit:
-                    d.ahead = True
             self.events.stats.received += len(messages)
-            self.held.deliveries.update(deliveries)
-            self.held.by_queue[plan.label] += len(deliveries)
-            taken = len([u for u in units if u])
-            self.held.in_flight += taken
-            self.held.waiting += taken
-            self.held.renew_cond.notify_all()
+            self.held.hold(plan.label, units, concurrency=self.config.concurrency)
         for unit in units:
-            if unit:
-                for d in unit:
-                    self.events.emit("received", message=d.message)
-                self.held.units.put(unit)
+            for d in unit:
+                self.events.emit("received", message=d.message)
+            self.held.units.put(unit)
         return len(messages)

@@ -1,10 +1,13 @@
 """What a worker holds, shared by its parts: the deliveries (received messages with their
-current lease), the units waiting for an executor, the slot counters, and the locks.
+current lease), the units waiting for an executor, the slot counters, and the locks; and how
+it runs (``Config``, read by its parts).
 
 Locking: ``cond`` (and ``renew_cond``, on the same lock) guard the counters, ``deliveries``
-and ``stopping``; ``renew_lock`` is held by a renewal, and by whoever reads a delivery's lease
-token to ack, retry, release or dead-letter it (``freeze``), so the token acked with is the
-row's until the ack commits.
+and ``stopping``. The slot accounting (``in_flight``, ``waiting``, ``by_queue``,
+``deliveries``, ``unit_seconds``) changes only in ``Holdings``'s own methods, in one place:
+``hold`` (the intake's claim), ``take`` and ``done`` (an executor's). ``renew_lock`` is held by
+a renewal, and by whoever reads a delivery's lease token to ack, retry, release or dead-letter
+it (``freeze``), so the token acked with is the row's until the ack commits.
 """
 
 from __future__ import annotations
@@ -14,24 +17,26 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from queue import SimpleQueue
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from spanner_queues import api
-from spanner_queues.drivers import driver_for
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.registry import engine_for
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.transactions import holding
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
-    from spanner_queues.receivers import ReceiverSpec
+    from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec
 
 T = TypeVar("T")
+
+#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
+EWMA_WEIGHT = 0.2
 
 
 @dataclass(eq=False, slots=True)
@@ -71,6 +76,26 @@ class Plan:
     @property
     def label(self) -> str:
         return self.model._meta.label
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """How a worker runs: the ``Worker``'s arguments, validated by it, read by its parts
+    (``intake``, ``execution``); see ``Worker`` for each."""
+
+    plans: tuple[Plan, ...]
+    registry: ReceiverRegistry
+    concurrency: int
+    #: units each thread may hold (None: adaptive)
+    prefetch: int | None
+    batch_size: int
+    burst: bool
+    max_messages: int | None
+    lease: timedelta | None
+    poll_interval: float
+    #: seconds between re-seeds of the periodic schedules while running (None: at start only)
+    reseed_interval: float | None
+    summary_interval: float | None
 
 
 #: a unit: one message, or the messages of one batch; None tells an executor to end
@@ -133,6 +158,54 @@ class Holdings:
         self.stuck_units = 0
         self._per_queue: dict[type[Queue], tuple[str, BaseQueueEngine, QueueOptions]] = {}
 
+    def hold(self, label: str, units: list[Unit], *, concurrency: int) -> None:
+        """Intake: the units of one receive of queue ``label`` are this worker's, each in a
+        slot, waiting for an executor (the caller then puts them on ``units``); those beyond
+        the threads free now wait ahead (given back if the worker stops first). Wakes the
+        renewer."""
+        with self.cond:
+            for unit in units[max(0, concurrency - self.in_flight) :]:
+                for d in unit:
+                    d.ahead = True
+            for unit in units:
+                self.deliveries.update(unit)
+                self.by_queue[label] += len(unit)
+            self.in_flight += len(units)
+            self.waiting += len(units)
+            self.renew_cond.notify_all()
+
+    def take(self, unit: Unit, *, concurrency: int, ahead: bool, fixed_prefetch: bool) -> bool:
+        """An executor took ``unit``: it no longer waits. Returns whether it is to be given
+        back unstarted (the worker stops, and it was claimed ahead of a free thread, or every
+        unit waits with a fixed prefetch). Below the low-water mark the intake is woken."""
+        with self.cond:
+            self.waiting -= 1
+            unstarted = self.stopping and (fixed_prefetch or unit[0].ahead)
+            if ahead and self.waiting == concurrency - 1:
+                self.cond.notify_all()  # below the low-water mark: claim more
+            return unstarted
+
+    def done(self, unit: Unit, took: float | None, *, concurrency: int) -> None:
+        """An executor is done with ``unit`` (``took`` seconds to run and ack; None: it did not
+        run): its slot is free, its time goes into ``unit_seconds``."""
+        with self.cond:
+            for d in unit:
+                d.done = True
+            self.deliveries.difference_update(unit)
+            self.by_queue[unit[0].model._meta.label] -= len(unit)
+            self.in_flight -= 1
+            if took is not None:  # for the adaptive prefetch (intake)
+                avg = self.unit_seconds
+                self.unit_seconds = took if avg is None else avg + (took - avg) * EWMA_WEIGHT
+            # A slot is free: wake the intake only if it may claim now (it waits for fewer
+            # waiting units than threads, or, with prefetch 1, for a free thread) and whoever
+            # waits for the slots to empty or for a stop. With units still waiting nobody is
+            # woken for nothing once per message.
+            if self.waiting < concurrency or self.stopping:
+                self.cond.notify_all()
+            if self.stopping and self.in_flight == 0:
+                self.renew_cond.notify_all()
+
     def stop(self) -> None:
         with self.cond:
             self.stopping = True
@@ -153,48 +226,16 @@ class Holdings:
     ) -> Iterator[tuple[bool, T | None]]:
         """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
         ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
-        write's result)`` and records the new leases: an ack reads no token in between.
-
-        Where one write lock serves the whole database (``Driver.single_writer``: SQLite),
-        ``write()`` runs in a read-write transaction of its own and ``renew_lock`` is taken
-        inside it, once the transaction has the database's lock (``BEGIN IMMEDIATE``) - the
-        order of an ack, which takes ``renew_lock`` inside its transaction. Taken before, it
-        was held while waiting for the database (on every retry) by a thread that an ack
-        holding the database's lock then waited for. ``wait``: give up when this process's
-        write lock stays busy that long (an atomic receiver of this process holds it while it
-        runs): yields ``(False, None)`` and nothing is written. Errors of ``write()`` and of
-        its transaction are raised by the ``with`` statement."""
+        write's result)`` and records the new leases: an ack reads no token in between. An
+        ack takes ``renew_lock`` inside its transaction; ``transactions.holding`` orders this
+        write the same way where the database has a single write lock. ``wait``: give up
+        (``(False, None)``, nothing written) when this process's write lock stays busy that
+        long (an atomic receiver of this process holds it while it runs). Errors of
+        ``write()`` and of its transaction are raised by the ``with`` statement."""
         db, engine, _ = self.cached(model)
-        driver = driver_for(db)
-        if not driver.single_writer:
-            with self.renew_lock:
-                yield True, write()
-            return
-        held = False
-
-        def attempt() -> T:
-            nonlocal held
-            if not held:  # (still held when only a commit failed: a retry keeps it)
-                self.renew_lock.acquire()
-                held = True
-            try:
-                return write()
-            except BaseException:
-                self.renew_lock.release()
-                held = False
-                raise
-
-        try:
-            with driver.write_lock(timeout=wait) as got:
-                if not got and wait is not None:
-                    result: tuple[bool, T | None] = (False, None)
-                else:
-                    retries = engine.params.transaction_retries
-                    result = (True, run_in_transaction(attempt, using=db, retries=retries))
+        retries = engine.params.transaction_retries
+        with holding(self.renew_lock, write, using=db, retries=retries, wait=wait) as result:
             yield result
-        finally:
-            if held:
-                self.renew_lock.release()
 
     def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
         """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
