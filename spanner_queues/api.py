@@ -391,15 +391,26 @@ def _requeue(
 
 
 def receive(
-    queue: str | type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+    queue: str | type[Queue],
+    *,
+    max_messages: int = 1,
+    lease: timedelta | None = None,
+    wait: float | None = None,
 ) -> list[Message]:
-    """Lease up to ``max_messages`` due messages (a short transaction of its own)."""
+    """Lease up to ``max_messages`` due messages (a short transaction of its own).
+    ``wait``: at most how many seconds to wait for the first on native queues, whose
+    ``RECEIVE`` stream hands them over (default ``RECEIVE_WAIT_SECONDS``; 0: only what the
+    stream holds now); the table engine answers from a query and never waits."""
     if not isinstance(max_messages, int) or isinstance(max_messages, bool) or max_messages < 1:
         raise InvalidArgument(f"max_messages must be an int of at least 1, not {max_messages!r}.")
     if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
         raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
+    if wait is not None and (
+        not isinstance(wait, (int, float)) or isinstance(wait, bool) or not wait >= 0
+    ):
+        raise InvalidArgument(f"wait must be a number of seconds >= 0, not {wait!r}.")
     model = get_queue(queue)
-    return engine_for(model).receive(model, max_messages=max_messages, lease=lease)
+    return engine_for(model).receive(model, max_messages=max_messages, lease=lease, wait=wait)
 
 
 def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None = 5.0) -> None:

@@ -137,9 +137,17 @@ class BaseQueueEngine(ABC):
 
     @abstractmethod
     def receive(
-        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+        self,
+        model: type[Queue],
+        *,
+        max_messages: int = 1,
+        lease: timedelta | None = None,
+        wait: float | None = None,
     ) -> list[Message]:
-        """Lease up to ``max_messages`` due messages; an empty list when none is due."""
+        """Lease up to ``max_messages`` due messages; an empty list when none is due.
+        ``wait``: at most how many seconds an engine that is handed messages by a stream
+        waits for the first (None: its own setting; 0: only what it holds now). An engine
+        that asks a query for them answers at once and never waits."""
 
     @abstractmethod
     def ack_many(

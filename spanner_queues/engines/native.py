@@ -197,14 +197,19 @@ class NativeQueueEngine(BaseQueueEngine):
         )
 
     def receive(
-        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+        self,
+        model: type[Queue],
+        *,
+        max_messages: int = 1,
+        lease: timedelta | None = None,
+        wait: float | None = None,
     ) -> list[Message]:
         # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
         names = key_names(model)
         receiver = streams.stream_for(self, model, max_messages)
         taken = receiver.take(
             max_messages,
-            self.receive_wait,
+            self.receive_wait if wait is None else wait,
             last_sent=streams.last_sent(self.alias, model._meta.label),
         )
         if not taken:

@@ -184,7 +184,12 @@ class TableQueueEngine(TableAcks, BaseQueueEngine):
 
     # --- receiving ------------------------------------------------------------------------
     def receive(
-        self, model: type[Queue], *, max_messages: int = 1, lease: timedelta | None = None
+        self,
+        model: type[Queue],
+        *,
+        max_messages: int = 1,
+        lease: timedelta | None = None,
+        wait: float | None = None,
     ) -> list[Message]:
         lease = lease or self.params.lease
         manager = rows(model, self.database)

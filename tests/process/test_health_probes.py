@@ -41,6 +41,10 @@ class Probed(Child):
                 return response.status, response.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+        except OSError as exc:  # no answer at all: say what the child said and how it ended
+            raise AssertionError(
+                f"GET {path}: {exc}; the child (exit {self.proc.poll()}) said:\n{self.output()}"
+            ) from exc
 
     def status(self, path: str) -> int:
         return self.get(path)[0]

@@ -76,7 +76,9 @@ def test_a_rate_limit_is_shared_by_every_worker(make_worker, limit) -> None:
     with running(first), running(second):
         wait_until(lambda: WorkLog.objects.count() == sent, timeout=60)
     starts.sort()
-    assert len(starts) == sent
+    # (a message whose lease ran out while it waited for a start under load runs again: at
+    # least once; every start counts against the rate below)
+    assert len(starts) >= sent
     # in any span of T s at most rate x (T + 2) starts (a one-second burst, and starts used up
     # to a second after they were taken), across both workers together
     for i, t in enumerate(starts):
