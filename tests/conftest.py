@@ -84,12 +84,27 @@ ENGINE_INDEPENDENT_SETTINGS = "tests.settings"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.environ.get("DJANGO_SETTINGS_MODULE") == ENGINE_INDEPENDENT_SETTINGS:
+    if os.environ.get("DJANGO_SETTINGS_MODULE") != ENGINE_INDEPENDENT_SETTINGS:
+        once = [item for item in items if item.get_closest_marker("engine_independent")]
+        if once:
+            config.hook.pytest_deselected(items=once)
+            items[:] = [i for i in items if not i.get_closest_marker("engine_independent")]
+    _keep_shard(config, items)
+
+
+def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``SQ_SHARD=k/n`` (bin/test): keep every n-th test from the k-th (1-based), so n
+    processes, each with its own database server, together run the selection once."""
+    shard = os.environ.get("SQ_SHARD")
+    if not shard:
         return
-    once = [item for item in items if item.get_closest_marker("engine_independent")]
-    if once:
-        config.hook.pytest_deselected(items=once)
-        items[:] = [item for item in items if not item.get_closest_marker("engine_independent")]
+    k, n = (int(part) for part in shard.split("/"))
+    if not 1 <= k <= n:
+        raise pytest.UsageError(f"SQ_SHARD={shard!r}: expected k/n with 1 <= k <= n")
+    others = [item for i, item in enumerate(items) if i % n != k - 1]
+    if others:
+        config.hook.pytest_deselected(items=others)
+        items[:] = [item for i, item in enumerate(items) if i % n == k - 1]
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
