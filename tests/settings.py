@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "spanner_queues",
     "django_tasks",
     "tests.testapp",
+    "spanner_queues.testing.conformance",  # the engine conformance suite's queues
     "tests.workerapp",
     "tests.outboxapp",
     "tests.tasksapp",

@@ -11,8 +11,8 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.exceptions import MessageAlreadyAcked, QueueConfigurationError, StaleAck
-from tests.conftest import receive_due
-from tests.testapp.models import Account, Emails, EmailsDead, UserTasks
+from spanner_queues.testing.conformance.models import Account, Emails, EmailsDead, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

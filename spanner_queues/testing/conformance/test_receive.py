@@ -10,8 +10,8 @@ from django.utils import timezone
 from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import LeaseLost
-from tests.conftest import receive_due, wait_until
-from tests.testapp.models import Jobs, UserTasks
+from spanner_queues.testing.conformance.models import Jobs, UserTasks
+from spanner_queues.testing.conformance.support import receive_due, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHORT = timedelta(seconds=0.6)
