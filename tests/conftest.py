@@ -32,15 +32,6 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"spanner_queues database: {db['ENGINE']} {where}".rstrip()
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line(
-        "markers",
-        "engine_independent: the behaviour does not depend on the database or the queue engine "
-        "(documentation, argument and declaration checks that never reach a database): runs "
-        "once, under tests.settings; deselected under every other settings module",
-    )
-
-
 #: Tiers by directory or file, where a test's markers and fixtures do not tell (the plugin's
 #: ``tier_of`` decides the rest): what starts real processes.
 TIER_BY_PATH = {

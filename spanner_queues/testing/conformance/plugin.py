@@ -74,6 +74,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "unless(*flags): run only where the engine under test lacks these flags"
     )
+    config.addinivalue_line(
+        "markers",
+        "engine_independent: the behaviour does not depend on the database or the queue engine "
+        "(documentation, argument and declaration checks that never reach a database); "
+        "spanner_queues' own runs keep it under tests.settings only (tests/conftest.py)",
+    )
     for tier, what in TIERS.items():
         config.addinivalue_line("markers", f"{tier}: test tier: {what}")
     global _engine_alias
@@ -83,9 +89,21 @@ def pytest_configure(config: pytest.Config) -> None:
         _engine_alias = alias
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    """With ``--sq-conformance``: the alias and the engine class the suite runs on."""
+    alias = config.getoption(OPTION)
+    if not alias:
+        return None
+    from spanner_queues.engines import engines
+
+    engine = type(engines["default"])
+    return f"spanner_queues conformance: {alias} = {engine.__module__}.{engine.__qualname__}"
+
+
 def make_default(alias: str) -> None:
     """Let ``SPANNER_QUEUES[alias]`` be the run's ``default`` engine."""
     from django.conf import settings
+    from django.test.signals import setting_changed
 
     from spanner_queues.conf import DEFAULT_SETTING
     from spanner_queues.exceptions import InvalidQueueEngine
@@ -95,6 +113,10 @@ def make_default(alias: str) -> None:
         raise InvalidQueueEngine(f"{OPTION}={alias}: no such alias in SPANNER_QUEUES.")
     configured["default"] = configured[alias]
     settings.SPANNER_QUEUES = configured
+    # as override_settings does: engines made from the old setting are dropped
+    setting_changed.send(
+        sender=type(settings), setting="SPANNER_QUEUES", value=configured, enter=True
+    )
 
 
 @pytest.fixture
