@@ -1,7 +1,7 @@
 """The engine conformance suite: every queue verb (send, receive, ack, renew, release and
-requeue, stats, fan-out, dead letters, attempts, payload types, the ORM) checked on one engine,
-gated by its ``EngineFeatures`` flags. Run it on an engine of your own (``ENGINE`` takes any
-dotted path; ``docs/howto/test-your-engine.md``)::
+requeue, stats, fan-out, dead letters, attempts, payload types, the ORM), one module each
+(``test_<verb>.py``), checked on one engine, gated by its ``EngineFeatures`` flags. Run it on
+an engine of your own (``ENGINE`` takes any dotted path; ``docs/howto/test-your-engine.md``)::
 
     INSTALLED_APPS = [..., "spanner_queues", "spanner_queues.testing.conformance"]
     SPANNER_QUEUES = {"mine": {"ENGINE": "myproject.engines.MyEngine", "DATABASE": "default"}}
