@@ -149,10 +149,10 @@ def test_a_renewed_lease_acks_with_its_new_token_and_the_old_one_is_stale() -> N
     assert not UserTasks.objects.exists()
 
 
-def test_ack_many_with_the_same_message_twice_is_not_at_most_once() -> None:
-    """ack_many([m, m]) deletes one row and succeeds: the presence check uses a set and the
-    DELETE's row count is ignored, so a double ack in one call is not detected (the
-    single-key path checks the count and would raise)."""
+def test_ack_many_of_the_same_message_twice_raises_already_acked() -> None:
+    """At most once within one call too: ``ack_many([m, m])`` raises ``MessageAlreadyAcked``,
+    as two ``ack(m)`` would (a presence check by set that ignored the DELETE's row count once
+    let it succeed)."""
     m = Jobs.send(payload="x")
     with pytest.raises(MessageAlreadyAcked):
         with transaction.atomic():

@@ -171,17 +171,16 @@ def test_sent_messages_are_what_was_stored(count: int) -> None:
 
 
 def test_send_with_a_key_of_the_wrong_type_raises_invalid_message() -> None:
-    """guarantees.md: "a malformed key ... raise(s) InvalidMessage ... and write nothing".
-    build_message() never converts/validates key values, so a non-numeric value for a
-    BigIntegerField key escapes as a raw ValueError from the ORM (not a QueueError)."""
+    """guarantees.md: "a malformed key ... raise(s) InvalidMessage ... and write nothing": a
+    non-numeric value for a BigIntegerField key is an ``InvalidMessage``, not the ORM's raw
+    ValueError."""
     with pytest.raises(InvalidMessage):
         UserTasks.send(user_id="not-a-number", message_id="welcome")
 
 
-def test_send_with_a_null_key_raises_invalid_message() -> None:
-    """A missing key value given as None is not caught by build_message(); the INSERT fails
-    with a raw django.db.IntegrityError ("NOT NULL constraint failed"), which the engine
-    re-raises because it is not a duplicate key."""
+def test_send_with_a_null_key_raises_a_queue_error() -> None:
+    """A key value given as None is a ``QueueError`` (not the database's raw IntegrityError,
+    "NOT NULL constraint failed")."""
     with pytest.raises(QueueError):
         with transaction.atomic():
             UserTasks.send(user_id=None, message_id="welcome")
