@@ -28,6 +28,7 @@ INSTALLED_APPS = [
     "django_tasks",
     "spanner_queues.contrib.tasks",  # Django's Tasks API (tests/tasks)
     "tests.testapp",
+    "spanner_queues.testing.conformance",  # the engine conformance suite's queues
     "tests.workerapp",
     "tests.outboxapp",
     "tests.tasksapp",

@@ -54,7 +54,7 @@ def test_the_run_names_suites_that_exist_and_the_benchmark_or_its_absence() -> N
     args = pytest_line.split()[2:]
     assert args[0] == "--ds=tests.settings_real_spanner" and args[-1] == "-x"
     paths = args[1:-1]
-    assert {"tests/conformance", "tests/worker", "tests/drill"} <= set(paths)
+    assert {"spanner_queues/testing/conformance", "tests/worker", "tests/drill"} <= set(paths)
     assert all((ROOT / p).exists() for p in paths), paths
     if (ROOT / "benchmarks" / "native_round_trips.py").exists():
         assert "+ python benchmarks/native_round_trips.py" in done.stdout

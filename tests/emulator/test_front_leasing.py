@@ -106,7 +106,13 @@ def test_another_process_drains_all_but_what_a_plain_receive_took(
     try:
         [taken] = wait_until(lambda: api.receive(Jobs), timeout=60)  # kept, never renewed
         child = subprocess.run(
-            [sys.executable, "-m", "tests.claimer", "testapp.Jobs", "60"],
+            [
+                sys.executable,
+                "-m",
+                "spanner_queues.testing.conformance.claimer",
+                "testapp.Jobs",
+                "60",
+            ],
             env=child_env,
             capture_output=True,
             text=True,

@@ -1,4 +1,5 @@
-"""Conformance: deliver times, leases, redelivery with back-off, renewal, release."""
+"""Conformance: receive leases what is due, at most ``max_messages``, never early and never
+twice; a lease that runs out redelivers with a new token, attempts and back-off."""
 
 from __future__ import annotations
 
@@ -9,9 +10,8 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
-from spanner_queues.exceptions import LeaseLost
-from tests.conftest import receive_due, wait_until
-from tests.testapp.models import Jobs, UserTasks
+from spanner_queues.testing.conformance.models import Jobs, UserTasks
+from spanner_queues.testing.conformance.support import receive_due, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHORT = timedelta(seconds=0.6)
@@ -85,57 +85,6 @@ def test_a_thousand_messages_failing_together_come_back_spread_out() -> None:
     assert max(waits) - min(waits) > 16 * 0.2 * 0.8  # spread over most of the band
 
 
-def test_renewal_keeps_message_and_rotates_token() -> None:
-    UserTasks.send(user_id=1, message_id="long", payload="x")
-    message = receive_due(UserTasks, lease=SHORT)[0]
-    for _ in range(3):
-        renewed = api.renew(message)
-        assert renewed.lease_token != message.lease_token
-        assert renewed.lease_expires_at >= message.lease_expires_at
-        message = renewed
-        assert api.receive(UserTasks) == []  # still ours
-    # The superseded token is dead.
-    with pytest.raises(LeaseLost):
-        api.renew(
-            api.receive.__globals__["Message"](
-                **{  # rebuild with an old token
-                    **{f: getattr(message, f) for f in message.__dataclass_fields__},
-                    "lease_token": "stale",
-                }
-            )
-        )
-
-
-def test_renewing_an_expired_lease_is_lost() -> None:
-    UserTasks.send(user_id=1, message_id="x", payload="x")
-    message = receive_due(UserTasks, lease=timedelta(seconds=0.2))[0]
-    wait_until(lambda: timezone.now() > message.lease_expires_at)
-    with pytest.raises(LeaseLost, match="lease lost"):
-        api.renew(message)
-    assert api.renew_many([message]) == []
-
-
-@pytest.mark.unless("supports_release")
-def test_release_is_refused_where_unsupported() -> None:
-    from spanner_queues.exceptions import NotSupportedByEngine
-
-    Jobs.send(payload="x")
-    [message] = receive_due(Jobs)
-    with pytest.raises(NotSupportedByEngine):
-        api.release(message)
-
-
-@pytest.mark.requires("supports_release")
-def test_release_makes_message_due_again() -> None:
-    Jobs.send(payload="x")
-    message = receive_due(Jobs)[0]
-    api.release(message)
-    again = receive_due(Jobs)[0]
-    assert again.key == message.key and again.attempt == 2
-    with pytest.raises(LeaseLost):
-        api.release(message)  # old token
-
-
 def test_batch_receive_respects_max_messages() -> None:
     Jobs.send_many([{"payload": str(i)} for i in range(7)])
     first = wait_until(lambda: api.receive(Jobs, max_messages=5))  # a stream starts first
@@ -143,21 +92,3 @@ def test_batch_receive_respects_max_messages() -> None:
     assert len(first) == 5 and len(second) == 2
     assert not {m.key for m in first} & {m.key for m in second}
     assert api.receive(Jobs, max_messages=5) == []
-
-
-def test_stats_add_up() -> None:
-    """Every engine: the states partition the queue; a future message is scheduled."""
-    Jobs.send_many([{"payload": "r"}, {"payload": "r"}, {"payload": "s", "delay": timedelta(1)}])
-    receive_due(Jobs)
-    stats = engines["default"].stats(Jobs)
-    assert stats.total == 3 == stats.ready + stats.leased + stats.scheduled
-    assert stats.scheduled >= 1 and stats.oldest_age is not None
-
-
-@pytest.mark.requires("stores_bookkeeping_fields")  # leases and attempts are columns
-def test_stats_count_states() -> None:
-    Jobs.send_many([{"payload": "r"}, {"payload": "r"}, {"payload": "s", "delay": timedelta(1)}])
-    receive_due(Jobs)
-    stats = engines["default"].stats(Jobs)
-    assert (stats.total, stats.ready, stats.leased, stats.scheduled) == (3, 1, 1, 1)
-    assert stats.oldest_age is not None and stats.max_attempts == 1

@@ -1,4 +1,5 @@
-"""Conformance: ``api.requeue`` acks a message with the lease it holds and sends it again under
+"""Conformance: ``api.release`` gives a leased message back, due again (or is refused where the
+engine cannot); ``api.requeue`` acks a message with the lease it holds and sends it again under
 the same key (or to another queue) in one transaction: both or neither."""
 
 from __future__ import annotations
@@ -10,9 +11,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.exceptions import MessageAlreadyAcked, QueueConfigurationError, StaleAck
-from tests.conftest import receive_due
-from tests.testapp.models import Account, Emails, EmailsDead, UserTasks
+from spanner_queues.exceptions import (
+    LeaseLost,
+    MessageAlreadyAcked,
+    QueueConfigurationError,
+    StaleAck,
+)
+from spanner_queues.testing.conformance.models import Account, Emails, EmailsDead, Jobs, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,3 +80,24 @@ def test_requeue_with_a_stale_lease_leaves_the_newer_message() -> None:
     with pytest.raises(StaleAck):
         api.requeue(old, payload="older state")
     assert bytes(UserTasks.objects.get(pk=(1, "k")).payload) == b"new"
+
+
+@pytest.mark.unless("supports_release")
+def test_release_is_refused_where_unsupported() -> None:
+    from spanner_queues.exceptions import NotSupportedByEngine
+
+    Jobs.send(payload="x")
+    [message] = receive_due(Jobs)
+    with pytest.raises(NotSupportedByEngine):
+        api.release(message)
+
+
+@pytest.mark.requires("supports_release")
+def test_release_makes_message_due_again() -> None:
+    Jobs.send(payload="x")
+    message = receive_due(Jobs)[0]
+    api.release(message)
+    again = receive_due(Jobs)[0]
+    assert again.key == message.key and again.attempt == 2
+    with pytest.raises(LeaseLost):
+        api.release(message)  # old token

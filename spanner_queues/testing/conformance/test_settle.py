@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from spanner_queues import api
-from tests.testapp.models import Jobs
+from spanner_queues.testing.conformance.models import Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -17,8 +17,8 @@ from spanner_queues.exceptions import (
     QueueError,
     UnknownQueue,
 )
-from tests.conftest import receive_due
-from tests.testapp.models import Account, Jobs, UserTasks
+from spanner_queues.testing.conformance.models import Account, Jobs, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -120,14 +120,17 @@ def test_bad_keys_and_times_are_rejected() -> None:
 def test_unknown_queue_is_a_clear_error() -> None:
     with pytest.raises(UnknownQueue, match="No queue named 'nope'"):
         api.send("nope", payload="x")
-    assert api.send("testapp.jobs", payload="x").queue == "testapp.Jobs"
-    assert api.send("testapp_usertasks", user_id=1, message_id="t", payload="x")
+    assert (
+        api.send("spanner_queues_conformance.jobs", payload="x").queue
+        == "spanner_queues_conformance.Jobs"
+    )
+    assert api.send("spanner_queues_conformance_usertasks", user_id=1, message_id="t", payload="x")
 
 
 def test_past_deliver_time_means_now() -> None:
     before = timezone.now()
     sent = UserTasks.send(user_id=1, message_id="p", deliver_time=before - timedelta(days=3))
-    assert sent.deliver_time >= before
+    assert sent.deliver_time is not None and sent.deliver_time >= before
     assert len(receive_due(UserTasks)) == 1
 
 
@@ -162,5 +165,22 @@ def test_sent_messages_are_what_was_stored(count: int) -> None:
         assert message.deliver_time == row.deliver_time
         assert message.send_time == row.send_time
         assert message.attempt == row.attempts == 0 and message.lease_token is None
-    assert before <= sent[0].deliver_time <= timezone.now()
+    first = sent[0].deliver_time
+    assert first is not None and before <= first <= timezone.now()
     assert all(m.deliver_time == later for m in sent[1:])
+
+
+def test_send_with_a_key_of_the_wrong_type_raises_invalid_message() -> None:
+    """guarantees.md: "a malformed key ... raise(s) InvalidMessage ... and write nothing": a
+    non-numeric value for a BigIntegerField key is an ``InvalidMessage``, not the ORM's raw
+    ValueError."""
+    with pytest.raises(InvalidMessage):
+        UserTasks.send(user_id="not-a-number", message_id="welcome")
+
+
+def test_send_with_a_null_key_raises_a_queue_error() -> None:
+    """A key value given as None is a ``QueueError`` (not the database's raw IntegrityError,
+    "NOT NULL constraint failed")."""
+    with pytest.raises(QueueError):
+        with transaction.atomic():
+            UserTasks.send(user_id=None, message_id="welcome")

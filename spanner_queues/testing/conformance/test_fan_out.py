@@ -10,7 +10,7 @@ import pytest
 from django.db import transaction
 
 from spanner_queues import api, clock
-from tests.testapp.models import Account, UserTasks
+from spanner_queues.testing.conformance.models import Account, UserTasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

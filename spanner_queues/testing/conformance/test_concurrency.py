@@ -12,7 +12,7 @@ import pytest
 from django.db import connections
 
 from spanner_queues import api
-from tests.testapp.models import Jobs
+from spanner_queues.testing.conformance.models import Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LEASE = timedelta(seconds=60)  # nothing may expire during the test: every claim is exclusive
@@ -48,7 +48,13 @@ def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
     sent = Jobs.send_many([{"payload": str(i)} for i in range(24)])
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.claimer", "testapp.Jobs", "60"],
+            [
+                sys.executable,
+                "-m",
+                "spanner_queues.testing.conformance.claimer",
+                "spanner_queues_conformance.Jobs",
+                "60",
+            ],
             env=child_env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -76,7 +82,7 @@ def test_a_claim_skips_rows_another_transaction_has_locked() -> None:
 
     from spanner_queues import api
     from spanner_queues.drivers import driver_for
-    from tests.testapp.models import Jobs
+    from spanner_queues.testing.conformance.models import Jobs
 
     if not driver_for("default").claims_skip_locked:
         pytest.skip("the database has no FOR UPDATE SKIP LOCKED")

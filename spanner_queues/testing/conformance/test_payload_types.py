@@ -10,8 +10,8 @@ from django.db import models
 from spanner_queues.exceptions import PayloadError
 from spanner_queues.models import JSONPayloadField
 from spanner_queues.payload import payload_type
-from tests.conftest import receive_due
-from tests.testapp.models import Greetings, JsonEvents, UserTasks
+from spanner_queues.testing.conformance.models import Greetings, JsonEvents, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

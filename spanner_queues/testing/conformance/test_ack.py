@@ -11,8 +11,8 @@ from spanner_queues import api
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 from spanner_queues.patterns import resend_later
-from tests.conftest import receive_due
-from tests.testapp.models import Account, UserTasks
+from spanner_queues.testing.conformance.models import Account, Jobs, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -147,3 +147,26 @@ def test_a_renewed_lease_acks_with_its_new_token_and_the_old_one_is_stale() -> N
         api.ack(first)
     api.ack(renewed)
     assert not UserTasks.objects.exists()
+
+
+def test_ack_many_of_the_same_message_twice_raises_already_acked() -> None:
+    """At most once within one call too: ``ack_many([m, m])`` raises ``MessageAlreadyAcked``,
+    as two ``ack(m)`` would (a presence check by set that ignored the DELETE's row count once
+    let it succeed)."""
+    m = Jobs.send(payload="x")
+    with pytest.raises(MessageAlreadyAcked):
+        with transaction.atomic():
+            api.ack_many(Jobs, [m, m])
+
+
+def test_ack_many_of_several_with_one_already_acked_deletes_none() -> None:
+    """Every engine's batch ack is all or nothing: one key already acked (by another receiver)
+    fails the whole ``ack_many`` and leaves the others, outside a transaction too."""
+    a, b, c = (Jobs.send(payload=p) for p in "abc")
+    api.ack(b)
+    with pytest.raises(MessageAlreadyAcked):
+        api.ack_many(Jobs, [a, b, c])
+    left = sorted(
+        p for p in Jobs.objects.values_list("payload", flat=True) if p in (b"a", b"b", b"c")
+    )
+    assert left == [b"a", b"c"]

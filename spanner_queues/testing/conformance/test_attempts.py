@@ -14,9 +14,9 @@ from spanner_queues import api, clock
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.receivers import receiver as register_receiver
+from spanner_queues.testing.conformance.models import Jobs
+from spanner_queues.testing.conformance.support import wait_until
 from spanner_queues.worker import Worker
-from tests.conftest import wait_until
-from tests.testapp.models import Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -35,7 +35,12 @@ def test_a_receiver_failing_on_attempt_1_succeeds_on_attempt_2_and_the_message_i
     register_receiver(Jobs, registry=registry)(flaky)
     sent = Jobs.send(payload="x")
     worker = Worker([Jobs], registry=registry, install_signal_handlers=False)
-    thread = threading.Thread(target=lambda: (worker.run(), connections.close_all()))
+
+    def run() -> None:
+        worker.run()
+        connections.close_all()
+
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         # Where the engine cannot release (native), the message comes back after its lease.

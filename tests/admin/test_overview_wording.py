@@ -1,6 +1,6 @@
-"""What a newcomer misread in the admin (issue 23): a count named "Ready" that is almost always 0,
-the highest attempt seen shown as "Max attempts", "peak 1" on an always-empty queue, and an
-overview that never refreshes itself."""
+"""The admin's overview says what its figures are: due messages as due, not a "Ready" count that
+is almost always 0; the highest attempt seen, not as "Max attempts"; an always-empty queue's
+peak as 0; and it refreshes itself (with a pause control)."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ from django.test import override_settings
 
 from spanner_queues.deadletter import dead_letter, replay
 from spanner_queues.exceptions import QueueConfigurationError
-from tests.conftest import receive_due
-from tests.testapp.models import Emails, EmailsDead, Jobs
+from spanner_queues.testing.conformance.models import Emails, EmailsDead, Jobs
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,11 +18,11 @@ def test_dead_letter_and_replay_round_trip() -> None:
     sent = Emails.send(payload={"to": "ada@example.com"})
     message = receive_due(Emails)[0]
     dead = dead_letter(message)
-    assert dead.queue == "testapp.EmailsDead" and dead.key == sent.key
+    assert dead.queue == "spanner_queues_conformance.EmailsDead" and dead.key == sent.key
     assert not Emails.objects.exists()
     assert EmailsDead.objects.get(pk=sent.key[0]).as_message().json() == {"to": "ada@example.com"}
     back = replay(dead)
-    assert back.queue == "testapp.Emails" and back.key == sent.key
+    assert back.queue == "spanner_queues_conformance.Emails" and back.key == sent.key
     assert not EmailsDead.objects.exists()
     assert receive_due(Emails)[0].attempt == 1  # a fresh message
 
@@ -41,7 +41,7 @@ def test_checks_report_bad_dead_letter_settings() -> None:
     errors = _check_dead_letter(Jobs, QueueOptions(max_attempts=3))
     assert [e.id for e in errors] == ["spanner_queues.E008"]
     errors = _check_dead_letter(
-        Jobs, QueueOptions(max_attempts=3, dead_letter_queue="testapp.UserTasks")
+        Jobs, QueueOptions(max_attempts=3, dead_letter_queue="spanner_queues_conformance.UserTasks")
     )
     assert "same key fields" in errors[0].msg
     assert (

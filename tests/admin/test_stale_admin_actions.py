@@ -1,4 +1,4 @@
-"""Regression: an admin action never overwrites a message changed since the page was shown."""
+"""An admin action never overwrites a message changed since the page was shown."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ import pytest
 
 from spanner_queues import api
 from spanner_queues.engines import engines
-from tests.conftest import receive_due, wait_until
-from tests.testapp.models import Jobs
+from spanner_queues.testing.conformance.models import Jobs
+from spanner_queues.testing.conformance.support import receive_due, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 SHORT = timedelta(seconds=0.3)

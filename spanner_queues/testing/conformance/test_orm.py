@@ -7,8 +7,8 @@ from django.db import connection
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import MessageUpdateRefused
-from tests.conftest import receive_due
-from tests.testapp.models import Upload, UploadTasks, UserTasks
+from spanner_queues.testing.conformance.models import Upload, UploadTasks, UserTasks
+from spanner_queues.testing.conformance.support import receive_due
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

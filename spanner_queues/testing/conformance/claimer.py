@@ -1,0 +1,44 @@
+"""A child process of the concurrency tests: claim messages until the queue is empty, print
+keys. Uses the parent test's database and engine (``child_env``).
+
+    python -m spanner_queues.testing.conformance.claimer spanner_queues_conformance.Jobs 30
+
+(the queue, then the lease in seconds)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from datetime import timedelta
+
+
+def main() -> None:
+    import django
+
+    django.setup()
+    from django.conf import settings
+
+    from spanner_queues.api import receive
+    from spanner_queues.testing.conformance.plugin import DATABASE_ENV, ENGINE_ENV, make_default
+
+    if os.environ.get(ENGINE_ENV):  # the engine under test, as in the parent
+        make_default(os.environ[ENGINE_ENV])
+    if os.environ.get(DATABASE_ENV):  # the parent test's database
+        settings.DATABASES["default"]["NAME"] = os.environ[DATABASE_ENV]
+
+    queue, lease = sys.argv[1], float(sys.argv[2])
+    empty = 0
+    while empty < 3:
+        got = receive(queue, max_messages=3, lease=timedelta(seconds=lease))
+        if not got:
+            empty += 1
+            continue
+        empty = 0
+        for message in got:
+            print(json.dumps({"key": list(message.key), "token": message.lease_token}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
