@@ -3,14 +3,15 @@
 ``ensure_database``), and Google's emulator behind the queue-aware front (``QueueEmulator``,
 ``start_queue_emulator``).
 
-The implementation lives in ``spanner_queues.emulator`` (which ``python -m
-spanner_queues.emulator`` runs); this is the testing-side name for it. Both are off the runtime
-path: no module of the app imports either.
+The implementation is the distribution ``spanner-queues-emulator`` (package
+``spanner_queues_emulator``, in ``emulator/`` of the repository; ``python -m
+spanner_queues_emulator`` runs it); this is the app's testing-side name for it and the only
+module of the app that imports it. Install it (``pip install ./emulator``) to use this module.
 """
 
 from __future__ import annotations
 
-from spanner_queues.emulator import (
+from spanner_queues_emulator import (
     EmulatorNotFound,
     QueueEmulator,
     ensure_database,

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spanner_queues.emulator.schema import code_only, split_top_level, strip_comments, unquote
+from spanner_queues_emulator.schema import code_only, split_top_level, strip_comments, unquote
 
 _NAME = r"`[^`]+`|[A-Za-z_]\w*"
 #: a queue function: ``RECEIVE_Q``, ```RECEIVE_my-q```, ``spanner.receive_q``.

@@ -28,14 +28,18 @@ from typing import Any
 
 import grpc
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator import queues as q
-from spanner_queues.emulator import schema as s
-from spanner_queues.emulator import statements as st
-from spanner_queues.emulator import status
-from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator import queues as q
+from spanner_queues_emulator import schema as s
+from spanner_queues_emulator import statements as st
+from spanner_queues_emulator import status
+from spanner_queues_emulator.semantics import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_DURATION,
+    parse_duration,
+)
 
-logger = logging.getLogger("spanner_queues.emulator")
+logger = logging.getLogger("spanner_queues_emulator")
 
 #: how long an idle RECEIVE sleeps at most between looks at its queue.
 IDLE_POLL_SECONDS = 0.5

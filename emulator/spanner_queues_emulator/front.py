@@ -32,15 +32,15 @@ from typing import Any
 
 import grpc
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator import queues as q
-from spanner_queues.emulator import schema as s
-from spanner_queues.emulator import statements as st
-from spanner_queues.emulator import status
-from spanner_queues.emulator.ddl_calls import SchemaCalls
-from spanner_queues.emulator.receiving import Receiving, is_strong_read, receive_args
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator import queues as q
+from spanner_queues_emulator import schema as s
+from spanner_queues_emulator import statements as st
+from spanner_queues_emulator import status
+from spanner_queues_emulator.ddl_calls import SchemaCalls
+from spanner_queues_emulator.receiving import Receiving, is_strong_read, receive_args
 
-logger = logging.getLogger("spanner_queues.emulator")
+logger = logging.getLogger("spanner_queues_emulator")
 
 
 #: server-streaming methods of the Spanner API (every other method is unary-unary).
