@@ -19,7 +19,8 @@ Every call goes to the emulator byte for byte, except the few that queues change
   tell a strong read from a stale one or a read-write transaction.
 
 The front owns its port (``SO_REUSEPORT`` off: ``AddressInUse`` when it is taken); once its
-emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why.
+emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why. Tests make
+it fail chosen calls, and see what was sent, through its control API (``faults``).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from spanner_queues_emulator import schema as s
 from spanner_queues_emulator import statements as st
 from spanner_queues_emulator import status
 from spanner_queues_emulator.ddl_calls import SchemaCalls
+from spanner_queues_emulator.faults import CONTROL, Fault, Faults
 from spanner_queues_emulator.receiving import Receiving, is_strong_read, receive_args
 
 logger = logging.getLogger("spanner_queues_emulator")
@@ -50,6 +52,8 @@ STREAMING = frozenset(
 #: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
 #: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
+#: the front's control methods (``faults``): ``/spanner_queues.emulator.Front/Fail``...
+CONTROL_METHODS = {f"/spanner_queues.emulator.Front/{name}": name for name in CONTROL}
 
 
 class AddressInUse(RuntimeError):
@@ -73,7 +77,9 @@ class Front:
         )
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
-        self.receiving = Receiving(self.backend)
+        #: injected faults and the request record (``spanner_queues_emulator.faults``).
+        self.faults = Faults()
+        self.receiving = Receiving(self.backend, ended=self.faults.receive_ended)
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
 
@@ -95,6 +101,14 @@ class Front:
     def handler(self, method: str) -> grpc.RpcMethodHandler:
         if self.lost is not None:
             return self._unavailable(method, self.lost)
+        if method == DESCRIBE:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: json.dumps(
+                    {"queues": True, "dialects": ["googlesql"], "faults": True}
+                ).encode()
+            )
+        if method in CONTROL_METHODS:
+            return grpc.unary_unary_rpc_method_handler(self._control(CONTROL_METHODS[method]))
         own: dict[str, Callable[..., Any]] = {
             b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
             b.ADMIN + "CreateDatabase": self.schema.create_database,
@@ -105,25 +119,62 @@ class Front:
             b.SPANNER + "Commit": self.commit,
             b.SPANNER + "BeginTransaction": self.begin_transaction,
         }
-        if method == DESCRIBE:
-            return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: json.dumps(
-                    {"queues": True, "dialects": ["googlesql"]}
-                ).encode()
-            )
         if method == b.SPANNER + "ExecuteStreamingSql":
-            return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
+            return self._streaming(method, self._logged(self.execute_streaming_sql))
         if method == b.SPANNER + "BatchWrite":
-            return grpc.unary_stream_rpc_method_handler(self._logged(self.batch_write))
+            return self._streaming(method, self._logged(self.batch_write))
         if method in own:
-            return grpc.unary_unary_rpc_method_handler(self._guarded(method, own[method]))
+            return self._unary(method, self._guarded(method, own[method]))
         if method in STREAMING:
-            return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: self.forward_stream(method, request, context)
+            return self._streaming(
+                method, lambda request, context: self.forward_stream(method, request, context)
             )
-        return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: self.forward(method, request, context)
-        )
+        return self._unary(method, lambda request, context: self.forward(method, request, context))
+
+    # --- injected faults (faults.Faults) ---------------------------------------------------
+    def _control(self, name: str) -> Callable[[bytes, Any], bytes]:
+        def call(request: bytes, context: Any) -> bytes:
+            try:
+                body = json.loads(request or b"{}")
+                return json.dumps(
+                    self.faults.control(name, body, self.receiving.end_streams)
+                ).encode()
+            except (ValueError, TypeError) as exc:
+                status.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        return call
+
+    def _fault(self, method: str, request: bytes, context: Any) -> Fault | None:
+        """The fault this call takes, if any; one that is not ``after`` ends it now."""
+        fault = self.faults.arrived(method.rsplit("/", 1)[-1], request)
+        if fault is None or fault.after:
+            return fault
+        if method == b.SPANNER + "Commit":
+            req = b.CommitRequest.FromString(request)
+            if req.transaction_id:  # Spanner drops the transaction of a failed commit
+                self.backend.rollback(req.session, req.transaction_id)
+        status.abort(context, fault.status, fault.message)
+
+    def _unary(self, method: str, fn: Callable[[bytes, Any], bytes]) -> grpc.RpcMethodHandler:
+        def call(request: bytes, context: Any) -> bytes:
+            fault = self._fault(method, request, context)
+            response = fn(request, context)
+            if fault is not None:  # after: applied, the answer replaced by the fault
+                status.abort(context, fault.status, fault.message)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+    def _streaming(
+        self, method: str, fn: Callable[[bytes, Any], Iterator[bytes]]
+    ) -> grpc.RpcMethodHandler:
+        def call(request: bytes, context: Any) -> Iterator[bytes]:
+            fault = self._fault(method, request, context)
+            yield from fn(request, context)
+            if fault is not None:
+                status.abort(context, fault.status, fault.message)
+
+        return grpc.unary_stream_rpc_method_handler(call)
 
     @staticmethod
     def _unavailable(method: str, reason: str) -> grpc.RpcMethodHandler:

@@ -15,6 +15,8 @@ the client cancels or the front shuts down.
   window is leased, as on Spanner, where a RECEIVE row is leased when the server produces it.
 - Every batch carries a resume token (Google's client holds rows back until one arrives);
   resuming with it starts a new RECEIVE, and rows already sent stay leased to the first call.
+- ``end_streams()`` ends the streams open now as their ``max_duration`` would (later ones run
+  as usual); ``ended(how)`` hears how each call ended: ``"ended"`` or ``"cancelled"``.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -50,8 +52,10 @@ STRONG_READS_KEPT = 10000
 class Receiving:
     """The RECEIVE streams of one front, and what they wait on."""
 
-    def __init__(self, backend: b.Backend) -> None:
+    def __init__(self, backend: b.Backend, ended: Callable[[str], None] | None = None) -> None:
         self.backend = backend
+        self._ended = ended
+        self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
         self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -61,6 +65,12 @@ class Receiving:
         """End open streams (they look at ``stopping`` after each wait)."""
         self.stopping.set()
         self.committed()
+
+    def end_streams(self) -> None:
+        """End the streams open now, as their ``max_duration`` would."""
+        with self._commits:
+            self._generation += 1
+            self._commits.notify_all()
 
     def committed(self) -> None:
         """Wake idle streams: a commit through the front may have made a message due."""
@@ -80,6 +90,16 @@ class Receiving:
         """Serve ``call`` (a parsed RECEIVE of ``queue``) for ``req``: serialized
         ``PartialResultSet`` messages, metadata on the first; ends the call on a refusal."""
         try:
+            yield from self._stream(req, database, call, queue, context)
+        finally:
+            if self._ended is not None:
+                self._ended("ended" if context.is_active() else "cancelled")
+
+    def _stream(
+        self, req: Any, database: str, call: st.QueueCall, queue: s.QueueSchema, context: Any
+    ) -> Iterator[bytes]:
+        generation = self._generation
+        try:
             self._check_mode(req.transaction, queue)
             batch, duration = receive_args(call.args)
         except q.QueueRefusal as refusal:
@@ -91,7 +111,7 @@ class Receiving:
         batches = 0
         looked = False  # a call looks at its queue at least once, however short its duration
         while not (done.is_set() or self.stopping.is_set()) and (
-            not looked or time.monotonic() < deadline
+            not looked or (time.monotonic() < deadline and generation == self._generation)
         ):
             looked = True
             try:
@@ -124,7 +144,8 @@ class Receiving:
             if earliest is not None:
                 wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
             with self._commits:
-                self._commits.wait(wait)
+                if generation == self._generation:
+                    self._commits.wait(wait)
         if not sent_metadata:
             fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
             yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
