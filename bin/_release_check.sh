@@ -96,10 +96,13 @@ if "$VPY" -c "import spanner_queues_emulator" 2>/dev/null; then
 fi
 
 echo "-- the emulator front's own distribution (emulator/): build, install, --help"
-if ! PYTHONWARNINGS=always "$PY" -m build --wheel --outdir "$WORK/dist-emulator" "$ROOT/emulator" \
+if ! PYTHONWARNINGS=always "$PY" -m build --outdir "$WORK/dist-emulator" "$ROOT/emulator" \
   >"$WORK/build-emulator.log" 2>&1; then
   cat "$WORK/build-emulator.log" >&2
   fail "python -m build emulator/ failed"
+fi
+if grep -i -n "deprecat" "$WORK/build-emulator.log" >&2; then
+  fail "the emulator's build printed the deprecation warning(s) above"
 fi
 "$VPY" -m pip install --quiet --disable-pip-version-check "$WORK"/dist-emulator/spanner_queues_emulator-*.whl
 "$VPY" -m spanner_queues_emulator --help >"$WORK/emulator-help.txt" \

@@ -23,6 +23,12 @@ Guarantees:
   answer is lost.
 - Faults are taken in the order they were added, each by one call at a time; ``clear()`` drops
   the pending ones and the record.
+- ``script(sql_contains, rows)`` answers the next query whose SQL contains the text with
+  ``rows`` (wire values: strings, numbers, booleans, None) instead of running it, or with
+  ``error=(code, message)``; a scripted ``RECEIVE_<Q>``/``RENEWLEASE_<Q>`` gets the columns and
+  types that call selects, any other query STRING columns ``c0``, ``c1``... Nothing is leased
+  or renewed. ``configure(resume_tokens=False)`` makes ``RECEIVE`` batches carry no resume
+  token (Spanner does not document whether they do); ``clear()`` undoes scripts and settings.
 - While recording (``record(True)``), every call but the control API's own is kept, in arrival
   order, as (method, serialized request); ``requests()`` returns them parsed into
   google-cloud-spanner's request types. ``end_streams()`` ends every open ``RECEIVE`` stream as
@@ -42,12 +48,22 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 import grpc
+from google.protobuf import struct_pb2
 
 from spanner_queues_emulator import backend as b
 
 SERVICE = "/spanner_queues.emulator.Front/"
 #: the control methods, by name (``SERVICE + name``).
-CONTROL = ("Fail", "Clear", "Record", "Requests", "EndStreams", "ReceiveEnds")
+CONTROL = (
+    "Fail",
+    "Script",
+    "Configure",
+    "Clear",
+    "Record",
+    "Requests",
+    "EndStreams",
+    "ReceiveEnds",
+)
 
 
 @dataclass(frozen=True)
@@ -74,6 +90,28 @@ class Fault:
         return grpc.StatusCode[self.code]
 
 
+@dataclass(frozen=True)
+class Scripted:
+    """The answer to the next query containing ``sql_contains``: ``rows`` or ``error``."""
+
+    sql_contains: str
+    rows: list[list[Any]]
+    error: Fault | None = None
+
+
+def wire_value(item: Any) -> Any:
+    """A wire value (``struct_pb2.Value``) of a JSON value."""
+    if item is None:
+        return b.Value(null_value=struct_pb2.NULL_VALUE)
+    if isinstance(item, bool):
+        return b.Value(bool_value=item)
+    if isinstance(item, (int, float)):
+        return b.Value(number_value=item)
+    if isinstance(item, list):
+        return b.Value(list_value=b.ListValue(values=[wire_value(v) for v in item]))
+    return b.Value(string_value=str(item))
+
+
 def request_sql(method: str, request: bytes) -> list[str]:
     """The SQL a request carries (``ExecuteBatchDml``: each statement's); none for others."""
     if method in ("ExecuteSql", "ExecuteStreamingSql"):
@@ -92,6 +130,23 @@ class Faults:
         self._recording = False
         self._record: list[tuple[str, bytes]] = []
         self._receive_ends: list[str] = []
+        self._epoch = 0  # the record's generation: each clear starts a new one
+        self._scripts: list[Scripted] = []
+        #: whether RECEIVE batches carry resume tokens (``configure``).
+        self.resume_tokens = True
+
+    def add_script(self, script: Scripted) -> None:
+        with self._lock:
+            self._scripts.append(script)
+
+    def scripted(self, sql: str) -> Scripted | None:
+        """The script answering the query ``sql``, taken (each answers one query)."""
+        with self._lock:
+            for script in self._scripts:
+                if script.sql_contains in sql:
+                    self._scripts.remove(script)
+                    return script
+        return None
 
     def add(self, fault: Fault) -> None:
         with self._lock:
@@ -102,12 +157,16 @@ class Faults:
             self._pending.clear()
             self._record.clear()
             self._receive_ends.clear()
+            self._epoch += 1
+            self._scripts.clear()
+            self.resume_tokens = True
 
     def set_recording(self, on: bool) -> None:
         with self._lock:
             self._recording = on
             self._record.clear()
             self._receive_ends.clear()
+            self._epoch += 1
 
     def arrived(self, method: str, request: bytes) -> Fault | None:
         """Record the call (when recording); the fault it takes, if one matches."""
@@ -131,10 +190,19 @@ class Faults:
                 return fault
         return None
 
-    def receive_ended(self, how: str) -> None:
+    def receive_started(self) -> Callable[[str], None]:
+        """A RECEIVE call starts: the callback it calls when it ends (``"ended"`` or
+        ``"cancelled"``); a call that started before the record was last cleared is not
+        counted."""
         with self._lock:
-            if self._recording:
-                self._receive_ends.append(how)
+            epoch = self._epoch
+
+        def ended(how: str) -> None:
+            with self._lock:
+                if self._recording and epoch == self._epoch:
+                    self._receive_ends.append(how)
+
+        return ended
 
     def recorded(self) -> list[tuple[str, bytes]]:
         with self._lock:
@@ -148,6 +216,20 @@ class Faults:
         """Answer the control method ``name`` (JSON ``body``); ``ValueError`` on a bad one."""
         if name == "Fail":
             self.add(Fault(**body))
+            return {}
+        if name == "Script":
+            error = body.get("error")
+            self.add_script(
+                Scripted(
+                    body["sql_contains"],
+                    list(body.get("rows") or []),
+                    Fault("Script", error[0], error[1]) if error else None,
+                )
+            )
+            return {}
+        if name == "Configure":
+            if "resume_tokens" in body:
+                self.resume_tokens = bool(body["resume_tokens"])
             return {}
         if name == "Clear":
             self.clear()
@@ -173,10 +255,13 @@ _REQUEST_TYPES: dict[str, Any] = {}
 
 def _request_type(method: str) -> Any:
     if not _REQUEST_TYPES:
+        from google.cloud.spanner_admin_database_v1.types import spanner_database_admin as admin
         from google.cloud.spanner_v1.types import spanner
 
         _REQUEST_TYPES.update(
             {
+                "UpdateDatabaseDdl": admin.UpdateDatabaseDdlRequest,
+                "CreateDatabase": admin.CreateDatabaseRequest,
                 "ExecuteSql": spanner.ExecuteSqlRequest,
                 "ExecuteStreamingSql": spanner.ExecuteSqlRequest,
                 "ExecuteBatchDml": spanner.ExecuteBatchDmlRequest,
@@ -237,8 +322,28 @@ class FrontControl:
         fault = Fault(method, name, message, sql_contains, times, after)  # checked here too
         self._call("Fail", asdict(fault))
 
+    def script(
+        self,
+        sql_contains: str,
+        rows: list[list[Any]] | None = None,
+        *,
+        error: tuple[grpc.StatusCode | str, str] | None = None,
+    ) -> None:
+        """Answer the next query containing ``sql_contains`` with ``rows`` (wire values) or
+        ``error`` instead of running it."""
+        wire_error = None
+        if error is not None:
+            code = error[0].name if isinstance(error[0], grpc.StatusCode) else error[0]
+            Fault("Script", code, error[1])  # checked here too
+            wire_error = [code, error[1]]
+        self._call("Script", {"sql_contains": sql_contains, "rows": rows, "error": wire_error})
+
+    def configure(self, *, resume_tokens: bool = True) -> None:
+        """Settings of the front's answers (until ``clear()``)."""
+        self._call("Configure", {"resume_tokens": resume_tokens})
+
     def clear(self) -> None:
-        """Drop pending faults and the record."""
+        """Drop pending faults, scripts, settings and the record."""
         self._call("Clear")
 
     def record(self, on: bool = True) -> None:

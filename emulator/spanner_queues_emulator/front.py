@@ -39,8 +39,13 @@ from spanner_queues_emulator import schema as s
 from spanner_queues_emulator import statements as st
 from spanner_queues_emulator import status
 from spanner_queues_emulator.ddl_calls import SchemaCalls
-from spanner_queues_emulator.faults import CONTROL, Fault, Faults
-from spanner_queues_emulator.receiving import Receiving, is_strong_read, receive_args
+from spanner_queues_emulator.faults import CONTROL, Fault, Faults, wire_value
+from spanner_queues_emulator.receiving import (
+    Receiving,
+    is_strong_read,
+    receive_args,
+    receive_fields,
+)
 
 logger = logging.getLogger("spanner_queues_emulator")
 
@@ -79,7 +84,11 @@ class Front:
         self.schema = SchemaCalls(self.backend, self.forward)
         #: injected faults and the request record (``spanner_queues_emulator.faults``).
         self.faults = Faults()
-        self.receiving = Receiving(self.backend, ended=self.faults.receive_ended)
+        self.receiving = Receiving(
+            self.backend,
+            started=self.faults.receive_started,
+            resume_tokens=lambda: self.faults.resume_tokens,
+        )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
 
@@ -371,10 +380,36 @@ class Front:
                 "transaction",
             )
 
+    def _scripted(
+        self, req: Any, found: tuple[st.QueueCall, s.QueueSchema] | None, context: Any
+    ) -> tuple[list[tuple[str, Any]], list[list[Any]]] | None:
+        """The scripted answer to ``req`` (``faults.Scripted``): (fields, rows), or None."""
+        script = self.faults.scripted(req.sql)
+        if script is None:
+            return None
+        if script.error is not None:
+            status.abort(context, script.error.status, script.error.message)
+        rows = [[wire_value(v) for v in row] for row in script.rows]
+        if found is None:
+            width = len(script.rows[0]) if script.rows else 1
+            return [(f"c{i}", b.field_type(b.TypeCode.STRING)) for i in range(width)], rows
+        call, queue = found
+        if call.kind == "RECEIVE":
+            fields = receive_fields(self.backend, _database_of(req.session), queue)
+        else:
+            fields = q.renew_fields()
+        return q.project(fields, [], call.columns)[0], rows
+
     def execute_sql(self, request: bytes, context: Any) -> bytes:
         req = b.ExecuteSqlRequest.FromString(request)
         st.check_parameter_count(len(req.params.fields))
         found = self._queue_call(req)
+        scripted = self._scripted(req, found, context)
+        if scripted is not None:
+            result = b.ResultSet(metadata=q.metadata(scripted[0]))
+            for row in scripted[1]:
+                result.rows.add().values.extend(row)
+            return result.SerializeToString()
         if found is None:
             self._refuse_update(_database_of(req.session), req.sql)
             return self.forward(b.SPANNER + "ExecuteSql", request, context)
@@ -408,6 +443,15 @@ class Front:
             req = b.ExecuteSqlRequest.FromString(request)
             st.check_parameter_count(len(req.params.fields))
             found = self._queue_call(req)
+            scripted = self._scripted(req, found, context)
+            if scripted is not None:
+                partial = b.PartialResultSet(metadata=q.metadata(scripted[0]), last=True)
+                if self.faults.resume_tokens:
+                    partial.resume_token = b"scripted"
+                for row in scripted[1]:
+                    partial.values.extend(row)
+                yield partial.SerializeToString()
+                return
             if found is None:
                 self._refuse_update(_database_of(req.session), req.sql)
             elif found[0].kind == "RENEWLEASE":

@@ -13,10 +13,12 @@ the client cancels or the front shuts down.
   stopped) is given back at once (``unclaim``), as if never leased. Rows handed to gRPC stay
   leased: what a client that stops reading without cancelling lets through its flow-control
   window is leased, as on Spanner, where a RECEIVE row is leased when the server produces it.
-- Every batch carries a resume token (Google's client holds rows back until one arrives);
-  resuming with it starts a new RECEIVE, and rows already sent stay leased to the first call.
+- Every batch carries a resume token (Google's client holds rows back until one arrives),
+  unless the front is configured without (``faults``); resuming with it starts a new RECEIVE,
+  and rows already sent stay leased to the first call.
 - ``end_streams()`` ends the streams open now as their ``max_duration`` would (later ones run
-  as usual); ``ended(how)`` hears how each call ended: ``"ended"`` or ``"cancelled"``.
+  as usual); ``started()`` hears of each call and gives the callback that hears how it
+  ended: ``"ended"`` or ``"cancelled"``.
 """
 
 from __future__ import annotations
@@ -52,9 +54,15 @@ STRONG_READS_KEPT = 10000
 class Receiving:
     """The RECEIVE streams of one front, and what they wait on."""
 
-    def __init__(self, backend: b.Backend, ended: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        backend: b.Backend,
+        started: Callable[[], Callable[[str], None]] | None = None,
+        resume_tokens: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.backend = backend
-        self._ended = ended
+        self._started = started
+        self._resume_tokens = resume_tokens
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
@@ -89,11 +97,12 @@ class Receiving:
     ) -> Iterator[bytes]:
         """Serve ``call`` (a parsed RECEIVE of ``queue``) for ``req``: serialized
         ``PartialResultSet`` messages, metadata on the first; ends the call on a refusal."""
+        ended = self._started() if self._started is not None else None
         try:
             yield from self._stream(req, database, call, queue, context)
         finally:
-            if self._ended is not None:
-                self._ended("ended" if context.is_active() else "cancelled")
+            if ended is not None:
+                ended("ended" if context.is_active() else "cancelled")
 
     def _stream(
         self, req: Any, database: str, call: st.QueueCall, queue: s.QueueSchema, context: Any
@@ -127,7 +136,9 @@ class Receiving:
                 # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
                 # already sent stay leased to this call.
                 batches += 1
-                partial = b.PartialResultSet(resume_token=f"receive-{batches}".encode())
+                partial = b.PartialResultSet()
+                if self._resume_tokens():
+                    partial.resume_token = f"receive-{batches}".encode()
                 if not sent_metadata:
                     partial.metadata.CopyFrom(q.metadata(fields))
                     sent_metadata = True

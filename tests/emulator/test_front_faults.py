@@ -127,3 +127,55 @@ def test_bad_faults_are_refused(control: Any) -> None:
     with pytest.raises(grpc.RpcError) as raised:
         raw(b'{"method": "Commit", "code": "OK"}', timeout=10)
     assert raised.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_script_answers_the_next_matching_query_instead_of_running_it(
+    database: Any, control: Any
+) -> None:
+    control.script("SELECT 7", [["a", None], ["b", "c"]])
+    assert query(database, "SELECT 7") == [["a", None], ["b", "c"]]  # STRING columns
+    assert query(database, "SELECT 7") == [[7]]  # taken: the next one runs
+    control.script("SELECT 8", error=("PERMISSION_DENIED", "scripted refusal"))
+    with pytest.raises(gexc.PermissionDenied, match="scripted refusal"):
+        query(database, "SELECT 8")
+
+
+def test_a_scripted_receive_has_the_calls_columns_and_leases_nothing(
+    database: Any, control: Any
+) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="kept")
+    sql = (
+        "SELECT Id, SpannerLeaseToken FROM RECEIVE_SampleQueue(max_batch_size => 1, "
+        "max_duration => '1ms')"
+    )
+    control.script("RECEIVE_SampleQueue", [["5", "t-scripted"]])
+    assert query(database, sql) == [[5, "t-scripted"]]  # INT64 and STRING, as selected
+    got = query(database, sql)  # the real message: it was not leased
+    assert [row[0] for row in got] == [1] and got[0][1] != "t-scripted", got
+
+
+def test_receive_batches_carry_no_resume_token_when_configured(database: Any, control: Any) -> None:
+    from google.cloud.spanner_v1.types import ExecuteSqlRequest
+
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="x")
+    sql = "SELECT * FROM RECEIVE_SampleQueue(max_batch_size => 1, max_duration => '1ms')"
+    session = database.session()
+    session.create()
+    try:
+
+        def parts() -> list[Any]:
+            request = ExecuteSqlRequest(session=session.name, sql=sql)
+            return list(database.spanner_api.execute_streaming_sql(request=request))
+
+        control.configure(resume_tokens=False)
+        untokened = parts()
+        assert any(p.values for p in untokened) and not any(p.resume_token for p in untokened)
+        control.clear()  # settings back to the default: a token on every batch
+        with database.batch() as batch:
+            batch.send(queue="SampleQueue", key=(2,), payload="y")
+        tokened = parts()
+        assert all(p.resume_token for p in tokened if p.values)
+    finally:
+        session.delete()
