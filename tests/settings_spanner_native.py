@@ -4,7 +4,9 @@ with ``ENGINE: native`` on the Cloud Spanner emulator behind the queue-aware fro
 ``SPANNER_EMULATOR_HOST`` is already set, as it is in child processes).
 
 Tests that need what the native engine does not do are skipped by its ``supports_*`` flags
-(``pytest.mark.requires``), never by a list of names.
+(``pytest.mark.requires``), never by a list of names. ``tests/emulator`` (the front itself) and
+``tests/native`` (the requests the native engine sends, and injected faults, through the front's
+control API) are collected only here.
 """
 
 from __future__ import annotations

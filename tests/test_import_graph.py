@@ -337,3 +337,16 @@ def test_every_module_has_a_layer_or_a_side() -> None:
     assert not unplaced, "modules missing from CONTRIBUTING.md's layer table: " + ", ".join(
         unplaced
     )
+
+
+def test_the_test_kit_says_how_to_install_the_front_when_it_is_missing(monkeypatch) -> None:
+    import importlib
+    import sys
+
+    import pytest
+
+    monkeypatch.setitem(sys.modules, EMULATOR, None)  # as when it is not installed
+    monkeypatch.delitem(sys.modules, "spanner_queues.testing.emulator", raising=False)
+    with pytest.raises(ImportError, match=r"spanner-queues-emulator: pip install \./emulator"):
+        importlib.import_module("spanner_queues.testing.emulator")
+    monkeypatch.delitem(sys.modules, "spanner_queues.testing.emulator", raising=False)

@@ -11,17 +11,23 @@ module of the app that imports it. Install it (``pip install ./emulator``) to us
 
 from __future__ import annotations
 
-from spanner_queues_emulator import (
-    EmulatorNotFound,
-    QueueEmulator,
-    ensure_database,
-    ensure_emulator,
-    ensure_instance,
-    find_emulator,
-    free_port,
-    start_emulator,
-    start_queue_emulator,
-)
+try:
+    from spanner_queues_emulator import (
+        EmulatorNotFound,
+        QueueEmulator,
+        ensure_database,
+        ensure_emulator,
+        ensure_instance,
+        find_emulator,
+        free_port,
+        start_emulator,
+        start_queue_emulator,
+    )
+except ImportError as exc:  # the app's wheel does not carry the front
+    raise ImportError(
+        "spanner_queues.testing.emulator needs the emulator front, the distribution "
+        "spanner-queues-emulator: pip install ./emulator (from a checkout of spanner-queues)"
+    ) from exc
 
 __all__ = [
     "EmulatorNotFound",

@@ -34,7 +34,7 @@ def out(user_id: int, message_id: str):
 
 
 # --- item 1: fan-out and renewals past 950 parameters -------------------------------------
-def test_fake_refuses_more_than_950_parameters_as_spanner_does(front) -> None:
+def test_the_front_refuses_more_than_950_parameters_as_spanner_does(front) -> None:
     """The front is as strict as Spanner, or the tests below could not fail."""
     from django.db import connection
 
