@@ -160,7 +160,7 @@ def _start(backend: str) -> str:
         os.environ.pop("SQ_PG_PORT", None)  # always a private cluster
         host, port = ensure_postgres()
         return f"PostgreSQL at {host}:{port} (fsync=off)"
-    from spanner_queues.emulator import ensure_database, ensure_emulator
+    from spanner_queues_emulator import ensure_database, ensure_emulator
 
     os.environ.pop("SPANNER_EMULATOR_HOST", None)
     instance, database = "sq-bench", f"sqscale{os.getpid()}"

@@ -65,7 +65,7 @@ def _setup(backend: str, workdir: str) -> dict[str, str]:
 
         info["database"] = f"SQLite {sqlite3.sqlite_version}"
     else:
-        from spanner_queues.emulator import ensure_database, ensure_emulator
+        from spanner_queues_emulator import ensure_database, ensure_emulator
 
         os.environ.pop("SPANNER_EMULATOR_HOST", None)  # always a fresh private emulator
         instance, database = "sq-bench", f"sqbench{os.getpid()}"

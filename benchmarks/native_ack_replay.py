@@ -33,7 +33,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=200, help="receiver transactions per way")
     args = parser.parse_args()
-    from spanner_queues.emulator.process import find_emulator, free_port, terminate
+    from spanner_queues_emulator.process import find_emulator, free_port, terminate
 
     port = free_port()
     proc = subprocess.Popen(
@@ -49,7 +49,7 @@ def main() -> None:
                 break
             except OSError:
                 time.sleep(0.02)
-        from spanner_queues.emulator.front import serve
+        from spanner_queues_emulator.front import serve
 
         server, front = serve(f"127.0.0.1:{port}", "127.0.0.1:0")
         os.environ["SPANNER_EMULATOR_HOST"] = f"127.0.0.1:{server.bound_port}"

@@ -1,15 +1,15 @@
 """Spanner calls per message on the native engine, counted at the gRPC client.
 
     .venv/bin/python benchmarks/native_round_trips.py            # a private front (emulator)
-    SPANNER_QUEUES_REAL_DATABASE=projects/P/instances/I/databases/D \
-      DJANGO_SETTINGS_MODULE=tests.settings_native .venv/bin/python benchmarks/native_round_trips.py
+    SPANNER_PROJECT=P SPANNER_INSTANCE=I SPANNER_DATABASE=D \
+      DJANGO_SETTINGS_MODULE=tests.settings_real_spanner \
+      .venv/bin/python benchmarks/native_round_trips.py
 
 The database and the engine come from the Django settings (default
 ``tests.settings_spanner_native``, which starts a private emulator behind the queue-aware
 front): any settings whose ``SPANNER_QUEUES["default"]`` is the native engine and whose
 ``INSTALLED_APPS`` hold ``tests.testapp`` work unchanged, a real instance's included
-(``tests.settings_native`` with ``SPANNER_QUEUES_REAL_DATABASE``; without it, the in-process
-fake). The run creates a
+(``tests.settings_real_spanner``, as ``bin/test-real-spanner`` runs it). The run creates a
 test database (``connection.creation.create_test_db``: ``test_<NAME>`` or ``TEST["NAME"]``),
 migrates it (``CREATE QUEUE``) and drops it at the end.
 

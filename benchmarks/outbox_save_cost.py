@@ -64,7 +64,7 @@ def _configure(backend: str, workdir: str) -> str:
         }
         described = f"SQLite {sqlite3.sqlite_version}"
     else:
-        from spanner_queues.emulator import ensure_database, ensure_emulator
+        from spanner_queues_emulator import ensure_database, ensure_emulator
 
         os.environ.pop("SPANNER_EMULATOR_HOST", None)  # always a fresh private emulator
         instance, name = "sq-bench", f"sqoutbox{os.getpid()}"

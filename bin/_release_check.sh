@@ -5,7 +5,9 @@
 # outside the tree, and run the quickstart (docs/quickstart.md) against it from a temporary
 # directory: startproject, a queue model, makemigrations (CreateQueue), migrate, a send in a
 # transaction, `runqueueworker --burst`, the ack checked; the admin pages' templates and
-# `collectstatic`; the emulator entry point `python -m spanner_queues.emulator --help`.
+# `collectstatic`. The wheel carries no emulator front: that is its own distribution (emulator/,
+# spanner-queues-emulator), built and installed into the same virtualenv afterwards, where
+# `python -m spanner_queues_emulator --help` and its console script must run.
 # Usage: bin/_release_check.sh   (PYTHON: the interpreter that builds; default: python)
 # Needs PyPI (or a mirror pip is configured for) to install the wheel's dependencies.
 set -euo pipefail
@@ -45,7 +47,6 @@ needed = [
     "spanner_queues/templates/spanner_queues/admin/overview.html",
     "spanner_queues/migrations/0001_initial.py",
     "spanner_queues/contrib/tasks/migrations/0001_initial.py",
-    "spanner_queues/emulator/__main__.py",
     "spanner_queues/management/commands/runqueueworker.py",
     "spanner_queues/management/commands/queuegrants.py",
     f"{info}/licenses/LICENSE",
@@ -55,6 +56,8 @@ if missing:
     sys.exit(f"the wheel lacks {missing}")
 if any(n.startswith(("tests/", "demo_project/", "benchmarks/")) for n in names):
     sys.exit("the wheel carries the repository's tests, demo or benchmarks")
+if any(n.startswith(("spanner_queues/emulator/", "spanner_queues_emulator/")) for n in names):
+    sys.exit("the app's wheel carries the emulator front (a distribution of its own)")
 meta = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
 for line in ("License-Expression: Apache-2.0", f"Version: {version}", "License-File: LICENSE"):
     if line not in meta.splitlines():
@@ -89,9 +92,25 @@ assert "site-packages" in where.parts, f"imported from {where}, not from the ins
 import prometheus_client  # noqa: F401  (the [metrics] extra of the install line)
 print(f"installed spanner-queues {version} at {where.parent}")
 EOF
-"$VPY" -m spanner_queues.emulator --help >"$WORK/emulator-help.txt" \
-  || fail "python -m spanner_queues.emulator --help failed"
+if "$VPY" -c "import spanner_queues_emulator" 2>/dev/null; then
+  fail "the app's wheel installed the emulator front (spanner_queues_emulator)"
+fi
+
+echo "-- the emulator front's own distribution (emulator/): build, install, --help"
+if ! PYTHONWARNINGS=always "$PY" -m build --outdir "$WORK/dist-emulator" "$ROOT/emulator" \
+  >"$WORK/build-emulator.log" 2>&1; then
+  cat "$WORK/build-emulator.log" >&2
+  fail "python -m build emulator/ failed"
+fi
+if grep -i -n "deprecat" "$WORK/build-emulator.log" >&2; then
+  fail "the emulator's build printed the deprecation warning(s) above"
+fi
+"$VPY" -m pip install --quiet --disable-pip-version-check "$WORK"/dist-emulator/spanner_queues_emulator-*.whl
+"$VPY" -m spanner_queues_emulator --help >"$WORK/emulator-help.txt" \
+  || fail "python -m spanner_queues_emulator --help failed"
 grep -q -- "--host-port" "$WORK/emulator-help.txt" || fail "the emulator's --help lacks --host-port"
+"$WORK/venv/bin/spanner-queues-emulator" --help >/dev/null \
+  || fail "the spanner-queues-emulator console script failed"
 
 echo "-- the quickstart in $WORK/proj"
 cd "$WORK/proj"

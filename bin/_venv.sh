@@ -1,5 +1,6 @@
-# Sourced by bin/demo and bin/test: create .venv and install the project with its test extra.
-# Re-installs only when pyproject.toml changed since the last install.
+# Sourced by bin/demo and bin/test: create .venv and install the project with its test extra, and
+# the emulator front (emulator/, the distribution spanner-queues-emulator) beside it.
+# Re-installs only when either pyproject.toml changed since the last install.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -7,11 +8,11 @@ PY="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
-stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+stamp=.venv/.installed-$(cat pyproject.toml emulator/pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' 2>&1 \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' -e ./emulator 2>&1 \
     | grep -v "^WARNING: Location" || true
-  .venv/bin/python -c "import django, django_spanner, environ, pytest_django" 
+  .venv/bin/python -c "import django, django_spanner, environ, pytest_django, spanner_queues_emulator"
   rm -f .venv/.installed-* && touch "$stamp"
 fi
 export PATH="$ROOT/.venv/bin:$PATH"

@@ -1,6 +1,6 @@
 """Demo settings. SQLite by default; ``DEMO_DATABASE=emulator`` starts a private Spanner
 emulator (table engine); ``DEMO_DATABASE=emulator-native`` starts the emulator behind the
-queue-aware front (``python -m spanner_queues.emulator``) and runs every queue on the native
+queue-aware front (``python -m spanner_queues_emulator``) and runs every queue on the native
 engine (``CREATE QUEUE``, ``RECEIVE``, ``RENEWLEASE``); ``DEMO_DATABASE=spanner`` with
 ``SPANNER_PROJECT``/``SPANNER_INSTANCE``/``SPANNER_DATABASE`` uses a real Spanner database
 (credentials from the environment; ``SPANNER_QUEUES_ENGINE=native`` for real queues)."""

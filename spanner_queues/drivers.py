@@ -209,13 +209,13 @@ class SpannerDriver(Driver):
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         super().__init__(connection)
         # Google's emulator cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383); the
-        # queue-aware front of ``python -m spanner_queues.emulator`` can, and says so.
+        # queue-aware front of ``python -m spanner_queues_emulator`` can, and says so.
         host = os.environ.get("SPANNER_EMULATOR_HOST")
         self.supports_native_queues = not host or emulator_has_queues(host)
         self.no_native_queues_reason = (
             f"it is Google's Cloud Spanner emulator (SPANNER_EMULATOR_HOST={host}), which "
             "cannot parse CREATE QUEUE or run RECEIVE_<queue> (cloud-spanner-emulator issue "
-            "#383); run `python -m spanner_queues.emulator` for an emulator with queues."
+            "#383); run `python -m spanner_queues_emulator` for an emulator with queues."
         )
 
     def is_retryable(self, exc: BaseException) -> bool:

@@ -1,8 +1,9 @@
 """Queue behaviour that Google's documentation leaves open, decided once.
 
-The table engine and the queue-aware emulator front (``spanner_queues.emulator``) both read
-their choices from here, so a message behaves the same on either (docs/explanation/guarantees.md
-lists them):
+The table engine reads its choices from here, and the queue-aware emulator front (the
+distribution ``spanner_queues_emulator``, which imports no app) keeps the same ones in its own
+``semantics`` module, checked equal by ``tests/test_emulator_semantics.py``, so a message
+behaves the same on either (docs/explanation/guarantees.md lists them):
 
 - the lease: 10 s from delivery or renewal (documented by Google, not configurable there);
 - the back-off after a lease expires: ``BackoffPolicy`` (exponential while the message is
@@ -10,7 +11,7 @@ lists them):
 - ``RECEIVE_<Q>`` defaults: ``max_batch_size`` 1, ``max_duration`` one minute;
 - ``max_duration`` text: Go-style durations (``"500ms"``, ``"90s"``, ``"20m"``, ``"1h30m"``).
 
-Pure Python: no Django settings, so the emulator front can run without a project.
+Pure Python: no Django settings.
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
 @pytest.fixture(autouse=True)
 def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
     """On native queues (not tables: Django's flush leaves them alone) each test ends with no
-    RECEIVE stream running and every queue empty. Not for the wire tests (tests/native)."""
+    RECEIVE stream running and every queue empty."""
     yield
     if os.environ.get("DJANGO_SETTINGS_MODULE") != "tests.settings_spanner_native":
         return
@@ -92,7 +92,7 @@ def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
 # emulator. On Spanner this flush leaves the database in the same state with one read: it empties
 # only the tables that hold rows, and keeps the content types and permissions that migrate
 # created, which it checks are unchanged (if a test changed them, Django's own flush runs).
-# Only on the emulator (the wire tests' in-process fake does not read).
+# Only on the emulator.
 _KEPT_BY_MIGRATE = ("django_content_type", "auth_permission")
 
 

@@ -47,8 +47,6 @@ DATABASES = {
     }
 }
 
-FAKE_SPANNER = None  # tests/native/conftest.py: no in-process fake here
-
 SPANNER_QUEUES = {
     "default": {
         "ENGINE": "native",

@@ -1,10 +1,12 @@
 """Test settings for the native engine end to end: the same suite as ``tests.settings_spanner``,
 with ``ENGINE: native`` on the Cloud Spanner emulator behind the queue-aware front
-(``python -m spanner_queues.emulator``, started on a free loopback port on import unless
+(``python -m spanner_queues_emulator``, started on a free loopback port on import unless
 ``SPANNER_EMULATOR_HOST`` is already set, as it is in child processes).
 
 Tests that need what the native engine does not do are skipped by its ``supports_*`` flags
-(``pytest.mark.requires``), never by a list of names.
+(``pytest.mark.requires``), never by a list of names. ``tests/emulator`` (the front itself) and
+``tests/native`` (the requests the native engine sends, and injected faults, through the front's
+control API) are collected only here.
 """
 
 from __future__ import annotations

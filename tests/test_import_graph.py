@@ -1,5 +1,9 @@
 """The import graph of ``spanner_queues`` has no cycle, and the runtime never imports the emulator.
 
+The emulator front is a distribution of its own (``emulator/``, package
+``spanner_queues_emulator``): only the app's test kit (``spanner_queues.testing``) imports it,
+and it imports neither the app nor Django.
+
 Every module of the package is parsed with ``ast``; every ``import`` and ``from ... import`` node
 counts, wherever it sits: at module level, inside functions and methods, inside ``try`` blocks.
 Imports inside functions hide a cycle, they do not remove it.
@@ -24,8 +28,10 @@ import spanner_queues
 PACKAGE = "spanner_queues"
 ROOT = Path(spanner_queues.__file__).resolve().parent
 
-# The testing side: emulator processes and the queue-aware front. Nothing else imports them.
-TESTING = ("spanner_queues.emulator", "spanner_queues.testing")
+# The testing side: the test kit (which starts emulator processes). Nothing else imports it.
+TESTING = ("spanner_queues.testing",)
+EMULATOR = "spanner_queues_emulator"
+EMULATOR_ROOT = ROOT.parent / "emulator" / EMULATOR
 
 
 def _module_name(path: Path) -> str:
@@ -182,6 +188,39 @@ def test_runtime_modules_do_not_import_the_emulator() -> None:
     assert not offenders, "runtime modules importing the testing side:\n" + "\n".join(offenders)
 
 
+def _top_level_imports(path: Path) -> set[str]:
+    """The top-level package of every absolute import in ``path`` (inside functions too)."""
+    names: set[str] = set()
+    for node in _import_nodes(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif not node.level and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_only_the_test_kit_imports_the_emulator_distribution() -> None:
+    offenders = sorted(
+        name
+        for name, path in _modules().items()
+        if not _within(name, TESTING) and EMULATOR in _top_level_imports(path)
+    )
+    assert not offenders, f"modules of the app importing {EMULATOR}: {offenders}"
+
+
+def test_the_emulator_distribution_imports_neither_the_app_nor_django() -> None:
+    paths = sorted(EMULATOR_ROOT.rglob("*.py"))
+    assert len(paths) > 5, EMULATOR_ROOT
+    offenders = sorted(
+        f"{path.relative_to(EMULATOR_ROOT)} -> {top}"
+        for path in paths
+        for top in _top_level_imports(path) & {PACKAGE, "django", "django_spanner"}
+    )
+    assert not offenders, "the emulator distribution importing the app or Django:\n" + "\n".join(
+        offenders
+    )
+
+
 # The floor of the layer picture (docs: CONTRIBUTING.md): the engines, Spanner SQL, row storage
 # and shared value types. They must not reach up to the verbs or anything above them.
 LOWER = (
@@ -330,3 +369,16 @@ def test_the_worker_names_no_database_driver() -> None:
         if _within(module, (f"{PACKAGE}.worker",)) and f"{PACKAGE}.drivers" in targets
     )
     assert not offenders, "the worker reaches the drivers:\n" + "\n".join(offenders)
+
+
+def test_the_test_kit_says_how_to_install_the_front_when_it_is_missing(monkeypatch) -> None:
+    import importlib
+    import sys
+
+    import pytest
+
+    monkeypatch.setitem(sys.modules, EMULATOR, None)  # as when it is not installed
+    monkeypatch.delitem(sys.modules, "spanner_queues.testing.emulator", raising=False)
+    with pytest.raises(ImportError, match=r"spanner-queues-emulator: pip install \./emulator"):
+        importlib.import_module("spanner_queues.testing.emulator")
+    monkeypatch.delitem(sys.modules, "spanner_queues.testing.emulator", raising=False)

@@ -42,7 +42,7 @@ def test_bin_test_runs_the_release_check_and_the_check_fails_on_deprecations() -
     assert '"$(dirname "$0")/_release_check.sh"' in (ROOT / "bin" / "test").read_text()
     check = (ROOT / "bin" / "_release_check.sh").read_text()
     assert 'grep -i -n "deprecat" "$WORK/build.log"' in check
-    assert "python -m spanner_queues.emulator --help" in check.replace('"$VPY"', "python")
+    assert "python -m spanner_queues_emulator --help" in check.replace('"$VPY"', "python")
 
 
 def test_the_readme_install_line_is_the_one_the_check_runs() -> None:

@@ -35,7 +35,7 @@ def _wait_for_port(port: int, proc: subprocess.Popen[bytes]) -> None:
 def test_drill_on_an_emulator_that_aborts_transactions_loses_nothing(tmp_path: Path) -> None:
     if not os.environ.get("SPANNER_EMULATOR_HOST"):
         pytest.skip("the Spanner emulator's --enable_fault_injection")
-    from spanner_queues.emulator.process import find_emulator, free_port, terminate
+    from spanner_queues_emulator.process import find_emulator, free_port, terminate
 
     port = free_port()
     proc = subprocess.Popen(

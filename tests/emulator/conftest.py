@@ -54,3 +54,19 @@ def database(spanner_client: Any) -> Iterator[Any]:
     db.create().result(60)
     yield db
     db.drop()
+
+
+@pytest.fixture
+def control() -> Iterator[Any]:
+    """The front's control API (``spanner_queues_emulator.faults``), recording; its faults and
+    record are cleared afterwards."""
+    from spanner_queues_emulator.faults import FrontControl
+
+    front = FrontControl(os.environ["SPANNER_EMULATOR_HOST"])
+    front.record(True)
+    try:
+        yield front
+    finally:
+        front.record(False)
+        front.clear()
+        front.close()

@@ -13,10 +13,10 @@ import pytest
 from django.db import connection
 
 from spanner_queues import api
-from spanner_queues.emulator.schema import LEASE_EXPIRES
 from spanner_queues.engines import engines
 from spanner_queues.native import streams
 from spanner_queues.native.ddl import duration
+from spanner_queues_emulator.schema import LEASE_EXPIRES
 from tests.conftest import wait_until
 from tests.testapp.models import Jobs
 

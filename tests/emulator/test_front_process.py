@@ -1,4 +1,4 @@
-"""``python -m spanner_queues.emulator`` as a person runs it: ready line, clients connect with
+"""``python -m spanner_queues_emulator`` as a person runs it: ready line, clients connect with
 SPANNER_EMULATOR_HOST, SIGTERM/SIGINT stop the front and the emulator, nothing left running;
 and the E007 probe that tells the front from Google's plain emulator."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from spanner_queues.drivers import emulator_has_queues
-from spanner_queues.emulator import start_emulator
+from spanner_queues_emulator import start_emulator
 
 
 def children(pid: int) -> list[int]:
@@ -42,7 +42,7 @@ def test_command_serves_queues_and_stops_cleanly(signum: int) -> None:
     env = dict(os.environ)
     env.pop("SPANNER_EMULATOR_HOST", None)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "spanner_queues.emulator", "--host-port", "127.0.0.1:0"],
+        [sys.executable, "-m", "spanner_queues_emulator", "--host-port", "127.0.0.1:0"],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -57,7 +57,7 @@ def test_command_serves_queues_and_stops_cleanly(signum: int) -> None:
         assert emulator_has_queues(host)
         script = (
             "from google.cloud import spanner\n"
-            "from spanner_queues.emulator import ensure_instance\n"
+            "from spanner_queues_emulator import ensure_instance\n"
             "ensure_instance('cli-inst')\n"
             "db = spanner.Client(project='test-project').instance('cli-inst').database("
             "'clidb', ddl_statements=['CREATE QUEUE Q (Id INT64 NOT NULL, Payload STRING(MAX) "

@@ -13,12 +13,12 @@ from typing import Any
 import grpc
 import pytest
 
-from spanner_queues.emulator import QueueEmulator
-from spanner_queues.emulator.front import AddressInUse, serve
+from spanner_queues_emulator import QueueEmulator
+from spanner_queues_emulator.front import AddressInUse, serve
 from tests.conftest import wait_until
 from tests.emulator.test_front_process import children
 
-COMMAND = [sys.executable, "-m", "spanner_queues.emulator"]
+COMMAND = [sys.executable, "-m", "spanner_queues_emulator"]
 
 
 def environment() -> dict[str, str]:
@@ -60,7 +60,7 @@ def test_the_command_on_a_taken_port_exits_with_an_error() -> None:
 
 # --- (b) a dead emulator ---------------------------------------------------------------------
 def test_the_front_reports_its_dead_emulator(caplog: Any) -> None:
-    caplog.set_level(logging.ERROR, logger="spanner_queues.emulator")
+    caplog.set_level(logging.ERROR, logger="spanner_queues_emulator")
     emulator = QueueEmulator().start()
     try:
         assert isinstance(describe(emulator.host), bytes)

@@ -14,7 +14,7 @@ import pytest
 from google.api_core import exceptions as gexc
 from google.protobuf.struct_pb2 import Value
 
-from spanner_queues.emulator.queues import make_token
+from spanner_queues_emulator.queues import make_token
 from tests.emulator.test_front_ddl import ddl
 from tests.emulator.test_front_messages import leased, receive, renew
 

@@ -1,6 +1,11 @@
-"""Native-engine tests run only under ``tests.settings_native`` (their own pytest run in
-``bin/test``); the wire tests need the in-process fake, the conformance cases run on the fake
-or, with ``SPANNER_QUEUES_REAL_DATABASE``, on real Spanner."""
+"""The native engine's tests at the wire: the exact SQL, parameters and mutations it sends,
+and how it copes with injected faults, on the queue-aware emulator front
+(``tests.settings_spanner_native``), whose control API (``spanner_queues_emulator.faults``) the
+``front`` fixture is: it records every call of the test and fails the calls a test names.
+
+Under ``tests.settings_real_spanner`` only ``test_real_spanner.py`` is collected (the check
+that the real instance is in use).
+"""
 
 from __future__ import annotations
 
@@ -10,69 +15,57 @@ from typing import Any
 
 import pytest
 
-NATIVE = os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.settings_native"
-REAL = bool(os.environ.get("SPANNER_QUEUES_REAL_DATABASE"))
+SETTINGS = os.environ.get("DJANGO_SETTINGS_MODULE")
 
-#: bin/test-real-spanner: of this directory, only the check that the real instance is in use
-REAL_INSTANCE = os.environ.get("DJANGO_SETTINGS_MODULE") == "tests.settings_real_spanner"
-
-if REAL_INSTANCE:
+if SETTINGS == "tests.settings_real_spanner":
     collect_ignore_glob = ["test_[!r]*.py", "test_review*.py"]
-elif not NATIVE:
+elif SETTINGS == "tests.settings_spanner_native":
+    collect_ignore_glob = ["test_real_spanner.py"]
+else:
     collect_ignore_glob = ["test_*.py"]
-elif REAL:
-    collect_ignore_glob = ["test_wire*.py"]  # they assert on the fake's recorded requests
+
+
+@pytest.fixture(scope="session")
+def _control() -> Iterator[Any]:
+    from spanner_queues_emulator.faults import FrontControl
+
+    control = FrontControl(os.environ["SPANNER_EMULATOR_HOST"])
+    yield control
+    control.record(False)
+    control.clear()
+    control.close()
 
 
 @pytest.fixture
-def fake() -> Any:
-    from django.conf import settings
+def front(_control: Any) -> Any:
+    """The front's control API; its record holds the calls made since this test started."""
+    return _control
 
-    return settings.FAKE_SPANNER
 
+def database_ddl() -> list[str]:
+    """The test database's schema as the front shows it (queues as declared)."""
+    from django.db import connection
 
-@pytest.fixture(autouse=True, scope="session")
-def _stop_fake_at_exit() -> Iterator[None]:
-    yield
-    from django.conf import settings
-
-    from spanner_queues.engines import engines
-
-    if settings.FAKE_SPANNER is not None:
-        settings.FAKE_SPANNER.streams_end.set()
-        engines["default"].stop_receiving(wait=5)
-        settings.FAKE_SPANNER.stop()
+    connection.ensure_connection()
+    database = connection.connection.database
+    database.reload()
+    return list(database.ddl_statements)
 
 
 @pytest.fixture(autouse=True)
-def _native_isolation(django_db_blocker: Any) -> Iterator[None]:
-    """Each test starts with no receive stream, no recorded request and empty queues."""
-    from django.conf import settings
-
+def _native_isolation(request: pytest.FixtureRequest) -> Iterator[None]:
+    """On the front, each test starts with no fault and an empty record, and ends with no
+    receive stream (``tests/conftest.py`` empties the queues after a transactional test)."""
+    if SETTINGS != "tests.settings_spanner_native":  # the real instance: no control API
+        yield
+        return
     from spanner_queues.engines import engines
 
-    fake = settings.FAKE_SPANNER
-    if fake is not None:
-        fake.clear()
+    _control = request.getfixturevalue("_control")
+    _control.record(True)
+    _control.clear()
     yield
-    engine = engines["default"]
-    if fake is not None:
-        fake.streams_end.set()  # end RECEIVE streams so the receiver threads finish now
-        engine.stop_receiving(wait=5)
-        fake.streams_end.clear()
-        fake.lease_seconds = 10.0
-        fake.resume_tokens = True
-        fake.clear()
-    else:  # real Spanner: a stream ends at max_duration; wait, or it leases the next test's
-        engine.stop_receiving(wait=engine.max_duration_seconds + 5)
-    from django.db import connection
-
-    from spanner_queues.registry import queue_models
-
-    if connection.settings_dict["NAME"] == connection.creation._get_test_db_name():
-        with django_db_blocker.unblock():
-            for model in queue_models():
-                engine.purge(model)
-        if fake is not None:
-            for db in fake.databases.values():
-                db.leases.clear()
+    _control.end_streams()  # end RECEIVE streams so the receiver threads finish now
+    engines["default"].stop_receiving(wait=5)
+    _control.record(False)
+    _control.clear()

@@ -5,7 +5,7 @@ connection has its own) in a gRPC interceptor for as long as the context is open
 every thread are counted: unary calls (``ExecuteSql``, ``Commit``, ``BeginTransaction``...) and
 streaming calls (``ExecuteStreamingSql``, ``BatchWrite``) alike, one per call whatever it
 carries. Used by the round-trip tests and ``benchmarks/native_round_trips.py``; it works on the
-emulator, the front, the in-process fake and a real instance.
+emulator, the front and a real instance.
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def test_e007_explains_sqlite_and_the_emulator(monkeypatch) -> None:
     from spanner_queues.engines import engines, native
 
     engine = engines["default"]
-    assert engine.check() == []  # django_spanner on a (fake) real Spanner: fine
+    assert engine.check() == []  # django_spanner on the front (queues, as on real Spanner): fine
     monkeypatch.setattr(native, "driver_for", lambda alias: SQLiteDriver(connections[alias]))
     [error] = engine.check()
     assert error.id == "spanner_queues.E007" and "SQLite has no queues" in error.msg

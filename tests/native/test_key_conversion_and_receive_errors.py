@@ -30,7 +30,7 @@ from tests.testapp.models import UserTasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_send_many_outside_a_transaction_is_all_or_nothing(fake) -> None:
+def test_send_many_outside_a_transaction_is_all_or_nothing(front) -> None:
     """An immediate and a delayed message are two INSERTs: one transaction for both."""
     later = timezone.now() + timedelta(hours=1)
     UserTasks.send(user_id=1, message_id="dup", payload="")
@@ -69,9 +69,12 @@ def test_uuid_key_is_sent_as_the_32_char_hex_the_column_holds(monkeypatch) -> No
         def execute(self, sql, params=None):
             sent.append(params)
 
-    monkeypatch.setattr(connections["default"], "cursor", lambda: Cursor())
     key = uuid.uuid4()
-    engine.send_many(UuidTasks, [OutgoingMessage(key={"id": key}, payload=b"")], using="default")
+    with monkeypatch.context() as patched:  # undone before the teardown reads the database
+        patched.setattr(connections["default"], "cursor", lambda: Cursor())
+        engine.send_many(
+            UuidTasks, [OutgoingMessage(key={"id": key}, payload=b"")], using="default"
+        )
     from google.cloud.spanner_v1._helpers import _make_value_pb
 
     wire = _make_value_pb(sent[0][0]).string_value
@@ -86,7 +89,7 @@ def test_uuid_key_is_sent_as_the_32_char_hex_the_column_holds(monkeypatch) -> No
     ],
     ids=["uuid", "bytes"],
 )
-def test_key_round_trip_send_receive_ack(fake, field, value, wire) -> None:
+def test_key_round_trip_send_receive_ack(front, field, value, wire) -> None:
     with isolate_apps("tests.testapp"):
 
         class OddKeyTasks(Queue):
@@ -101,24 +104,23 @@ def test_key_round_trip_send_receive_ack(fake, field, value, wire) -> None:
     try:
         out = OutgoingMessage(key={"id": value}, payload=b"p")
         engine.send_many(OddKeyTasks, [out], using="default")
-        [insert] = fake.sql("INSERT INTO testapp_oddkeytasks")
+        [insert] = front.sql("INSERT INTO testapp_oddkeytasks")
         assert insert.request.params["a0"] == wire
         [message] = wait_until(lambda: engine.receive(OddKeyTasks))
         assert message.key == (value,) and message.payload == b"p"
-        fake.clear()
+        front.clear()
         engine.ack_many(OddKeyTasks, [message.key], using="default")
-        [delete] = fake.sql("DELETE FROM testapp_oddkeytasks")
+        [delete] = front.sql("DELETE FROM testapp_oddkeytasks")
         assert delete.request.params["a0"] == wire
         engine.send_mutations(OddKeyTasks, [out])
-        assert list(fake.commits()[-1].mutations[0].send.key) == [wire]
+        assert list(front.commits()[-1].mutations[0].send.key) == [wire]
         engine.ack_mutations(OddKeyTasks, [(value,)])
-        assert list(fake.commits()[-1].mutations[0].ack.key) == [wire]
+        assert list(front.commits()[-1].mutations[0].ack.key) == [wire]
         with pytest.raises(MessageAlreadyExists):
             engine.send_mutations(OddKeyTasks, [out, out])
     finally:
-        fake.streams_end.set()  # end the stream so the receiver's thread finishes now
+        front.end_streams()  # end the stream so the receiver's thread finishes now
         engine.stop_receiving(OddKeyTasks, wait=5)
-        fake.streams_end.clear()
         with connection.schema_editor() as editor:
             engine.drop_queue(editor, OddKeyTasks, queue_options(OddKeyTasks))
 
@@ -133,12 +135,12 @@ def test_key_round_trip_send_receive_ack(fake, field, value, wire) -> None:
         (grpc.StatusCode.FAILED_PRECONDITION, QueueConfigurationError),
     ],
 )
-def test_permanent_receive_errors_surface(fake, code, error) -> None:
-    fake.fail("ExecuteStreamingSql", code, "no such thing", sql_contains="RECEIVE_")
+def test_permanent_receive_errors_surface(front, code, error) -> None:
+    front.fail("ExecuteStreamingSql", code, "no such thing", sql_contains="RECEIVE_")
     with pytest.raises(error, match="no such thing") as raised:
         api.receive(UserTasks)
     assert raised.value.grpc_status == code.name
-    assert len(fake.sql("RECEIVE_")) == 1  # not retried
+    assert len(front.sql("RECEIVE_")) == 1  # not retried
     UserTasks.send(user_id=1, message_id="a", payload="x")  # the next call starts afresh
     assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")
 
@@ -153,19 +155,19 @@ def test_permanent_receive_errors_surface(fake, code, error) -> None:
         grpc.StatusCode.INTERNAL,
     ],
 )
-def test_transient_receive_errors_are_retried_and_logged(fake, code, caplog) -> None:
+def test_transient_receive_errors_are_retried_and_logged(front, code, caplog) -> None:
     caplog.set_level(logging.WARNING, logger="spanner_queues.native.receive")
-    fake.fail("ExecuteStreamingSql", code, "try again", sql_contains="RECEIVE_", times=2)
+    front.fail("ExecuteStreamingSql", code, "try again", sql_contains="RECEIVE_", times=2)
     UserTasks.send(user_id=1, message_id="a", payload="x")
     assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")
-    assert len(fake.sql("RECEIVE_")) >= 2
+    assert len(front.sql("RECEIVE_")) >= 2
     assert "try again" in caplog.text
 
 
-def test_rows_without_resume_tokens_are_not_held_until_the_stream_ends(fake) -> None:
+def test_rows_without_resume_tokens_are_not_held_until_the_stream_ends(front) -> None:
     """RECEIVE runs below Snapshot.execute_sql, whose _restart_on_unavailable would buffer
     PartialResultSets until one carries a resume token (here: never, until max_duration)."""
-    fake.resume_tokens = False
+    front.configure(resume_tokens=False)
     UserTasks.send(user_id=1, message_id="a", payload="x")
     deadline = time.monotonic() + 3.0  # the stream's max_duration is 5 s
     got: list = []
@@ -174,7 +176,7 @@ def test_rows_without_resume_tokens_are_not_held_until_the_stream_ends(fake) -> 
     assert got, "the leased row sat in the client's buffer until the stream ended"
 
 
-def test_stop_cancels_the_stream(fake) -> None:
+def test_stop_cancels_the_stream(front) -> None:
     """stop() cancels the gRPC call: the receiver's thread ends without the stream ending."""
     engine = engines["default"]
     api.receive(UserTasks)
@@ -185,4 +187,4 @@ def test_stop_cancels_the_stream(fake) -> None:
     thread = receiver._thread
     engine.stop_receiving(UserTasks)
     thread.join(4.0)  # well within the stream's max_duration (5 s): only cancel() ends it
-    assert not thread.is_alive() and not fake.streams_end.is_set()
+    assert not thread.is_alive()  # (nothing ended the stream from the front's side)

@@ -22,9 +22,9 @@ LOST = "Session not found: projects/p/instances/i/databases/d/sessions/gone"
 
 
 def test_a_lost_session_on_the_receive_stream_is_recognised_and_the_connection_replaced(
-    fake,
+    front,
 ) -> None:
-    fake.fail("ExecuteStreamingSql", grpc.StatusCode.NOT_FOUND, LOST, sql_contains="RECEIVE_")
+    front.fail("ExecuteStreamingSql", grpc.StatusCode.NOT_FOUND, LOST, sql_contains="RECEIVE_")
     with pytest.raises(UnknownQueue) as raised:
         api.receive(UserTasks)
     assert driver_for("default").is_connection_lost(raised.value)
@@ -36,8 +36,8 @@ def test_a_lost_session_on_the_receive_stream_is_recognised_and_the_connection_r
     assert connection.connection is not None and connection.connection is not before
 
 
-def test_a_missing_queue_is_not_a_lost_connection(fake) -> None:
-    fake.fail(
+def test_a_missing_queue_is_not_a_lost_connection(front) -> None:
+    front.fail(
         "ExecuteStreamingSql",
         grpc.StatusCode.NOT_FOUND,
         "Table not found: Q",

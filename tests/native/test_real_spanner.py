@@ -1,10 +1,7 @@
 """The real-instance run (``bin/test-real-spanner``, docs/howto/fault-drill.md): under
 ``tests.settings_real_spanner`` the suites run on a real Cloud Spanner instance, and this test
-checks that it is the one the environment names, not an emulator nor the wire tests' fake.
+checks that it is the one the environment names, not an emulator nor the emulator front.
 Anywhere else it is skipped, saying which variables to set.
-
-It is also collected under ``tests.settings_native`` with ``SPANNER_QUEUES_REAL_DATABASE`` (the
-older opt-in run of ``tests/native`` on real Spanner), where it checks the fake is not in use.
 """
 
 from __future__ import annotations
@@ -14,9 +11,7 @@ import os
 import pytest
 
 REAL_SETTINGS = "tests.settings_real_spanner"
-CONFIGURED = os.environ.get("DJANGO_SETTINGS_MODULE") == REAL_SETTINGS or bool(
-    os.environ.get("SPANNER_QUEUES_REAL_DATABASE")
-)
+CONFIGURED = os.environ.get("DJANGO_SETTINGS_MODULE") == REAL_SETTINGS
 
 pytestmark = pytest.mark.skipif(
     not CONFIGURED,
@@ -28,20 +23,17 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.mark.django_db
 def test_the_real_instance_is_in_use() -> None:
-    from django.conf import settings
     from django.db import connection
 
     from spanner_queues.engines import engines
 
     assert not os.environ.get("SPANNER_EMULATOR_HOST")
-    assert getattr(settings, "FAKE_SPANNER", None) is None
     assert engines["default"].features.supports_native_queues
-    if os.environ.get("DJANGO_SETTINGS_MODULE") == REAL_SETTINGS:
-        db = connection.settings_dict
-        assert (db["PROJECT"], db["INSTANCE"]) == (
-            os.environ["SPANNER_PROJECT"],
-            os.environ["SPANNER_INSTANCE"],
-        )
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
-            assert cursor.fetchall() == [(1,)]
+    db = connection.settings_dict
+    assert (db["PROJECT"], db["INSTANCE"]) == (
+        os.environ["SPANNER_PROJECT"],
+        os.environ["SPANNER_INSTANCE"],
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+        assert cursor.fetchall() == [(1,)]

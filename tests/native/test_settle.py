@@ -3,7 +3,7 @@ is let end by its ``max_duration`` (never cancelled with rows on the wire), rows
 reported and handed out, and no new call opens until the next receive.
 
 The ``Receiver`` tests drive a stream whose rows and end the test controls; the wire tests run
-the native engine against the in-process fake Spanner."""
+the native engine on the queue-aware emulator front."""
 
 from __future__ import annotations
 
@@ -141,15 +141,15 @@ def test_a_brief_call_is_read_to_its_end_past_the_buffer_instead_of_cancelled(
         receiver.stop(timeout=5)
 
 
-# --- on the wire (the fake Spanner) --------------------------------------------------------
+# --- on the wire (the front Spanner) --------------------------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(fake) -> None:
+def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(front) -> None:
     engine = engines["default"]
     assert api.settle_receiving(UserTasks, wait=0) is True  # no stream yet
     assert api.receive(UserTasks) == []
-    call = fake.sql("RECEIVE_testapp_usertasks")[0]
+    call = front.sql("RECEIVE_testapp_usertasks")[0]
     brief = streams.brief_seconds(engine)
     assert brief < engine.max_duration_seconds
     assert f"max_duration => '{duration(brief)}'" in call.sql
@@ -160,8 +160,8 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(fake)
     [message] = wait_until(lambda: api.receive(UserTasks), timeout=60)
     api.ack(message)
     assert wait_until(lambda: api.settle_receiving(UserTasks), timeout=60)
-    wait_until(lambda: len(fake.receive_ends) == len(fake.sql("RECEIVE_testapp_usertasks")))
-    assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
+    wait_until(lambda: len(front.receive_ends()) == len(front.sql("RECEIVE_testapp_usertasks")))
+    assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration
     receiver = streams._streams[(engine.alias, UserTasks._meta.label)]
     started = receiver.streams_started
     assert api.settle_receiving(UserTasks, wait=0) is True
@@ -170,18 +170,18 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(fake)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_stopping_receiving_ends_brief_calls(fake) -> None:
+def test_stopping_receiving_ends_brief_calls(front) -> None:
     engine = engines["default"]
     api.settle_receiving(UserTasks, wait=0)
     api.receive(UserTasks)
     api.stop_receiving(UserTasks, wait=5)
     api.receive(UserTasks)  # a fresh stream: calls are long again
-    calls = fake.sql("RECEIVE_testapp_usertasks")
+    calls = front.sql("RECEIVE_testapp_usertasks")
     assert f"max_duration => '{duration(engine.max_duration_seconds)}'" in calls[-1].sql
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(fake) -> None:
+def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(front) -> None:
     registry = ReceiverRegistry()
     seen: list[tuple] = []
 
@@ -197,23 +197,23 @@ def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(fake) 
     ).run()
     assert sorted(seen) == sorted(m.key for m in sent)
     assert not UserTasks.objects.exists()
-    calls = fake.sql("RECEIVE_testapp_usertasks")
+    calls = front.sql("RECEIVE_testapp_usertasks")
     brief = duration(streams.brief_seconds(engines["default"]))
     assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
-    wait_until(lambda: len(fake.receive_ends) == len(calls))
-    assert set(fake.receive_ends) == {"ended"}  # each call ended by its max_duration
+    wait_until(lambda: len(front.receive_ends()) == len(calls))
+    assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration
 
 
 # --- probes (a demand is first asked in a one-batch call) ------------------------------------
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_refused_probe_falls_back_to_long_calls(fake) -> None:
+def test_a_refused_probe_falls_back_to_long_calls(front) -> None:
     """Spanner documents no minimum ``max_duration``: if it refuses a probe's ('1ms'), the
     stream asks in long calls instead of failing every receive."""
     import grpc
 
-    fake.fail(
+    front.fail(
         "ExecuteStreamingSql",
         grpc.StatusCode.INVALID_ARGUMENT,
         "max_duration too short",
@@ -223,6 +223,6 @@ def test_a_refused_probe_falls_back_to_long_calls(fake) -> None:
     UserTasks.send(user_id=1, message_id="a", payload="x")
     [message] = wait_until(lambda: api.receive(UserTasks), timeout=30)
     assert message.key == (1, "a")
-    calls = fake.sql("RECEIVE_testapp_usertasks")
+    calls = front.sql("RECEIVE_testapp_usertasks")
     assert "'1ms'" in calls[0].sql and "'1ms'" not in calls[-1].sql
     api.stop_receiving(UserTasks, wait=5)

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from spanner_queues.emulator.process import free_port, terminate
+from spanner_queues_emulator.process import free_port, terminate
 
 _names = itertools.count()
 
@@ -53,14 +53,14 @@ class PrivateFront:
         from google.api_core.exceptions import AlreadyExists
         from google.cloud import spanner
 
-        # A process of its own (``python -m spanner_queues.emulator``), started without a
+        # A process of its own (``python -m spanner_queues_emulator``), started without a
         # ``preexec_fn``: forking this many-threaded (gRPC) process to run Python code in the
         # child now and then aborted it.
         self._process = subprocess.Popen(
             [
                 sys.executable,
                 "-m",
-                "spanner_queues.emulator",
+                "spanner_queues_emulator",
                 "--host-port",
                 self.host,
                 "--exit-with-parent",

@@ -5,7 +5,7 @@
   ``DeliverTime <= now`` and, for a message leased before, its hidden next-delivery time has
   come. Each gets a new lease token, a lease 10 s long, one more attempt, and a next-delivery
   time of the lease expiry plus the back-off for that attempt (the table engine's curve,
-  ``spanner_queues.semantics``), so an unacked message comes back after the back-off.
+  ``spanner_queues_emulator.semantics``), so an unacked message comes back after the back-off.
   ``DeliverTime`` itself keeps the sender's time, as Spanner shows it.
 - A lease token names its queue, key and expiry (opaque to clients) and carries a digest of
   them, so ``RENEWLEASE`` answers as documented without any state in the front: no row for an
@@ -28,8 +28,8 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator.schema import (
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator.schema import (
     ATTEMPTS,
     DELIVER_TIME,
     LEASE_EXPIRES,
@@ -39,7 +39,7 @@ from spanner_queues.emulator.schema import (
     SEND_TIME,
     QueueSchema,
 )
-from spanner_queues.semantics import LEASE, BackoffPolicy
+from spanner_queues_emulator.semantics import LEASE, BackoffPolicy
 
 UTC = timezone.utc
 BACKOFF = BackoffPolicy()

@@ -19,7 +19,8 @@ Every call goes to the emulator byte for byte, except the few that queues change
   tell a strong read from a stale one or a read-write transaction.
 
 The front owns its port (``SO_REUSEPORT`` off: ``AddressInUse`` when it is taken); once its
-emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why.
+emulator is gone (``Front.backend_lost``) every call ends ``UNAVAILABLE`` saying why. Tests make
+it fail chosen calls, and see what was sent, through its control API (``faults``).
 """
 
 from __future__ import annotations
@@ -32,15 +33,21 @@ from typing import Any
 
 import grpc
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator import queues as q
-from spanner_queues.emulator import schema as s
-from spanner_queues.emulator import statements as st
-from spanner_queues.emulator import status
-from spanner_queues.emulator.ddl_calls import SchemaCalls
-from spanner_queues.emulator.receiving import Receiving, is_strong_read, receive_args
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator import queues as q
+from spanner_queues_emulator import schema as s
+from spanner_queues_emulator import statements as st
+from spanner_queues_emulator import status
+from spanner_queues_emulator.ddl_calls import SchemaCalls
+from spanner_queues_emulator.faults import CONTROL, Fault, Faults, wire_value
+from spanner_queues_emulator.receiving import (
+    Receiving,
+    is_strong_read,
+    receive_args,
+    receive_fields,
+)
 
-logger = logging.getLogger("spanner_queues.emulator")
+logger = logging.getLogger("spanner_queues_emulator")
 
 
 #: server-streaming methods of the Spanner API (every other method is unary-unary).
@@ -50,6 +57,8 @@ STREAMING = frozenset(
 #: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
 #: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
+#: the front's control methods (``faults``): ``/spanner_queues.emulator.Front/Fail``...
+CONTROL_METHODS = {f"/spanner_queues.emulator.Front/{name}": name for name in CONTROL}
 
 
 class AddressInUse(RuntimeError):
@@ -73,7 +82,13 @@ class Front:
         )
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
-        self.receiving = Receiving(self.backend)
+        #: injected faults and the request record (``spanner_queues_emulator.faults``).
+        self.faults = Faults()
+        self.receiving = Receiving(
+            self.backend,
+            started=self.faults.receive_started,
+            resume_tokens=lambda: self.faults.resume_tokens,
+        )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
 
@@ -95,6 +110,14 @@ class Front:
     def handler(self, method: str) -> grpc.RpcMethodHandler:
         if self.lost is not None:
             return self._unavailable(method, self.lost)
+        if method == DESCRIBE:
+            return grpc.unary_unary_rpc_method_handler(
+                lambda request, context: json.dumps(
+                    {"queues": True, "dialects": ["googlesql"], "faults": True}
+                ).encode()
+            )
+        if method in CONTROL_METHODS:
+            return grpc.unary_unary_rpc_method_handler(self._control(CONTROL_METHODS[method]))
         own: dict[str, Callable[..., Any]] = {
             b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
             b.ADMIN + "CreateDatabase": self.schema.create_database,
@@ -105,25 +128,62 @@ class Front:
             b.SPANNER + "Commit": self.commit,
             b.SPANNER + "BeginTransaction": self.begin_transaction,
         }
-        if method == DESCRIBE:
-            return grpc.unary_unary_rpc_method_handler(
-                lambda request, context: json.dumps(
-                    {"queues": True, "dialects": ["googlesql"]}
-                ).encode()
-            )
         if method == b.SPANNER + "ExecuteStreamingSql":
-            return grpc.unary_stream_rpc_method_handler(self._logged(self.execute_streaming_sql))
+            return self._streaming(method, self._logged(self.execute_streaming_sql))
         if method == b.SPANNER + "BatchWrite":
-            return grpc.unary_stream_rpc_method_handler(self._logged(self.batch_write))
+            return self._streaming(method, self._logged(self.batch_write))
         if method in own:
-            return grpc.unary_unary_rpc_method_handler(self._guarded(method, own[method]))
+            return self._unary(method, self._guarded(method, own[method]))
         if method in STREAMING:
-            return grpc.unary_stream_rpc_method_handler(
-                lambda request, context: self.forward_stream(method, request, context)
+            return self._streaming(
+                method, lambda request, context: self.forward_stream(method, request, context)
             )
-        return grpc.unary_unary_rpc_method_handler(
-            lambda request, context: self.forward(method, request, context)
-        )
+        return self._unary(method, lambda request, context: self.forward(method, request, context))
+
+    # --- injected faults (faults.Faults) ---------------------------------------------------
+    def _control(self, name: str) -> Callable[[bytes, Any], bytes]:
+        def call(request: bytes, context: Any) -> bytes:
+            try:
+                body = json.loads(request or b"{}")
+                return json.dumps(
+                    self.faults.control(name, body, self.receiving.end_streams)
+                ).encode()
+            except (ValueError, TypeError) as exc:
+                status.abort(context, grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+
+        return call
+
+    def _fault(self, method: str, request: bytes, context: Any) -> Fault | None:
+        """The fault this call takes, if any; one that is not ``after`` ends it now."""
+        fault = self.faults.arrived(method.rsplit("/", 1)[-1], request)
+        if fault is None or fault.after:
+            return fault
+        if method == b.SPANNER + "Commit":
+            req = b.CommitRequest.FromString(request)
+            if req.transaction_id:  # Spanner drops the transaction of a failed commit
+                self.backend.rollback(req.session, req.transaction_id)
+        status.abort(context, fault.status, fault.message)
+
+    def _unary(self, method: str, fn: Callable[[bytes, Any], bytes]) -> grpc.RpcMethodHandler:
+        def call(request: bytes, context: Any) -> bytes:
+            fault = self._fault(method, request, context)
+            response = fn(request, context)
+            if fault is not None:  # after: applied, the answer replaced by the fault
+                status.abort(context, fault.status, fault.message)
+            return response
+
+        return grpc.unary_unary_rpc_method_handler(call)
+
+    def _streaming(
+        self, method: str, fn: Callable[[bytes, Any], Iterator[bytes]]
+    ) -> grpc.RpcMethodHandler:
+        def call(request: bytes, context: Any) -> Iterator[bytes]:
+            fault = self._fault(method, request, context)
+            yield from fn(request, context)
+            if fault is not None:
+                status.abort(context, fault.status, fault.message)
+
+        return grpc.unary_stream_rpc_method_handler(call)
 
     @staticmethod
     def _unavailable(method: str, reason: str) -> grpc.RpcMethodHandler:
@@ -320,10 +380,36 @@ class Front:
                 "transaction",
             )
 
+    def _scripted(
+        self, req: Any, found: tuple[st.QueueCall, s.QueueSchema] | None, context: Any
+    ) -> tuple[list[tuple[str, Any]], list[list[Any]]] | None:
+        """The scripted answer to ``req`` (``faults.Scripted``): (fields, rows), or None."""
+        script = self.faults.scripted(req.sql)
+        if script is None:
+            return None
+        if script.error is not None:
+            status.abort(context, script.error.status, script.error.message)
+        rows = [[wire_value(v) for v in row] for row in script.rows]
+        if found is None:
+            width = len(script.rows[0]) if script.rows else 1
+            return [(f"c{i}", b.field_type(b.TypeCode.STRING)) for i in range(width)], rows
+        call, queue = found
+        if call.kind == "RECEIVE":
+            fields = receive_fields(self.backend, _database_of(req.session), queue)
+        else:
+            fields = q.renew_fields()
+        return q.project(fields, [], call.columns)[0], rows
+
     def execute_sql(self, request: bytes, context: Any) -> bytes:
         req = b.ExecuteSqlRequest.FromString(request)
         st.check_parameter_count(len(req.params.fields))
         found = self._queue_call(req)
+        scripted = self._scripted(req, found, context)
+        if scripted is not None:
+            result = b.ResultSet(metadata=q.metadata(scripted[0]))
+            for row in scripted[1]:
+                result.rows.add().values.extend(row)
+            return result.SerializeToString()
         if found is None:
             self._refuse_update(_database_of(req.session), req.sql)
             return self.forward(b.SPANNER + "ExecuteSql", request, context)
@@ -357,6 +443,15 @@ class Front:
             req = b.ExecuteSqlRequest.FromString(request)
             st.check_parameter_count(len(req.params.fields))
             found = self._queue_call(req)
+            scripted = self._scripted(req, found, context)
+            if scripted is not None:
+                partial = b.PartialResultSet(metadata=q.metadata(scripted[0]), last=True)
+                if self.faults.resume_tokens:
+                    partial.resume_token = b"scripted"
+                for row in scripted[1]:
+                    partial.values.extend(row)
+                yield partial.SerializeToString()
+                return
             if found is None:
                 self._refuse_update(_database_of(req.session), req.sql)
             elif found[0].kind == "RENEWLEASE":

@@ -1,4 +1,5 @@
-"""``python -m spanner_queues.emulator --host-port 127.0.0.1:PORT``: a private Cloud Spanner
+"""``python -m spanner_queues_emulator --host-port 127.0.0.1:PORT`` (or the console script
+``spanner-queues-emulator``): a private Cloud Spanner
 emulator behind the queue-aware front. Prints ``ready HOST:PORT`` when clients may connect
 (``SPANNER_EMULATOR_HOST=HOST:PORT``); SIGTERM or SIGINT stops the front and the emulator
 (exit 0). Exits 1 when the port is taken or when the emulator behind the front dies, 2 on a bad
@@ -15,8 +16,8 @@ import signal
 import sys
 import threading
 
-from spanner_queues.emulator import EmulatorNotFound, QueueEmulator
-from spanner_queues.emulator.front import AddressInUse
+from spanner_queues_emulator import EmulatorNotFound, QueueEmulator
+from spanner_queues_emulator.front import AddressInUse
 
 
 def host_port(text: str) -> str:
@@ -45,7 +46,7 @@ def exposed(host: str) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m spanner_queues.emulator",
+        prog="python -m spanner_queues_emulator",
         description="Cloud Spanner emulator with Spanner queues (CREATE QUEUE, RECEIVE, "
         "RENEWLEASE, Send/Ack mutations) for local development and tests.",
     )
@@ -98,5 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
+def run() -> None:
+    """The ``spanner-queues-emulator`` console script."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

@@ -13,8 +13,12 @@ the client cancels or the front shuts down.
   stopped) is given back at once (``unclaim``), as if never leased. Rows handed to gRPC stay
   leased: what a client that stops reading without cancelling lets through its flow-control
   window is leased, as on Spanner, where a RECEIVE row is leased when the server produces it.
-- Every batch carries a resume token (Google's client holds rows back until one arrives);
-  resuming with it starts a new RECEIVE, and rows already sent stay leased to the first call.
+- Every batch carries a resume token (Google's client holds rows back until one arrives),
+  unless the front is configured without (``faults``); resuming with it starts a new RECEIVE,
+  and rows already sent stay leased to the first call.
+- ``end_streams()`` ends the streams open now as their ``max_duration`` would (later ones run
+  as usual); ``started()`` hears of each call and gives the callback that hears how it
+  ended: ``"ended"`` or ``"cancelled"``.
 """
 
 from __future__ import annotations
@@ -23,19 +27,23 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator import queues as q
-from spanner_queues.emulator import schema as s
-from spanner_queues.emulator import statements as st
-from spanner_queues.emulator import status
-from spanner_queues.semantics import DEFAULT_MAX_BATCH_SIZE, DEFAULT_MAX_DURATION, parse_duration
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator import queues as q
+from spanner_queues_emulator import schema as s
+from spanner_queues_emulator import statements as st
+from spanner_queues_emulator import status
+from spanner_queues_emulator.semantics import (
+    DEFAULT_MAX_BATCH_SIZE,
+    DEFAULT_MAX_DURATION,
+    parse_duration,
+)
 
-logger = logging.getLogger("spanner_queues.emulator")
+logger = logging.getLogger("spanner_queues_emulator")
 
 #: how long an idle RECEIVE sleeps at most between looks at its queue.
 IDLE_POLL_SECONDS = 0.5
@@ -46,8 +54,16 @@ STRONG_READS_KEPT = 10000
 class Receiving:
     """The RECEIVE streams of one front, and what they wait on."""
 
-    def __init__(self, backend: b.Backend) -> None:
+    def __init__(
+        self,
+        backend: b.Backend,
+        started: Callable[[], Callable[[str], None]] | None = None,
+        resume_tokens: Callable[[], bool] = lambda: True,
+    ) -> None:
         self.backend = backend
+        self._started = started
+        self._resume_tokens = resume_tokens
+        self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
         self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
@@ -57,6 +73,12 @@ class Receiving:
         """End open streams (they look at ``stopping`` after each wait)."""
         self.stopping.set()
         self.committed()
+
+    def end_streams(self) -> None:
+        """End the streams open now, as their ``max_duration`` would."""
+        with self._commits:
+            self._generation += 1
+            self._commits.notify_all()
 
     def committed(self) -> None:
         """Wake idle streams: a commit through the front may have made a message due."""
@@ -75,6 +97,17 @@ class Receiving:
     ) -> Iterator[bytes]:
         """Serve ``call`` (a parsed RECEIVE of ``queue``) for ``req``: serialized
         ``PartialResultSet`` messages, metadata on the first; ends the call on a refusal."""
+        ended = self._started() if self._started is not None else None
+        try:
+            yield from self._stream(req, database, call, queue, context)
+        finally:
+            if ended is not None:
+                ended("ended" if context.is_active() else "cancelled")
+
+    def _stream(
+        self, req: Any, database: str, call: st.QueueCall, queue: s.QueueSchema, context: Any
+    ) -> Iterator[bytes]:
+        generation = self._generation
         try:
             self._check_mode(req.transaction, queue)
             batch, duration = receive_args(call.args)
@@ -87,7 +120,7 @@ class Receiving:
         batches = 0
         looked = False  # a call looks at its queue at least once, however short its duration
         while not (done.is_set() or self.stopping.is_set()) and (
-            not looked or time.monotonic() < deadline
+            not looked or (time.monotonic() < deadline and generation == self._generation)
         ):
             looked = True
             try:
@@ -103,7 +136,9 @@ class Receiving:
                 # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
                 # already sent stay leased to this call.
                 batches += 1
-                partial = b.PartialResultSet(resume_token=f"receive-{batches}".encode())
+                partial = b.PartialResultSet()
+                if self._resume_tokens():
+                    partial.resume_token = f"receive-{batches}".encode()
                 if not sent_metadata:
                     partial.metadata.CopyFrom(q.metadata(fields))
                     sent_metadata = True
@@ -120,7 +155,8 @@ class Receiving:
             if earliest is not None:
                 wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
             with self._commits:
-                self._commits.wait(wait)
+                if generation == self._generation:
+                    self._commits.wait(wait)
         if not sent_metadata:
             fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
             yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()

@@ -1,7 +1,7 @@
 """Private Cloud Spanner emulator processes for tests and local development.
 
 ``start_emulator()`` runs Google's ``emulator_main`` on a free loopback port;
-``start_queue_emulator()`` runs ``python -m spanner_queues.emulator`` (the emulator behind the
+``start_queue_emulator()`` runs ``python -m spanner_queues_emulator`` (the emulator behind the
 queue-aware front) and waits for its ready line. Both stop when this interpreter exits, and
 with their parent on Linux.
 """
@@ -115,14 +115,14 @@ def start_emulator() -> tuple[str, subprocess.Popen[bytes]]:
 
 
 def start_queue_emulator() -> tuple[str, subprocess.Popen[bytes]]:
-    """Start ``python -m spanner_queues.emulator`` on a free loopback port (the emulator behind
+    """Start ``python -m spanner_queues_emulator`` on a free loopback port (the emulator behind
     the queue-aware front); return (host:port, process) once it says it is ready."""
     find_emulator()  # fail here, with the clear error, when the binary is missing
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "spanner_queues.emulator",
+            "spanner_queues_emulator",
             "--host-port",
             "127.0.0.1:0",
             "--exit-with-parent",

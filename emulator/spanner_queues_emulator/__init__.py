@@ -1,6 +1,7 @@
 """Spanner queues on a laptop: Google's Cloud Spanner emulator behind a queue-aware front.
 
-    python -m spanner_queues.emulator --host-port 127.0.0.1:9010
+    pip install ./emulator        # or: pip install spanner-queues-emulator
+    spanner-queues-emulator --host-port 127.0.0.1:9010   # = python -m spanner_queues_emulator
     export SPANNER_EMULATOR_HOST=127.0.0.1:9010
 
 or, in Python (tests)::
@@ -10,7 +11,8 @@ or, in Python (tests)::
 
 The front serves the whole Spanner gRPC API on one port; queue DDL, ``RECEIVE_<Q>``,
 ``RENEWLEASE_<Q>`` and the ``Send``/``Ack`` mutations are its own, everything else is the
-emulator's (``spanner_queues.emulator.front``). Nothing here is on the runtime path of the app.
+emulator's (``spanner_queues_emulator.front``). A distribution of its own
+(``spanner-queues-emulator``): it imports no Django and nothing of the ``spanner_queues`` app.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import threading
 from types import TracebackType
 from typing import Any
 
-from spanner_queues.emulator.process import (
+from spanner_queues_emulator.process import (
     EmulatorNotFound,
     ensure_database,
     ensure_emulator,
@@ -32,6 +34,8 @@ from spanner_queues.emulator.process import (
     start_queue_emulator,
     terminate,
 )
+
+__version__ = "0.1.0"
 
 __all__ = [
     "EmulatorNotFound",
@@ -46,7 +50,7 @@ __all__ = [
 ]
 
 
-logger = logging.getLogger("spanner_queues.emulator")
+logger = logging.getLogger("spanner_queues_emulator")
 
 
 class QueueEmulator:
@@ -56,8 +60,8 @@ class QueueEmulator:
     ends open RECEIVE streams, the front and the emulator; nothing is left running.
 
     Should ``emulator_main`` exit by itself, the front logs it (logger
-    ``spanner_queues.emulator``, ERROR), answers every call ``UNAVAILABLE`` naming the cause,
-    and sets ``failed`` (``failure`` says why); ``python -m spanner_queues.emulator`` then
+    ``spanner_queues_emulator``, ERROR), answers every call ``UNAVAILABLE`` naming the cause,
+    and sets ``failed`` (``failure`` says why); ``python -m spanner_queues_emulator`` then
     exits non-zero. ``start()`` raises ``AddressInUse`` when the port is taken.
     """
 
@@ -73,7 +77,7 @@ class QueueEmulator:
         self._watcher: threading.Thread | None = None
 
     def start(self) -> QueueEmulator:
-        from spanner_queues.emulator.front import serve
+        from spanner_queues_emulator.front import serve
 
         backend, self._emulator = start_emulator()
         try:

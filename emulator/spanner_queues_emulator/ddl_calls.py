@@ -16,9 +16,9 @@ from google.cloud.spanner_admin_database_v1.types import spanner_database_admin 
 from google.longrunning import operations_pb2
 from google.protobuf import empty_pb2
 
-from spanner_queues.emulator import backend as b
-from spanner_queues.emulator import queues as q
-from spanner_queues.emulator import schema as s
+from spanner_queues_emulator import backend as b
+from spanner_queues_emulator import queues as q
+from spanner_queues_emulator import schema as s
 
 UpdateDatabaseDdlRequest = admin_types.UpdateDatabaseDdlRequest.pb()
 CreateDatabaseRequest = admin_types.CreateDatabaseRequest.pb()

@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from spanner_queues.emulator.schema import code_only, split_top_level, strip_comments, unquote
+from spanner_queues_emulator.schema import code_only, split_top_level, strip_comments, unquote
 
 _NAME = r"`[^`]+`|[A-Za-z_]\w*"
 #: a queue function: ``RECEIVE_Q``, ```RECEIVE_my-q```, ``spanner.receive_q``.
@@ -42,6 +42,16 @@ _UPSERT = re.compile(
     re.I,
 )
 RECEIVE_ARGS = ("max_batch_size", "priority", "max_duration")
+#: the PostgreSQL spelling (``spanner.receive_q``) of the queue functions' own columns.
+PG_COLUMNS = {
+    "payload": "Payload",
+    "deliver_time": "DeliverTime",
+    "spanner_lease_token": "SpannerLeaseToken",
+    "spanner_lease_expiration_timestamp": "SpannerLeaseExpirationTimestamp",
+    "spanner_last_batch_message": "SpannerLastBatchMessage",
+    "spanner_old_lease_token": "SpannerOldLeaseToken",
+    "spanner_new_lease_token": "SpannerNewLeaseToken",
+}
 #: Spanner refuses a statement with more query parameters than this, whatever it calls (a
 #: RENEWLEASE array literal of parameters included); the emulator checks the statements it
 #: runs, the front the ones it answers itself.
@@ -116,6 +126,8 @@ def parse_call(sql: str, params: dict[str, Any]) -> QueueCall:
     kind = kind.upper()
     cols = m.group("cols").strip()
     columns = None if cols == "*" else tuple(_column(c) for c in split_top_level(cols))
+    if columns is not None and fn.lower().startswith("spanner."):  # PostgreSQL spelling
+        columns = tuple(PG_COLUMNS.get(c.lower(), c) for c in columns)
     raw = split_top_level(m.group("args"))
     if kind == "RECEIVE":
         args = _receive_args(raw, params)
