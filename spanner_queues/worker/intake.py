@@ -364,7 +364,7 @@ class Intake:
         # one queue's stream (native queues) held up every other, and a round over N idle
         # queues took N waits (30 queues: 15 s before a task was run). The streams go on
         # receiving in the background; the next round, ``poll_interval`` later, takes it.
-        wait = 0.0 if len(self.plans) > 1 else None
+        wait = 0.0 if len(self.config.plans) > 1 else None
         messages = api.receive(plan.model, max_messages=want, lease=self.config.lease, wait=wait)
         if not messages:
             return 0

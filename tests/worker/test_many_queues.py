@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from spanner_queues import api
-from spanner_queues.worker import Worker, WorkerEvents
 from spanner_queues.exceptions import InvalidArgument
+from spanner_queues.worker import Worker, WorkerEvents
 from tests.workerapp.models import Events, WorkItems, WorkLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
