@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import re
 import threading
@@ -183,7 +184,6 @@ class SQLiteDriver(Driver):
 def emulator_has_queues(host: str) -> bool:
     """Ask the emulator at ``host`` whether it has queues: the queue-aware front answers its
     ``Describe`` call, Google's plain emulator answers UNIMPLEMENTED."""
-    import json
 
     import grpc
 

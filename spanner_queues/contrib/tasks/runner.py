@@ -39,9 +39,17 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
+from django.core import checks
 from django.utils.module_loading import import_string
 
 from spanner_queues import api, clock
+from spanner_queues.contrib.tasks.backend import (
+    QueueBackend,
+    check_django_tasks_installed,
+    missing_task,
+    result_from_record,
+    task_of,
+)
 from spanner_queues.contrib.tasks.models import (
     FAILED,
     FINISHED,
@@ -81,7 +89,6 @@ def queue_backends() -> list[Any]:
             cls = import_string(conf.get("BACKEND", ""))
         except ImportError:
             continue  # django-tasks' own checks report it
-        from spanner_queues.contrib.tasks.backend import QueueBackend
 
         if isinstance(cls, type) and issubclass(cls, QueueBackend):
             from django_tasks import task_backends
@@ -97,10 +104,6 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
     labels: list[str] = []
     backends = queue_backends()
     if backends:
-        from django.core import checks
-
-        from spanner_queues.contrib.tasks.backend import check_django_tasks_installed
-
         checks.register(check_django_tasks_installed)
     for backend in backends:
         # (a label naming no declared queue is left out: the backend's check E102 reports it)
@@ -122,8 +125,6 @@ def run_task(message: Message) -> None:
     from django_tasks.exceptions import InvalidTaskError
     from django_tasks.signals import task_finished, task_started
     from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
-
-    from spanner_queues.contrib.tasks.backend import missing_task, result_from_record, task_of
 
     model = get_queue(message.queue)
     engine = engine_for(model)

@@ -11,12 +11,15 @@ import pytest
 from django.db import connections
 
 from spanner_queues import api, clock
+from spanner_queues.engines import engine_for
 from spanner_queues.message import Message
+from spanner_queues.options import queue_options
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.receivers import receiver as register_receiver
 from spanner_queues.testing.conformance.models import Jobs
 from spanner_queues.testing.conformance.support import wait_until
 from spanner_queues.worker import Worker
+from spanner_queues.worker.outcomes import DeliveryPolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -53,9 +56,6 @@ def test_a_receiver_failing_on_attempt_1_succeeds_on_attempt_2_and_the_message_i
 
 
 def test_attempt_increases_by_one_per_delivery_of_an_unacked_message() -> None:
-    from spanner_queues.engines import engine_for
-    from spanner_queues.options import queue_options
-    from spanner_queues.worker.outcomes import DeliveryPolicy
 
     assert not queue_options(Jobs).max_attempts
     policy = DeliveryPolicy(engine_for(Jobs))

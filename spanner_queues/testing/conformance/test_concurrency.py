@@ -9,9 +9,10 @@ import threading
 from datetime import timedelta
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 
 from spanner_queues import api
+from spanner_queues.drivers import driver_for
 from spanner_queues.testing.conformance.models import Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -76,13 +77,6 @@ def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
 def test_a_claim_skips_rows_another_transaction_has_locked() -> None:
     """Where the database has SELECT ... FOR UPDATE SKIP LOCKED (PostgreSQL), a claim passes
     over rows another transaction holds instead of waiting for them."""
-    import threading
-
-    from django.db import connections, transaction
-
-    from spanner_queues import api
-    from spanner_queues.drivers import driver_for
-    from spanner_queues.testing.conformance.models import Jobs
 
     if not driver_for("default").claims_skip_locked:
         pytest.skip("the database has no FOR UPDATE SKIP LOCKED")
