@@ -105,3 +105,43 @@ def test_a_take_wakes_the_idle_stream_at_once() -> None:
         assert [d.key for d in receiver.take(1, wait=0.3)] == [("b",)]
     finally:
         receiver.stop(timeout=5)
+
+
+def test_a_take_that_waits_for_nothing_still_hears_its_new_streams_first_answer() -> None:
+    """A worker of several queues takes what each stream holds now (``wait=0``); a stream just
+    opened has answered nothing yet, so the take waits for its first call to end: a probe's
+    rows come back with it (a burst worker drained nothing: it saw no call open and stopped),
+    and a queue that is gone raises (the worker never heard of a dropped queue)."""
+    from google.api_core import exceptions as gexc
+
+    from spanner_queues.exceptions import QueueError
+
+    release = threading.Event()
+
+    def open_stream(max_batch_size: int, *, brief: bool = False, probe: bool = False) -> Any:
+        assert release.wait(5)  # the first call answers a moment later
+        yield "a"
+
+    def parse(row: str) -> Delivery:
+        return Delivery((row,), b"", None, f"t-{row}", clock.now() + timedelta(seconds=10), True)
+
+    receiver = Receiver("q", open_stream, parse, linger=30.0, probe=True)
+    try:
+        receiver.start()
+        threading.Timer(0.2, release.set).start()
+        assert [d.key for d in receiver.take(1, wait=0, first_answer=5)] == [("a",)]
+    finally:
+        receiver.stop(timeout=5)
+
+    def gone(max_batch_size: int, *, brief: bool = False, probe: bool = False) -> Any:
+        assert release.wait(5)
+        raise gexc.InvalidArgument("Table-valued function not found: RECEIVE_q")
+        yield  # a generator, as the real calls
+
+    broken = Receiver("q", gone, parse, linger=30.0, probe=True)
+    try:
+        broken.start()
+        with pytest.raises(QueueError, match="INVALID_ARGUMENT"):
+            broken.take(1, wait=0, first_answer=5)
+    finally:
+        broken.stop(timeout=5)

@@ -171,8 +171,10 @@ def visible(text: str) -> SafeString:
 
 
 def label_html(label: str) -> SafeString:
-    """A queue label (``app_label.Model``) that may wrap after its dot, never inside a name."""
-    return mark_safe(escape(label).replace(".", ".<wbr>"))  # escaped first
+    """A queue label (``app_label.Model``) that may wrap after its dot and after the
+    underscores of a long app label (``spanner_queues_conformance``), never inside a word."""
+    # escaped first
+    return mark_safe(escape(label).replace(".", ".<wbr>").replace("_", "_<wbr>"))
 
 
 def key_text(message: Message) -> SafeString:

@@ -31,7 +31,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone
-from django.utils.safestring import SafeString
+from django.utils.safestring import SafeString, mark_safe
 
 from spanner_queues import clock, controls
 from spanner_queues.adminsite.actions import (
@@ -129,6 +129,11 @@ class QueueRow:
     @property
     def dead_letter_html(self) -> SafeString:
         return label_html(self.dead_letter_queue or "")
+
+    @property
+    def dead_letter_of_html(self) -> SafeString:
+        """The queues that dead-letter into this one, each label free to wrap."""
+        return mark_safe(", ".join(label_html(label) for label in self.dead_letter_of))
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,8 @@ class NativeQueueEngine(BaseQueueEngine):
             max_messages,
             self.receive_wait if wait is None else wait,
             last_sent=streams.last_sent(self.alias, model._meta.label),
+            # (a stream just opened answers first: what is due, or that the queue is gone)
+            first_answer=self.receive_wait,
         )
         if not taken:
             return []

@@ -186,6 +186,8 @@ class Receiver:
         self._open_since: float | None = None
         self._thread: threading.Thread | None = None
         self.streams_started = 0
+        #: RECEIVE calls that have ended (by their max_duration, a cancel or an error)
+        self.calls_ended = 0
         #: held rows whose lease ended before they were handed out (Spanner's metric name).
         self.lease_expiration_count = 0
         self.last_error: BaseException | None = None
@@ -361,6 +363,7 @@ class Receiver:
                     self._probe_next = full if probe else True
                     self._batch_open = False
                     self._calling = False
+                    self.calls_ended += 1
                     self._cond.notify_all()
 
     def _cancel_stream(self) -> None:
@@ -495,12 +498,20 @@ class Receiver:
         return taken
 
     def take(
-        self, max_messages: int, wait: float, *, last_sent: float | None = None
+        self,
+        max_messages: int,
+        wait: float,
+        *,
+        last_sent: float | None = None,
+        first_answer: float = 0.0,
     ) -> list[Delivery]:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
         (only a moment when a call has been open that long and brought nothing, and this
         process sent nothing to the queue since it opened, ``last_sent`` (monotonic): nothing
-        is due), then for the rest of its batch (``SpannerLastBatchMessage``)."""
+        is due), then for the rest of its batch (``SpannerLastBatchMessage``). A stream whose
+        first call has not ended is waited for up to ``first_answer`` seconds, until that call
+        ends (a probe that found nothing due) or fails (a permanent error is raised here): a
+        caller that waits for nothing still hears that its queue is gone."""
         opened = self._open_since
         if (
             opened is not None
@@ -508,6 +519,11 @@ class Receiver:
             and (last_sent is None or last_sent < opened)
         ):
             wait = min(wait, WARM_WAIT)
+        unanswered = self.calls_ended == 0 and self.fatal is None
+        if unanswered and first_answer > wait:
+            wait = first_answer
+        else:
+            unanswered = False
         deadline = time.monotonic() + wait
         self.want(max_messages)
         with self._cond:
@@ -526,7 +542,8 @@ class Receiver:
                     enough = free >= max_messages
                     batch_done = free > 0 and not self._batch_open
                     remaining = deadline - time.monotonic()
-                    if enough or batch_done or remaining <= 0:
+                    answered = unanswered and self.calls_ended > 0  # its first call ended
+                    if enough or batch_done or answered or remaining <= 0:
                         taken = self._pop(max_messages)
                         short = len(taken) < max_messages
                         break

@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -49,18 +50,28 @@ class StopOnSignal:
         self._stopping = stopping
         self._emit = emit
         self._abort = abort
+        #: a first signal came (its stop may still be on its way)
+        self._signalled = False
+
+    def _begin_stop(self) -> None:
+        self._emit("stopping")
+        self._stop()
 
     def __call__(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        if not self._stopping():
+        if not (self._signalled or self._stopping()):
+            self._signalled = True
             logger.warning(
                 "%s received: finishing in-flight messages, then exiting (send it again to "
                 "exit at once).",
                 name,
                 extra={"action": "stopping"},
             )
-            self._emit("stopping")
-            self._stop()
+            # The stop runs on a thread of its own, not in the handler: the handler runs on
+            # the main thread between two of its bytecodes, maybe inside a listener that
+            # holds a plain lock (the health probes'), and the "stopping" event would wait
+            # for that lock on the thread that holds it, for ever.
+            threading.Thread(target=self._begin_stop, name="sq-stop", daemon=True).start()
         else:
             logger.warning(
                 "%s received again: exiting now; unacked messages are redelivered after "

@@ -1,0 +1,55 @@
+"""The first SIGTERM stops the worker even when it lands inside a listener that holds a plain
+lock: the handler runs on the main thread between two bytecodes, and its "stopping" event
+waited, on that very thread, for the lock the thread held (the health probes' listener holds
+one for every event of the intake loop): the worker never stopped and its probes hung. The
+stop now runs on a thread of its own. A second signal still ends the process at once."""
+
+from __future__ import annotations
+
+import signal
+import threading
+from typing import Any
+
+import pytest
+
+from spanner_queues.worker.signals import StopOnSignal
+from tests.conftest import wait_until
+
+pytestmark = pytest.mark.engine_independent
+
+
+def test_a_signal_inside_a_listener_holding_its_lock_still_stops_the_worker() -> None:
+    lock = threading.Lock()  # a listener's plain lock, as WorkerHealth's
+    events: list[str] = []
+    stopped = threading.Event()
+
+    def emit(name: str, **info: Any) -> None:
+        with lock:
+            events.append(name)
+
+    handler = StopOnSignal(stopped.set, stopped.is_set, emit, abort=lambda: None)
+    returned = threading.Event()
+
+    def main_thread_inside_the_listener() -> None:
+        with lock:  # the signal lands here
+            handler(signal.SIGTERM)
+            returned.set()
+
+    thread = threading.Thread(target=main_thread_inside_the_listener, daemon=True)
+    thread.start()
+    assert returned.wait(5), "the handler waited for a lock its own thread holds"
+    thread.join(5)
+    wait_until(stopped.is_set, timeout=5)
+    assert events == ["stopping"]
+
+
+def test_a_second_signal_aborts_even_before_the_first_stop_has_run() -> None:
+    aborted = threading.Event()
+    gate = threading.Event()
+    handler = StopOnSignal(
+        lambda: None, lambda: False, lambda name, **info: gate.wait(5), abort=aborted.set
+    )
+    handler(signal.SIGTERM)  # its stop waits on the gate
+    handler(signal.SIGTERM)
+    assert aborted.is_set()
+    gate.set()
