@@ -84,7 +84,14 @@ def test_readyz_is_503_while_the_worker_stops_and_livez_stays_200(workers, tmp_p
     trace, release = tmp_path / "trace", tmp_path / "release"
     w = workers("workerapp.WorkItems", "--health-port", "0", "-v1")
     wait_until(lambda: w.status("/readyz") == 200, TIMEOUT)
-    WorkItems.send(id="slow", payload={"trace": str(trace), "block": str(release)})
+    # A receiver outside a transaction (atomic=False): an atomic one would hold its write
+    # transaction open while it blocks, and on a database with one writer at a time (SQLite,
+    # the emulator) the worker's own next write waits behind it; its main thread then sat in
+    # that call and ran the SIGTERM handler only once the receiver gave up (120 s; the worker
+    # how-to says so of stuck atomic receivers). What this test pins is the probes.
+    WorkItems.send(
+        id="slow", payload={"mode": "external", "trace": str(trace), "block": str(release)}
+    )
     wait_until(lambda: _running(trace), TIMEOUT)
     w.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: w.status("/readyz") == 503, TIMEOUT)
