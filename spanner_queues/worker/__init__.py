@@ -68,7 +68,7 @@ from spanner_queues.worker.events import (
     WorkerStats,
 )
 from spanner_queues.worker.execution import Execution, recycle_connections
-from spanner_queues.worker.intake import Intake, plan_queues
+from spanner_queues.worker.intake import SIGNAL_SLICE, Intake, plan_queues
 from spanner_queues.worker.leases import Renewer
 from spanner_queues.worker.limits import STUCK_GRACE_SECONDS, TimeLimits
 from spanner_queues.worker.outcomes import PARKED_UNTIL, Outcomes
@@ -275,12 +275,18 @@ class Worker:
                 # Ended by burst or max_messages: finish what is held, prefetched included
                 # (a stop() meanwhile releases the messages not yet started).
                 with held.cond:
-                    held.cond.wait_for(lambda: held.stopping or held.in_flight == 0)
+                    while not held.cond.wait_for(
+                        lambda: held.stopping or held.in_flight == 0, timeout=SIGNAL_SLICE
+                    ):
+                        pass  # (in slices: a signal handler runs between them)
             finally:
                 self.stop()
                 self._stop_streams()
                 with held.cond:  # (a stuck receiver is not waited for: see limits)
-                    held.cond.wait_for(lambda: held.in_flight <= held.stuck_units)
+                    while not held.cond.wait_for(
+                        lambda: held.in_flight <= held.stuck_units, timeout=SIGNAL_SLICE
+                    ):
+                        pass  # (in slices: a second signal still aborts at once)
                 for _ in threads:
                     held.units.put(None)
                 for t in threads:

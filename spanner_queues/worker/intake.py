@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spanner_queues.worker")
 
+#: seconds a wait of the main thread lasts at most before it looks again (signal handlers run)
+SIGNAL_SLICE = 0.2
+
 #: adaptive prefetch: most seconds of work one thread holds waiting (at the measured average)
 AHEAD_SECONDS = 0.25
 #: adaptive prefetch: most units one thread holds
@@ -147,7 +150,13 @@ class Intake:
         threading.Thread(target=self.watch_pauses, name="sq-pauses", daemon=True).start()
         while True:
             with self.held.cond:
-                self.held.cond.wait_for(lambda: self.held.stopping or self.wants_more())
+                # (in slices: CPython runs a signal handler only on the main thread, and a
+                # SIGTERM the kernel gave another thread does not wake a wait with no timeout:
+                # the stop waited for the running receiver, 120 s)
+                while not self.held.cond.wait_for(
+                    lambda: self.held.stopping or self.wants_more(), timeout=SIGNAL_SLICE
+                ):
+                    pass
                 if self.held.stopping:
                     return
                 idle_before = self.held.in_flight == 0

@@ -53,3 +53,36 @@ def test_a_second_signal_aborts_even_before_the_first_stop_has_run() -> None:
     handler(signal.SIGTERM)
     assert aborted.is_set()
     gate.set()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_sigterm_the_kernel_gives_another_thread_stops_the_worker_at_once() -> None:
+    """CPython runs a signal handler on the main thread only, and a SIGTERM delivered to
+    another thread does not wake a main thread waiting with no timeout: the worker went on
+    for as long as its running receiver did (120 s in the health-probe test under load)."""
+    from spanner_queues.worker import Worker
+    from tests.workerapp import receivers
+    from tests.workerapp.models import WorkItems
+
+    hang = receivers.HANGS.setdefault("sigterm-elsewhere", threading.Event())
+    WorkItems.send(payload={"hang": "sigterm-elsewhere"})
+    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=True, poll_interval=0.05)
+    seen: list[bool] = []
+
+    def elsewhere() -> None:
+        try:
+            wait_until(lambda: worker.held.in_flight > 0, timeout=30)
+            signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread
+            try:
+                wait_until(lambda: worker.stopping, timeout=5)
+                seen.append(True)
+            except BaseException:
+                seen.append(False)
+        finally:
+            hang.set()
+
+    helper = threading.Thread(target=elsewhere, daemon=True)
+    helper.start()
+    worker.run()  # on the main thread, where the handler is installed
+    helper.join(10)
+    assert seen == [True]
