@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/hand_sql_vs_orm.py                    # SQLite and PostgreSQL
     .venv/bin/python benchmarks/hand_sql_vs_orm.py --backend sqlite --rounds 8
 
-``spanner_queues.engines.table_sql.RowStatements`` writes the claim's compare-and-set UPDATE,
+``spanner_queues.engines.table.RowStatements`` writes the claim's compare-and-set UPDATE,
 the ack's DELETE (by key, and by key + lease token) and the lease-token read once per queue, and
 runs them with parameters prepared by the fields. The ORM equivalents are the querysets they
 stand for: ``filter(<key>, DeliverTime=<read>)._update_bookkeeping(...)``,
@@ -23,7 +23,6 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,8 +38,17 @@ def _orm_statements() -> dict[str, Any]:
         model = self.key[0].model
         return rows(model, self.using).filter(key_filter(model, tuple(key)))
 
-    def claim(self: Any, key: Sequence[Any], was_due: datetime, **values: Any) -> int:
-        return _rows(self, key).filter(deliver_time=was_due)._update_bookkeeping(**values)
+    def claim(self: Any, c: Any) -> int:
+        return (
+            _rows(self, c.key)
+            .filter(deliver_time=c.was_due)
+            ._update_bookkeeping(
+                lease_token=c.lease_token,
+                lease_expires_at=c.lease_expires_at,
+                attempts=c.attempts,
+                deliver_time=c.deliver_time,
+            )
+        )
 
     def held_by(self: Any, key: Sequence[Any]) -> list[str | None]:
         return list(_rows(self, key).values_list("lease_token", flat=True))
@@ -70,7 +78,7 @@ def child(backend: str, rounds: int, depth: int) -> None:
 
             _setup(backend, workdir)
         from benchmarks.core import _claim_ack
-        from spanner_queues.engines.table_sql import RowStatements
+        from spanner_queues.engines.table import RowStatements
 
         hand = {name: getattr(RowStatements, name) for name in ("claim", "held_by", "delete")}
         orm = _orm_statements()

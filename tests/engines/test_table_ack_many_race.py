@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from spanner_queues import api
-from spanner_queues.engines.table_acks import TableAcks
+from spanner_queues.engines.table import TableQueueEngine
 from spanner_queues.exceptions import MessageAlreadyAcked
 from spanner_queues.models import QueueQuerySet
 from tests.testapp.models import Jobs
@@ -38,6 +38,6 @@ def test_ack_many_outside_a_transaction_detects_a_concurrent_ack(
     monkeypatch.setattr(QueueQuerySet, "_raw_delete", racing_delete)
     # (the table engine's per-key path runs each DELETE with its own count check: the
     # set-based path is the one this race is about)
-    monkeypatch.setattr(TableAcks, "_delete_each", staticmethod(lambda *args: False))
+    monkeypatch.setattr(TableQueueEngine, "_delete_each", staticmethod(lambda *args: False))
     with pytest.raises(MessageAlreadyAcked):
         api.ack_many(Jobs, [a, b])  # autocommit: no transaction of the caller

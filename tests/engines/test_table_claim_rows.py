@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.engines import engines
-from spanner_queues.engines.table_sql import Claim, row_statements
+from spanner_queues.engines.table import Claim, row_statements
 from spanner_queues.storage import rows
 from tests.testapp.models import UserTasks
 
