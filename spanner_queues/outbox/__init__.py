@@ -43,22 +43,23 @@ Guarantees:
   ``QuerySet.update``, ``bulk_update`` and raw deletes send no signals: call ``send_for`` in the
   same ``atomic()`` block. ``QuerySet.delete()`` does send signals and is covered.
 
-The package, one job per module: ``registration`` (the ``Registration`` and its store, the
-transaction guard, the send), ``registering`` (``register``/``unregister``), ``signals`` (the
-model-signal receivers and their wiring), ``changes`` (change detection), ``builders`` (default
-keys and payloads), ``manual`` (``send_for``, ``manual_send``, ``OutboxQuerySet``).
+The package: ``registration`` (``register``/``unregister``, the ``Registration`` and its store,
+the model-signal receivers, the transaction guard, the send), ``changes`` (what a save changed,
+read in its transaction) and ``manual`` (``send_for``, ``manual_send``, ``OutboxQuerySet``). The
+public names are these; the modules are private.
 """
 
 from __future__ import annotations
 
 from spanner_queues.outbox.manual import OutboxQuerySet, manual_send, send_for
-from spanner_queues.outbox.registering import register, unregister
 from spanner_queues.outbox.registration import (
     EVENTS,
     KeyBuilder,
     PayloadBuilder,
     Registration,
+    register,
     registrations,
+    unregister,
 )
 
 __all__ = [
