@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.utils import timezone
 
-from spanner_queues.adminsite.models import QueueDepthSample, Queues  # noqa: F401  (admin)
 from spanner_queues.api import replace, send_many
 from spanner_queues.controls import PausedQueue, QueueRate  # noqa: F401  (operator controls)
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.keys import row_to_message
+from spanner_queues.monitoring import QueueDepthSample  # noqa: F401  (the depth chart's history)
 from spanner_queues.payload import BYTES
 from spanner_queues.storage import (  # noqa: F401  (public here too)
     BOOKKEEPING_FIELDS,
@@ -141,3 +141,25 @@ class Queue(models.Model, metaclass=QueueBase):
 
     def as_message(self) -> Message:
         return row_to_message(type(self), self)
+
+
+class Queues(models.Model):
+    """No table: carries the admin's permissions and its entry on the admin index.
+
+    ``view_queues`` lets staff see the queue pages; each kind of action has its own permission.
+    """
+
+    class Meta:
+        managed = False
+        verbose_name = "queue"
+        verbose_name_plural = "queues"
+        default_permissions = ("view",)
+        permissions = [
+            ("ack_message", "Can ack (delete) queue messages"),
+            ("reschedule_message", "Can deliver queue messages now or reschedule them"),
+            ("dead_letter_message", "Can move messages to and replay them from dead-letter queues"),
+            ("pause_queue", "Can pause and resume queues for every worker"),
+        ]
+
+    def __str__(self) -> str:
+        return "queues"

@@ -1,4 +1,5 @@
-"""Samples of queue depth over time, for the admin's depth chart.
+"""Samples of queue depth over time, for the admin's depth chart: the ``QueueDepthSample`` model
+(app ``spanner_queues``: ``spanner_queues.models`` imports it) and the writer of its rows.
 
 ``record_depth_samples()`` stores one ``QueueDepthSample`` per declared queue from
 ``engine.stats()``. A worker (a ``periodic`` receiver) or a cron job calls it on its own
@@ -12,15 +13,47 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
+from django.db import models
+
 from spanner_queues import clock
-from spanner_queues.adminsite.models import QueueDepthSample, Queues
 from spanner_queues.registry import engine_for, queue_models
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
     from spanner_queues.models import Queue
 
-__all__ = ["SAMPLE_RETENTION", "QueueDepthSample", "Queues", "record_depth_samples"]
+__all__ = ["SAMPLE_RETENTION", "QueueDepthSample", "record_depth_samples"]
+
+
+class QueueDepthSample(models.Model):
+    """The counts of one queue at one moment, for the admin's depth chart."""
+
+    queue = models.CharField(max_length=200)
+    measured_at = models.DateTimeField()
+    total = models.PositiveIntegerField()
+    ready = models.PositiveIntegerField()
+    scheduled = models.PositiveIntegerField()
+    leased = models.PositiveIntegerField()
+
+    class Meta:
+        verbose_name = "queue depth sample"
+        indexes = [models.Index(fields=["queue", "measured_at"], name="sq_depth_queue_time")]
+        default_permissions = ()
+
+    def __str__(self) -> str:
+        return f"{self.queue} at {self.measured_at:%Y-%m-%d %H:%M:%S}: {self.total}"
+
+    @classmethod
+    def from_stats(cls, stats: QueueStats) -> QueueDepthSample:
+        return cls(
+            queue=stats.queue,
+            measured_at=stats.measured_at,
+            total=stats.total,
+            ready=stats.ready,
+            scheduled=stats.scheduled,
+            leased=stats.leased,
+        )
+
 
 #: samples older than this are deleted when new ones are recorded.
 SAMPLE_RETENTION = timedelta(days=7)

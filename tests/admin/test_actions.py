@@ -12,7 +12,7 @@ from django.test import Client
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.adminsite.browse import key_token
+from spanner_queues.admin.browse import key_token
 from spanner_queues.engines import engines
 from tests.admin.conftest import action_url, queue_url
 from tests.conftest import receive_due

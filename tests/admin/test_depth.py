@@ -9,7 +9,7 @@ from django.test import Client
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.adminsite.chart import depth_chart, recent_samples
+from spanner_queues.admin.chart import depth_chart, recent_samples
 from spanner_queues.engines import engines
 from spanner_queues.monitoring import SAMPLE_RETENTION, QueueDepthSample, record_depth_samples
 from tests.admin.conftest import queue_url

@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from spanner_queues import api
-from spanner_queues.adminsite.browse import key_token, parse_key_token
+from spanner_queues.admin.browse import key_token, parse_key_token
 from tests.admin.conftest import OVERVIEW, action_url, queue_url
 from tests.admin.test_actions import SELECTED, log_entries, notes, run
 from tests.testapp.models import Jobs, UserTasks
@@ -68,7 +68,7 @@ def test_ack_refuses_a_message_changed_since_it_was_shown(
     operator_client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Like reschedule: a message replaced under its key since it was read is not deleted."""
-    from spanner_queues.adminsite import views
+    from spanner_queues.admin import views
 
     Jobs.send(id="k", payload="old")
     real = views.get_messages

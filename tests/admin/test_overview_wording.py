@@ -13,7 +13,7 @@ from django.test import Client
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.adminsite.chart import depth_chart
+from spanner_queues.admin.chart import depth_chart
 from spanner_queues.monitoring import QueueDepthSample
 from tests.admin.conftest import OVERVIEW, queue_url
 from tests.testapp.models import Emails, Jobs

@@ -9,7 +9,7 @@ import pytest
 from django.test import Client
 
 from spanner_queues import api
-from spanner_queues.adminsite.browse import key_token
+from spanner_queues.admin.browse import key_token
 from spanner_queues.monitoring import QueueDepthSample
 from tests.admin.conftest import OVERVIEW, queue_url
 from tests.testapp.models import Emails, EmailsDead, Jobs, Upload, UploadTasks, UserTasks

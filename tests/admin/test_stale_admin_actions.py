@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from spanner_queues import api
-from spanner_queues.adminsite.actions import ACTIONS, perform
-from spanner_queues.adminsite.browse import get_messages
+from spanner_queues.admin.actions import ACTIONS, perform
+from spanner_queues.admin.browse import get_messages
 from spanner_queues.exceptions import MessageAlreadyAcked
 from tests.testapp.models import Jobs
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def test_admin_deliver_now_does_not_resurrect_a_stale_payload(django_user_model: Any) -> None:
-    """adminsite/actions.py promises that a message acked by a receiver since the page was
+    """admin/actions.py promises that a message acked by a receiver since the page was
     shown is not resurrected. The view reads the messages (get_messages) outside the action's
     transaction, and the action acks *by key* and re-sends the payload it read. If meanwhile a
     receiver acked the message and sent a new one under the same key (checkpoint(),

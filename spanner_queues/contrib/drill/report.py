@@ -1,6 +1,6 @@
 """The drill's report: ``report.md`` (figures, verdict, timeline, method), ``depth.svg`` (queue
 depth over time with the kills and aborts marked) and ``report.json`` (the same figures, for
-machines). The chart's geometry is the admin's (``adminsite.chart.depth_chart``)."""
+machines). The chart's geometry is the admin's (``admin.chart.depth_chart``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shlex
 from html import escape
 from pathlib import Path
 
-from spanner_queues.adminsite.chart import depth_chart
+from spanner_queues.admin.chart import depth_chart
 from spanner_queues.contrib.drill.runner import DrillResult
 
 #: listed in the report at most (the JSON file has them all)

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from spanner_queues import clock
-from spanner_queues.adminsite.models import QueueDepthSample
+from spanner_queues.monitoring import QueueDepthSample
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats

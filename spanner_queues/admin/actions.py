@@ -22,7 +22,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
 from spanner_queues import api, deadletter
-from spanner_queues.adminsite.browse import database, key_token
+from spanner_queues.admin.browse import database, key_token
 from spanner_queues.exceptions import MessageAlreadyAcked
 from spanner_queues.keys import key_filter, row_to_message
 from spanner_queues.message import Message

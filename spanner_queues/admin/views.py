@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.utils.safestring import SafeString, mark_safe
 
 from spanner_queues import clock, controls
-from spanner_queues.adminsite.actions import (
+from spanner_queues.admin.actions import (
     ACTIONS,
     VIEW_PERMISSION,
     QueueAction,
@@ -43,7 +43,7 @@ from spanner_queues.adminsite.actions import (
     perform,
     replay_target,
 )
-from spanner_queues.adminsite.browse import (
+from spanner_queues.admin.browse import (
     STATE_LABELS,
     STATES,
     Payload,
@@ -61,7 +61,7 @@ from spanner_queues.adminsite.browse import (
     state_of,
     visible,
 )
-from spanner_queues.adminsite.chart import DepthChart, depth_chart, recent_samples
+from spanner_queues.admin.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
 from spanner_queues.exceptions import InvalidMessage, QueueError, UnknownQueue
