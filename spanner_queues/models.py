@@ -29,19 +29,22 @@ from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledge
 from spanner_queues.keys import row_to_message
 from spanner_queues.monitoring import QueueDepthSample  # noqa: F401  (the depth chart's history)
 from spanner_queues.payload import BYTES
-from spanner_queues.storage import (  # noqa: F401  (public here too)
+from spanner_queues.storage import (
     BOOKKEEPING_FIELDS,
     UPDATE_REFUSED,
     JSONPayloadField,
     QueueBase,
     QueueQuerySet,
     payload_field,
-    rows,
     stores_bookkeeping,
 )
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
+
+#: the public names; the models of the other modules are imported so that Django registers
+#: them with the app (their own modules are their home)
+__all__ = ["JSONPayloadField", "Queue", "QueueManager", "QueueQuerySet", "Queues"]
 
 
 # (a module-level name: the django-stubs plugin types a manager built by from_queryset there)

@@ -29,9 +29,9 @@ from django.utils import timezone
 from spanner_queues import api, clock
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
 from spanner_queues.message import Message
-from spanner_queues.models import rows
 from spanner_queues.receivers import ReceiverRegistry, receiver, receivers
 from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:

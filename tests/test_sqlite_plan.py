@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from spanner_queues.models import rows
+from spanner_queues.storage import rows
 from tests.testapp.models import UserTasks
 
 pytestmark = pytest.mark.django_db

@@ -24,7 +24,7 @@ from django.utils.safestring import SafeString, mark_safe
 
 from spanner_queues.api import _database
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
-from spanner_queues.models import QueueQuerySet, rows
+from spanner_queues.storage import QueueQuerySet, rows
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine

@@ -37,7 +37,6 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
-from spanner_queues.models import rows
 from spanner_queues.receivers import (
     MessageContext,
     NoReceiver,
@@ -47,6 +46,7 @@ from spanner_queues.receivers import (
     running,
 )
 from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.worker.outcomes import DeliveryPolicy
 
