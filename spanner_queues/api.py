@@ -30,7 +30,7 @@ from spanner_queues.keys import key_fields, key_names, row_to_message
 from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import held_lease_token, mark_acked
-from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.registry import engine_for, get_queue, queue_models
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -418,8 +418,6 @@ def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None
     Engines that stream (native: one ``RECEIVE_<Q>`` per queue and process, shared by its
     threads) end the stream; messages leased but not yet handed out come back after their
     lease. A later ``receive`` starts again. Waits up to ``wait`` seconds per stream."""
-    from spanner_queues.registry import queue_models
-
     models = [get_queue(queue)] if queue is not None else queue_models()
     for model in models:
         engine_for(model).stop_receiving(model, wait=wait)

@@ -2,17 +2,17 @@ from __future__ import annotations
 
 from typing import Any
 
+from asgiref.local import Local
 from django.apps import AppConfig
 from django.core.signals import setting_changed
 from django.utils.module_loading import autodiscover_modules
 
+from spanner_queues import introspection
+from spanner_queues.engines import engines
+
 
 def _reset_engines(*, setting: str, **kwargs: Any) -> None:
     if setting in ("SPANNER_QUEUES", "DATABASES"):
-        from asgiref.local import Local
-
-        from spanner_queues.engines import engines
-
         engines.__dict__.pop("settings", None)
         engines._settings = None
         engines._connections = Local(engines.thread_critical)
@@ -24,11 +24,10 @@ class SpannerQueuesConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        from spanner_queues import checks  # noqa: F401  (registers the system checks)
+        # registers the system checks; checks import models (not before the registry is ready)
+        from spanner_queues import checks  # noqa: F401
 
         setting_changed.connect(_reset_engines, dispatch_uid="spanner_queues.reset_engines")
-        from spanner_queues import introspection
-
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py
         _enable_metrics_for_the_view()

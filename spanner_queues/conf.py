@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import import_string
 
@@ -245,6 +246,4 @@ def parse_metrics(raw: Any) -> MetricsParams:
 
 
 def metrics_params() -> MetricsParams:
-    from django.conf import settings
-
     return parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))

@@ -12,6 +12,7 @@ from django.db.migrations.operations import CreateModel, DeleteModel
 from django.db.migrations.operations.base import Operation
 
 from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
+from spanner_queues.engines import engines
 from spanner_queues.options import KNOWN_OPTIONS, QueueOptions
 
 
@@ -24,8 +25,6 @@ def _engine(raw: dict[str, Any], database: str, *, by_database: bool) -> Any:
     """The engine of a queue operation: the ``engine`` option, else ``default``. With
     ``by_database`` (``DeleteQueue``, which makemigrations writes without options because the
     model is gone), an engine whose DATABASE is the migrated one, preferring ``default``."""
-    from spanner_queues.engines import engines
-
     if "engine" in raw or not by_database:
         return engines[raw.get("engine", DEFAULT_ENGINE_ALIAS)]
     aliases = sorted(engines.settings, key=lambda a: a != DEFAULT_ENGINE_ALIAS)

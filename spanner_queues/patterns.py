@@ -28,6 +28,7 @@ from django.utils import timezone
 
 from spanner_queues import api, clock
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
+from spanner_queues.keys import key_fields
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry, receiver, receivers
 from spanner_queues.registry import engine_for, get_queue
@@ -115,8 +116,6 @@ def _whole_key(model: type[Queue], key: Mapping[str, Any]) -> dict[str, Any]:
     """The key's columns; every key field must be given (a default such as a fresh uuid would
     name a different message each time, so ``seed`` would start a new chain on every call and
     ``cancel`` would delete nothing)."""
-    from spanner_queues.keys import key_fields
-
     missing = [f.name for f in key_fields(model) if f.name not in key and f.attname not in key]
     if missing:
         raise InvalidMessage(
