@@ -6,12 +6,8 @@ from typing import Any
 
 import pytest
 
-from spanner_queues.testing.conformance.support import (
-    empty_native_queues,
-    receive_due,
-    uses_transactional_db,
-    wait_until,
-)
+from spanner_queues.testing.conformance.plugin import empty_native_queues, uses_transactional_db
+from spanner_queues.testing.conformance.support import receive_due, wait_until
 
 #: the conformance suite's plugin: the ``requires``/``unless`` gates and the test tiers
 #: (``unit``, ``conformance``, ``integration``, ``e2e``) for every test here too

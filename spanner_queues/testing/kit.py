@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from spanner_queues import api, clock
+from spanner_queues.engines import engines
 from spanner_queues.exceptions import (
     AckedFailure,
     PayloadError,
@@ -37,6 +38,7 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
+from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import (
     MessageContext,
     NoReceiver,
@@ -107,8 +109,6 @@ _MISSING = object()
 
 
 def _payload_bytes(message: Message, wanted: Any) -> bytes:
-    from spanner_queues.payload import encode_payload, payload_type
-
     model = get_queue(message.queue)
     return encode_payload(wanted, payload_type=payload_type(model), max_bytes=None)
 
@@ -268,8 +268,6 @@ def clock_is_movable(queue: str | type[Queue] | None = None) -> bool:
     """Whether ``moved_clock`` moves the time of ``queue``'s engine (of the default engine when
     None): engines that read time from Python can; native Spanner queues cannot."""
     if queue is None:
-        from spanner_queues.engines import engines
-
         engine = engines["default"]
     else:
         engine = engine_for(get_queue(queue))

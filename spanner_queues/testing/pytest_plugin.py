@@ -9,30 +9,34 @@ engine's time cannot be moved), ``drain_queue`` (``drain``), ``sent_to`` (``asse
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import Any
 
 import pytest
 
 
+def _kit() -> ModuleType:
+    # pytest may load this plugin before django.setup() (``-p``, or a conftest.py that
+    # configures settings itself); the kit imports models, so it is imported at first use
+    from spanner_queues.testing import kit
+
+    return kit
+
+
 @pytest.fixture
 def queue_clock() -> Iterator[Any]:
-    from spanner_queues.testing.kit import clock_is_movable, moved_clock
-
-    if not clock_is_movable():
+    kit = _kit()
+    if not kit.clock_is_movable():
         pytest.skip("the default queue engine takes time from the database (native queues)")
-    with moved_clock() as clock:
+    with kit.moved_clock() as clock:
         yield clock
 
 
 @pytest.fixture
 def drain_queue() -> Callable[..., Any]:
-    from spanner_queues.testing.kit import drain
-
-    return drain
+    return _kit().drain
 
 
 @pytest.fixture
 def sent_to() -> Callable[..., Any]:
-    from spanner_queues.testing.kit import assert_sent
-
-    return assert_sent
+    return _kit().assert_sent

@@ -13,15 +13,15 @@ import os
 import sys
 from datetime import timedelta
 
+import django
+from django.conf import settings
+
+from spanner_queues.testing.conformance.plugin import DATABASE_ENV, ENGINE_ENV, make_default
+
 
 def main() -> None:
-    import django
-
     django.setup()
-    from django.conf import settings
-
-    from spanner_queues.api import receive
-    from spanner_queues.testing.conformance.plugin import DATABASE_ENV, ENGINE_ENV, make_default
+    from spanner_queues.api import receive  # the verbs import models: after django.setup()
 
     if os.environ.get(ENGINE_ENV):  # the engine under test, as in the parent
         make_default(os.environ[ENGINE_ENV])

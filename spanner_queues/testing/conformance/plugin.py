@@ -13,6 +13,9 @@ Markers: ``requires(*flags)`` runs a test only where the engine under test has t
 ``EngineFeatures`` flags and ``unless(*flags)`` only where it lacks them (skipped otherwise, by
 the flags, never by name); the tiers ``unit``, ``conformance``, ``integration`` and ``e2e``
 (see ``tier_of``), set on every collected test so ``-m`` selects them.
+
+``-p`` imports this module before ``django.setup()``: it imports no model (nor anything that
+does) and reads settings only in its hooks and fixtures.
 """
 
 from __future__ import annotations
@@ -20,10 +23,17 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from django.conf import settings
+from django.db import connection, connections, transaction
+from django.test.signals import setting_changed
 
-from spanner_queues.testing.conformance import support
+from spanner_queues.conf import DEFAULT_SETTING
+from spanner_queues.engines import engines
+from spanner_queues.exceptions import InvalidQueueEngine
+from spanner_queues.registry import queue_models
 
 #: the package whose tests are the suite
 SUITE = "spanner_queues.testing.conformance"
@@ -94,20 +104,12 @@ def pytest_report_header(config: pytest.Config) -> str | None:
     alias = config.getoption(OPTION)
     if not alias:
         return None
-    from spanner_queues.engines import engines
-
     engine = type(engines["default"])
     return f"spanner_queues conformance: {alias} = {engine.__module__}.{engine.__qualname__}"
 
 
 def make_default(alias: str) -> None:
     """Let ``SPANNER_QUEUES[alias]`` be the run's ``default`` engine."""
-    from django.conf import settings
-    from django.test.signals import setting_changed
-
-    from spanner_queues.conf import DEFAULT_SETTING
-    from spanner_queues.exceptions import InvalidQueueEngine
-
     configured = dict(getattr(settings, "SPANNER_QUEUES", None) or DEFAULT_SETTING)
     if alias not in configured:
         raise InvalidQueueEngine(f"{OPTION}={alias}: no such alias in SPANNER_QUEUES.")
@@ -123,9 +125,6 @@ def make_default(alias: str) -> None:
 def child_env(transactional_db: None) -> dict[str, str]:
     """Environment for a child process that must use this test's database and the engine under
     test (``spanner_queues.testing.conformance.claimer`` reads them)."""
-    from django.conf import settings
-    from django.db import connection
-
     env = dict(os.environ)
     env[DATABASE_ENV] = str(connection.settings_dict["NAME"])
     env["DJANGO_SETTINGS_MODULE"] = os.environ.get(
@@ -170,8 +169,6 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     unless = [flag for mark in item.iter_markers("unless") for flag in mark.args]
     if not requires and not unless:
         return
-    from spanner_queues.engines import engines
-
     engine = engines["default"]
     for flag in requires:
         if not getattr(engine.features, flag):
@@ -186,9 +183,42 @@ def _conformance_queues_emptied(request: pytest.FixtureRequest) -> Iterator[None
     """A committing test of the suite ends with no RECEIVE stream running and every queue empty
     where the engine keeps native queues (Django's flush empties tables only)."""
     yield
-    if not in_suite(request.node) or not support.uses_transactional_db(request):
+    if not in_suite(request.node) or not uses_transactional_db(request):
         return
-    from spanner_queues.engines import engines
-
     if engines["default"].features.supports_native_queues:
-        support.empty_native_queues(request)
+        empty_native_queues(request)
+
+
+def uses_transactional_db(request: pytest.FixtureRequest) -> bool:
+    """Whether the test commits (a transactional ``django_db`` mark or fixture)."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker is not None and (
+        marker.kwargs.get("transaction") or (marker.args and marker.args[0])
+    ):
+        return True
+    return bool({"transactional_db", "live_server", "child_env"} & set(request.fixturenames))
+
+
+def empty_native_queues(request: pytest.FixtureRequest, alias: str = "default") -> None:
+    """End a test with no RECEIVE stream running and every queue empty. For an engine that keeps
+    native queues (Django's flush after a transactional test empties tables, not queues); it
+    needs the engine's ``purge(model)`` and ``declaration(model).name`` (the queue's name in
+    SQL), as the native engine has."""
+    engine = engines[alias]
+    engine.stop_receiving(wait=10)
+    blocker = request.getfixturevalue("django_db_blocker")
+    with blocker.unblock():
+        held = _queues_holding_messages(engine, list(queue_models()))  # one read
+        with transaction.atomic(using=engine.database):  # one commit for every queue
+            for model in held:
+                engine.purge(model)
+
+
+def _queues_holding_messages(engine: Any, models: list[Any]) -> list[Any]:
+    """The queues among ``models`` that hold any message (leased or not), in one read."""
+    db = connections[engine.database]
+    names = [db.ops.quote_name(engine.declaration(m).name) for m in models]
+    sql = " UNION ALL ".join(f"SELECT {i}, COUNT(*) FROM {n}" for i, n in enumerate(names))
+    with db.cursor() as cursor:
+        cursor.execute(sql)
+        return [models[i] for i, count in cursor.fetchall() if count]

@@ -6,8 +6,10 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from spanner_queues.checks import _check_dead_letter
 from spanner_queues.deadletter import dead_letter, replay
 from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.options import QueueOptions
 from spanner_queues.testing.conformance.models import Emails, EmailsDead, Jobs
 from spanner_queues.testing.conformance.support import receive_due
 
@@ -35,9 +37,6 @@ def test_dead_letter_needs_a_declared_queue() -> None:
 
 
 def test_checks_report_bad_dead_letter_settings() -> None:
-    from spanner_queues.checks import _check_dead_letter
-    from spanner_queues.options import QueueOptions
-
     errors = _check_dead_letter(Jobs, QueueOptions(max_attempts=3))
     assert [e.id for e in errors] == ["spanner_queues.E008"]
     errors = _check_dead_letter(

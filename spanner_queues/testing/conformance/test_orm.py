@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 
 from spanner_queues.drivers import driver_for
-from spanner_queues.exceptions import MessageUpdateRefused
+from spanner_queues.exceptions import InvalidMessage, MessageUpdateRefused
 from spanner_queues.testing.conformance.models import Upload, UploadTasks, UserTasks
 from spanner_queues.testing.conformance.support import receive_due
 
@@ -68,8 +68,6 @@ def test_interleaved_cascade_in_the_database_where_supported() -> None:
 
 
 def test_interleaved_send_without_parent_is_refused() -> None:
-    from spanner_queues.exceptions import InvalidMessage
-
     with pytest.raises(InvalidMessage, match="create the parent first"):
         UploadTasks.send(upload=987654321, message_id="orphan", payload="")
     assert not UploadTasks.objects.exists()

@@ -9,6 +9,7 @@ import pytest
 from django.utils import timezone
 
 from spanner_queues import api
+from spanner_queues.conf import BackoffPolicy
 from spanner_queues.engines import engines
 from spanner_queues.testing.conformance.models import Jobs, UserTasks
 from spanner_queues.testing.conformance.support import receive_due, wait_until
@@ -65,8 +66,6 @@ def test_lease_expiry_redelivers_with_attempts_and_backoff() -> None:
 
 
 def test_backoff_policy_matches_spanner_shape() -> None:
-    from spanner_queues.conf import BackoffPolicy
-
     policy = BackoffPolicy()
     delays = [policy.longest(n, timedelta(minutes=1)).total_seconds() for n in range(1, 14)]
     assert delays[:4] == [1, 2, 4, 8]
@@ -76,8 +75,6 @@ def test_backoff_policy_matches_spanner_shape() -> None:
 
 @pytest.mark.engine_independent
 def test_a_thousand_messages_failing_together_come_back_spread_out() -> None:
-    from spanner_queues.conf import BackoffPolicy
-
     policy = BackoffPolicy()  # the default jitter: 20 % of the wait
     waits = [policy.delay(5, timedelta(minutes=1)).total_seconds() for _ in range(1000)]
     assert all(16 * 0.8 <= w <= 16 for w in waits)  # never later than the un-jittered wait

@@ -14,6 +14,7 @@ from spanner_queues import api
 from spanner_queues.exceptions import (
     LeaseLost,
     MessageAlreadyAcked,
+    NotSupportedByEngine,
     QueueConfigurationError,
     StaleAck,
 )
@@ -84,8 +85,6 @@ def test_requeue_with_a_stale_lease_leaves_the_newer_message() -> None:
 
 @pytest.mark.unless("supports_release")
 def test_release_is_refused_where_unsupported() -> None:
-    from spanner_queues.exceptions import NotSupportedByEngine
-
     Jobs.send(payload="x")
     [message] = receive_due(Jobs)
     with pytest.raises(NotSupportedByEngine):
