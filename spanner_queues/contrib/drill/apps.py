@@ -2,6 +2,8 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from spanner_queues.contrib.drill import counting
+
 
 class DrillConfig(AppConfig):
     """The fault drill's queue, effect table and ``queuedrill`` command."""
@@ -12,6 +14,4 @@ class DrillConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from spanner_queues.contrib.drill import counting
-
         counting.install()  # only in the drill's worker processes (SQ_DRILL_WORKER)

@@ -28,7 +28,7 @@ def install() -> bool:
     global _installed
     if _installed or not os.environ.get("SQ_DRILL_WORKER"):
         return _installed
-    try:
+    try:  # google-cloud-spanner is optional (and slow to import): only drill workers need it
         from google.cloud.spanner_dbapi.transaction_helper import TransactionRetryHelper
     except ImportError:
         return False

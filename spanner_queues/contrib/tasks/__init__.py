@@ -26,12 +26,10 @@ __all__ = ["QueueBackend", "TaskMessage", "TaskResultRecord"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "QueueBackend":
-        from spanner_queues.contrib.tasks.backend import QueueBackend
+    if name in __all__:
+        # on first use: Django imports this package before the app registry is ready, and
+        # the backend and the models need it ready
+        from spanner_queues.contrib.tasks import backend, models
 
-        return QueueBackend
-    if name in ("TaskMessage", "TaskResultRecord"):
-        from spanner_queues.contrib.tasks import models
-
-        return getattr(models, name)
+        return getattr(backend if name == "QueueBackend" else models, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

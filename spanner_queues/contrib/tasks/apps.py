@@ -13,6 +13,7 @@ class TasksConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
+        # the runner imports the app's models: only once the registry is ready
         from spanner_queues.contrib.tasks.runner import connect
 
         connect()  # the task receiver, for the queues of each QueueBackend in TASKS

@@ -37,6 +37,7 @@ from typing import Any, TypeVar
 from django.apps import apps
 from django.core import checks
 from django.db import transaction
+from django.utils.module_loading import import_string
 from django_tasks import TaskResult, TaskResultStatus
 from django_tasks.backends.base import BaseTaskBackend
 from django_tasks.base import Task, TaskError
@@ -294,8 +295,6 @@ def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
 def _task_at(path: str) -> Task:
     """The task a module attribute ``path`` names (the framework's ``InvalidTaskError`` if
     none)."""
-    from django.utils.module_loading import import_string
-
     try:
         task = import_string(path)
     except ImportError as exc:

@@ -41,6 +41,11 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
+from django_tasks import TaskContext, TaskResultStatus, task_backends
+from django_tasks.base import TaskError
+from django_tasks.exceptions import InvalidTaskError
+from django_tasks.signals import task_finished, task_started
+from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.tasks.backend import (
@@ -89,10 +94,7 @@ def queue_backends() -> list[Any]:
             cls = import_string(conf.get("BACKEND", ""))
         except ImportError:
             continue  # django-tasks' own checks report it
-
         if isinstance(cls, type) and issubclass(cls, QueueBackend):
-            from django_tasks import task_backends
-
             out.append(task_backends[alias])
     return out
 
@@ -120,12 +122,6 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
 
 def run_task(message: Message) -> None:
     """Run the task of ``message`` (see the module docstring)."""
-    from django_tasks import TaskContext, TaskResultStatus, task_backends
-    from django_tasks.base import TaskError
-    from django_tasks.exceptions import InvalidTaskError
-    from django_tasks.signals import task_finished, task_started
-    from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
-
     model = get_queue(message.queue)
     engine = engine_for(model)
     db = engine.database

@@ -202,16 +202,17 @@ class Command(BaseCommand):
                 Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
             )
         if apps.is_installed("spanner_queues.contrib.tasks"):
-            from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
+            # the optional tasks app: its modules import its models, importable only when
+            # it is installed
             from spanner_queues.contrib.tasks.runner import queue_backends
 
             # Django's Tasks API on spanner_queues: the results table, for the backend's
             # default queue and the queues of QUEUE_MODELS alike (their workers write results)
-            task_queues = {TaskMessage}
+            task_queues = {apps.get_model("spanner_queues_tasks", "TaskMessage")}
             for backend in queue_backends():
                 task_queues.update(backend.all_queue_models(declared_only=True))
             if task_queues.intersection(models):
-                results = TaskResultRecord._meta.db_table
+                results = apps.get_model("spanner_queues_tasks", "TaskResultRecord")._meta.db_table
                 own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
                 own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
         lines += [g.render(dialect, chosen) for g in own]
