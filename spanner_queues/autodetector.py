@@ -11,14 +11,13 @@ from django.db.migrations.operations import CreateModel, DeleteModel
 
 from spanner_queues.operations import CreateQueue, DeleteQueue
 from spanner_queues.options import QueueOptions, queue_options
+from spanner_queues.storage import QueueManager
 
 #: the QueueMeta options that change DDL, and so are written into migrations.
 SCHEMA_OPTIONS = ("engine", "interleave_in_parent", "native_options", "row_deletion_policy")
 
 
 def _is_queue_state(state: Any, app_label: str, name: str) -> bool:
-    from spanner_queues.models import QueueManager
-
     model_state = state.models.get((app_label, name.lower()))
     return model_state is not None and any(
         isinstance(manager, QueueManager) for _, manager in model_state.managers

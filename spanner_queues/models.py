@@ -34,6 +34,7 @@ from spanner_queues.storage import (
     UPDATE_REFUSED,
     JSONPayloadField,
     QueueBase,
+    QueueManager,
     QueueQuerySet,
     payload_field,
     stores_bookkeeping,
@@ -45,24 +46,6 @@ if TYPE_CHECKING:
 #: the public names; the models of the other modules are imported so that Django registers
 #: them with the app (their own modules are their home)
 __all__ = ["JSONPayloadField", "Queue", "QueueManager", "QueueQuerySet", "Queues"]
-
-
-# (a module-level name: the django-stubs plugin types a manager built by from_queryset there)
-_QueueManagerBase = models.Manager.from_queryset(QueueQuerySet)
-
-
-class QueueManager(_QueueManagerBase):
-    """The manager of every queue. Kept in migrations, which is how migration state tells
-    queue models apart (``CreateQueue``/``DeleteQueue``)."""
-
-    use_in_migrations = True
-
-    def __eq__(self, other: object) -> bool:
-        # Unlike Manager.__eq__, never equal to a plain Manager: migrations must keep it.
-        return type(other) is type(self) and super().__eq__(other)
-
-    def __hash__(self) -> int:
-        return id(self)
 
 
 class Queue(models.Model, metaclass=QueueBase):

@@ -1,5 +1,6 @@
-"""How queue messages are stored as rows: the queryset that refuses UPDATE, the table engine's
-bookkeeping fields, the ``payload`` fields and the ``QueueBase`` metaclass that picks one.
+"""How queue messages are stored as rows: the queryset that refuses UPDATE and its manager
+(``QueueManager``, which migrations keep), the table engine's bookkeeping fields, the
+``payload`` fields and the ``QueueBase`` metaclass that picks one.
 
 This module sits below the engines and the verbs: engines read and write rows through
 ``rows()``; ``spanner_queues.models.Queue`` (the declaration users subclass) builds on it.
@@ -70,6 +71,24 @@ class QueueQuerySet(models.QuerySet):
     def _update_bookkeeping(self, **kwargs: Any) -> int:
         """Engine-only: update lease bookkeeping columns. Not part of the public API."""
         return super().update(**kwargs)
+
+
+# (a module-level name: the django-stubs plugin types a manager built by from_queryset there)
+_QueueManagerBase = models.Manager.from_queryset(QueueQuerySet)
+
+
+class QueueManager(_QueueManagerBase):
+    """The manager of every queue. Kept in migrations, which is how migration state tells
+    queue models apart (``CreateQueue``/``DeleteQueue``)."""
+
+    use_in_migrations = True
+
+    def __eq__(self, other: object) -> bool:
+        # Unlike Manager.__eq__, never equal to a plain Manager: migrations must keep it.
+        return type(other) is type(self) and super().__eq__(other)
+
+    def __hash__(self) -> int:
+        return id(self)
 
 
 def rows(model: type[models.Model], using: str) -> QueueQuerySet:
