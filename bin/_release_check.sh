@@ -47,6 +47,7 @@ needed = [
     "spanner_queues/templates/spanner_queues/admin/overview.html",
     "spanner_queues/migrations/0001_initial.py",
     "spanner_queues/contrib/tasks/migrations/0001_initial.py",
+    "spanner_queues/contrib/metrics/exporter.py",
     "spanner_queues/management/commands/runqueueworker.py",
     "spanner_queues/management/commands/queuegrants.py",
     f"{info}/licenses/LICENSE",

@@ -35,6 +35,7 @@ INSTALLED_APPS = [
     # ops first: its runqueueworker (the app's, plus a heartbeat) replaces spanner_queues' one.
     "demo_project.ops",
     "spanner_queues",
+    "spanner_queues.contrib.metrics",  # the worker image's --metrics-port (deploy/Dockerfile)
     "demo_project.accounts",
     "demo_project.search",
     "demo_project.images",

@@ -18,7 +18,7 @@ from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues import clock, metrics
+from spanner_queues import clock
 from spanner_queues.controls import is_paused, pause, resume
 from spanner_queues.exceptions import (
     InvalidArgument,
@@ -31,6 +31,7 @@ from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.receivers import held_lease_token, mark_acked
 from spanner_queues.registry import engine_for, get_queue, queue_models
+from spanner_queues.signals import messages_acked, messages_sent, send_on_commit
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -254,7 +255,7 @@ def send_outgoing(
         engine = engine_for(model)
     db = using or engine.database
     sent = engine.send_many(model, outgoing, using=db)
-    metrics.sent(model, len(sent), db)  # on commit; nothing while metrics are off
+    send_on_commit(messages_sent, model, sent, db)
     return sent
 
 
@@ -382,9 +383,9 @@ def _requeue(
 
     def run() -> list[Message]:
         sent = engine.requeue(model, messages, outgoing, using=db, to=to, missing_ok=missing_ok)
-        metrics.sent(to or model, len(sent), db)  # on commit; nothing while metrics are off
+        send_on_commit(messages_sent, to or model, sent, db)
         if not missing_ok:  # (replace deletes whatever is there: not an ack of a message)
-            metrics.acked(model, messages, db)
+            send_on_commit(messages_acked, model, messages, db)
         return sent
 
     return run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
@@ -471,7 +472,7 @@ def ack_many(
     for m in messages:  # a worker's running receiver acked its own message: not again
         if isinstance(m, Message):
             mark_acked(m)
-    metrics.acked(model, messages, db)  # on commit; nothing while metrics are off
+    send_on_commit(messages_acked, model, messages, db)
     failed_before = [m.key for m in messages if isinstance(m, Message) and may_have_failed(m)]
     if failed_before:  # where failed runs are recorded, the record goes with the ack
         engine.clear_failures(model, failed_before, using=db)

@@ -30,21 +30,3 @@ class SpannerQueuesConfig(AppConfig):
         setting_changed.connect(_reset_engines, dispatch_uid="spanner_queues.reset_engines")
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py
-        _enable_metrics_for_the_view()
-
-
-def _enable_metrics_for_the_view() -> None:
-    """With ``SPANNER_QUEUES_METRICS["VIEW"]`` on, count from the start (every web process
-    serves its own counts). A wrong setting or a missing prometheus-client is left to the
-    checks (E201, E202): never a start-up traceback."""
-    from spanner_queues.conf import metrics_params
-    from spanner_queues.exceptions import QueueError
-
-    try:
-        if not metrics_params().view:
-            return
-        from spanner_queues import metrics
-
-        metrics.enable()
-    except QueueError:
-        return

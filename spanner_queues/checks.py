@@ -15,7 +15,8 @@ E020 concurrency_limit is not a positive int, or rate_limit not a positive numbe
 
 E104 TASKS names spanner_queues' QueueBackend but spanner_queues.contrib.tasks is not installed
      (E101-E103, the backend's own, are reported by the app when it is installed)
-E201 SPANNER_QUEUES_METRICS is invalid  E202 metrics VIEW on without prometheus-client
+E203 SPANNER_QUEUES_METRICS is set but spanner_queues.contrib.metrics is not installed
+     (E201, the setting's own, is reported by the app when it is installed)
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
      row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
@@ -37,11 +38,9 @@ from django.utils.module_loading import import_string
 
 from spanner_queues import registry
 from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
-from spanner_queues.conf import MIN_SAMPLE_INTERVAL, parse_metrics
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields, key_names
-from spanner_queues.metrics import MetricsUnavailable, _prometheus
 from spanner_queues.operations import CreateQueue, DeleteQueue
 from spanner_queues.options import KNOWN_OPTIONS, queue_options, row_deletion, unknown_options
 from spanner_queues.payload import (
@@ -391,38 +390,6 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
     return problems
 
 
-@checks.register()
-def check_metrics(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E201: ``SPANNER_QUEUES_METRICS`` is invalid (the view would answer 500 on every scrape,
-    the worker refuse to serve); E202: the view is on but prometheus-client is missing."""
-
-    try:
-        params = parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))
-    except QueueConfigurationError as exc:
-        return [
-            checks.Error(
-                str(exc),
-                hint='For example {"VIEW": True, "TOKEN": "<16 or more characters, no '
-                f'spaces>", "SAMPLE_INTERVAL_SECONDS": 30}} (at least {MIN_SAMPLE_INTERVAL:g}); '
-                "VIEW and RECORD_DEPTH_SAMPLES are True or False. See docs/howto/metrics.md.",
-                id="spanner_queues.E201",
-            )
-        ]
-    if params.view:
-        try:
-            _prometheus()
-        except MetricsUnavailable:
-            return [
-                checks.Error(
-                    "SPANNER_QUEUES_METRICS['VIEW'] is on but prometheus-client is not installed.",
-                    hint="pip install 'spanner-queues[metrics]' (prometheus-client), or set "
-                    "VIEW to False.",
-                    id="spanner_queues.E202",
-                )
-            ]
-    return []
-
-
 #: the optional app of Django's Tasks backend (this module never imports it)
 TASKS_APP = "spanner_queues.contrib.tasks"
 
@@ -460,4 +427,25 @@ def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         )
         for alias, conf in configured.items()
         if isinstance(conf, dict) and _is_queue_backend(conf.get("BACKEND"))
+    ]
+
+
+#: the optional metrics app (this module never imports it)
+METRICS_APP = "spanner_queues.contrib.metrics"
+
+
+@checks.register()
+def check_metrics_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E203: ``SPANNER_QUEUES_METRICS`` is set but the metrics app, which reads it, is not in
+    ``INSTALLED_APPS`` (its own checks, E201, run only when it is)."""
+    if not hasattr(settings, "SPANNER_QUEUES_METRICS") or apps.is_installed(METRICS_APP):
+        return []
+    return [
+        checks.Error(
+            f"SPANNER_QUEUES_METRICS is set, but {METRICS_APP!r} is not in INSTALLED_APPS: "
+            "nothing reads it.",
+            hint=f'Add "{METRICS_APP}" to INSTALLED_APPS (and pip install '
+            "'spanner-queues[metrics]'), or remove the setting. See docs/howto/metrics.md.",
+            id="spanner_queues.E203",
+        )
     ]

@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.core.serializers.json import DjangoJSONEncoder
 from django.utils.module_loading import import_string
 
@@ -182,68 +181,6 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
     )
 
 
-# --- SPANNER_QUEUES_METRICS -----------------------------------------------------------------
-METRICS_KEYS = frozenset({"VIEW", "TOKEN", "SAMPLE_INTERVAL_SECONDS", "RECORD_DEPTH_SAMPLES"})
-#: the shortest interval between reads of the queue gauges (and depth samples), in seconds
+#: the shortest interval between reads of the queue gauges and depth samples, in seconds
+#: (``runqueueworker --metrics-interval``; the metrics app's ``SAMPLE_INTERVAL_SECONDS``)
 MIN_SAMPLE_INTERVAL = 1.0
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MetricsParams:
-    """The ``SPANNER_QUEUES_METRICS`` setting (see ``spanner_queues.metrics``)."""
-
-    #: serve ``spanner_queues.metrics.metrics_view`` (404 otherwise)
-    view: bool = False
-    #: a bearer token the view accepts besides staff sessions
-    token: str | None = None
-    #: how often a worker reads the queue gauges (and the view at most)
-    sample_interval: float = 30.0
-    #: whether a worker serving metrics also stores depth samples for the admin's chart
-    record_depth_samples: bool = True
-
-
-def parse_metrics(raw: Any) -> MetricsParams:
-    """Validate ``SPANNER_QUEUES_METRICS``; ``InvalidQueueEngine`` with the reason."""
-    if raw is None:
-        return MetricsParams()
-    if not isinstance(raw, Mapping):
-        raise InvalidQueueEngine("SPANNER_QUEUES_METRICS must be a dict.")
-    unknown = set(raw) - METRICS_KEYS
-    if unknown:
-        raise InvalidQueueEngine(
-            f"SPANNER_QUEUES_METRICS has unknown keys: {', '.join(sorted(unknown))}. "
-            f"Known: {', '.join(sorted(METRICS_KEYS))}."
-        )
-    token = raw.get("TOKEN")
-    if token is not None and (
-        not isinstance(token, str) or len(token) < 16 or any(c.isspace() for c in token)
-    ):
-        raise InvalidQueueEngine(
-            "SPANNER_QUEUES_METRICS['TOKEN'] must be a string of at least 16 characters, "
-            "without spaces (a bearer token)."
-        )
-    interval = raw.get("SAMPLE_INTERVAL_SECONDS", 30.0)
-    if (
-        isinstance(interval, bool)
-        or not isinstance(interval, (int, float))
-        or not (MIN_SAMPLE_INTERVAL <= interval < float("inf"))
-    ):
-        raise InvalidQueueEngine(
-            "SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'] must be a number of seconds, at "
-            f"least {MIN_SAMPLE_INTERVAL:g}, not {interval!r}."
-        )
-    for key in ("VIEW", "RECORD_DEPTH_SAMPLES"):
-        if key in raw and not isinstance(raw[key], bool):
-            raise InvalidQueueEngine(
-                f"SPANNER_QUEUES_METRICS[{key!r}] must be True or False, not {raw[key]!r}."
-            )
-    return MetricsParams(
-        view=raw.get("VIEW", False),
-        token=token,
-        sample_interval=float(interval),
-        record_depth_samples=raw.get("RECORD_DEPTH_SAMPLES", True),
-    )
-
-
-def metrics_params() -> MetricsParams:
-    return parse_metrics(getattr(settings, "SPANNER_QUEUES_METRICS", None))

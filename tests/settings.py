@@ -27,6 +27,7 @@ INSTALLED_APPS = [
     "spanner_queues",
     "django_tasks",
     "spanner_queues.contrib.tasks",  # Django's Tasks API (tests/tasks)
+    "spanner_queues.contrib.metrics",  # Prometheus metrics (tests/metrics)
     "tests.testapp",
     "spanner_queues.testing.conformance",  # the engine conformance suite's queues
     "tests.workerapp",

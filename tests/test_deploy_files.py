@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from spanner_queues.contrib.metrics import METRIC_NAMES
 from spanner_queues.management.commands.runqueueworker import Command as RunQueueWorker
-from spanner_queues.metrics import METRIC_NAMES
 
 yaml = pytest.importorskip("yaml")
 

@@ -246,7 +246,7 @@ UPPER = (
     "spanner_queues.registry",
     "spanner_queues.monitoring",
     "spanner_queues.controls",
-    "spanner_queues.metrics",
+    "spanner_queues.signals",
     "spanner_queues.receivers",
     "spanner_queues.worker",
     "spanner_queues.patterns",

@@ -3,6 +3,6 @@ from __future__ import annotations
 from django.contrib import admin
 from django.urls import path
 
-from spanner_queues.metrics import metrics_view
+from spanner_queues.contrib.metrics import metrics_view
 
 urlpatterns = [path("admin/", admin.site.urls), path("metrics/", metrics_view)]

@@ -1,8 +1,10 @@
-"""``spanner_queues.metrics`` in process: the verbs' counts on commit, the worker listener, the
-queue gauges, the view, the setting, and the Grafana dashboard's metric names."""
+"""The metrics app (``spanner_queues.contrib.metrics``) in process: the verbs' counts on commit,
+the worker listener, the queue gauges, the view, the setting, its checks, and the Grafana
+dashboard's metric names."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import re
 import sys
@@ -10,12 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from django.core import checks
 from django.db import transaction
 from django.utils import timezone
 from prometheus_client import REGISTRY, generate_latest
 
-from spanner_queues import api, metrics
-from spanner_queues.conf import parse_metrics
+from spanner_queues import api
+from spanner_queues.contrib import metrics
+from spanner_queues.contrib.metrics import exporter
+from spanner_queues.contrib.metrics.conf import check_setting, parse_metrics
 from spanner_queues.exceptions import InvalidQueueEngine, QueueError
 from spanner_queues.message import Message
 from spanner_queues.worker import WorkerEvent
@@ -137,7 +142,7 @@ def test_a_failing_queue_is_counted_and_shown_failing_until_it_recovers() -> Non
 @pytest.mark.django_db(transaction=True)
 def test_the_gauges_read_engine_stats_of_every_queue() -> None:
     Jobs.send_many([{"payload": "a"}, {"payload": "b"}])
-    gauges = metrics._get().gauges
+    gauges = exporter.gauges()
     gauges.refresh()
     assert value("spanner_queues_buffered_ready_messages", queue=Q) == 2
     assert value("spanner_queues_queue_messages", queue=Q, state="total") == 2
@@ -174,13 +179,14 @@ def test_an_unreachable_database_costs_one_deadline_per_refresh_not_one_per_queu
 
 def test_every_metric_name_is_exported() -> None:
     text = generate_latest(REGISTRY).decode()
-    assert metrics.METRIC_NAMES <= set(metrics.metric_names_in(text))
+    assert metrics.METRIC_NAMES <= set(exporter.metric_names_in(text))
 
 
 def test_without_prometheus_client_the_error_names_the_extra(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    monkeypatch.delitem(sys.modules, exporter.__name__)  # (put back afterwards)
     with pytest.raises(metrics.MetricsUnavailable, match=r"spanner-queues\[metrics\]") as info:
-        metrics._prometheus()
+        importlib.import_module(exporter.__name__)
     assert isinstance(info.value, QueueError)
 
 
@@ -245,7 +251,7 @@ def test_the_view_setting_switches_counting_on_when_the_process_starts() -> None
         "settings.configure(**{k: getattr(base, k) for k in dir(base) if k.isupper()},"
         f" SPANNER_QUEUES_METRICS={{'VIEW': {{view}}, 'TOKEN': {TOKEN!r}}})\n"
         "django.setup()\n"
-        "from spanner_queues import metrics\n"
+        "from spanner_queues.contrib import metrics\n"
         "print(metrics.enabled())\n"
     )
     for view, expected in (("True", "True"), ("False", "False")):
@@ -271,24 +277,65 @@ def test_the_view_setting_switches_counting_on_when_the_process_starts() -> None
     ],
 )
 def test_manage_py_check_reports_a_wrong_metrics_setting_with_a_hint(settings, raw) -> None:
-    from spanner_queues.checks import check_metrics
-
     settings.SPANNER_QUEUES_METRICS = raw
-    [error] = check_metrics()
+    [error] = check_setting()
     assert error.id == "spanner_queues.E201" and "SPANNER_QUEUES_METRICS" in error.msg
     assert error.hint
+    assert error.id in {e.id for e in checks.run_checks()}  # (registered by the app)
 
 
-def test_manage_py_check_wants_prometheus_client_when_the_view_is_on(settings, monkeypatch) -> None:
-    from spanner_queues.checks import check_metrics
+def test_the_setting_or_the_worker_flag_without_the_app_installed_says_so(
+    settings, monkeypatch
+) -> None:
+    from django.apps import apps
+    from django.core.management import CommandError, call_command
+
+    from spanner_queues.checks import check_metrics_app
 
     settings.SPANNER_QUEUES_METRICS = {"VIEW": True, "TOKEN": TOKEN}
-    assert check_metrics() == []
-    monkeypatch.setitem(sys.modules, "prometheus_client", None)
-    [error] = check_metrics()
-    assert error.id == "spanner_queues.E202" and "spanner-queues[metrics]" in error.hint
-    settings.SPANNER_QUEUES_METRICS = {"VIEW": False}
-    assert check_metrics() == []
+    assert check_metrics_app() == []  # installed here
+    installed = apps.is_installed
+    app = "spanner_queues.contrib.metrics"
+    monkeypatch.setattr(apps, "is_installed", lambda name: name != app and installed(name))
+    [error] = check_metrics_app()
+    assert error.id == "spanner_queues.E203" and repr(app) in error.msg and error.hint
+    with pytest.raises(CommandError, match=r"--metrics-port needs the metrics app.*INSTALLED_APPS"):
+        call_command("runqueueworker", "--metrics-port", "0", "--burst")
+    del settings.SPANNER_QUEUES_METRICS
+    assert check_metrics_app() == []
+
+
+def test_without_the_app_in_installed_apps_check_and_the_worker_say_so() -> None:
+    """The real registry without the app: ``check`` reports E203 (no traceback) and
+    ``runqueueworker --metrics-port`` ends with the command error, before receiving."""
+    import subprocess
+
+    code = (
+        "import django, tests.settings as base\n"
+        "from django.conf import settings\n"
+        "from django.core.management import call_command\n"
+        "own = {k: getattr(base, k) for k in dir(base) if k.isupper()}\n"
+        "own['INSTALLED_APPS'].remove('spanner_queues.contrib.metrics')\n"
+        f"settings.configure(**own, SPANNER_QUEUES_METRICS={{'VIEW': True, 'TOKEN': {TOKEN!r}}})\n"
+        "django.setup()\n"
+        "for args in (['check'], ['runqueueworker', '--metrics-port', '0', '--burst']):\n"
+        "    try:\n"
+        "        call_command(*args)\n"
+        "    except Exception as exc:\n"
+        "        print(type(exc).__name__, exc)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "", "PYTHONPATH": str(ROOT)},
+    )
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in out, out
+    assert "SystemCheckError" in out and "spanner_queues.E203" in out, out
+    assert "CommandError --metrics-port needs the metrics app" in out, out
 
 
 @pytest.mark.parametrize("interval", ["0.001", "0.5", "0"])

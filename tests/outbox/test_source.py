@@ -1,5 +1,6 @@
 """The package never defers a write past commit: no ``on_commit`` anywhere in its source, but
-in ``metrics.py``, whose commit hook increments an in-memory counter and writes nothing."""
+in ``signals.py``, whose commit hook sends the verbs' signals, and the package's only receivers
+of those (the metrics app's counters) increment an in-memory counter and write nothing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import pytest
 import spanner_queues
 
 PACKAGE = Path(spanner_queues.__file__).resolve().parent
-#: counts sends and acks when their transaction commits (a counter, never a write)
-COUNTERS_ONLY = {"metrics.py"}
+#: signals sends and acks when their transaction commits (counted, never written)
+COUNTERS_ONLY = {"signals.py"}
 
 
 def test_package_source_never_calls_on_commit() -> None:
@@ -53,8 +54,8 @@ def test_outbox_uses_no_thread_or_second_connection(path: Path) -> None:
     assert not calls & {"create_connection", "connect_db", "get_new_connection"}
 
 
-def test_the_metrics_commit_hook_only_increments_a_counter() -> None:
-    tree = ast.parse((PACKAGE / "metrics.py").read_text())
+def test_the_commit_hook_sends_the_signals_and_the_package_only_counts_them() -> None:
+    tree = ast.parse((PACKAGE / "signals.py").read_text())
     hooks = [
         node
         for node in ast.walk(tree)
@@ -64,4 +65,31 @@ def test_the_metrics_commit_hook_only_increments_a_counter() -> None:
     ]
     assert len(hooks) == 1
     [callback] = hooks[0].args
-    assert ast.unparse(callback) == "lambda: count.inc(n)"
+    assert ast.unparse(callback) == (
+        "lambda: signal.send_robust(sender=model, messages=messages, using=using)"
+    )
+    receivers = {}  # (module, function) connected to messages_sent / messages_acked
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        functions = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "connect"
+                and ast.unparse(node.func.value) in {"messages_sent", "messages_acked"}
+            ):
+                name = ast.unparse(node.args[0])
+                receivers[(str(path.relative_to(PACKAGE)), name)] = functions[name]
+    assert set(receivers) == {
+        ("contrib/metrics/exporter.py", "_count_sent"),
+        ("contrib/metrics/exporter.py", "_count_acked"),
+    }
+    counting = {"_get", "labels", "inc", "len", "sum", "isinstance", "handled_by_running_receiver"}
+    for function in receivers.values():
+        called = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else ast.unparse(node.func)
+            for node in ast.walk(function)
+            if isinstance(node, ast.Call)
+        }
+        assert called <= counting, (function.name, called - counting)

@@ -73,7 +73,7 @@ def test_failed_tasks_count_as_failed_in_the_worker_summary(run_worker) -> None:
 def test_failed_tasks_are_counted_with_the_failed_outcome_and_acked() -> None:
     from prometheus_client import REGISTRY
 
-    from spanner_queues import metrics
+    from spanner_queues.contrib import metrics
     from spanner_queues.worker import Worker
 
     metrics.enable()

@@ -76,7 +76,7 @@ def test_the_metrics_and_the_summary_share_their_reads(
     make_worker: MakeWorker, stats_calls: list[str]
 ) -> None:
     pytest.importorskip("prometheus_client")
-    from spanner_queues.metrics import QueueGauges
+    from spanner_queues.contrib.metrics import QueueGauges
     from spanner_queues.registry import queue_models
 
     gauges = QueueGauges()

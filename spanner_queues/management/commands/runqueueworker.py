@@ -14,12 +14,13 @@ import time
 from argparse import ArgumentParser, ArgumentTypeError
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
-from spanner_queues import metrics
-from spanner_queues.conf import MIN_SAMPLE_INTERVAL, metrics_params
+from spanner_queues.checks import METRICS_APP
+from spanner_queues.conf import MIN_SAMPLE_INTERVAL
 from spanner_queues.engines.stats import STATS_MAX_AGE_SECONDS, stats_cache
 from spanner_queues.exceptions import QueueError, WorkerCrashed, WorkerStuck
 from spanner_queues.worker import (
@@ -31,6 +32,9 @@ from spanner_queues.worker import (
     WorkerStats,
 )
 from spanner_queues.worker.health import WorkerHealth, serve
+
+if TYPE_CHECKING:
+    from spanner_queues.contrib.metrics.apps import MetricsConfig
 
 
 def positive_int(value: str) -> int:
@@ -191,8 +195,8 @@ class Command(BaseCommand):
             type=port_number,
             default=None,
             help="Serve Prometheus metrics at http://METRICS_ADDR:PORT/metrics (needs the "
-            "'metrics' extra). Each worker on a host needs its own port; 0 picks a free one "
-            "(printed at start).",
+            "app spanner_queues.contrib.metrics and the 'metrics' extra). Each worker on a host "
+            "needs its own port; 0 picks a free one (printed at start).",
         )
         parser.add_argument(
             "--metrics-addr",
@@ -325,13 +329,18 @@ class Command(BaseCommand):
         health: Any = None,
     ) -> Any:
         """Serve /metrics (and the probes), count the worker's events, and start the sampler
-        of the queue gauges (and depth samples)."""
+        of the queue gauges (and depth samples): what the metrics app's ``worker_metrics``
+        gives (this command never imports the app)."""
 
-        try:
-            params = metrics_params()
-            _server, port = serve(
-                options["metrics_port"], options["metrics_addr"], health, metrics.wsgi_app()
+        if not apps.is_installed(METRICS_APP):
+            raise CommandError(
+                f"--metrics-port needs the metrics app: add {METRICS_APP!r} to INSTALLED_APPS "
+                "(and pip install 'spanner-queues[metrics]')."
             )
+        config = cast("MetricsConfig", apps.get_app_config("spanner_queues_metrics"))
+        try:
+            app, listener, sampler = config.worker_metrics(options["metrics_interval"])
+            _server, port = serve(options["metrics_port"], options["metrics_addr"], health, app)
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
         except OSError as exc:
@@ -339,11 +348,7 @@ class Command(BaseCommand):
                 f"cannot serve metrics on {options['metrics_addr']}:{options['metrics_port']}: "
                 f"{exc} (give each worker on a host its own --metrics-port, or 0 for a free one)"
             ) from exc
-        listeners.append(metrics.WorkerMetrics())
-        sampler = metrics.Sampler(
-            options["metrics_interval"] or params.sample_interval,
-            record=params.record_depth_samples,
-        )
+        listeners.append(listener)
         sampler.start()
         self.stdout.write(f"metrics on http://{options['metrics_addr']}:{port}/metrics")
         sys.stdout.flush()

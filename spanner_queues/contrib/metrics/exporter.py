@@ -1,9 +1,11 @@
-"""Prometheus metrics: Spanner's five queue metrics per queue, and the worker's own.
+"""The Prometheus exporter: Spanner's five queue metrics per queue, and the worker's own.
 
-Needs prometheus-client (``pip install 'spanner-queues[metrics]'``). Nothing is counted until
-metrics are switched on in the process: ``runqueueworker --metrics-port`` does it,
-``SPANNER_QUEUES_METRICS["VIEW"] = True`` does it in web processes, or call ``enable()``.
-Until then the verbs' hooks (``sent``, ``acked``) return at once.
+Needs prometheus-client (``pip install 'spanner-queues[metrics]'``; without it, importing this
+module raises ``MetricsUnavailable`` naming the extra). Nothing is counted until metrics are
+switched on in the process: ``runqueueworker --metrics-port`` does it,
+``SPANNER_QUEUES_METRICS["VIEW"] = True`` does it in web processes, or call ``enable()``, which
+connects the counters to the verbs' signals (``spanner_queues.signals``); until then the verbs
+register no commit hook.
 
 Where each metric is counted (every process exports its own counts; Prometheus adds them up):
 
@@ -19,6 +21,8 @@ Where each metric is counted (every process exports its own counts; Prometheus a
   admin overview's source), at most every ``SAMPLE_INTERVAL_SECONDS``;
 - ``spanner_queues_worker_*``: from the events of the worker in this process
   (``WorkerMetrics``, a ``Worker`` listener).
+
+The depth samples a worker stores each interval are the ``Sampler``'s (``sampler.py``).
 """
 
 from __future__ import annotations
@@ -29,40 +33,43 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError, connections, transaction
-from django.http import Http404, HttpResponse
+from django.db import DatabaseError
+from django.http import Http404, HttpRequest, HttpResponse
 
-from spanner_queues.conf import metrics_params
+from spanner_queues.contrib.metrics.conf import MetricsUnavailable, metrics_params
 from spanner_queues.engines.stats import stats_cache
-from spanner_queues.exceptions import QueueConfigurationError, QueueError, QueueUnavailable
+from spanner_queues.exceptions import QueueError, QueueUnavailable
 from spanner_queues.message import Message
-from spanner_queues.monitoring import record_depth_samples
 from spanner_queues.receivers import handled_by_running_receiver
 from spanner_queues.registry import engine_for, queue_models
+from spanner_queues.signals import messages_acked, messages_sent
+
+try:
+    import prometheus_client
+    from prometheus_client import CollectorRegistry, multiprocess
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+except ImportError:
+    raise MetricsUnavailable(
+        "spanner_queues metrics need prometheus-client: pip install 'spanner-queues[metrics]'."
+    ) from None
 
 if TYPE_CHECKING:
-    from django.http import HttpRequest, HttpResponse
-
     from spanner_queues.engines.base import QueueStats
     from spanner_queues.models import Queue
     from spanner_queues.worker import WorkerEvent
 
-logger = logging.getLogger("spanner_queues.metrics")
+logger = logging.getLogger("spanner_queues.contrib.metrics")
 
 __all__ = [
     "METRIC_NAMES",
-    "MetricsUnavailable",
     "QueueGauges",
-    "Sampler",
     "WorkerMetrics",
-    "acked",
     "enable",
     "enabled",
+    "gauges",
     "metrics_view",
-    "sent",
     "serve",
     "wsgi_app",
 ]
@@ -96,25 +103,11 @@ _FINISHED = frozenset(
 )
 
 
-class MetricsUnavailable(QueueConfigurationError):
-    """Metrics were asked for but prometheus-client is not installed."""
-
-
-def _prometheus() -> Any:
-    try:
-        import prometheus_client
-    except ImportError:
-        raise MetricsUnavailable(
-            "spanner_queues metrics need prometheus-client: pip install 'spanner-queues[metrics]'."
-        ) from None
-    return prometheus_client
-
-
 class _Metrics:
     """The metric objects, created once per process on the default registry."""
 
     def __init__(self) -> None:
-        prom = _prometheus()
+        prom = prometheus_client
         self.send_count = prom.Counter(
             "spanner_queues_message_send_count",
             "Messages sent by this process (counted when the sending transaction commits).",
@@ -183,12 +176,14 @@ _metrics: _Metrics | None = None
 
 
 def enable() -> None:
-    """Switch metrics on in this process (idempotent). ``MetricsUnavailable`` without
-    prometheus-client."""
+    """Switch metrics on in this process (idempotent): create the metrics on the default
+    registry and connect the send and ack counters to the verbs' signals."""
     global _metrics
     with _lock:
         if _metrics is None:
             _metrics = _Metrics()
+            messages_sent.connect(_count_sent, dispatch_uid="spanner_queues.contrib.metrics")
+            messages_acked.connect(_count_acked, dispatch_uid="spanner_queues.contrib.metrics")
 
 
 def enabled() -> bool:
@@ -196,36 +191,29 @@ def enabled() -> bool:
 
 
 def _get() -> _Metrics:
-    enable()
+    if _metrics is None:
+        enable()
     assert _metrics is not None
     return _metrics
 
 
-# --- counted by the verbs (spanner_queues.api) ----------------------------------------------
-def _on_commit(using: str, count: Any, n: int) -> None:
-    transaction.on_commit(lambda: count.inc(n), using=using, robust=True)
+def gauges() -> QueueGauges:
+    """This process's queue gauges (switching metrics on), which the ``Sampler`` refreshes."""
+    return _get().gauges
 
 
-def sent(model: type[Queue], n: int, using: str) -> None:
-    """``n`` messages of ``model`` were written in the current transaction on ``using``:
-    counted when it commits (not at all if it rolls back). A no-op while metrics are off."""
-    m = _metrics
-    if m is None or not n:
-        return
-    _on_commit(using, m.send_count.labels(model._meta.label), n)
+# --- counted by the verbs (their signals, sent on commit) ------------------------------------
+def _count_sent(sender: type[Queue], messages: Sequence[Message], **kwargs: Any) -> None:
+    _get().send_count.labels(sender._meta.label).inc(len(messages))
 
 
-def acked(model: type[Queue], messages: Sequence[Any], using: str) -> None:
-    """``messages`` were acked in the current transaction on ``using``: counted when it
-    commits. Messages a worker's running receiver acks itself are left out here: the worker
-    counts them when it reports them acked (``WorkerMetrics``). A no-op while metrics are off."""
-    m = _metrics
-    if m is None or not messages:
-        return
-
+def _count_acked(sender: type[Queue], messages: Sequence[Any], **kwargs: Any) -> None:
+    """Messages a worker's running receiver acks itself are left out: the worker counts them
+    when it reports them acked (``WorkerMetrics``). The signal is sent in the thread that
+    committed, so the receiver's run is still the running one."""
     n = sum(1 for x in messages if not (isinstance(x, Message) and handled_by_running_receiver(x)))
     if n:
-        _on_commit(using, m.ack_count.labels(model._meta.label), n)
+        _get().ack_count.labels(sender._meta.label).inc(n)
 
 
 # --- the worker's events --------------------------------------------------------------------
@@ -338,8 +326,6 @@ class _QueueCollector:
         return []  # (not described up front: collect() reads the registry of queues)
 
     def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-
         ready = GaugeMetricFamily(
             "spanner_queues_buffered_ready_messages",
             "Messages due and not leased (native queues: due, leased or not), read from the "
@@ -379,62 +365,19 @@ class _QueueCollector:
         yield from (ready, oldest, by_state, expired)
 
 
-class Sampler(threading.Thread):
-    """Every ``interval`` seconds: refresh the queue gauges and, with ``record``, store depth
-    samples for the admin's chart (``record_depth_samples``; a queue sampled less than
-    ``interval`` ago by another worker is skipped). Database errors are logged, never
-    raised."""
-
-    def __init__(self, interval: float, *, record: bool = True) -> None:
-        super().__init__(name="spanner_queues-metrics-sampler", daemon=True)
-        self.interval = interval
-        self.record = record
-        self.samples = 0
-        self._stop_event = threading.Event()
-        self._gauges = _get().gauges
-
-    def run(self) -> None:
-
-        try:
-            while True:
-                try:
-                    # (a queue read within most of the interval, e.g. for the summary line,
-                    # is not read again)
-                    measured = self._gauges.refresh(max_age=self.interval * 0.9)
-                    if self.record and measured:
-                        record_depth_samples(
-                            min_interval=timedelta(seconds=self.interval * 0.9), stats=measured
-                        )
-                except Exception:
-                    logger.exception("queue metrics: sampling failed; trying again")
-                finally:
-                    for conn in connections.all(initialized_only=True):
-                        conn.close_if_unusable_or_obsolete()
-                self.samples += 1
-                if self._stop_event.wait(self.interval):
-                    return
-        finally:
-            connections.close_all()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-
-
 def serve(port: int, addr: str = "127.0.0.1") -> tuple[Any, int]:
     """Serve the default registry at ``http://addr:port/metrics`` from a daemon thread;
     port 0 picks a free port. Returns the server and the port it listens on."""
-    prom = _prometheus()
     enable()
-    server, _thread = prom.start_http_server(port, addr=addr)
+    server, _thread = prometheus_client.start_http_server(port, addr=addr)
     return server, server.server_port
 
 
 def wsgi_app() -> Any:
     """The default registry's exposition as a WSGI app (metrics switched on), for a server
     that serves more than ``/metrics`` (``runqueueworker``: the health probes too)."""
-    prom = _prometheus()
     enable()
-    return prom.make_wsgi_app()
+    return prometheus_client.make_wsgi_app()
 
 
 # --- the view for web processes -------------------------------------------------------------
@@ -458,17 +401,17 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         raise Http404("Metrics are off (SPANNER_QUEUES_METRICS['VIEW']).")
     if not _authorized(request, params.token):
         return HttpResponse("Forbidden", status=403, content_type="text/plain")
-    prom = _prometheus()
     metrics = _get()
     metrics.gauges.refresh(max_age=params.sample_interval)
-    registry = prom.REGISTRY
+    registry = prometheus_client.REGISTRY
     if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):  # several web processes: add them up
-        from prometheus_client import CollectorRegistry, multiprocess
-
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(_QueueCollector(metrics.gauges))
-    return HttpResponse(prom.generate_latest(registry), content_type=prom.CONTENT_TYPE_LATEST)
+    return HttpResponse(
+        prometheus_client.generate_latest(registry),
+        content_type=prometheus_client.CONTENT_TYPE_LATEST,
+    )
 
 
 def metric_names_in(text: str) -> Iterable[str]:

@@ -1,0 +1,49 @@
+"""Signals the verbs send once their writes commit, for the optional apps (the metrics app
+counts them) and your own code. Connect a receiver as to any Django signal::
+
+    from django.dispatch import receiver
+    from spanner_queues.signals import messages_sent
+
+    @receiver(messages_sent)
+    def sent(sender, messages, using, **kwargs): ...
+
+- ``messages_sent``: ``sender`` is the queue model, ``messages`` the sent ``Message`` list.
+  Sent by ``send``, ``send_many``, ``replace``, the outbox, ``requeue`` (a dead letter, a
+  replay), not by the worker's own re-send of a ``Retry`` (its events say so).
+- ``messages_acked``: ``sender`` is the queue model, ``messages`` what the verb was given
+  (``Message``, key mappings or key tuples). Sent by ``ack``, ``ack_many`` and ``requeue``, not
+  by the worker's acks of finished messages.
+
+Guarantees: sent on commit, in the thread that committed (``transaction.on_commit`` on
+``using``), never for a transaction that rolls back, once for a transaction retried after an
+abort; a receiver that raises is logged by ``django.dispatch``, the others still run and the
+transaction stays committed. While no receiver is connected, the verbs register no commit hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.db import transaction
+from django.dispatch import Signal
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+__all__ = ["messages_acked", "messages_sent"]
+
+messages_sent = Signal(use_caching=True)
+messages_acked = Signal(use_caching=True)
+
+
+def send_on_commit(signal: Signal, model: type[Queue], messages: Sequence[Any], using: str) -> None:
+    """The verbs' side: ``signal`` for ``messages`` of ``model`` once the current transaction
+    on ``using`` commits; nothing when there are none or nobody listens."""
+    if messages and signal.has_listeners(model):
+        messages = list(messages)  # (as the verb saw them, whatever the caller does next)
+        transaction.on_commit(
+            lambda: signal.send_robust(sender=model, messages=messages, using=using),
+            using=using,
+            robust=True,
+        )
