@@ -124,6 +124,31 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     assert value(in_flight, queue=Q) == base
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_acking_its_own_message_is_counted_once() -> None:
+    """The verbs' ``messages_acked`` is sent on commit, still inside the receiver's run: the
+    counter leaves out what the worker reports acked itself, in the receiver's transaction
+    (atomic), in autocommit (non-atomic) or in the receiver's own ``atomic()`` block."""
+    from spanner_queues.worker import Worker
+    from tests.workerapp.models import WorkItems
+
+    queue = WorkItems._meta.label
+    name = "spanner_queues_message_ack_count_total"
+    before = value(name, queue=queue)
+    WorkItems.send_many(
+        [
+            {"id": "atomic", "payload": {"ack_itself": True}},
+            {"id": "external", "payload": {"mode": "external", "ack_itself": True}},
+            {"id": "own", "payload": {"own_transaction": True}},
+        ]
+    )
+    Worker(
+        [WorkItems], burst=True, install_signal_handlers=False, listeners=[metrics.WorkerMetrics()]
+    ).run()
+    assert not WorkItems.objects.exists()
+    assert value(name, queue=queue) == before + 3
+
+
 def test_a_failing_queue_is_counted_and_shown_failing_until_it_recovers() -> None:
     listen = metrics.WorkerMetrics()
     errors = "spanner_queues_worker_receive_errors_total"
