@@ -1,6 +1,6 @@
-"""What the worker tells its listeners: ``WorkerEvent`` (one per thing it did), ``WorkerStats``
-(counters), ``WorkerEvents`` (a listener that records them and lets tests wait), and
-``Emitter``, which calls the listeners and keeps the counters.
+"""What the worker tells its listeners: ``WorkerEvent`` (one per thing it did, from
+``Worker.emit``), ``WorkerStats`` (counters), ``WorkerEvents`` (a listener that records them and
+lets tests wait), and ``log_extra`` (the fields of its log records).
 
 A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
@@ -22,7 +22,6 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,41 +111,6 @@ class WorkerEvents:
     def messages(self, name: str) -> list[Message]:
         with self._cond:
             return [e.message for e in self.history if e.name == name and e.message]
-
-
-class Emitter:
-    """Calls the listeners with each event and keeps the worker's counters (under ``lock``)."""
-
-    def __init__(
-        self,
-        worker_id: str,
-        listeners: Sequence[Callable[[WorkerEvent], None]],
-        lock: threading.Condition,
-    ) -> None:
-        self.worker_id = worker_id
-        self.listeners = list(listeners)
-        self.stats = WorkerStats()
-        self._lock = lock
-
-    def emit(self, name: str, **info: Any) -> None:
-        if not self.listeners:
-            return
-        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
-        for listener in self.listeners:
-            try:
-                listener(event)
-            except Exception:
-                logger.exception("worker event listener failed on %s", name)
-
-    def count(self, name: str, n: int = 1) -> None:
-        with self._lock:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def log_extra(
-        self, action: str, message: Message, duration: float | None = None, **more: Any
-    ) -> dict[str, Any]:
-        """``log_extra`` with this worker's id."""
-        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
 
 
 #: the fields ``log_extra`` sets on every per-message record

@@ -128,16 +128,16 @@ class WorkerHealth:
             )
         worker = self._worker
         if worker is not None:
-            if worker.held.stuck_units:
+            if worker.stuck_units:
                 problems.append(
-                    f"{worker.held.stuck_units} receiver(s) could not be interrupted past their "
+                    f"{worker.stuck_units} receiver(s) could not be interrupted past their "
                     "time limit: the worker is stopping to be restarted"
                 )
             wall = clock.now()
-            with worker.held.cond:
+            with worker.cond:
                 overdue = [
                     (wall - d.renew_at).total_seconds()
-                    for d in worker.held.deliveries
+                    for d in worker.deliveries
                     if d.renew_at is not None
                     and not (d.done or d.lease_lost or d.acking or d.timed_out)
                     and (wall - d.renew_at).total_seconds() > self.stall_seconds
@@ -168,7 +168,7 @@ class WorkerHealth:
                 self.db_check_seconds
             ):
                 return list(self._db_problems)
-            aliases = sorted({worker.held.cached(plan.model)[0] for plan in worker.plans})
+            aliases = sorted({worker.cached(plan.model)[0] for plan in worker.plans})
             problems = []
             for alias in aliases:
                 try:

@@ -7,16 +7,18 @@ cannot renew (``NotSupportedByEngine``) keep the lease they gave."""
 from __future__ import annotations
 
 import logging
-from datetime import timedelta
-from typing import Any
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
 from spanner_queues import api, clock
 from spanner_queues.exceptions import NotSupportedByEngine
+from spanner_queues.message import Message
 from spanner_queues.transactions import forget_lost_connection
-from spanner_queues.worker.events import Emitter
-from spanner_queues.worker.state import Delivery, Holdings, renew_at
+
+if TYPE_CHECKING:
+    from spanner_queues.worker import Delivery, Worker
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -26,30 +28,29 @@ LOCK_WAIT = 0.25
 
 
 class Renewer:
-    """Renews the leases of ``held.deliveries`` (see the module docstring)."""
+    """Renews the leases of ``worker.deliveries`` (see the module docstring)."""
 
-    def __init__(self, held: Holdings, events: Emitter) -> None:
-        self.held = held
-        self.events = events
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
 
     def run(self) -> None:
         """The renewer thread: until the worker stops and holds nothing."""
         try:
             while True:
-                with self.held.cond:
-                    if self.held.stopping and self.held.in_flight <= self.held.stuck_units:
+                with self.worker.cond:
+                    if self.worker.stopping and self.worker.in_flight <= self.worker.stuck_units:
                         return
                     now = clock.now()
                     live = [
                         d
-                        for d in self.held.deliveries
+                        for d in self.worker.deliveries
                         if not d.done and not d.lease_lost and not d.acking and not d.timed_out
                     ]
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     if not due:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
-                        self.held.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
+                        self.worker.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
                         continue
                 self.renew(due)
         finally:
@@ -70,7 +71,7 @@ class Renewer:
                 return live, (api.renew_many([d.message for d in live]) if live else [])
 
             try:
-                with self.held.lease_write(model, renewal, wait=LOCK_WAIT) as (got, result):
+                with self.worker.lease_write(model, renewal, wait=LOCK_WAIT) as (got, result):
                     if not got or result is None:
                         # The database's write lock is busy in this process (SQLite: an
                         # atomic receiver holds it while it runs; nobody can claim its rows
@@ -89,12 +90,12 @@ class Renewer:
                         else:
                             d.message = new
                             d.renew_at = renew_at(new, now)
-                            self.events.emit("renewed", message=new)
+                            self.worker.emit("renewed", message=new)
             except NotSupportedByEngine:  # the lease is what it is: no renewal
                 for d in group:
                     d.renew_at = None
             except Exception as exc:
-                forget_lost_connection(exc, self.held.cached(model)[0])  # reconnect next time
+                forget_lost_connection(exc, self.worker.cached(model)[0])  # reconnect next time
                 logger.exception("lease renewal failed; trying again")
                 now = clock.now()
                 for d in group:
@@ -110,6 +111,13 @@ class Renewer:
             "%s attempt %d: lease renewal failed; the message is no longer this worker's",
             d.message,
             d.message.attempt,
-            extra=self.events.log_extra("lease_lost", d.message),
+            extra=self.worker.log_extra("lease_lost", d.message),
         )
-        self.events.emit("renewal_failed", message=d.message)
+        self.worker.emit("renewal_failed", message=d.message)
+
+
+def renew_at(message: Message, now: datetime) -> datetime | None:
+    """Halfway through the remaining lease (Spanner extends by 10 s: renew every ~5 s)."""
+    if message.lease_expires_at is None:
+        return None
+    return now + (message.lease_expires_at - now) / 2

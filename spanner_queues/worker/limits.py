@@ -9,7 +9,7 @@ goes back to the queue; a receiver that cannot be interrupted stops the worker.
   ``TimeLimitExceeded`` is raised inside the receiver's thread (``PyThreadState_SetAsyncExc``:
   it lands between two Python bytecodes, so not while the thread waits in a C call). A receiver
   that returns after its limit (it caught the interrupt, or was in C) gets ``TimeLimitExceeded``
-  from the worker instead of an ack; ``execution`` handles it as a failure.
+  from the worker instead of an ack, a failure like any other.
 - The interrupt is raised only while the thread is inside the receiver's call: the thread leaves
   it under ``lock`` and clears any interrupt still pending, so none lands in the worker's code.
 - ``STUCK_GRACE_SECONDS`` after the limit, a receiver still inside its call is stuck: the worker
@@ -31,13 +31,15 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 from spanner_queues import clock, controls
 from spanner_queues.exceptions import TimeLimitExceeded
 from spanner_queues.options import queue_options
-from spanner_queues.worker.events import Emitter
-from spanner_queues.worker.state import Delivery, Holdings, Plan
+
+if TYPE_CHECKING:
+    from spanner_queues.worker import Delivery, Plan, Worker
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -56,18 +58,9 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
 class TimeLimits:
     """The watchdog of receivers' time limits (see the module docstring)."""
 
-    def __init__(
-        self,
-        held: Holdings,
-        events: Emitter,
-        *,
-        default: float | None,
-        grace: float = STUCK_GRACE_SECONDS,
-    ) -> None:
-        self.held = held
-        self.events = events
-        #: the worker-wide limit in seconds for receivers without their own (None: none)
-        self.default = default
+    def __init__(self, worker: Worker, *, grace: float = STUCK_GRACE_SECONDS) -> None:
+        self.worker = worker
+        #: seconds a receiver may stay busy past its limit before the worker gives up on it
         self.grace = grace
         #: receiver threads by ident -> monotonic time their call started (for the logs)
         self.started: dict[int, float] = {}
@@ -114,10 +107,10 @@ class TimeLimits:
 
     def run(self) -> None:
         """The watchdog thread: until the worker stops and holds nothing."""
-        held = self.held
+        worker = self.worker
         while True:
-            with held.cond:
-                if held.stopping and held.in_flight <= held.stuck_units:
+            with worker.cond:
+                if worker.stopping and worker.in_flight <= worker.stuck_units:
                     return
             with self.lock:
                 watched = list(self.running_now.items())
@@ -155,12 +148,12 @@ class TimeLimits:
                 "message goes back to the queue)",
                 d.message,
                 d.message.attempt,
-                extra=self.events.log_extra(
+                extra=self.worker.log_extra(
                     "timed_out", d.message, took, late_seconds=round(late, 3)
                 ),
             )
-            self.events.emit("timed_out", message=d.message)
-        self.events.count("timed_out", len(deliveries))
+            self.worker.emit("timed_out", message=d.message)
+        self.worker.count("timed_out", len(deliveries))
 
     def give_up(self, ident: int, deliveries: list[Delivery]) -> None:
         """A receiver did not leave its call within the grace after its limit: stop the worker
@@ -175,11 +168,11 @@ class TimeLimits:
                 d.message,
                 d.message.attempt,
                 self.grace,
-                extra=self.events.log_extra("stuck", d.message, self.ran(deliveries)),
+                extra=self.worker.log_extra("stuck", d.message, self.ran(deliveries)),
             )
-        with self.held.cond:
-            self.held.stuck_units += 1
-        self.held.stop()
+        with self.worker.cond:
+            self.worker.stuck_units += 1
+        self.worker.stop()
 
     def ran(self, deliveries: list[Delivery]) -> float | None:
         """Seconds since the receiver call of ``deliveries`` started (None: it left it)."""
@@ -192,15 +185,15 @@ class TimeLimits:
 
     def limit_for(self, timeout: float | None) -> float | None:
         """A receiver's own limit, else the worker's."""
-        return timeout if timeout is not None else self.default
+        return timeout if timeout is not None else self.worker.timeout
 
 
 class QueueLimits:
     """A worker's per-queue limits (see the module docstring); used by the intake thread only."""
 
-    def __init__(self, held: Holdings, plans: Sequence[Plan]) -> None:
-        self.held = held
-        options = {p.label: queue_options(p.model) for p in plans}
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        options = {p.label: queue_options(p.model) for p in worker.plans}
         #: label -> concurrency_limit, for the queues that have one
         self.concurrency = {
             label: o.concurrency_limit for label, o in options.items() if o.concurrency_limit
@@ -217,8 +210,8 @@ class QueueLimits:
         label = plan.label
         limit = self.concurrency.get(label)
         if limit is not None:
-            with self.held.cond:
-                want = min(want, limit - self.held.by_queue[label])
+            with self.worker.cond:
+                want = min(want, limit - self.worker.by_queue[label])
         rate = self.rates.get(label)
         if want <= 0 or rate is None:
             return max(want, 0)

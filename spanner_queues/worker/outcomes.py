@@ -16,7 +16,8 @@ discard; ``Outcomes`` acts on a run's outcome for the worker (logs, events, dead
   one transaction, so its attempt count and recorded failures start again), and warned of once
   per (queue, kind of miss) as a deployment mismatch; never failed, dead-lettered or
   discarded for it.
-- A message whose lease was lost is not acked, retried, released or dead-lettered.
+- A message whose lease was lost is not acked, retried, released or dead-lettered; one acked
+  by someone else meanwhile (``MessageAlreadyAcked``) is reported, its run rolled back.
 - ``AckedFailure`` from a non-atomic receiver (the Tasks runner's ``FAILED``): the run is
   counted, logged and reported as failed; the receiver acked the message, nothing else is done.
 - At stop, prefetched messages never started are given back
@@ -50,12 +51,11 @@ from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.options import queue_options
 from spanner_queues.receivers import NoReceiver, ReceiverSpec
 from spanner_queues.transactions import run_in_transaction
-from spanner_queues.worker.events import Emitter
-from spanner_queues.worker.state import Delivery, Holdings
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
+    from spanner_queues.worker import Delivery, Worker
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -227,9 +227,8 @@ def _tokens(messages: Sequence[Message]) -> list[str | None]:
 class Outcomes:
     """Acts on a run's outcome for the worker (see the module docstring)."""
 
-    def __init__(self, held: Holdings, events: Emitter) -> None:
-        self.held = held
-        self.events = events
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
         #: (queue, kind of miss) pairs already warned of (``unmatched``)
         self.mismatches: set[tuple[str, str]] = set()
         self._mismatch_lock = threading.Lock()
@@ -250,7 +249,7 @@ class Outcomes:
         """
         run_now = []
         for d in unit:
-            db, policy = self.held.cached(d.model)[0], self.policy(d.model)
+            db, policy = self.worker.cached(d.model)[0], self.policy(d.model)
 
             def give_back(
                 d: Delivery = d, policy: DeliveryPolicy = policy, db: str = db
@@ -260,20 +259,20 @@ class Outcomes:
                 return policy.return_unstarted(d.model, d.message, using=db)
 
             try:
-                with self.held.lease_write(d.model, give_back) as (_, done):
+                with self.worker.lease_write(d.model, give_back) as (_, done):
                     pass
             except (LeaseLost, MessageAlreadyAcked):
                 logger.warning(
                     "%s: lease lost before it was given back",
                     d.message,
-                    extra=self.events.log_extra("lease_lost", d.message),
+                    extra=self.worker.log_extra("lease_lost", d.message),
                 )
                 continue
             except Exception:
                 logger.exception(
                     "%s: giving it back failed; left to lease expiry",
                     d.message,
-                    extra=self.events.log_extra("error", d.message),
+                    extra=self.worker.log_extra("error", d.message),
                 )
                 continue
             # None: the lease was lost, reported (and not run) by the run below
@@ -282,23 +281,18 @@ class Outcomes:
                 continue
             if done is Unstarted.KEPT:
                 continue  # left to its lease expiry
-            self.events.count("returned")
+            self.worker.count("returned")
             logger.debug(
                 "%s: prefetched, not started; given back at stop",
                 d.message,
-                extra=self.events.log_extra("returned", d.message),
+                extra=self.worker.log_extra("returned", d.message),
             )
-            self.events.emit("returned", message=d.message)
+            self.worker.emit("returned", message=d.message)
         return run_now
 
     def policy(self, model: type[Queue]) -> DeliveryPolicy:
         """The delivery policy of ``model``'s engine."""
-        return DeliveryPolicy(self.held.cached(model)[1])
-
-    def ack(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
-        """A run succeeded: ack its messages in the receiver's transaction
-        (``DeliveryPolicy.ack``)."""
-        self.policy(model).ack(model, messages, using=using)
+        return DeliveryPolicy(self.worker.cached(model)[1])
 
     def _resend(
         self,
@@ -314,14 +308,14 @@ class Outcomes:
         back-off).
         Returns those moved; lost leases and messages acked meanwhile are reported (``not
         done``: what the log says was not done to them)."""
-        self.held.freeze(deliveries)
+        self.worker.freeze(deliveries)
         mine = [d for d in deliveries if not d.lease_lost]
         if len(mine) < len(deliveries):
             self.lease_lost([d for d in deliveries if d.lease_lost], exc, duration)
         if not mine:
             return []
         model = mine[0].model
-        db, engine, _ = self.held.cached(model)
+        db, engine, _ = self.worker.cached(model)
 
         def move() -> None:
             self.policy(model).retry(model, [d.message for d in mine], after=after, using=db)
@@ -334,9 +328,9 @@ class Outcomes:
                     "%s: already acked; not %s",
                     d.message,
                     not_done,
-                    extra=self.events.log_extra("already_acked", d.message, duration),
+                    extra=self.worker.log_extra("already_acked", d.message, duration),
                 )
-                self.events.emit("already_acked", message=d.message, error=err)
+                self.worker.emit("already_acked", message=d.message, error=err)
             return []
         except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
             self.lease_lost(mine, err, duration)
@@ -349,7 +343,7 @@ class Outcomes:
         mine = self._resend(deliveries, exc, after=exc.after, not_done="retried", duration=duration)
         if not mine:
             return
-        self.events.count("retried", len(mine))
+        self.worker.count("retried", len(mine))
         for d in mine:
             logger.info(
                 "%s attempt %d: retry after %s%s",
@@ -357,25 +351,43 @@ class Outcomes:
                 d.message.attempt,
                 exc.after,
                 f" ({exc.reason})" if exc.reason else "",
-                extra=self.events.log_extra("retried", d.message, duration),
+                extra=self.worker.log_extra("retried", d.message, duration),
             )
-            self.events.emit("retried", message=d.message, receiver=spec.name, duration=duration)
+            self.worker.emit("retried", message=d.message, receiver=spec.name, duration=duration)
 
     def lease_lost(
         self, deliveries: list[Delivery], exc: BaseException, duration: float | None = None
     ) -> None:
-        self.events.count("lease_lost", len(deliveries))
+        self.worker.count("lease_lost", len(deliveries))
         for d in deliveries:
             logger.warning(
                 "%s attempt %d: lease lost; not acked (it will be delivered again)",
                 d.message,
                 d.message.attempt,
-                extra=self.events.log_extra("lease_lost", d.message, duration),
+                extra=self.worker.log_extra("lease_lost", d.message, duration),
             )
-            self.events.emit("lease_lost", message=d.message, error=exc)
+            self.worker.emit("lease_lost", message=d.message, error=exc)
 
-    def exhausted(self, d: Delivery) -> bool:
-        return DeliveryPolicy.exhausted(d.model, d.message)
+    def already_acked(
+        self,
+        deliveries: list[Delivery],
+        exc: MessageAlreadyAcked,
+        spec: ReceiverSpec,
+        duration: float,
+    ) -> None:
+        """Someone else acked the messages while the receiver ran (their lease had expired):
+        the run's transaction rolled back; reported, nothing else is done."""
+        self.worker.count("already_acked", len(deliveries))
+        for d in deliveries:
+            logger.warning(
+                "%s: already acked by someone else (its lease had expired); this "
+                "delivery's transaction was rolled back",
+                d.message,
+                extra=self.worker.log_extra("already_acked", d.message, duration),
+            )
+            self.worker.emit(
+                "already_acked", message=d.message, receiver=spec.name, duration=duration, error=exc
+            )
 
     def failed(
         self,
@@ -389,7 +401,7 @@ class Outcomes:
         """Count, log (with ``exc``'s traceback) and report a failed run; unless the receiver
         acked the messages itself (``acked``), count the delivery failure and give them back
         or give up on them."""
-        self.events.count("failed", len(deliveries))
+        self.worker.count("failed", len(deliveries))
         for d in deliveries:
             m = d.message
             logger.error(
@@ -400,9 +412,9 @@ class Outcomes:
                 type(exc).__name__,
                 exc,
                 exc_info=exc,
-                extra=self.events.log_extra("failed", m, duration),
+                extra=self.worker.log_extra("failed", m, duration),
             )
-            self.events.emit(
+            self.worker.emit(
                 "failed",
                 message=m,
                 receiver=spec.name if spec else None,
@@ -412,7 +424,7 @@ class Outcomes:
             )
             if d.lease_lost or acked:
                 continue
-            db = self.held.cached(d.model)[0]
+            db = self.worker.cached(d.model)[0]
             if self.policy(d.model).fail(d.model, m, exc, using=db).exhausted:
                 self.give_up([d], exc, duration)
             else:
@@ -429,20 +441,20 @@ class Outcomes:
             return policy.give_back(d.model, d.message, deliver_time=deliver_time)
 
         try:
-            with self.held.lease_write(d.model, give_back) as (_, given):
+            with self.worker.lease_write(d.model, give_back) as (_, given):
                 if given:
-                    self.events.emit("released", message=d.message)
+                    self.worker.emit("released", message=d.message)
         except LeaseLost:
             logger.warning(
                 "%s: lease lost before release",
                 d.message,
-                extra=self.events.log_extra("lease_lost", d.message),
+                extra=self.worker.log_extra("lease_lost", d.message),
             )
         except Exception:
             logger.exception(
                 "%s: release failed; left to lease expiry",
                 d.message,
-                extra=self.events.log_extra("error", d.message),
+                extra=self.worker.log_extra("error", d.message),
             )
 
     def give_up(
@@ -452,14 +464,14 @@ class Outcomes:
         duration: float | None = None,
     ) -> None:
         """Past ``max_attempts``: dead-letter, discard or (neither configured) release."""
-        extra = self.events.log_extra
+        extra = self.worker.log_extra
         for d in deliveries:
-            m = self.held.freeze([d])[0]
-            options = self.held.cached(d.model)[2]
+            m = self.worker.freeze([d])[0]
+            options = self.worker.cached(d.model)[2]
             try:
                 if options.dead_letter_queue:
                     dead_letter(m)
-                    self.events.count("dead_lettered")
+                    self.worker.count("dead_lettered")
                     logger.error(
                         "%s: %d attempts, moved to dead-letter queue %s",
                         m,
@@ -467,12 +479,12 @@ class Outcomes:
                         options.dead_letter_queue,
                         extra=extra("dead_lettered", m, duration),
                     )
-                    self.events.emit("dead_lettered", message=m, error=exc)
-                    self.held.next_seed = 0.0  # a periodic message may have gone: re-seed
+                    self.worker.emit("dead_lettered", message=m, error=exc)
+                    self.worker.next_seed = 0.0  # a periodic message may have gone: re-seed
                 elif options.discard_after_max_attempts:
-                    db, discard = self.held.cached(d.model)[0], self.policy(d.model).discard
+                    db, discard = self.worker.cached(d.model)[0], self.policy(d.model).discard
                     run_in_transaction(partial(discard, d.model, [m], using=db), using=db)
-                    self.events.count("discarded")
+                    self.worker.count("discarded")
                     logger.error(  # (no payload bytes: they may hold personal data)
                         "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
                         "%d bytes",
@@ -481,8 +493,8 @@ class Outcomes:
                         len(m.payload),
                         extra=extra("discarded", m, duration),
                     )
-                    self.events.emit("discarded", message=m, error=exc)
-                    self.held.next_seed = 0.0
+                    self.worker.emit("discarded", message=m, error=exc)
+                    self.worker.next_seed = 0.0
                 else:
                     self.release(d)
             except MessageAlreadyAcked:
@@ -526,7 +538,7 @@ class Outcomes:
         mine = self._resend(deliveries, exc, after=None, not_done="given back")
         if not mine:
             return
-        self.events.count("unmatched", len(mine))
+        self.worker.count("unmatched", len(mine))
         for d in mine:
             m = d.message
             miss = miss_kind(specs, m)
@@ -542,16 +554,16 @@ class Outcomes:
                     "has it. Logged once per queue and kind.",
                     m,
                     miss,
-                    extra=self.events.log_extra("unmatched", m, miss=miss),
+                    extra=self.worker.log_extra("unmatched", m, miss=miss),
                 )
             elif logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "%s: no receiver of this worker matches %s; given back",
                     m,
                     miss,
-                    extra=self.events.log_extra("unmatched", m, miss=miss),
+                    extra=self.worker.log_extra("unmatched", m, miss=miss),
                 )
-            self.events.emit("unmatched", message=m, error=exc)
+            self.worker.emit("unmatched", message=m, error=exc)
 
 
 def miss_kind(specs: Sequence[ReceiverSpec], message: Message) -> str:

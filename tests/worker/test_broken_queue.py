@@ -16,8 +16,7 @@ from django.db import connection
 
 from spanner_queues.engines import engines
 from spanner_queues.options import queue_options
-from spanner_queues.worker import Worker, WorkerEvents
-from spanner_queues.worker.intake import QUEUE_BACKOFF_MAX
+from spanner_queues.worker import QUEUE_BACKOFF_MAX, Worker, WorkerEvents
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Tasks, WorkItems, WorkLog
@@ -85,8 +84,8 @@ def test_a_queue_failing_for_hours_keeps_backing_off_at_the_cap(make_worker: Mak
     # failure (about 75 minutes of a dropped queue at the 5 s cap) raised OverflowError out of
     # the intake loop and stopped the worker.
     worker = make_worker(Tasks, WorkItems)
-    health = worker.intake.health["workerapp.Tasks"]
+    health = worker.queue_health()["workerapp.Tasks"]
     for _ in range(1100):
-        worker.intake.queue_failed(health, RuntimeError("queue dropped"))
+        worker._queue_failed(health, RuntimeError("queue dropped"))
     assert health.failures == 1100
     assert 0 < health.retry_at - time.monotonic() <= QUEUE_BACKOFF_MAX

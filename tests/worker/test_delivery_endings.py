@@ -35,10 +35,10 @@ def test_graceful_stops_with_prefetch_do_not_dead_letter_a_message_that_never_ra
         worker = make_worker(WorkItems, concurrency=1, prefetch=2)
         # What run() does: one claim puts the message in the buffer; stop() comes before an
         # executor starts it; the executor then returns it (Outcomes.return_unstarted).
-        assert worker.intake.receive(worker.plans[0], 2) == 1
+        assert worker._receive(worker.plans[0], 2) == 1
         worker.stop()
-        worker.held.units.put(None)
-        executor = threading.Thread(target=worker.execution.run)
+        worker.units.put(None)
+        executor = threading.Thread(target=worker._execute_units)
         executor.start()
         executor.join(30)
         assert worker.stats.returned == 1

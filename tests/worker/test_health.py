@@ -3,6 +3,8 @@ limit, and readiness before the worker started."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from spanner_queues.message import Message
@@ -80,11 +82,13 @@ def test_a_lease_the_renewer_left_overdue_is_not_live() -> None:
     from types import SimpleNamespace
 
     from spanner_queues import clock as sq_clock
-    from spanner_queues.worker.state import Delivery, Holdings
+    from spanner_queues.worker import Delivery
 
-    held = Holdings()
+    held = SimpleNamespace(
+        plans=[], cond=threading.Condition(), deliveries=set(), stuck_units=0, stopping=False
+    )
     health = WorkerHealth(stall_seconds=60, monotonic=Clock())
-    health.attach(SimpleNamespace(plans=[], held=held, stopping=False))  # type: ignore[arg-type]
+    health.attach(held)  # type: ignore[arg-type]
     now = sq_clock.now()
     late = Delivery(message=message(), model=object, renew_at=now - timedelta(seconds=61))
     held.deliveries.add(late)

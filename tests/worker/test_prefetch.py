@@ -111,10 +111,10 @@ def test_stop_releases_prefetched_messages_not_started(
 def _stop_before_start(worker: Worker, claim: int) -> None:
     """What run() does when stop() comes between a claim and an executor taking the messages:
     claim into the buffer, stop, then let one executor drain the buffer."""
-    assert worker.intake.receive(worker.plans[0], claim) >= 1
+    assert worker._receive(worker.plans[0], claim) >= 1
     worker.stop()
-    worker.held.units.put(None)
-    executor = threading.Thread(target=worker.execution.run)
+    worker.units.put(None)
+    executor = threading.Thread(target=worker._execute_units)
     executor.start()
     executor.join(60)
     assert not executor.is_alive()

@@ -59,12 +59,12 @@ def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
     require("supports_lease_renewal")
     WorkItems.send(id="r", payload={})
     worker = make_worker(WorkItems)
-    assert worker.intake.receive(worker.plans[0], 1) == 1
-    [delivery] = list(worker.held.deliveries)
+    assert worker._receive(worker.plans[0], 1) == 1
+    [delivery] = list(worker.deliveries)
     token = delivery.message.lease_token
-    [frozen] = worker.held.freeze([delivery])
+    [frozen] = worker.freeze([delivery])
     assert frozen.lease_token == token
-    worker.leases.renew([delivery])  # what the renewer thread would do now
+    worker.renewer.renew([delivery])  # what the renewer thread would do now
     assert WorkItems.objects.get(pk="r").lease_token == token
     from spanner_queues import api
 

@@ -56,7 +56,7 @@ def test_summary_lines_read_each_queue_at_most_once_per_max_age(
     rounds = 40
     worker = make_worker(WorkItems, Tasks, summary_interval=0.01)
     command = summary_command(worker)
-    worker.events.listeners.append(command._on_event)
+    worker.listeners.append(command._on_event)
     started = time.monotonic()
     with running(worker):
         assert events.wait_for("summary", rounds, timeout=120)

@@ -12,45 +12,48 @@ from typing import Any
 
 import pytest
 
-from spanner_queues.worker.signals import StopOnSignal
+from spanner_queues.worker import Worker, WorkerEvent
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.engine_independent
 
 
+def _worker(listener: Any, abort: Any) -> Worker:
+    return Worker(
+        ["workerapp.WorkItems"], install_signal_handlers=False, listeners=[listener], abort=abort
+    )
+
+
 def test_a_signal_inside_a_listener_holding_its_lock_still_stops_the_worker() -> None:
     lock = threading.Lock()  # a listener's plain lock, as WorkerHealth's
     events: list[str] = []
-    stopped = threading.Event()
 
-    def emit(name: str, **info: Any) -> None:
+    def listener(event: WorkerEvent) -> None:
         with lock:
-            events.append(name)
+            events.append(event.name)
 
-    handler = StopOnSignal(stopped.set, stopped.is_set, emit, abort=lambda: None)
+    worker = _worker(listener, abort=lambda: None)
     returned = threading.Event()
 
     def main_thread_inside_the_listener() -> None:
         with lock:  # the signal lands here
-            handler(signal.SIGTERM)
+            worker._on_signal(signal.SIGTERM)
             returned.set()
 
     thread = threading.Thread(target=main_thread_inside_the_listener, daemon=True)
     thread.start()
     assert returned.wait(5), "the handler waited for a lock its own thread holds"
     thread.join(5)
-    wait_until(stopped.is_set, timeout=5)
+    wait_until(lambda: worker.stopping, timeout=5)
     assert events == ["stopping"]
 
 
 def test_a_second_signal_aborts_even_before_the_first_stop_has_run() -> None:
     aborted = threading.Event()
     gate = threading.Event()
-    handler = StopOnSignal(
-        lambda: None, lambda: False, lambda name, **info: gate.wait(5), abort=aborted.set
-    )
-    handler(signal.SIGTERM)  # its stop waits on the gate
-    handler(signal.SIGTERM)
+    worker = _worker(lambda event: gate.wait(5), abort=aborted.set)
+    worker._on_signal(signal.SIGTERM)  # its stop waits on the gate
+    worker._on_signal(signal.SIGTERM)
     assert aborted.is_set()
     gate.set()
 
@@ -71,7 +74,7 @@ def test_a_sigterm_the_kernel_gives_another_thread_stops_the_worker_at_once() ->
 
     def elsewhere() -> None:
         try:
-            wait_until(lambda: worker.held.in_flight > 0, timeout=30)
+            wait_until(lambda: worker.in_flight > 0, timeout=30)
             signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread
             try:
                 wait_until(lambda: worker.stopping, timeout=5)

@@ -59,14 +59,14 @@ def test_a_receiver_that_cannot_be_interrupted_stops_the_worker(
     HANGS["stuck"] = hang = __import__("threading").Event()
     WorkItems.send(id="stuck", payload={"hang": "stuck"})
     worker = make_worker(WorkItems, timeout=0.3, concurrency=2)
-    worker.limits.grace = 0.5
+    worker.time_limits.grace = 0.5
     try:
         with pytest.raises(WorkerStuck, match="could not be interrupted"):
             worker.run()
         assert worker.stats.timed_out == 1
     finally:
         hang.set()  # let the thread go: it rolls back and its message stays queued
-    wait_until(lambda: not any(d.stuck and not d.done for d in worker.held.deliveries))
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
     assert WorkItems.objects.filter(id="stuck").exists()
     assert not WorkLog.objects.exists()
 
@@ -86,16 +86,16 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
     import threading
     import time
 
-    from spanner_queues.worker.state import Delivery
+    from spanner_queues.worker import Delivery
 
     worker = make_worker(WorkItems, timeout=0.1)
-    worker.limits.grace = 0.1
+    worker.time_limits.grace = 0.1
     stale = Delivery(message=None, model=WorkItems, renew_at=None)  # type: ignore[arg-type]
     stale.deadline, stale.timed_out, stale.done = time.monotonic() - 5, True, True
-    worker.limits.running_now[12345] = [stale]
-    watchdog = threading.Thread(target=worker.limits.run, daemon=True)
+    worker.time_limits.running_now[12345] = [stale]
+    watchdog = threading.Thread(target=worker.time_limits.run, daemon=True)
     watchdog.start()
-    wait_until(lambda: 12345 not in worker.limits.running_now)
-    worker.held.stop()
+    wait_until(lambda: 12345 not in worker.time_limits.running_now)
+    worker.stop()
     watchdog.join(5)
-    assert worker.held.stuck_units == 0 and not stale.stuck
+    assert worker.stuck_units == 0 and not stale.stuck
