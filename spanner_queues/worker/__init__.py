@@ -409,7 +409,7 @@ class Worker:
                     except Exception:
                         logger.exception("stopping the receive stream of %s failed", label)
                 # (a stuck receiver is not waited for: see limits)
-                self._wait(lambda: self.in_flight <= self.stuck_units)
+                self._wait(lambda: self.drained)
                 for _ in executors:
                     self.units.put(None)
                 for thread in executors:
@@ -435,6 +435,12 @@ class Worker:
                 f"{type(self.crashed).__name__}: {self.crashed}"
             ) from self.crashed
         return self.stats.copy()
+
+    @property
+    def drained(self) -> bool:
+        """Stopping, and holding nothing but the units of stuck receivers (read under
+        ``cond``): the renewer, the watchdog and ``run()`` end."""
+        return self.stopping and self.in_flight <= self.stuck_units
 
     def _wait(self, done: Callable[[], bool]) -> None:
         """Wait until ``done()`` (checked under ``cond``), in ``SIGNAL_SLICE`` slices: CPython
@@ -967,7 +973,7 @@ class Worker:
         model = deliveries[0].model
         db, engine, _ = self.cached(model)
         retries = engine.params.transaction_retries
-        limit = self.time_limits.limit_for(spec.timeout)
+        limit = spec.timeout if spec.timeout is not None else self.timeout  # (None: no limit)
         started = time.monotonic()
         for d in deliveries:
             self.emit("started", message=d.message, receiver=spec.name)

@@ -38,7 +38,7 @@ class Renewer:
         try:
             while True:
                 with self.worker.cond:
-                    if self.worker.stopping and self.worker.in_flight <= self.worker.stuck_units:
+                    if self.worker.drained:
                         return
                     now = clock.now()
                     live = [

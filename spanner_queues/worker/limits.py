@@ -110,7 +110,7 @@ class TimeLimits:
         worker = self.worker
         while True:
             with worker.cond:
-                if worker.stopping and worker.in_flight <= worker.stuck_units:
+                if worker.drained:
                     return
             with self.lock:
                 watched = list(self.running_now.items())
@@ -182,10 +182,6 @@ class TimeLimits:
                 None,
             )
         return None if started is None else time.monotonic() - started
-
-    def limit_for(self, timeout: float | None) -> float | None:
-        """A receiver's own limit, else the worker's."""
-        return timeout if timeout is not None else self.worker.timeout
 
 
 class QueueLimits:
