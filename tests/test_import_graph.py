@@ -225,7 +225,6 @@ def test_the_emulator_distribution_imports_neither_the_app_nor_django() -> None:
 # and shared value types. They must not reach up to the verbs or anything above them.
 LOWER = (
     "spanner_queues.engines",
-    "spanner_queues.native",
     "spanner_queues.storage",
     "spanner_queues.options",
     "spanner_queues.keys",
@@ -274,6 +273,32 @@ def test_engines_and_below_do_not_import_the_verbs_or_above() -> None:
         if _within(target, UPPER)
     )
     assert not offenders, "lower layers reaching up:\n" + "\n".join(offenders)
+
+
+ENGINES = {"spanner_queues.engines.table", "spanner_queues.engines.native"}
+#: outside the engines, the one module that may import one of their modules: queuegrants
+#: prints grants in the native dialect's SQL
+READS_AN_ENGINE = {
+    "spanner_queues.management.commands.queuegrants": "spanner_queues.engines.native.ddl"
+}
+
+
+def test_each_engine_is_self_contained() -> None:
+    """An engine is one module or one package: nothing outside it imports it (callers reach it
+    through the handler, ``SPANNER_QUEUES[alias]["ENGINE"]``, and the seam), and it imports no
+    other engine."""
+    graph = import_graph()
+    assert "spanner_queues.engines.native.receive" in graph["spanner_queues.engines.native"]
+    offenders = sorted(
+        f"{module} -> {target}"
+        for module, targets in graph.items()
+        for target in targets
+        for engine in ENGINES
+        if _within(target, (engine,))
+        and not _within(module, (engine,))
+        and READS_AN_ENGINE.get(module) != target
+    )
+    assert not offenders, "modules reaching into an engine:\n" + "\n".join(offenders)
 
 
 CONTRIB = "spanner_queues.contrib"

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from spanner_queues import clock
-from spanner_queues.native.receive import Delivery, Receiver
+from spanner_queues.engines.native.receive import Delivery, Receiver
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.engine_independent

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from spanner_queues import clock
-from spanner_queues.native.receive import WARM_WAIT, Delivery, Receiver
+from spanner_queues.engines.native.receive import WARM_WAIT, Delivery, Receiver
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.engine_independent

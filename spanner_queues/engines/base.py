@@ -10,7 +10,7 @@ these verbs."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -22,6 +22,7 @@ from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
 from spanner_queues.message import OutgoingMessage, may_have_failed
 
 if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
     from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
     from spanner_queues.message import Message
@@ -257,3 +258,12 @@ class BaseQueueEngine(ABC):
 
     def check(self) -> list[checks.CheckMessage]:
         return []
+
+    def connection_created(
+        self, connection: BaseDatabaseWrapper, queue_tables: Callable[[], set[str]]
+    ) -> None:
+        """A connection to this engine's database was opened (Django's ``connection_created``,
+        hooked by ``spanner_queues.introspection``). An engine whose queues are not tables
+        keeps them out of Django's table listings here; ``queue_tables()`` gives the
+        lower-cased table names of the queues declared on it. Nothing by default."""
+        return None

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+from spanner_queues.engines import engine_for
 from spanner_queues.transactions import forget_lost_connection
 
 if TYPE_CHECKING:
@@ -60,8 +61,6 @@ class StatsCache:
 
     @staticmethod
     def _key(model: type[Queue]) -> tuple[str, str]:
-        from spanner_queues.engines import engine_for
-
         return engine_for(model).alias, model._meta.label
 
     def latest(self, model: type[Queue]) -> Reading | None:
@@ -118,8 +117,6 @@ class StatsCache:
         return None
 
     def _read(self, model: type[Queue], key: tuple[str, str]) -> Reading:
-        from spanner_queues.engines import engine_for
-
         with self._lock:
             self.reads += 1
         engine = engine_for(model)

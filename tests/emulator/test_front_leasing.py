@@ -13,9 +13,9 @@ import pytest
 from django.db import connection
 
 from spanner_queues import api
-from spanner_queues.engines import engines
-from spanner_queues.native import streams
-from spanner_queues.native.ddl import duration
+from spanner_queues.engines import engines, native
+from spanner_queues.engines.native.ddl import duration
+from spanner_queues.semantics import LEASE
 from spanner_queues_emulator.schema import LEASE_EXPIRES
 from tests.conftest import wait_until
 from tests.testapp.models import Jobs
@@ -44,8 +44,8 @@ def send(n: int) -> None:
 
 
 def receiver() -> Any:
-    with streams._streams_lock:
-        return streams._streams.get((engines["default"].alias, Jobs._meta.label))
+    with native._streams_lock:
+        return native._streams.get((engines["default"].alias, Jobs._meta.label))
 
 
 def test_receive_of_one_leases_no_more_than_demand_plus_one_batch() -> None:
@@ -73,9 +73,7 @@ def test_a_plain_receive_holds_no_stream_and_renews_no_row_after_it_returns() ->
         wait_until(lambda: not stream.calling, timeout=30)
         # ...and a row the stream holds for nobody is not renewed: within about a lease every
         # row but the one handed out is due again (the front's clock, its lease of 10 s).
-        assert wait_until(
-            lambda: leased_keys() <= {message.key[0]}, timeout=streams.NATIVE_LEASE.seconds + 15
-        )
+        assert wait_until(lambda: leased_keys() <= {message.key[0]}, timeout=LEASE.seconds + 15)
         assert not stream.calling
     finally:
         api.stop_receiving(Jobs, wait=10)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spanner_queues.drivers import emulator_has_queues
+from spanner_queues.engines.native.client import emulator_has_queues
 from spanner_queues_emulator import start_emulator
 
 

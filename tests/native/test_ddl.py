@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from spanner_queues.engines.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
 from spanner_queues.exceptions import QueueConfigurationError
-from spanner_queues.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
 
 DECL = QueueDeclaration(
     name="usertasks",
@@ -146,8 +146,8 @@ def test_declare_reads_row_deletion_policy_from_queue_meta() -> None:
     from django.db import models
     from django.test.utils import isolate_apps
 
+    from spanner_queues.engines.native.ddl import declare
     from spanner_queues.models import Queue
-    from spanner_queues.native.ddl import declare
     from spanner_queues.options import RowDeletion, queue_options
 
     with isolate_apps("tests.testapp"):

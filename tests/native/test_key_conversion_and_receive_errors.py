@@ -156,7 +156,7 @@ def test_permanent_receive_errors_surface(front, code, error) -> None:
     ],
 )
 def test_transient_receive_errors_are_retried_and_logged(front, code, caplog) -> None:
-    caplog.set_level(logging.WARNING, logger="spanner_queues.native.receive")
+    caplog.set_level(logging.WARNING, logger="spanner_queues.engines.native.receive")
     front.fail("ExecuteStreamingSql", code, "try again", sql_contains="RECEIVE_", times=2)
     UserTasks.send(user_id=1, message_id="a", payload="x")
     assert wait_until(lambda: api.receive(UserTasks))[0].key == (1, "a")

@@ -18,11 +18,10 @@ import pytest
 from django.utils import timezone
 
 from spanner_queues import api
-from spanner_queues.engines import engines
+from spanner_queues.engines import engines, native
+from spanner_queues.engines.native.ddl import duration
+from spanner_queues.engines.native.receive import Delivery, Receiver
 from spanner_queues.message import Message
-from spanner_queues.native import streams
-from spanner_queues.native.ddl import duration
-from spanner_queues.native.receive import Delivery, Receiver
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.receivers import receiver as register_receiver
 from spanner_queues.worker import Worker
@@ -150,7 +149,7 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(front
     assert api.settle_receiving(UserTasks, wait=0) is True  # no stream yet
     assert api.receive(UserTasks) == []
     call = front.sql("RECEIVE_testapp_usertasks")[0]
-    brief = streams.brief_seconds(engine)
+    brief = engine.brief_seconds
     assert brief < engine.max_duration_seconds
     assert f"max_duration => '{duration(brief)}'" in call.sql
     UserTasks.send(user_id=1, message_id="a", payload="x")
@@ -162,7 +161,7 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(front
     assert wait_until(lambda: api.settle_receiving(UserTasks), timeout=60)
     wait_until(lambda: len(front.receive_ends()) == len(front.sql("RECEIVE_testapp_usertasks")))
     assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration
-    receiver = streams._streams[(engine.alias, UserTasks._meta.label)]
+    receiver = native._streams[(engine.alias, UserTasks._meta.label)]
     started = receiver.streams_started
     assert api.settle_receiving(UserTasks, wait=0) is True
     assert receiver.streams_started == started  # settled: no call opens until a receive
@@ -198,7 +197,7 @@ def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(front)
     assert sorted(seen) == sorted(m.key for m in sent)
     assert not UserTasks.objects.exists()
     calls = front.sql("RECEIVE_testapp_usertasks")
-    brief = duration(streams.brief_seconds(engines["default"]))
+    brief = duration(engines["default"].brief_seconds)
     assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
     wait_until(lambda: len(front.receive_ends()) == len(calls))
     assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration

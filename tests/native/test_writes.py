@@ -16,7 +16,6 @@ from spanner_queues.exceptions import (
     MessageAlreadyAcked,
     MessageAlreadyExists,
 )
-from spanner_queues.native import streams
 from tests.conftest import wait_until
 from tests.testapp.models import Account, Upload, UploadTasks, UserTasks
 
@@ -69,7 +68,7 @@ def test_renewal_of_more_than_950_tokens_is_chunked(front) -> None:
     held = wait_until(lambda: api.receive(UserTasks, max_messages=2))
     tokens = [m.lease_token for m in held] + [f"not-a-token-{i}" for i in range(1500)]
     front.clear()
-    renewed = streams.renew_tokens(engine(), UserTasks, tokens)
+    renewed = engine().renew_tokens(UserTasks, tokens)
     calls = front.sql("RENEWLEASE_")
     assert [len(dict(r.request.params)) for r in calls] == [950, 552]
     assert {old for old, (new, _) in renewed.items() if new} == {m.lease_token for m in held}

@@ -120,7 +120,7 @@ class PrivateFront:
 
 def ddl_of_test_database() -> list[str]:
     """The schema of the test's own database (on the session's front)."""
-    from spanner_queues.native.client import database_for
+    from spanner_queues.engines.native.client import database_for
 
     database = database_for("default")
     database.reload()

@@ -16,7 +16,7 @@ import pytest
 from django.conf import settings
 
 from spanner_queues.engines import engines
-from spanner_queues.native import client
+from spanner_queues.engines.native import client
 from tests.children import TIMEOUT, Child
 from tests.conftest import wait_until
 from tests.process.fronts import PrivateFront, ddl_of_test_database

@@ -32,7 +32,7 @@ from django.core.management.base import BaseCommand, CommandError
 from spanner_queues import options as queue_settings
 from spanner_queues import registry
 from spanner_queues.controls import PausedQueue, QueueRate
-from spanner_queues.engines.native import dialect as native_dialect
+from spanner_queues.engines.native.ddl import dialect as native_dialect
 from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample

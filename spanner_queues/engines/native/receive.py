@@ -51,15 +51,15 @@ from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from spanner_queues import clock
+from spanner_queues.drivers import grpc_status
 from spanner_queues.exceptions import (
     NotSupportedByEngine,
     QueueConfigurationError,
     QueueError,
     UnknownQueue,
 )
-from spanner_queues.native.client import grpc_status
 
-logger = logging.getLogger("spanner_queues.native.receive")
+logger = logging.getLogger("spanner_queues.engines.native.receive")
 
 #: how long ``take`` waits when the open call has had time to bring what is due.
 WARM_WAIT = 0.05

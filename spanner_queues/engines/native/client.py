@@ -1,7 +1,8 @@
-"""google-cloud-spanner calls that bypass the Django cursor: the ``Database`` of an alias,
-``RENEWLEASE_<Q>`` on a strong single-use snapshot (chunked), the ``Send``/``Ack`` mutations in
-a read-write transaction (safe to retry), and the mapping of gRPC status errors found anywhere
-in an exception's cause chain.
+"""The native engine on the wire: values as the google-cloud-spanner client writes and reads
+them (keys, payloads), and the calls that bypass the Django cursor: the ``Database`` of an
+alias, ``RENEWLEASE_<Q>`` on a strong single-use snapshot (chunked), ``RECEIVE_<Q>``'s raw
+streaming call, the ``Send``/``Ack`` mutations in a read-write transaction (safe to retry), and
+whether an emulator has queues.
 
 Deadlines: queries made here (``query``: the stats, ``RENEWLEASE``) are one unary
 ``ExecuteSql`` each, with a deadline (``CALL_DEADLINE_SECONDS``) and a bounded retry with
@@ -13,12 +14,15 @@ completed. ``RECEIVE_<Q>`` has its own deadline and restarts (``receive_stream``
 from __future__ import annotations
 
 import base64
+import functools
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import grpc
 from django.db import connections
 from google.api_core import exceptions as gexc
 from google.api_core import retry as retries
@@ -39,10 +43,14 @@ from google.cloud.spanner_v1.streamed import StreamedResultSet
 from google.cloud.spanner_v1.types import TransactionOptions
 from google.protobuf.struct_pb2 import Struct
 
-from spanner_queues.drivers import causes
+from spanner_queues.drivers import grpc_status
+from spanner_queues.engines.native.ddl import MAX_QUERY_PARAMETERS
 from spanner_queues.exceptions import CommitOutcomeUnknown
-from spanner_queues.native.ddl import MAX_QUERY_PARAMETERS
+from spanner_queues.keys import key_fields
 from spanner_queues.payload import BYTES, JSON, from_stored, json_value_text, stored_text
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
 
 
 def database_for(alias: str) -> Any:
@@ -52,13 +60,49 @@ def database_for(alias: str) -> Any:
     return wrapper.connection.database
 
 
-def grpc_status(exc: BaseException) -> str | None:
-    """The gRPC status name (``"OUT_OF_RANGE"``...) of the first API error in the chain."""
+@functools.lru_cache(maxsize=8)
+def emulator_has_queues(host: str) -> bool:
+    """Ask the emulator at ``host`` whether it has queues: the queue-aware front answers its
+    ``Describe`` call, Google's plain emulator answers UNIMPLEMENTED."""
+    channel = grpc.insecure_channel(host)
+    try:
+        describe: grpc.UnaryUnaryMultiCallable[bytes, bytes] = channel.unary_unary(
+            "/spanner_queues.emulator.Front/Describe"
+        )
+        reply = describe(b"", timeout=5)
+        return json.loads(reply).get("queues") is True
+    except (grpc.RpcError, ValueError):
+        return False
+    finally:
+        channel.close()
 
-    for error in causes(exc):
-        if isinstance(error, gexc.GoogleAPICallError) and error.grpc_status_code is not None:
-            return error.grpc_status_code.name
-    return None
+
+def chunks(items: Sequence[Any], size: int) -> list[Sequence[Any]]:
+    """``items`` in consecutive slices of at most ``size`` (at least one item each): Spanner
+    refuses a statement of more than ``MAX_QUERY_PARAMETERS`` parameters."""
+    size = max(1, size)
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def prep_key(model: type[Queue], key: Sequence[Any], connection: Any) -> list[Any]:
+    """Key values as the ORM writes and filters them (``UUIDField`` -> 32-char hex,
+    ``BinaryField`` -> base64 for the client): the same values for DML and mutations."""
+    return [
+        f.get_db_prep_value(v, connection, prepared=False)
+        for f, v in zip(key_fields(model), key, strict=True)
+    ]
+
+
+def key_from_row(model: type[Queue], values: Sequence[Any]) -> tuple[Any, ...]:
+    """RECEIVE key columns back to Python values, as the ORM reads them."""
+    out = []
+    for f, v in zip(key_fields(model), values, strict=True):
+        if v is not None and f.get_internal_type() == "BinaryField":
+            v = decode_bytes(v)
+        elif v is not None:
+            v = f.to_python(v)
+        out.append(v)
+    return tuple(out)
 
 
 def encode_bytes(value: bytes) -> bytes:
@@ -261,8 +305,7 @@ def renew_all(
     ``MAX_QUERY_PARAMETERS`` tokens (Spanner refuses a statement with more parameters);
     ``sql_for(n)`` is the statement for n tokens, ``params_for(chunk)`` its parameters."""
     renewed: dict[str, tuple[str | None, Any]] = {}
-    for start in range(0, len(tokens), MAX_QUERY_PARAMETERS):
-        chunk = tokens[start : start + MAX_QUERY_PARAMETERS]
+    for chunk in chunks(tokens, MAX_QUERY_PARAMETERS):
         renewed.update(renew(database, sql_for(len(chunk)), params_for(chunk)))
     return renewed
 

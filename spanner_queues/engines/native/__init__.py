@@ -1,0 +1,742 @@
+"""The native engine: real Spanner queues (Enterprise and Enterprise Plus editions).
+
+- Schema: ``CREATE QUEUE`` / ``DROP QUEUE`` (the text: ``ddl``).
+- Send: ``INSERT`` DML through the caller's Django connection and transaction (the outbox), one
+  statement per 950 query parameters; ``send_mutations`` writes ``Send`` mutations for batches
+  made outside the ORM, in a read-write transaction of their own (safe to retry).
+- Receive: a background ``RECEIVE_<Q>`` stream per queue and process on a strong single-use
+  snapshot, through google-cloud-spanner directly (``receive.Receiver`` runs one; this module
+  keeps them). One stream per (alias, queue), shared by every thread (engines are per thread,
+  like database connections; streams must not be). A stream stopped by a permanent error is
+  started afresh by the next receive (the queue may have been created, or the permission
+  granted, since); every stream is stopped at exit, so none outlives the program. A demand is
+  first asked in a probe (``PROBE_MAX_DURATION_SECONDS``: one batch, no cancel);
+  ``settle_receiving`` makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``) until it
+  is stopped.
+- Renew: one ``RENEWLEASE_<Q>`` call per queue and 950 tokens, renewing with the in-flight
+  messages the rows the stream holds that are due for renewal; tokens rotate.
+- Ack: ``DELETE ... ASSERT_ROWS_MODIFIED n`` in the caller's transaction, one statement for a
+  batch (``OUT_OF_RANGE`` -> ``MessageAlreadyAcked``, the transaction is marked for rollback);
+  ``ack_mutations`` for batches outside it.
+- Table listings: a new connection to the database has its introspection wrapped so that
+  queues are not tables to ``flush`` and ``inspectdb`` (``connection_created``).
+
+Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "postgresql"),
+``RECEIVE_MAX_DURATION_SECONDS`` (1200), ``RECEIVE_BATCH_SIZE`` (10), ``RECEIVE_WAIT_SECONDS``
+(1.0), ``RECEIVE_BUFFER_SIZE`` (100), ``LEASE_MARGIN_SECONDS`` (0.5).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.core import checks
+from django.db import connections, transaction
+from django.db.backends.base.introspection import TableInfo
+from google.api_core import exceptions as gexc
+
+from spanner_queues import clock, failures
+from spanner_queues.conf import EngineParams
+from spanner_queues.drivers import driver_for, grpc_status
+from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
+from spanner_queues.engines.native import client
+from spanner_queues.engines.native.ddl import (
+    GOOGLESQL,
+    MAX_QUERY_PARAMETERS,
+    QueueDeclaration,
+    declare,
+    dialect,
+    duration,
+)
+from spanner_queues.engines.native.receive import Delivery, Receiver
+from spanner_queues.exceptions import (
+    InvalidMessage,
+    InvalidQueueEngine,
+    MessageAlreadyAcked,
+    MessageAlreadyExists,
+    NotSupportedByEngine,
+    QueueConfigurationError,
+    QueueUnavailable,
+)
+from spanner_queues.keys import key_filter, key_names
+from spanner_queues.message import AttemptLoader, Message, OutgoingMessage
+from spanner_queues.options import queue_options
+from spanner_queues.semantics import LEASE
+from spanner_queues.storage import rows
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+
+    from spanner_queues.models import Queue
+    from spanner_queues.options import QueueOptions
+
+#: ``max_duration`` of a probe (``Receiver``): a call that ends by itself after one batch.
+PROBE_MAX_DURATION_SECONDS = 0.001
+
+#: ``max_duration`` of a settled stream's calls (at most ``RECEIVE_MAX_DURATION_SECONDS``): a
+#: caller that stops once nothing is due waits for the open call to end, so it is short.
+BRIEF_MAX_DURATION_SECONDS = 2.0
+
+#: this process's streams by (engine alias, queue label)
+_streams: dict[tuple[str, str], Receiver] = {}
+#: streams whose calls are brief (``settle_receiving``), until stopped.
+_brief: set[tuple[str, str]] = set()
+_streams_lock = threading.Lock()
+#: when (monotonic) this process last sent to a queue, by (alias, label): a stream's call open
+#: since before it has not been shown that message yet, so a take waits its full wait for it
+_last_sent: dict[tuple[str, str], float] = {}
+
+
+def stop_all_streams(wait: float | None = 5.0) -> None:
+    """Stop every RECEIVE stream of this process (at exit, so none outlives the program)."""
+    with _streams_lock:
+        receivers = list(_streams.values())
+        _streams.clear()
+        _brief.clear()
+    for receiver in receivers:
+        receiver.stop(wait)
+
+
+atexit.register(stop_all_streams)
+
+#: the table type Django's listings skip (they take "t", and "v" only when asked for views)
+QUEUE = "q"
+_OTHER_TYPES_SQL = (
+    "SELECT t.table_name FROM information_schema.tables AS t "
+    "WHERE t.table_catalog = '' AND t.table_schema = '' "
+    "AND t.table_type NOT IN ('BASE TABLE', 'VIEW')"
+)
+
+
+def _number(options: Any, name: str, default: float, alias: str, *, minimum: float) -> float:
+    value = options.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < minimum:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['OPTIONS'][{name!r}] must be a number >= {minimum}, "
+            f"not {value!r}."
+        )
+    return float(value)
+
+
+def _keys_text(messages: Sequence[OutgoingMessage]) -> str:
+    keys = ", ".join(str(tuple(m.key.values())) for m in messages[:20])
+    if len(messages) > 20:
+        keys += f" (and {len(messages) - 20} more)"
+    return keys
+
+
+class NativeQueueEngine(BaseQueueEngine):
+    """Spanner queues proper. Needs a real Spanner database of an Enterprise edition."""
+
+    features = EngineFeatures(
+        supports_native_queues=True,
+        supports_lease_renewal=True,
+        supports_release=False,
+        supports_custom_lease=False,
+        supports_attempt_count=False,
+        supports_listing=True,
+        rotates_lease_tokens=True,
+        stores_bookkeeping_fields=False,
+    )
+
+    accepted_options = frozenset(
+        {
+            "DIALECT",
+            "RECEIVE_MAX_DURATION_SECONDS",
+            "RECEIVE_BATCH_SIZE",
+            "RECEIVE_WAIT_SECONDS",
+            "RECEIVE_BUFFER_SIZE",
+            "LEASE_MARGIN_SECONDS",
+        }
+    )
+
+    def __init__(self, params: EngineParams) -> None:
+        super().__init__(params)
+        options, alias = params.options, params.alias
+        self.dialect = dialect(options.get("DIALECT", GOOGLESQL))
+        #: the same dialect with ``%s`` placeholders, for statements run by a Django cursor.
+        self.cursor_dialect = dialect(self.dialect.name, paramstyle="format")
+        self.max_duration_seconds = _number(
+            options, "RECEIVE_MAX_DURATION_SECONDS", 1200, alias, minimum=0.001
+        )
+        self.max_duration = duration(self.max_duration_seconds)
+        #: ``max_duration`` of a settled stream's calls
+        self.brief_seconds = min(BRIEF_MAX_DURATION_SECONDS, self.max_duration_seconds)
+        batch = options.get("RECEIVE_BATCH_SIZE", 10)
+        if batch is not None and (not isinstance(batch, int) or batch < 1):
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES[{alias!r}]['OPTIONS']['RECEIVE_BATCH_SIZE'] must be an int "
+                ">= 1 or None (Spanner's default)."
+            )
+        self.batch_size: int | None = batch
+        self.receive_wait = _number(options, "RECEIVE_WAIT_SECONDS", 1.0, alias, minimum=0)
+        self.buffer_size = int(_number(options, "RECEIVE_BUFFER_SIZE", 100, alias, minimum=1))
+        self.lease_margin = timedelta(
+            seconds=_number(options, "LEASE_MARGIN_SECONDS", 0.5, alias, minimum=0)
+        )
+        self._declarations: dict[type, QueueDeclaration] = {}
+
+    # --- helpers -------------------------------------------------------------------------
+    def declaration(self, model: type[Queue]) -> QueueDeclaration:
+        decl = self._declarations.get(model)
+        if decl is None:
+            decl = self._declarations[model] = declare(model, queue_options(model))
+        return decl
+
+    def spanner(self) -> Any:
+        """The google-cloud-spanner ``Database`` behind this engine's database alias."""
+        return client.database_for(self.database)
+
+    def _require_googlesql(self, verb: str) -> None:
+        if self.dialect.name != GOOGLESQL:
+            raise NotSupportedByEngine(
+                f"{verb} runs through django_spanner, which speaks GoogleSQL only; the "
+                "PostgreSQL dialect is generated as DDL and SQL text (see sqlmigrate)."
+            )
+
+    @staticmethod
+    def _no_queues_reason(alias: str) -> str | None:
+        """Why database ``alias`` cannot hold Spanner queues (None: it can). Google's emulator
+        cannot parse CREATE QUEUE (cloud-spanner-emulator issue #383); the queue-aware front
+        of ``python -m spanner_queues_emulator`` can, and says so."""
+        driver = driver_for(alias)
+        if not driver.supports_native_queues:
+            return driver.no_native_queues_reason
+        host = os.environ.get("SPANNER_EMULATOR_HOST")
+        if host and not client.emulator_has_queues(host):
+            return (
+                f"it is Google's Cloud Spanner emulator (SPANNER_EMULATOR_HOST={host}), which "
+                "cannot parse CREATE QUEUE or run RECEIVE_<queue> (cloud-spanner-emulator issue "
+                "#383); run `python -m spanner_queues_emulator` for an emulator with queues."
+            )
+        return None
+
+    # --- schema ---------------------------------------------------------------------------
+    def create_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        self._refuse_unsupported_database(schema_editor)
+        schema_editor.execute(self.dialect.create_queue(declare(model, options)), None)
+
+    def drop_queue(
+        self,
+        schema_editor: BaseDatabaseSchemaEditor,
+        model: type[Queue],
+        options: QueueOptions,
+    ) -> None:
+        self._refuse_unsupported_database(schema_editor)
+        self.stop_receiving(model)
+        schema_editor.execute(self.dialect.drop_queue(declare(model, options)), None)
+
+    def _refuse_unsupported_database(self, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        if schema_editor.collect_sql:  # sqlmigrate: just print the statements
+            return
+        reason = self._no_queues_reason(schema_editor.connection.alias)
+        if reason is not None:
+            raise QueueConfigurationError(reason)
+
+    # --- sending --------------------------------------------------------------------------
+    def send_many(
+        self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
+    ) -> list[Message]:
+        """``INSERT`` the messages in one transaction (the caller's, when there is one): one
+        statement per ``MAX_QUERY_PARAMETERS`` parameters, so any number of messages fits in
+        one transaction (up to Spanner's commit limits)."""
+        self._require_googlesql("Sending with DML")
+        _last_sent[(self.alias, model._meta.label)] = time.monotonic()
+        decl = self.declaration(model)
+        names = key_names(model)
+        now = clock.now()
+        # A deliver time that is missing or already past means "now": DeliverTime is omitted
+        # and Spanner delivers at once (it replaces past times "with a value closer to now").
+        later = [m for m in messages if m.deliver_time is not None and m.deliver_time > now]
+        timed_ids = {id(m) for m in later}
+        at_once = [m for m in messages if id(m) not in timed_ids]
+        statements = []
+        conn = connections[using]
+        for group, timed in ((at_once, False), (later, True)):
+            if not group:
+                continue
+            width = self.cursor_dialect.insert_width(decl, with_deliver_time=timed)
+            for chunk in client.chunks(group, MAX_QUERY_PARAMETERS // width):
+                params: list[Any] = []
+                for m in chunk:
+                    params.extend(client.prep_key(model, [m.key[n] for n in names], conn))
+                    params.append(client.wire_payload(decl.payload_type, m.payload))
+                    if timed:
+                        params.append(m.deliver_time)
+                sql = self.cursor_dialect.insert(decl, len(chunk), with_deliver_time=timed)
+                statements.append((sql, params))
+        try:
+            # One transaction for all statements (immediate and delayed messages, and each
+            # chunk, are INSERTs of their own): all or nothing even outside the caller's
+            # ``atomic``.
+            with transaction.atomic(using=using), conn.cursor() as cursor:
+                for sql, params in statements:
+                    cursor.execute(sql, params)
+        except Exception as exc:
+            self._raise_send_error(model, messages, exc, using)
+            raise
+        return [
+            Message(
+                queue=model._meta.label,
+                key=tuple(m.key[n] for n in names),
+                key_names=names,
+                payload=m.payload,
+                deliver_time=m.deliver_time if id(m) in timed_ids else now,
+                send_time=now,
+            )
+            for m in messages
+        ]
+
+    def send_mutations(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> Any:
+        """Send with ``Send`` mutations committed together in a read-write transaction of
+        their own, outside any Django transaction (``client.commit_mutations``: safe to retry):
+        ``MessageAlreadyExists`` and nothing sent if a key is taken; ``CommitOutcomeUnknown``
+        when the commit's answer is lost. Returns the commit timestamp."""
+        _last_sent[(self.alias, model._meta.label)] = time.monotonic()
+        decl = self.declaration(model)
+        names = key_names(model)
+        connection = connections[self.database]
+        try:
+            return client.commit_mutations(
+                self.spanner(),
+                sends=[
+                    (
+                        decl.name,
+                        tuple(client.prep_key(model, [m.key[n] for n in names], connection)),
+                        client.wire_payload(decl.payload_type, m.payload),
+                        m.deliver_time,
+                    )
+                    for m in messages
+                ],
+            )
+        except Exception as exc:
+            self._raise_send_error(model, messages, exc, self.database)
+            raise
+
+    @staticmethod
+    def _raise_send_error(
+        model: type[Queue], messages: Sequence[OutgoingMessage], exc: Exception, using: str
+    ) -> None:
+        """Raise the ``QueueError`` a failed send means, if any (nothing was sent)."""
+        if grpc_status(exc) == "ALREADY_EXISTS":
+            raise MessageAlreadyExists(
+                f"{model._meta.label}: a message with key {_keys_text(messages)} already exists "
+                "(keys are identity; ack it first or use replace()); nothing was sent."
+            ) from exc
+        if driver_for(using).is_missing_parent(exc):
+            raise InvalidMessage(
+                f"{model._meta.label}: no parent row for key {_keys_text(messages)} (the queue "
+                "is interleaved in its parent; create the parent first); nothing was sent."
+            ) from exc
+
+    # --- receiving ------------------------------------------------------------------------
+    def receive_sql(
+        self,
+        model: type[Queue],
+        max_batch_size: int | None = None,
+        *,
+        max_duration_seconds: float | None = None,
+    ) -> str:
+        return self.dialect.receive(
+            self.declaration(model),
+            max_batch_size=max_batch_size or self.batch_size,
+            max_duration=self.max_duration
+            if max_duration_seconds is None
+            else duration(max_duration_seconds),
+        )
+
+    def receive(
+        self,
+        model: type[Queue],
+        *,
+        max_messages: int = 1,
+        lease: timedelta | None = None,
+        wait: float | None = None,
+    ) -> list[Message]:
+        # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
+        names = key_names(model)
+        label = model._meta.label
+        taken = self._stream(model, max_messages).take(
+            max_messages,
+            self.receive_wait if wait is None else wait,
+            last_sent=_last_sent.get((self.alias, label)),
+            # (a stream just opened answers first: what is due, or that the queue is gone)
+            first_answer=self.receive_wait,
+        )
+        if not taken:
+            return []
+        # Spanner keeps no delivery count: an attempt is the failed runs workers recorded in
+        # the failure ledger, plus one, read for the whole batch when one is first read.
+        database = self.database
+
+        def load(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
+            failed = failures.failures_of(label, keys, using=database)
+            return {key: count + 1 for key, count in failed.items()}
+
+        attempts = AttemptLoader([d.key for d in taken], load)
+        return [
+            Message(
+                queue=label,
+                key=d.key,
+                key_names=names,
+                payload=d.payload,
+                deliver_time=d.deliver_time,
+                # resolved on first read (message._AttemptField)
+                attempt=attempts,  # type: ignore[arg-type]
+                lease_token=d.lease_token,
+                lease_expires_at=d.lease_expires_at,
+            )
+            for d in taken
+        ]
+
+    def _stream(self, model: type[Queue], want: int = 1) -> Receiver:
+        """This process's running stream of ``model`` on this alias, started if need be, told
+        that a caller wants ``want`` messages."""
+        key = (self.alias, model._meta.label)
+        with _streams_lock:
+            receiver = _streams.get(key)
+            if receiver is not None and receiver.fatal is not None:
+                # A permanent error stopped it (``take`` raised it): start afresh, the queue
+                # may have been created or the permission granted since.
+                del _streams[key]
+                receiver = None
+            if receiver is None:
+                receiver = _streams[key] = self._open_stream(model)
+            receiver.want(want)
+            receiver.start()
+            return receiver
+
+    def _open_stream(self, model: type[Queue]) -> Receiver:
+        """A ``Receiver`` whose calls are ``RECEIVE_<Q>`` on a strong single-use snapshot."""
+        database = self.spanner()
+        decl = self.declaration(model)
+        n = len(decl.keys)
+        payload_type = decl.payload_type
+        current: dict[str, Any] = {}
+
+        def open_stream(
+            max_batch_size: int, *, brief: bool = False, probe: bool = False
+        ) -> Iterator[Any]:
+            if probe:
+                seconds = min(PROBE_MAX_DURATION_SECONDS, self.max_duration_seconds)
+            elif brief:
+                seconds = self.brief_seconds
+            else:
+                seconds = self.max_duration_seconds
+            sql = self.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
+            deadline = seconds + 30  # the call's own gRPC deadline
+            with database.snapshot() as snapshot:  # a pooled session, as the client
+                call = client.receive_stream(database, snapshot._session, sql, deadline)
+                current["call"] = call
+                try:
+                    yield from client.rows_of(call)
+                finally:
+                    current.pop("call", None)
+
+        def cancel() -> None:
+            call = current.get("call")
+            if call is not None:
+                call.cancel()
+
+        def parse(row: Sequence[Any]) -> Delivery:
+            return Delivery(
+                key=client.key_from_row(model, row[:n]),
+                payload=client.payload_from_wire(payload_type, row[n]),
+                deliver_time=row[n + 1],
+                lease_token=row[n + 2],
+                lease_expires_at=row[n + 3],
+                last_in_batch=bool(row[n + 4]),
+            )
+
+        def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
+            return self.renew_tokens(model, tokens, database)
+
+        return Receiver(
+            model._meta.label,
+            open_stream,
+            parse,
+            buffer_size=self.buffer_size,
+            lease_margin=self.lease_margin,
+            cancel=cancel,
+            renew=renew,
+            batch_size=self.batch_size,
+            stall_seconds=LEASE.total_seconds() / 2,
+            brief=(self.alias, model._meta.label) in _brief,
+            probe=True,
+        )
+
+    def record_failure(
+        self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
+    ) -> int:
+        """Spanner counts no deliveries: the failed run goes to the failure ledger
+        (``spanner_queues.failures``) in the caller's transaction, on every queue, so the next
+        delivery's ``attempt`` is one more."""
+        return failures.record_failure(message, error, using=using)
+
+    def clear_failures(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        if keys:
+            failures.clear_failures(model._meta.label, keys, using=using)
+
+    def stop_receiving(
+        self, model: type[Queue] | None = None, *, wait: float | None = None
+    ) -> None:
+        """Stop this process's RECEIVE stream of ``model`` (of every queue of this alias when
+        None): the stream is shared by every thread; leased rows not yet taken are dropped
+        (Spanner delivers them again after their lease). ``wait`` seconds for each to end."""
+        label = model._meta.label if model is not None else None
+
+        def chosen(key: tuple[str, str]) -> bool:
+            return key[0] == self.alias and (label is None or key[1] == label)
+
+        with _streams_lock:
+            receivers = [_streams.pop(k) for k in list(_streams) if chosen(k)]
+            _brief.difference_update([k for k in _brief if chosen(k)])
+        for receiver in receivers:
+            receiver.stop(wait)
+
+    def settle_receiving(self, model: type[Queue], *, wait: float | None = None) -> bool:
+        """Let this process's RECEIVE stream of ``model`` come to rest (``Receiver.settle``):
+        its calls are brief (``brief_seconds``) until it is stopped, no new call opens until
+        the next ``receive``, and the open call is let end by its ``max_duration``, never
+        cancelled (``wait`` seconds at most; default: a brief call's length and as much
+        again). True once no row is leased to this process's stream and unread; False while
+        rows arrived and are held unread (``receive`` hands them out) or a call is still
+        open."""
+        key = (self.alias, model._meta.label)
+        with _streams_lock:
+            _brief.add(key)
+            receiver = _streams.get(key)
+        if receiver is None:
+            return True
+        return receiver.settle(2 * self.brief_seconds + 1.0 if wait is None else wait)
+
+    # --- renewing -------------------------------------------------------------------------
+    def renew_sql(self, model: type[Queue], count: int = 1) -> str:
+        return self.dialect.renew(self.declaration(model), count)
+
+    def renew_tokens(
+        self, model: type[Queue], tokens: list[str], database: Any = None
+    ) -> dict[str, tuple[str | None, Any]]:
+        """``RENEWLEASE_<Q>`` for ``tokens``, one call per ``MAX_QUERY_PARAMETERS`` tokens (one
+        parameter each): old token -> (new token, new expiry)."""
+        return client.renew_all(
+            database or self.spanner(),
+            lambda count: self.renew_sql(model, count),
+            self.dialect.renew_params,
+            tokens,
+        )
+
+    def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
+        """One ``RENEWLEASE_<Q>`` call for ``messages`` and, together with them, the rows this
+        process's stream holds for the queue that are due for renewal. Messages whose lease
+        was lost are left out of the result."""
+        with _streams_lock:
+            receiver = _streams.get((self.alias, model._meta.label))
+        held = receiver.held_tokens_due() if receiver is not None else []
+        tokens = list(dict.fromkeys([m.lease_token for m in messages if m.lease_token] + held))
+        if not tokens:
+            return []
+        try:
+            renewed = self.renew_tokens(model, tokens)
+        except BaseException:
+            if held and receiver is not None:
+                receiver.renewal_failed(held)
+            raise
+        if held and receiver is not None:
+            receiver.apply_renewals(renewed, held)
+        result = []
+        for message in messages:
+            new_token, expires = renewed.get(message.lease_token or "", (None, None))
+            if new_token:  # no row, or a NULL new token: the lease is lost
+                result.append(message.with_lease(new_token, expires))
+        return result
+
+    # --- acking ---------------------------------------------------------------------------
+    def ack_many(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        using: str,
+        lease_tokens: Sequence[str | None] | None = None,
+    ) -> None:
+        """By key alone: Spanner's ack is a DELETE by key (``lease_tokens`` is not checked;
+        ``supports_lease_checked_ack`` is False). In one transaction (the caller's, when there
+        is one): one ``DELETE ... WHERE <key> IN (...) ASSERT_ROWS_MODIFIED n`` per
+        ``MAX_QUERY_PARAMETERS`` key values (one round trip for a receiver's batch). A missing
+        message (or a key given twice) fails the statement with ``OUT_OF_RANGE``: the
+        transaction is marked for rollback and ``MessageAlreadyAcked`` raised. The assertion
+        is the server's, so a transaction the DB-API replays after an abort checks it again."""
+        self._require_googlesql("Acking with DML")
+        if not keys:
+            return
+        decl = self.declaration(model)
+        conn = connections[using]
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
+                params = [v for key in chunk for v in client.prep_key(model, key, conn)]
+                try:
+                    cursor.execute(self.cursor_dialect.ack_many(decl, len(chunk)), params)
+                except Exception as exc:
+                    if grpc_status(exc) != "OUT_OF_RANGE":
+                        raise
+                    # Statement-level on Spanner: the transaction would still commit the
+                    # caller's other writes. Never continue it: mark it for rollback.
+                    transaction.set_rollback(True, using=using)
+                    which = (
+                        f"{tuple(chunk[0])!r}: no such message"
+                        if len(chunk) == 1
+                        else f": one of {list(chunk)!r} is no such message (or came twice)"
+                    )
+                    raise MessageAlreadyAcked(
+                        f"{model._meta.label}{which}; it was already acked (or deleted). Roll "
+                        "back: the work may have been done by another receiver."
+                    ) from exc
+
+    def delete_any(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> None:
+        for key in keys:
+            rows(model, using).filter(key_filter(model, key)).delete()
+
+    def ack_mutations(
+        self,
+        model: type[Queue],
+        keys: Sequence[tuple[Any, ...]],
+        *,
+        ignore_not_found: bool = False,
+    ) -> Any:
+        """Ack with ``Ack`` mutations committed together in a read-write transaction of their
+        own, outside any Django transaction (``client.commit_mutations``: safe to retry).
+        ``NOT_FOUND`` (a missing message) raises ``MessageAlreadyAcked`` and nothing is acked,
+        unless ``ignore_not_found``; ``CommitOutcomeUnknown`` when the commit's answer is
+        lost. Returns the commit timestamp."""
+        name = self.declaration(model).name
+        connection = connections[self.database]
+        try:
+            return client.commit_mutations(
+                self.spanner(),
+                acks=[
+                    (name, tuple(client.prep_key(model, k, connection)), ignore_not_found or None)
+                    for k in keys
+                ],
+            )
+        except Exception as exc:
+            if grpc_status(exc) == "NOT_FOUND" and "message not found" in str(exc).lower():
+                raise MessageAlreadyAcked(
+                    f"{model._meta.label}: Ack found no message for one of {list(keys)!r}; "
+                    "nothing was acked."
+                ) from exc
+            raise
+
+    def purge(self, model: type[Queue], *, using: str | None = None) -> None:
+        """Delete every message of the queue (tests, maintenance)."""
+        self._require_googlesql("Purging with DML")
+        with connections[using or self.database].cursor() as cursor:
+            cursor.execute(self.cursor_dialect.purge(self.declaration(model)))
+
+    # --- observing ------------------------------------------------------------------------
+    def lease_expirations(self, model: type[Queue]) -> int:
+        """Rows this process's ``RECEIVE_<Q>`` stream held whose lease ran out before they
+        were handed out (``Receiver.lease_expiration_count``). Leases that run out in a
+        receiver's hands are the worker's lost leases; Spanner's own metric counts both."""
+        with _streams_lock:
+            receiver = _streams.get((self.alias, model._meta.label))
+        return receiver.lease_expiration_count if receiver is not None else 0
+
+    def stats(self, model: type[Queue]) -> QueueStats:
+        """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight
+        messages count as ``ready`` and ``leased`` is always 0. One strong read that scans
+        the queue, with a deadline (``client.query``); when it cannot be had,
+        ``QueueUnavailable`` (a ``QueueError``) within ``client.CALL_DEADLINE_SECONDS``."""
+        now = clock.now()
+        try:
+            [(total, due, oldest)] = client.query(
+                self.spanner(), self.dialect.stats(self.declaration(model))
+            )
+        except gexc.GoogleAPIError as exc:
+            raise QueueUnavailable(
+                f"stats of {model._meta.label} could not be read: {type(exc).__name__}: {exc}"
+            ) from exc
+        total, due = int(total or 0), int(due or 0)
+        return QueueStats(
+            queue=model._meta.label,
+            total=total,
+            ready=due,
+            scheduled=total - due,
+            leased=0,
+            oldest_send_time=oldest if isinstance(oldest, datetime) else None,
+            max_attempts=None,
+            measured_at=now,
+        )
+
+    def check(self) -> list[checks.CheckMessage]:
+        reason = self._no_queues_reason(self.database)
+        if reason is None:
+            return []
+        return [
+            checks.Error(
+                f"SPANNER_QUEUES[{self.alias!r}] uses the native engine, but database "
+                f"{self.database!r} cannot hold Spanner queues: {reason}",
+                hint="Use 'ENGINE': 'table' for this database (SQLite, PostgreSQL, the Spanner "
+                "emulator), and 'native' only for a real Spanner database of the Enterprise or "
+                "Enterprise Plus edition.",
+                id="spanner_queues.E007",
+            )
+        ]
+
+    # --- the database's connections ---------------------------------------------------------
+    def connection_created(
+        self, connection: BaseDatabaseWrapper, queue_tables: Callable[[], set[str]]
+    ) -> None:
+        """Keep queues out of Django's table listings (``flush``, ``inspectdb``, migrations),
+        and bound the client's retries of the connection's streaming reads.
+
+        django_spanner lists every row of ``information_schema.tables`` and calls everything
+        that is not a ``VIEW`` a table, so a queue would be flushed with ``DELETE`` like a
+        table and turned into a model by ``inspectdb``. The connection's
+        ``introspection.get_table_list`` is wrapped (once): queues are reported with type
+        ``"q"``, which Django's ``table_names()``, ``flush`` and ``inspectdb`` skip. A relation
+        is a queue when ``queue_tables()`` names it (the lower-cased tables of the declared
+        queues on this database), or when ``information_schema.tables`` gives it a type other
+        than ``BASE TABLE`` or ``VIEW`` (the value Spanner uses for queues is not
+        documented). The client's streaming reads (the cursor's queries) would retry
+        UNAVAILABLE for ever: ``client.bound_streaming_reads``."""
+        if self._no_queues_reason(connection.alias) is not None:
+            return
+        database = getattr(connection.connection, "database", None)
+        if database is not None:
+            client.bound_streaming_reads(database)
+        introspection: Any = connection.introspection
+        if getattr(introspection, "_spanner_queues_wrapped", False):
+            return
+        original = introspection.get_table_list
+
+        def get_table_list(cursor: Any) -> list[TableInfo]:
+            queues = queue_tables()
+            runner = getattr(cursor, "run_sql_in_snapshot", None)
+            if runner is None:  # a Django cursor wrapper: reach the DB-API cursor
+                runner = getattr(getattr(cursor, "cursor", None), "run_sql_in_snapshot", None)
+            if runner is not None:
+                queues |= {str(row[0]).lower() for row in runner(_OTHER_TYPES_SQL)}
+            return [
+                TableInfo(info.name, QUEUE) if info.name.lower() in queues else info
+                for info in original(cursor)
+            ]
+
+        introspection.get_table_list = get_table_list
+        introspection._spanner_queues_wrapped = True
