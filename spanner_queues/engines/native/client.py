@@ -105,11 +105,6 @@ def key_from_row(model: type[Queue], values: Sequence[Any]) -> tuple[Any, ...]:
     return tuple(out)
 
 
-def encode_bytes(value: bytes) -> bytes:
-    """BYTES values go to the Python client base64-encoded."""
-    return base64.b64encode(value)
-
-
 def decode_bytes(value: Any) -> bytes:
     """BYTES values come back from the Python client as base64 text."""
     if value is None:
@@ -120,7 +115,7 @@ def decode_bytes(value: Any) -> bytes:
 def wire_payload(payload_type: str, payload: bytes) -> bytes | str:
     """An encoded payload as the client sends it: BYTES base64-encoded, STRING and JSON as
     text (never base64)."""
-    return encode_bytes(payload) if payload_type == BYTES else stored_text(payload)
+    return base64.b64encode(payload) if payload_type == BYTES else stored_text(payload)
 
 
 def payload_from_wire(payload_type: str, value: Any) -> bytes:
