@@ -82,18 +82,19 @@ def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
         empty_native_queues(request)
 
 
-# --- a quicker flush between transactional tests on Spanner --------------------------------
+# --- a quicker flush between transactional tests -------------------------------------------
 # Django flushes every table after each transactional test, then re-creates every content type
 # and permission through post_migrate: about 40 autocommit statements, 2-3 s a test on the
-# emulator. On Spanner this flush leaves the database in the same state with one read: it empties
-# only the tables that hold rows, and keeps the content types and permissions that migrate
-# created, which it checks are unchanged (if a test changed them, Django's own flush runs).
-# Only on the emulator.
+# emulator, 0.07 s (median) on SQLite, where 404 transactional tests spent 45 s in it. This
+# flush leaves the database in the same state with one read: it empties only the tables that
+# hold rows, and keeps the content types and permissions that migrate created, which it checks
+# are unchanged (if a test changed them, Django's own flush runs). On every database but a real
+# Spanner instance (tests.settings_real_spanner keeps Django's flush).
 _KEPT_BY_MIGRATE = ("django_content_type", "auth_permission")
 
 
-class _SpannerFlush:
-    """The emptying of one Spanner test database after a transactional test."""
+class _QuickFlush:
+    """The emptying of one test database after a transactional test."""
 
     def __init__(self, alias: str) -> None:
         from django.db import connections
@@ -102,12 +103,17 @@ class _SpannerFlush:
         introspection = self.connection.introspection
         self.tables = sorted(introspection.django_table_names(only_existing=True))
         quote = self.connection.ops.quote_name
+        no_id = f"CAST(NULL AS {self.connection.data_types['BigIntegerField']})"
         parts = []
         for table in self.tables:
-            newest = "MAX(id)" if table in _KEPT_BY_MIGRATE else "CAST(NULL AS INT64)"
+            newest = "MAX(id)" if table in _KEPT_BY_MIGRATE else no_id
             parts.append(f"SELECT '{table}', COUNT(*), {newest} FROM {quote(table)}")
         self.census_sql = " UNION ALL ".join(parts)
         self.kept = {t: n for t, n in self.census().items() if t in _KEPT_BY_MIGRATE}
+        # PostgreSQL: DELETE, not Django's TRUNCATE, which makes new files for every table
+        # (60 ms a flush where DELETE of the few rows a test left takes a few; Django's foreign
+        # keys are deferred to the commit, so the order of the tables does not matter)
+        self.delete = self.connection.vendor == "postgresql"
 
     def census(self) -> dict[str, tuple[int, int | None]]:
         """(row count, greatest id) of each table, in one read."""
@@ -129,22 +135,29 @@ class _SpannerFlush:
         full = [t for t, (count, _) in census.items() if count and t not in self.kept]
         if full:
             ops = self.connection.ops
-            ops.execute_sql_flush(ops.sql_flush(no_style(), full))
+            if self.delete:
+                ops.execute_sql_flush([f"DELETE FROM {ops.quote_name(t)}" for t in full])
+            else:
+                ops.execute_sql_flush(ops.sql_flush(no_style(), full))
 
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Any:
-    """pytest-django's test databases; on the emulator, transactional tests then end with
-    ``_SpannerFlush`` instead of Django's flush."""
+    """pytest-django's test databases; transactional tests then end with ``_QuickFlush``
+    instead of Django's flush (on a real Spanner instance, Django's flush)."""
     from django.db import connections
     from django.test import TransactionTestCase
 
-    spanner = [a for a in connections if connections[a].vendor == "spanner"]
-    if not (spanner and os.environ.get("SPANNER_EMULATOR_HOST")):  # not the wire tests' fake
+    quick = [
+        alias
+        for alias in connections
+        if connections[alias].vendor != "spanner" or os.environ.get("SPANNER_EMULATOR_HOST")
+    ]
+    if not quick:
         yield
         return
     with django_db_blocker.unblock():
-        flushes = {alias: _SpannerFlush(alias) for alias in spanner}
+        flushes = {alias: _QuickFlush(alias) for alias in quick}
     original = TransactionTestCase._fixture_teardown
 
     def teardown(self: TransactionTestCase) -> None:
