@@ -7,7 +7,10 @@ from django.apps import AppConfig
 from django.core.signals import setting_changed
 from django.utils.module_loading import autodiscover_modules
 
-from spanner_queues import introspection
+from spanner_queues import (
+    checks,  # noqa: F401  (registers the system checks)
+    introspection,
+)
 from spanner_queues.engines import engines
 
 
@@ -24,9 +27,6 @@ class SpannerQueuesConfig(AppConfig):
     default_auto_field = "django.db.models.AutoField"
 
     def ready(self) -> None:
-        # registers the system checks; checks import models (not before the registry is ready)
-        from spanner_queues import checks  # noqa: F401
-
         setting_changed.connect(_reset_engines, dispatch_uid="spanner_queues.reset_engines")
         introspection.connect()  # native queues are not tables to flush or inspectdb
         autodiscover_modules("receivers")  # @receiver declarations, like admin.py

@@ -32,6 +32,7 @@ _KIT = frozenset(__all__)
 
 def __getattr__(name: str) -> Any:
     if name in _KIT:
+        # on first use: the kit imports models, settings modules import this package
         from spanner_queues.testing import kit
 
         return getattr(kit, name)
