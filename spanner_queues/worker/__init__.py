@@ -451,60 +451,6 @@ class Worker:
             while not self.cond.wait_for(done, timeout=SIGNAL_SLICE):
                 pass
 
-    # --- signals ----------------------------------------------------------------------------
-    def _on_signal(self, signum: int) -> None:
-        """SIGTERM/SIGINT (``on_stop``): the first stops the worker, a second one (even before
-        the first stop has run) ends the process (``abort``)."""
-        name = signal.Signals(signum).name
-        if not (self._signalled or self.stopping):
-            self._signalled = True
-            logger.warning(
-                "%s received: finishing in-flight messages, then exiting (send it again to "
-                "exit at once).",
-                name,
-                extra={"action": "stopping"},
-            )
-            # The stop runs on a thread of its own, not in the handler: the handler runs on
-            # the main thread between two of its bytecodes, maybe inside a listener that
-            # holds a plain lock (the health probes'), and the "stopping" event would wait
-            # for that lock on the thread that holds it, for ever.
-            threading.Thread(target=self._stop_on_signal, name="sq-stop", daemon=True).start()
-        else:
-            logger.warning(
-                "%s received again: exiting now; unacked messages are redelivered after "
-                "their lease.",
-                name,
-                extra={"action": "abort"},
-            )
-            self._abort()
-
-    def _stop_on_signal(self) -> None:
-        self.emit("stopping")
-        self.stop()
-
-    # --- events -----------------------------------------------------------------------------
-    def emit(self, name: str, **info: Any) -> None:
-        """Call the listeners with a ``WorkerEvent``; one that raises is logged."""
-        if not self.listeners:
-            return
-        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
-        for listener in self.listeners:
-            try:
-                listener(event)
-            except Exception:
-                logger.exception("worker event listener failed on %s", name)
-
-    def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``name`` of ``stats``."""
-        with self.cond:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def log_extra(
-        self, action: str, message: Message, duration: float | None = None, **more: Any
-    ) -> dict[str, Any]:
-        """``events.log_extra`` with this worker's id."""
-        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
-
     # --- the intake (the thread that called run) --------------------------------------------
     def _receive_loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
@@ -839,40 +785,6 @@ class Worker:
             if self.stopping and self.in_flight == 0:
                 self.renew_cond.notify_all()
 
-    # --- leases, as an ack, a retry, a release or the renewer reads them --------------------
-    def freeze(self, deliveries: list[Delivery]) -> list[Message]:
-        """The deliveries' messages with the lease held now; no renewal rotates their tokens
-        from here on (``acking``)."""
-        with self.renew_lock:
-            for d in deliveries:
-                d.acking = True
-            return [d.message for d in deliveries]
-
-    @contextlib.contextmanager
-    def lease_write(
-        self, model: type[Queue], write: Callable[[], T], *, wait: float | None = None
-    ) -> Iterator[tuple[bool, T | None]]:
-        """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
-        ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
-        write's result)`` and records the new leases: an ack reads no token in between. An
-        ack takes ``renew_lock`` inside its transaction; ``transactions.holding`` orders this
-        write the same way where the database has a single write lock. ``wait``: give up
-        (``(False, None)``, nothing written) when this process's write lock stays busy that
-        long (an atomic receiver of this process holds it while it runs). Errors of
-        ``write()`` and of its transaction are raised by the ``with`` statement."""
-        db, engine, _ = self.cached(model)
-        retries = engine.params.transaction_retries
-        with holding(self.renew_lock, write, using=db, retries=retries, wait=wait) as result:
-            yield result
-
-    def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
-        """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
-        cached = self._per_queue.get(model)
-        if cached is None:
-            cached = (api._database(model, None), engine_for(model), queue_options(model))
-            self._per_queue[model] = cached
-        return cached
-
     # --- the executor threads ---------------------------------------------------------------
     def _execute_units(self) -> None:
         """An executor thread: take units from ``units`` and run them until told to end
@@ -1064,6 +976,94 @@ class Worker:
         pending = [m for m in self.freeze(deliveries) if not context.acked(m)]
         model = deliveries[0].model
         DeliveryPolicy(self.cached(model)[1]).ack(model, pending, using=db)
+
+    # --- leases, as an ack, a retry, a release or the renewer reads them --------------------
+    def freeze(self, deliveries: list[Delivery]) -> list[Message]:
+        """The deliveries' messages with the lease held now; no renewal rotates their tokens
+        from here on (``acking``)."""
+        with self.renew_lock:
+            for d in deliveries:
+                d.acking = True
+            return [d.message for d in deliveries]
+
+    @contextlib.contextmanager
+    def lease_write(
+        self, model: type[Queue], write: Callable[[], T], *, wait: float | None = None
+    ) -> Iterator[tuple[bool, T | None]]:
+        """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
+        ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
+        write's result)`` and records the new leases: an ack reads no token in between. An
+        ack takes ``renew_lock`` inside its transaction; ``transactions.holding`` orders this
+        write the same way where the database has a single write lock. ``wait``: give up
+        (``(False, None)``, nothing written) when this process's write lock stays busy that
+        long (an atomic receiver of this process holds it while it runs). Errors of
+        ``write()`` and of its transaction are raised by the ``with`` statement."""
+        db, engine, _ = self.cached(model)
+        retries = engine.params.transaction_retries
+        with holding(self.renew_lock, write, using=db, retries=retries, wait=wait) as result:
+            yield result
+
+    def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
+        """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
+        cached = self._per_queue.get(model)
+        if cached is None:
+            cached = (api._database(model, None), engine_for(model), queue_options(model))
+            self._per_queue[model] = cached
+        return cached
+
+    # --- events -----------------------------------------------------------------------------
+    def emit(self, name: str, **info: Any) -> None:
+        """Call the listeners with a ``WorkerEvent``; one that raises is logged."""
+        if not self.listeners:
+            return
+        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("worker event listener failed on %s", name)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` of ``stats``."""
+        with self.cond:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def log_extra(
+        self, action: str, message: Message, duration: float | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """``events.log_extra`` with this worker's id."""
+        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
+
+    # --- signals ----------------------------------------------------------------------------
+    def _on_signal(self, signum: int) -> None:
+        """SIGTERM/SIGINT (``on_stop``): the first stops the worker, a second one (even before
+        the first stop has run) ends the process (``abort``)."""
+        name = signal.Signals(signum).name
+        if not (self._signalled or self.stopping):
+            self._signalled = True
+            logger.warning(
+                "%s received: finishing in-flight messages, then exiting (send it again to "
+                "exit at once).",
+                name,
+                extra={"action": "stopping"},
+            )
+            # The stop runs on a thread of its own, not in the handler: the handler runs on
+            # the main thread between two of its bytecodes, maybe inside a listener that
+            # holds a plain lock (the health probes'), and the "stopping" event would wait
+            # for that lock on the thread that holds it, for ever.
+            threading.Thread(target=self._stop_on_signal, name="sq-stop", daemon=True).start()
+        else:
+            logger.warning(
+                "%s received again: exiting now; unacked messages are redelivered after "
+                "their lease.",
+                name,
+                extra={"action": "abort"},
+            )
+            self._abort()
+
+    def _stop_on_signal(self) -> None:
+        self.emit("stopping")
+        self.stop()
 
 
 def plan_queues(
