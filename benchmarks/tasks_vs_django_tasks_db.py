@@ -55,7 +55,7 @@ def backend_settings() -> dict[str, str]:
     from django.db import connections
 
     from spanner_queues.contrib.tasks.models import TaskMessage
-    from spanner_queues.registry import engine_for
+    from spanner_queues.engines import engine_for
 
     out = {}
     for name, alias in (

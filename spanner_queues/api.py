@@ -20,6 +20,7 @@ from django.utils import timezone
 
 from spanner_queues import clock
 from spanner_queues.controls import is_paused, pause, resume
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import (
     InvalidArgument,
     InvalidMessage,
@@ -29,8 +30,8 @@ from spanner_queues.exceptions import (
 from spanner_queues.keys import key_fields, key_names, row_to_message
 from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
 from spanner_queues.payload import encode_payload, payload_type
+from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.receivers import held_lease_token, mark_acked
-from spanner_queues.registry import engine_for, get_queue, queue_models
 from spanner_queues.signals import messages_acked, messages_sent, send_on_commit
 from spanner_queues.transactions import run_in_transaction
 

@@ -36,7 +36,7 @@ from django.db.migrations.loader import MigrationLoader
 from django.db.models import ForeignKey
 from django.utils.module_loading import import_string
 
-from spanner_queues import registry
+from spanner_queues import queues
 from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
@@ -99,7 +99,7 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         )
 
     recorded = _recorded_schema_options()
-    for model in registry.queue_models():
+    for model in queues.queue_models():
         if app_configs is not None and model._meta.app_config not in app_configs:
             continue
         problems.extend(_check_queue_model(model, usable, engines.settings))
@@ -166,7 +166,7 @@ def _check_dead_letter(model: Any, options: Any) -> list[checks.CheckMessage]:
         )
     if options.dead_letter_queue:
         try:
-            target = registry.get_queue(options.dead_letter_queue)
+            target = queues.get_queue(options.dead_letter_queue)
         except QueueError as exc:
             problems.append(checks.Error(str(exc), obj=model, id="spanner_queues.E008"))
         else:

@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING
 from django.db import IntegrityError, models
 
 from spanner_queues import clock
-from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.engines import engine_for
+from spanner_queues.queues import get_queue
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:

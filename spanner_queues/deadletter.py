@@ -19,7 +19,7 @@ from spanner_queues.api import requeue
 from spanner_queues.exceptions import QueueConfigurationError, UnknownQueue
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
-from spanner_queues.registry import get_queue, queue_models
+from spanner_queues.queues import get_queue, queue_models
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue

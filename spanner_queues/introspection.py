@@ -12,8 +12,8 @@ from typing import Any
 
 from django.db.backends.signals import connection_created
 
-from spanner_queues.engines import engines
-from spanner_queues.registry import engine_for, queue_models
+from spanner_queues.engines import engine_for, engines
+from spanner_queues.queues import queue_models
 
 
 def native_queue_tables(alias: str) -> set[str]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING
 from django.db import models
 
 from spanner_queues import clock
-from spanner_queues.registry import engine_for, queue_models
+from spanner_queues.engines import engine_for
+from spanner_queues.queues import queue_models
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats

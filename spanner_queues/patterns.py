@@ -27,11 +27,12 @@ from croniter import CroniterBadDateError, croniter
 from django.utils import timezone
 
 from spanner_queues import api, clock
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidArgument, InvalidMessage, MessageAlreadyExists
 from spanner_queues.keys import key_fields
 from spanner_queues.message import Message
+from spanner_queues.queues import get_queue
 from spanner_queues.receivers import ReceiverRegistry, receiver, receivers
-from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
 from spanner_queues.message import Message
-from spanner_queues.registry import get_queue
+from spanner_queues.queues import get_queue
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue

@@ -367,7 +367,7 @@ def test_dead_letter_queue_must_take_the_payloads(
     from django.db import models
     from django.test.utils import isolate_apps
 
-    from spanner_queues import registry
+    from spanner_queues import queues
     from spanner_queues.checks import _check_queue_model
     from spanner_queues.models import Queue
 
@@ -387,9 +387,9 @@ def test_dead_letter_queue_must_take_the_payloads(
             )
             id = models.IntegerField(primary_key=True)
 
-        original = registry.get_queue
+        original = queues.get_queue
         monkeypatch.setattr(
-            registry, "get_queue", lambda queue: Dead if queue == "x.Dead" else original(queue)
+            queues, "get_queue", lambda queue: Dead if queue == "x.Dead" else original(queue)
         )
         errors = [
             e.msg

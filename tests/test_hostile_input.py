@@ -212,6 +212,6 @@ def test_a_key_with_a_lone_surrogate_is_invalid_message_and_writes_nothing(
         api.send(queue, **spec)
     with pytest.raises(InvalidMessage, match="not valid Unicode"):
         api.replace(queue, spec)
-    from spanner_queues.registry import get_queue
+    from spanner_queues.queues import get_queue
 
     assert not get_queue(queue).objects.exists()

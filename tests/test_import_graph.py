@@ -274,7 +274,7 @@ UPPER = (
     "spanner_queues.models",
     "spanner_queues.api",
     "spanner_queues.deadletter",
-    "spanner_queues.registry",
+    "spanner_queues.queues",
     "spanner_queues.monitoring",
     "spanner_queues.controls",
     "spanner_queues.signals",

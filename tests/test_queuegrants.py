@@ -30,7 +30,9 @@ def native(monkeypatch: pytest.MonkeyPatch) -> Any:
         engine = NativeQueueEngine(
             parse_engine("native", {"ENGINE": "native", "OPTIONS": {"DIALECT": dialect}})
         )
-        monkeypatch.setattr("spanner_queues.registry.engine_for", lambda model: engine)
+        monkeypatch.setattr(
+            "spanner_queues.management.commands.queuegrants.engine_for", lambda model: engine
+        )
 
     return use
 
@@ -118,7 +120,7 @@ def test_task_queue_adds_the_task_results_table(native: Any) -> None:
 
 
 def test_every_declared_queue_by_default(native: Any) -> None:
-    from spanner_queues.registry import queue_models
+    from spanner_queues.queues import queue_models
 
     native("googlesql")
     text = grants(*ROLES)

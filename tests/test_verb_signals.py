@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 
 from spanner_queues import api
-from spanner_queues.registry import engine_for
+from spanner_queues.engines import engine_for
 from spanner_queues.signals import messages_acked, messages_sent
 from tests.testapp.models import Jobs
 

@@ -23,11 +23,11 @@ from django.utils import timezone
 
 from spanner_queues import api, deadletter
 from spanner_queues.admin.browse import database, key_token
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyAcked
 from spanner_queues.keys import key_filter, row_to_message
 from spanner_queues.message import Message
 from spanner_queues.models import Queue
-from spanner_queues.registry import engine_for
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 

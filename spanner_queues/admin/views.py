@@ -64,11 +64,12 @@ from spanner_queues.admin.browse import (
 from spanner_queues.admin.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidMessage, QueueError, UnknownQueue
 from spanner_queues.keys import key_names, row_to_message
 from spanner_queues.options import queue_options
 from spanner_queues.patterns import schedules
-from spanner_queues.registry import engine_for, get_queue, queue_models
+from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.storage import rows as queue_rows
 
 #: pausing and resuming a queue from the overview

@@ -18,6 +18,7 @@ from django.db.models.signals import class_prepared, post_save, pre_delete, pre_
 from django.utils.encoding import is_protected_type
 
 from spanner_queues.api import build_message, send_outgoing
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import (
     InvalidMessage,
     PayloadError,
@@ -28,7 +29,7 @@ from spanner_queues.exceptions import (
 from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
 from spanner_queues.outbox.changes import classify, possible_events, restrict
-from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.queues import get_queue
 
 if TYPE_CHECKING:
     from spanner_queues.message import OutgoingMessage
@@ -548,7 +549,7 @@ def _pre_delete(sender: type[Model], instance: Model, using: str, **kwargs: Any)
 
 
 def connect(concrete: type[Model]) -> None:
-    """(Re)connect the receivers for ``concrete`` and its proxies to match the registry."""
+    """(Re)connect the receivers for ``concrete`` and its proxies to match the store."""
     for sender in _connected.pop(concrete, set()):
         uid = _uid(sender)
         pre_save.disconnect(sender=sender, dispatch_uid=uid)

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils import timezone
 
 from spanner_queues import api, clock
-from spanner_queues.engines import engines
+from spanner_queues.engines import engine_for, engines
 from spanner_queues.exceptions import (
     AckedFailure,
     PayloadError,
@@ -39,6 +39,7 @@ from spanner_queues.exceptions import (
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
 from spanner_queues.payload import encode_payload, payload_type
+from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
     MessageContext,
     NoReceiver,
@@ -47,7 +48,6 @@ from spanner_queues.receivers import (
     receivers,
     running,
 )
-from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.worker.outcomes import DeliveryPolicy

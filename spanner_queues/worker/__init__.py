@@ -80,6 +80,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.db import connections
 
 from spanner_queues import api, clock, controls
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import (
     AckedFailure,
     InvalidArgument,
@@ -94,6 +95,7 @@ from spanner_queues.exceptions import (
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.patterns import seed_schedules
+from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
     MessageContext,
     NoReceiver,
@@ -103,7 +105,6 @@ from spanner_queues.receivers import (
     receivers,
     running,
 )
-from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import (
     close_lost_connections,
     forget_lost_connection,

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 from django.test import Client
 
-from spanner_queues.registry import engine_for
+from spanner_queues.engines import engine_for
 from tests.admin.conftest import OVERVIEW, queue_url
 from tests.testapp.models import Jobs
 

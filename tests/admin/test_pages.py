@@ -76,7 +76,7 @@ def test_stats_add_up_while_messages_are_received() -> None:
     receiver leases a message after every statement the stats run."""
     from django.db import connection
 
-    from spanner_queues.registry import engine_for
+    from spanner_queues.engines import engine_for
 
     Jobs.send_many([{"payload": "x"} for _ in range(5)])
     claims = [0]

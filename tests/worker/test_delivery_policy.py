@@ -10,10 +10,10 @@ import inspect
 import pytest
 
 from spanner_queues import api, clock
+from spanner_queues.engines import engine_for
 from spanner_queues.engines.base import BaseQueueEngine
 from spanner_queues.engines.native import NativeQueueEngine
 from spanner_queues.engines.table import TableQueueEngine
-from spanner_queues.registry import engine_for
 from spanner_queues.worker.outcomes import DeliveryPolicy, Unstarted
 from tests.conftest import wait_until
 from tests.workerapp.models import WorkItems

@@ -18,6 +18,7 @@ import pytest
 from django.db import connections, transaction
 
 from spanner_queues import api
+from spanner_queues.engines import engine_for
 from spanner_queues.message import Message
 from spanner_queues.receivers import (
     MessageContext,
@@ -26,7 +27,6 @@ from spanner_queues.receivers import (
     handled_by_running_receiver,
     receiver,
 )
-from spanner_queues.registry import engine_for
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.workerapp.models import WorkItemsDead
 

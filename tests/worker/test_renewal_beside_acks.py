@@ -15,7 +15,7 @@ import pytest
 from django.db import connections
 
 from spanner_queues.drivers import driver_for
-from spanner_queues.registry import engine_for
+from spanner_queues.engines import engine_for
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
 from tests.worker.conftest import require, running

@@ -77,7 +77,7 @@ def test_the_metrics_and_the_summary_share_their_reads(
 ) -> None:
     pytest.importorskip("prometheus_client")
     from spanner_queues.contrib.metrics import QueueGauges
-    from spanner_queues.registry import queue_models
+    from spanner_queues.queues import queue_models
 
     gauges = QueueGauges()
     for _ in range(10):  # ten refreshes within the interval: one read per queue

@@ -15,10 +15,10 @@ from django.utils import timezone
 
 from spanner_queues import api, patterns
 from spanner_queues.drivers import driver_for
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueConfigurationError, UnknownQueue
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverRegistry
-from spanner_queues.registry import engine_for
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
 from tests.worker.conftest import require, running

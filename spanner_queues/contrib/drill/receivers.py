@@ -14,8 +14,8 @@ import time
 from spanner_queues import receiver
 from spanner_queues.contrib.drill import counting
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.engines import engine_for
 from spanner_queues.message import Message
-from spanner_queues.registry import engine_for
 
 WORKER = f"{socket.gethostname()}-{os.getpid()}"
 

@@ -38,9 +38,9 @@ from django.db.models import Count, Max
 
 from spanner_queues import clock
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueError
 from spanner_queues.monitoring import QueueDepthSample
-from spanner_queues.registry import engine_for
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:

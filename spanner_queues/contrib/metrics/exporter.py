@@ -39,11 +39,12 @@ from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse
 
 from spanner_queues.contrib.metrics.conf import MetricsUnavailable, metrics_params
+from spanner_queues.engines import engine_for
 from spanner_queues.engines.stats import stats_cache
 from spanner_queues.exceptions import QueueError, QueueUnavailable
 from spanner_queues.message import Message
+from spanner_queues.queues import queue_models
 from spanner_queues.receivers import handled_by_running_receiver
-from spanner_queues.registry import engine_for, queue_models
 from spanner_queues.signals import messages_acked, messages_sent
 
 try:

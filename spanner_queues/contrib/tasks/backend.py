@@ -48,9 +48,10 @@ from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.payload import JSON, payload_type
-from spanner_queues.registry import engine_for, get_queue
+from spanner_queues.queues import get_queue
 from spanner_queues.transactions import run_in_transaction
 
 T = TypeVar("T")

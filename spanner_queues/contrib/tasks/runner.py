@@ -64,10 +64,11 @@ from spanner_queues.contrib.tasks.models import (
     dumps,
 )
 from spanner_queues.drivers import driver_for
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import AckedFailure
 from spanner_queues.message import Message
+from spanner_queues.queues import get_queue
 from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
-from spanner_queues.registry import engine_for, get_queue
 from spanner_queues.transactions import run_in_transaction
 
 #: the worker id recorded in results: host and process

@@ -14,7 +14,7 @@ from django.db import DatabaseError
 
 from spanner_queues import controls
 from spanner_queues.exceptions import QueueError
-from spanner_queues.registry import get_queue, queue_models
+from spanner_queues.queues import get_queue, queue_models
 
 
 class Command(BaseCommand):

@@ -30,12 +30,13 @@ from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
 from spanner_queues import options as queue_settings
-from spanner_queues import registry
 from spanner_queues.controls import PausedQueue, QueueRate
+from spanner_queues.engines import engine_for
 from spanner_queues.engines.native.ddl import dialect as native_dialect
 from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample
+from spanner_queues.queues import get_queue, queue_models
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -123,7 +124,7 @@ class Command(BaseCommand):
         if sender == worker:
             raise CommandError("--role-sender and --role-worker must be two roles.")
         try:
-            models = [registry.get_queue(q) for q in options["queue"]] or registry.queue_models()
+            models = [get_queue(q) for q in options["queue"]] or queue_models()
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
         if not models:
@@ -133,7 +134,7 @@ class Command(BaseCommand):
             names = {
                 dialect.name
                 for m in models
-                if (dialect := getattr(registry.engine_for(m), "dialect", None)) is not None
+                if (dialect := getattr(engine_for(m), "dialect", None)) is not None
             }
             chosen = names.pop() if len(names) == 1 else GOOGLESQL
         dialect = native_dialect(chosen)
@@ -149,7 +150,7 @@ class Command(BaseCommand):
         ledger = False
         selected = {m._meta.db_table for m in models}
         for model in models:
-            engine = registry.engine_for(model)
+            engine = engine_for(model)
             table = model._meta.db_table
             if engine.features.supports_native_queues:
                 lines.append(f"-- {model._meta.label}: native queue {table}")
@@ -170,12 +171,10 @@ class Command(BaseCommand):
                 ledger = True
             dead = queue_settings.queue_options(model).dead_letter_queue
             if dead:
-                target = registry.get_queue(dead)
+                target = get_queue(dead)
                 if target._meta.db_table not in selected:
                     kind = (
-                        "QUEUE"
-                        if registry.engine_for(target).features.supports_native_queues
-                        else "TABLE"
+                        "QUEUE" if engine_for(target).features.supports_native_queues else "TABLE"
                     )
                     lines.append(f"-- {model._meta.label} dead-letters into {target._meta.label}")
                     lines.append(

@@ -15,7 +15,7 @@ from django.db import DatabaseError
 
 from spanner_queues.exceptions import QueueError
 from spanner_queues.monitoring import record_depth_samples
-from spanner_queues.registry import get_queue
+from spanner_queues.queues import get_queue
 
 
 class Command(BaseCommand):

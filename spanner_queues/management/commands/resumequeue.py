@@ -11,7 +11,7 @@ from django.db import DatabaseError
 
 from spanner_queues import controls
 from spanner_queues.exceptions import QueueError
-from spanner_queues.registry import get_queue
+from spanner_queues.queues import get_queue
 
 
 class Command(BaseCommand):

@@ -33,7 +33,7 @@ from django.test.signals import setting_changed
 from spanner_queues.conf import DEFAULT_SETTING
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import InvalidQueueEngine
-from spanner_queues.registry import queue_models
+from spanner_queues.queues import queue_models
 
 #: the package whose tests are the suite
 SUITE = "spanner_queues.testing.conformance"

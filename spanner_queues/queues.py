@@ -1,6 +1,8 @@
-"""Declared queues: every concrete ``Queue`` subclass of an installed app, and the lookup from
-a queue to its engine. Imports no model module: a queue is recognised by its metaclass
-(``spanner_queues.storage.QueueBase``), so ``spanner_queues.models`` may call the verbs."""
+"""Declared queues: every concrete ``Queue`` subclass of an installed app (``queue_models``)
+and the lookup of one by model or name (``get_queue``); a queue's engine is
+``spanner_queues.engines.engine_for``. Imports no model module: a queue is recognised by its
+metaclass (``spanner_queues.storage.QueueBase``), so ``spanner_queues.models`` may call the
+verbs."""
 
 from __future__ import annotations
 
@@ -8,14 +10,13 @@ from typing import TYPE_CHECKING
 
 from django.apps import apps
 
-from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import UnknownQueue
 from spanner_queues.storage import is_queue
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
-__all__ = ["engine_for", "get_queue", "queue_models"]
+__all__ = ["get_queue", "queue_models"]
 
 
 def queue_models() -> list[type[Queue]]:
