@@ -1,7 +1,8 @@
 """spanner_queues: a transactional outbox for Django on Google Cloud Spanner queues.
 
 Declare queues with ``spanner_queues.models.Queue``; send with ``MyQueue.send(...)`` inside your
-own ``transaction.atomic()`` block.
+own ``transaction.atomic()`` block. The public modules and their names are listed in
+``docs/reference/api.md`` ("Public modules"); every other module is private.
 """
 
 from __future__ import annotations

@@ -25,6 +25,9 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 
+__all__ = ["dead_letter", "dead_letter_queue_for", "replay", "sources_of"]
+
+
 def dead_letter_queue_for(queue: str | type[Queue]) -> type[Queue] | None:
     """The dead-letter queue declared for ``queue``, or None."""
     label = queue_options(get_queue(queue)).dead_letter_queue

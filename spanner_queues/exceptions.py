@@ -10,6 +10,32 @@ from datetime import timedelta
 
 from django.core.exceptions import ImproperlyConfigured
 
+__all__ = [
+    "AckedFailure",
+    "CommitOutcomeUnknown",
+    "InvalidArgument",
+    "InvalidMessage",
+    "InvalidQueueEngine",
+    "LeaseLost",
+    "MessageAlreadyAcked",
+    "MessageAlreadyExists",
+    "MessageUpdateRefused",
+    "NotSupportedByEngine",
+    "OutboxBypassed",
+    "PayloadError",
+    "PayloadTooLarge",
+    "QueueConfigurationError",
+    "QueueError",
+    "QueueUnavailable",
+    "Retry",
+    "StaleAck",
+    "TimeLimitExceeded",
+    "TransactionRequired",
+    "UnknownQueue",
+    "WorkerCrashed",
+    "WorkerStuck",
+]
+
 
 class QueueError(Exception):
     """Root of every spanner_queues error."""

@@ -11,6 +11,8 @@ from typing import Any
 
 from spanner_queues.payload import decode_json
 
+__all__ = ["Message", "OutgoingMessage"]
+
 #: the latest deliver time accepted: leases and back-off are added to it, and every database
 #: stores it (Spanner's TIMESTAMP ends at 9999-12-31)
 LATEST_DELIVER_TIME = datetime(9000, 1, 1, tzinfo=dt_timezone.utc)

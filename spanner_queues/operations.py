@@ -15,6 +15,8 @@ from spanner_queues.conf import DEFAULT_ENGINE_ALIAS
 from spanner_queues.engines import engines
 from spanner_queues.options import KNOWN_OPTIONS, QueueOptions
 
+__all__ = ["CreateQueue", "DeleteQueue"]
+
 
 def _options(raw: dict[str, Any] | None) -> QueueOptions:
     raw = dict(raw or {})

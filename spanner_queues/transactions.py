@@ -34,6 +34,8 @@ from django.db import connections, transaction
 from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 
+__all__ = ["run_in_transaction"]
+
 T = TypeVar("T")
 logger = logging.getLogger("spanner_queues.transactions")
 
