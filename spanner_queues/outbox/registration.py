@@ -218,20 +218,12 @@ class Registration:
             return True
         return bool(changed & self.field_names)
 
-    def build(self, instance: Model, event: str, changed: frozenset[str]) -> dict[str, Any]:
-        """The ``send_many`` spec for one message, validated and with its payload encoded.
-
-        Raises ``PayloadError`` or ``InvalidMessage`` naming the registration; nothing is
-        written here.
-        """
-        outgoing = self.build_outgoing(instance, event, changed)
-        return {**outgoing.key, "payload": outgoing.payload}
-
     def build_outgoing(
         self, instance: Model, event: str, changed: frozenset[str]
     ) -> OutgoingMessage:
-        """``build`` as the validated message ``send_specs`` writes without validating it
-        again."""
+        """The message for one event, validated and with its payload encoded, which
+        ``send_specs`` writes without validating it again. Raises ``PayloadError`` or
+        ``InvalidMessage`` naming the registration; nothing is written here."""
         queue = self.queue_model()
         changed = changed & self.field_names
         where = f"outbox {self.model._meta.label} {event} -> {queue._meta.label}"
