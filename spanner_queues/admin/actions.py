@@ -22,7 +22,7 @@ from django.contrib.contenttypes.models import ContentType
 from django.utils import timezone
 
 from spanner_queues import api, deadletter
-from spanner_queues.admin.browse import database, key_token
+from spanner_queues.admin.browse import key_token
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyAcked
 from spanner_queues.keys import key_filter, row_to_message
@@ -204,7 +204,7 @@ def perform(
     """Run ``action`` on ``messages`` and record it in the admin history (as the user whose
     primary key is ``user_id``, of whatever type ``AUTH_USER_MODEL``'s is), in one transaction.
     A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
-    db = database(model)
+    db = engine_for(model).database
     content_type = ContentType.objects.db_manager(db).get_for_model(model, for_concrete_model=False)
     change_message = action.change_message(model, deliver_time) + "."
 

@@ -22,7 +22,7 @@ from django.db.models import Q
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
 
-from spanner_queues.api import _database
+from spanner_queues.engines import engine_for
 from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.storage import QueueQuerySet, rows
 
@@ -43,11 +43,6 @@ _NOTHING = Q(deliver_time__in=[])
 def has_bookkeeping(engine: BaseQueueEngine) -> bool:
     """Whether rows carry attempts, send time and lease expiry (the table engine's columns)."""
     return engine.features.stores_bookkeeping_fields
-
-
-def database(model: type[Queue]) -> str:
-    """The database alias the queue's engine reads and writes."""
-    return _database(model, None)
 
 
 # --- keys in URLs ---------------------------------------------------------------------------
@@ -91,7 +86,7 @@ def parse_key_token(model: type[Queue], token: str) -> tuple[Any, ...]:
 
 
 def messages_queryset(model: type[Queue]) -> QueueQuerySet:
-    return rows(model, database(model))
+    return rows(model, engine_for(model).database)
 
 
 def state_filter(state: str, now: datetime, *, bookkeeping: bool) -> Q:
