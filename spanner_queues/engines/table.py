@@ -488,19 +488,24 @@ class TableQueueEngine(BaseQueueEngine):
         return driver_for(self.database).check()
 
 
+def _named(model: type[Queue], keys: Sequence[tuple[Any, ...]]) -> str:
+    """``tasks.UserTasks(1, 'welcome')``: the queue and its key(s), as the native engine and
+    docs/quickstart.md word an ack's error."""
+    return model._meta.label + ", ".join(repr(tuple(k)) for k in keys)
+
+
 def _stale(model: type[Queue], keys: Sequence[tuple[Any, ...]]) -> StaleAck:
     return StaleAck(
-        f"{model._meta.label} {', '.join(repr(tuple(k)) for k in keys)}: the lease this ack "
-        "holds is no longer the message's (it expired and the message was delivered again, "
-        "released or replaced under the same key); nothing acked. Roll back."
+        f"{_named(model, keys)}: the lease this ack holds is no longer the message's (it "
+        "expired and the message was delivered again, released or replaced under the same "
+        "key); nothing acked. Roll back."
     )
 
 
 def _already_acked(model: type[Queue], keys: Sequence[tuple[Any, ...]]) -> MessageAlreadyAcked:
     return MessageAlreadyAcked(
-        f"{model._meta.label} {', '.join(repr(tuple(k)) for k in keys)}: no such message; it "
-        "was already acked (or deleted). Roll back: the work may have been done by another "
-        "receiver."
+        f"{_named(model, keys)}: no such message; it was already acked (or deleted). Roll "
+        "back: the work may have been done by another receiver."
     )
 
 
