@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 from django.utils import timezone
+from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructType, Type
 
 from spanner_queues import api
 from spanner_queues.engines import engines, native
+from spanner_queues.engines.native import client
 from spanner_queues.engines.native.ddl import duration
 from spanner_queues.engines.native.receive import Delivery, Receiver
 from spanner_queues.message import Message
@@ -177,6 +179,23 @@ def test_stopping_receiving_ends_brief_calls(front) -> None:
     api.receive(UserTasks)  # a fresh stream: calls are long again
     calls = front.sql("RECEIVE_testapp_usertasks")
     assert f"max_duration => '{duration(engine.max_duration_seconds)}'" in calls[-1].sql
+
+
+def test_a_call_is_read_to_its_status_after_its_last_partial_result_set() -> None:
+    """``StreamedResultSet`` stops at the PartialResultSet marked ``last`` (an empty RECEIVE
+    ends with one); a call dropped there, before its status, is cancelled by gRPC when it is
+    collected, so the call must be read on to its end (it was a flaky 'cancelled' in the burst
+    worker's test below, whenever the status came late)."""
+    ended = threading.Event()
+    field = StructType.Field(name="k", type_=Type(code="STRING"))
+    metadata = ResultSetMetadata(row_type=StructType(fields=[field]))
+
+    def call() -> Iterator[PartialResultSet]:
+        yield PartialResultSet(metadata=metadata, last=True)
+        ended.set()  # the status: the call's iterator ends
+
+    assert list(client.rows_of(call())) == []
+    assert ended.is_set()
 
 
 @pytest.mark.django_db(transaction=True)

@@ -334,9 +334,14 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
 
 
 def rows_of(call: Any) -> Iterator[Any]:
-    """Decoded rows of a streaming call, each as soon as its PartialResultSet arrives."""
-
+    """Decoded rows of a streaming call, each as soon as its PartialResultSet arrives; then the
+    call is read to its end. ``StreamedResultSet`` stops at the PartialResultSet marked
+    ``last``, before the call's status: a call dropped then is cancelled by gRPC when it is
+    collected, so a RECEIVE that ended by its ``max_duration`` would end cancelled whenever
+    the status had not arrived yet."""
     yield from StreamedResultSet(call)
+    for _ in call:  # after ``last``, only the status is left
+        pass
 
 
 #: gRPC statuses after which a sent commit may or may not have been applied.
