@@ -150,10 +150,11 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(front
     engine = engines["default"]
     assert api.settle_receiving(UserTasks, wait=0) is True  # no stream yet
     assert api.receive(UserTasks) == []
-    call = front.sql("RECEIVE_testapp_usertasks")[0]
+    probe, call = front.sql("RECEIVE_testapp_usertasks")[:2]
+    assert f"max_duration => '{duration(native.PROBE_MAX_DURATION_SECONDS)}'" in probe.sql
     brief = engine.brief_seconds
     assert brief < engine.max_duration_seconds
-    assert f"max_duration => '{duration(brief)}'" in call.sql
+    assert f"max_duration => '{duration(brief)}'" in call.sql  # after a probe that found none
     UserTasks.send(user_id=1, message_id="a", payload="x")
     # The open call leases the message; settling reports it (after the call ends, or as
     # soon as it arrives) and the next receive hands it out.
@@ -216,8 +217,13 @@ def test_a_burst_worker_cancels_no_receive_call_and_leaves_nothing_leased(front)
     assert sorted(seen) == sorted(m.key for m in sent)
     assert not UserTasks.objects.exists()
     calls = front.sql("RECEIVE_testapp_usertasks")
-    brief = duration(engines["default"].brief_seconds)
-    assert calls and all(f"max_duration => '{brief}'" in c.sql for c in calls)
+    # probes (one batch each: the backlog) and brief calls, none long
+    ending = {
+        duration(engines["default"].brief_seconds),
+        duration(native.PROBE_MAX_DURATION_SECONDS),
+    }
+    assert calls and all(any(f"max_duration => '{d}'" in c.sql for d in ending) for c in calls)
+    assert any(f"'{duration(native.PROBE_MAX_DURATION_SECONDS)}'" in c.sql for c in calls)
     wait_until(lambda: len(front.receive_ends()) == len(calls))
     assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration
 

@@ -29,6 +29,7 @@ Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "pos
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import threading
 import time
@@ -429,6 +430,8 @@ class NativeQueueEngine(BaseQueueEngine):
         def open_stream(
             max_batch_size: int, *, brief: bool = False, probe: bool = False
         ) -> Iterator[Any]:
+            """Start the call (``cancel`` reaches it from now on) and return its rows; the
+            session goes back to the pool once they have been read (or the call failed)."""
             if probe:
                 seconds = min(PROBE_MAX_DURATION_SECONDS, self.max_duration_seconds)
             elif brief:
@@ -437,13 +440,21 @@ class NativeQueueEngine(BaseQueueEngine):
                 seconds = self.max_duration_seconds
             sql = self.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
             deadline = seconds + 30  # the call's own gRPC deadline
-            with database.snapshot() as snapshot:  # a pooled session, as the client
+            with contextlib.ExitStack() as stack:
+                snapshot = stack.enter_context(database.snapshot())  # a pooled session
                 call = client.receive_stream(database, snapshot._session, sql, deadline)
                 current["call"] = call
-                try:
-                    yield from client.rows_of(call)
-                finally:
-                    current.pop("call", None)
+                session = stack.pop_all()
+
+            def rows() -> Iterator[Any]:
+                with session:
+                    try:
+                        yield from client.rows_of(call)
+                    finally:
+                        if current.get("call") is call:  # (not the next call's)
+                            del current["call"]
+
+            return rows()
 
         def cancel() -> None:
             call = current.get("call")

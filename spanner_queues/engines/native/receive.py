@@ -32,11 +32,17 @@ are counted in ``lease_expiration_count``, as Spanner's metric of that name coun
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
-leased to nobody until their lease ends. So from the first ``settle`` on, calls are *brief*
-(``open_stream(..., brief=True)``: a short ``max_duration``), never cancelled, and read to
-their end; ``settle`` opens no new call until the next ``take``, waits for the open one to end
-and says whether rows arrived. A call broken by an error (not ended by its ``max_duration``)
-can still leave rows leased: they come back after their lease.
+leased to nobody until their lease ends. So from the first ``settle`` on, calls are never
+cancelled and read to their end: a backlog is still asked in probes (one batch each), the
+other calls are *brief* (``open_stream(..., brief=True)``: a short ``max_duration``); a brief
+call whose rows exceed the demand is read on once it is ``stall_seconds`` old (rows on the
+wire were leased when sent and cannot be renewed until read). ``settle`` opens no new call
+until the next ``take``, waits for the open one to end and says whether rows arrived. A call
+broken by an error (not ended by its ``max_duration``) can still leave rows leased: they come
+back after their lease.
+
+``open_stream`` starts the call before it returns, so a ``stop()`` from then on cancels it; a
+``stop()`` while it is opening is followed by a cancel once it returns.
 """
 
 from __future__ import annotations
@@ -113,10 +119,11 @@ class OpenStream(Protocol):
 class Receiver:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
-    ``open_stream(max_batch_size, brief=..., [probe=True])`` returns an iterable of raw rows
-    (it runs the query; ``brief``: with a short ``max_duration``, see ``settle``; ``probe``:
-    a one-batch call, passed only with ``probe``); ``parse(row)`` turns a row into a
-    ``Delivery``. ``brief``: calls are brief from the start.
+    ``open_stream(max_batch_size, brief=..., [probe=True])`` starts the query (``cancel``
+    reaches it from its return on) and returns an iterable of its raw rows, read to its end
+    (``brief``: with a short ``max_duration``, see ``settle``; ``probe``: a one-batch call,
+    passed only with ``probe``); ``parse(row)`` turns a row into a ``Delivery``. ``brief``:
+    calls are brief from the start.
     """
 
     def __init__(
@@ -267,17 +274,20 @@ class Receiver:
                 demand = self._demand()
                 batch = max(1, min(demand - len(self._buffer), self._batch_size or demand))
             read_on = False  # a brief call stalled: read it to its end, past the cap
-            probe = self._probe and self._probe_next and not brief
+            # (brief or not: a backlog is asked in probes, which lease one batch each)
+            probe = self._probe and self._probe_next
             in_batch = 0  # rows of the batch being read
             full = False  # the last batch read was full: more may be due
             try:
                 self.streams_started += 1
-                self._open_since = time.monotonic()
+                opened = self._open_since = time.monotonic()
                 calls = (
                     self._open_stream(batch, brief=brief, probe=True)
                     if probe
                     else (self._open_stream(batch, brief=brief))
                 )
+                if self._stop.is_set():  # a stop() while the call was opening cancelled
+                    self._cancel_stream()  # nothing: cancel it now that it exists
                 for row in calls:
                     delivery = self._parse(row)
                     end = False
@@ -292,17 +302,19 @@ class Receiver:
                         self._cond.notify_all()
                         if brief:
                             # It ends soon: never cancel rows on the wire. Held enough: read
-                            # no further for a while, then read on to the call's end.
-                            full_since = time.monotonic()
+                            # no further for a while, then read on to the call's end. The
+                            # while counts from the call's start, not from this row: rows on
+                            # the wire were leased then and cannot be renewed until read.
                             while (
                                 len(self._buffer) >= self._demand()
                                 and not read_on
                                 and not self._stop.is_set()
                             ):
-                                if time.monotonic() - full_since >= self._stall_seconds:
+                                left = self._stall_seconds - (time.monotonic() - opened)
+                                if left <= 0:
                                     read_on = True
                                     break
-                                self._cond.wait(0.5)
+                                self._cond.wait(min(0.5, left))
                         elif not self._batch_open and (
                             len(self._buffer) >= self._demand() or not self._in_use()
                         ):
