@@ -7,10 +7,12 @@ seconds, whoever asks (``STATS_MAX_AGE_SECONDS`` for the summary line; the metri
 ``SAMPLE_INTERVAL_SECONDS``): with ``Q`` queues that is at most ``Q x 60 / max_age`` reads a
 minute per process, whatever the number of threads, summary lines or scrapes.
 
-``peek`` never blocks: it returns the latest stats known and, when they are older than
-``max_age``, starts one read in a daemon thread (never two for one queue). The worker's intake
-thread uses it, so a database that does not answer never holds up a receive or a stop. ``get``
-blocks for a read when the cached one is too old (bounded by the engine's own deadline).
+``peek`` never reads on its caller's thread: it returns the latest stats known and, when they
+are older than ``max_age``, starts one read in a daemon thread (never two for one queue),
+waiting for it at most ``wait`` seconds (default 0). The worker's intake thread uses it, so a
+database that does not answer never holds up a receive, and holds up a stop by at most
+``wait``. ``get`` blocks for a read when the cached one is too old (bounded by the engine's own
+deadline).
 """
 
 from __future__ import annotations
@@ -54,8 +56,8 @@ class StatsCache:
         self._readings: dict[tuple[str, str], Reading] = {}
         #: one lock per queue, held by whoever reads it (a second reader waits, then reuses)
         self._reading: dict[tuple[str, str], threading.Lock] = {}
-        #: reads running in the background (``peek``)
-        self._background: set[tuple[str, str]] = set()
+        #: reads running in the background (``peek``), each set once it is over
+        self._background: dict[tuple[str, str], threading.Event] = {}
         #: reads made (``engine.stats()`` calls) in this process: tests pin the bound with it
         self.reads = 0
 
@@ -82,23 +84,28 @@ class StatsCache:
         assert reading.stats is not None
         return reading.stats
 
-    def peek(self, model: type[Queue], *, max_age: float) -> Reading | None:
-        """The latest reading of ``model`` (None: never read), at once; when it is older than
-        ``max_age`` seconds, one read starts in a daemon thread (unless one is running)."""
+    def peek(self, model: type[Queue], *, max_age: float, wait: float = 0.0) -> Reading | None:
+        """The latest reading of ``model`` (None: never read); when it is older than
+        ``max_age`` seconds (0: always), one read starts in a daemon thread (unless one is
+        running), and the latest reading is returned once it is over or after ``wait``
+        seconds, whichever comes first."""
         key = self._key(model)
         with self._lock:
             reading = self._readings.get(key)
             stale = reading is None or time.monotonic() - reading.at >= max_age
-            if not stale or key in self._background:
+            if not stale:
                 return reading
-            self._background.add(key)
-        thread = threading.Thread(
-            target=self._read_in_background,
-            args=(model, key),
-            name=f"spanner_queues-stats-{key[1]}",
-            daemon=True,
-        )
-        thread.start()
+            done = self._background.get(key)
+            if done is None:
+                done = self._background[key] = threading.Event()
+                threading.Thread(
+                    target=self._read_in_background,
+                    args=(model, key, done),
+                    name=f"spanner_queues-stats-{key[1]}",
+                    daemon=True,
+                ).start()
+        if wait > 0 and done.wait(wait):
+            return self.latest(model)
         return reading
 
     def clear(self) -> None:
@@ -129,7 +136,9 @@ class StatsCache:
             self._readings[key] = reading
         return reading
 
-    def _read_in_background(self, model: type[Queue], key: tuple[str, str]) -> None:
+    def _read_in_background(
+        self, model: type[Queue], key: tuple[str, str], done: threading.Event
+    ) -> None:
         try:
             with self._lock:
                 lock = self._reading.setdefault(key, threading.Lock())
@@ -139,7 +148,8 @@ class StatsCache:
                 logger.debug("stats of %s failed: %r", key[1], reading.error)
         finally:
             with self._lock:
-                self._background.discard(key)
+                self._background.pop(key, None)
+            done.set()
             connections.close_all()  # this thread's own connections
 
 

@@ -36,6 +36,9 @@ from spanner_queues.worker.health import WorkerHealth, serve
 if TYPE_CHECKING:
     from spanner_queues.contrib.metrics.apps import MetricsConfig
 
+#: seconds the summary line printed at stop waits for the depth read after the work ended
+FINAL_DEPTH_WAIT_SECONDS = 5.0
+
 
 def positive_int(value: str) -> int:
     try:
@@ -285,6 +288,8 @@ class Command(BaseCommand):
                 )
                 + mode
             )
+            for plan in worker.plans:  # the first summary line finds its depths read
+                stats_cache.peek(plan.model, max_age=self._depth_max_age())
         try:
             worker.run()
         except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
@@ -369,28 +374,43 @@ class Command(BaseCommand):
             return
         sys.stdout.flush()
 
+    def _depth_max_age(self) -> float:
+        return max(self._worker.summary_interval or 0.0, STATS_MAX_AGE_SECONDS)
+
     def _summary(self, stats: WorkerStats) -> str:
         """The summary line. Queue depths come from the process's stats cache
         (``engines.stats.stats_cache.peek``): never read on this (the intake) thread, at most
-        once per queue every ``max(--summary-interval, STATS_MAX_AGE_SECONDS)`` seconds."""
+        once per queue every ``max(--summary-interval, STATS_MAX_AGE_SECONDS)`` seconds, and
+        once more when the worker has stopped (the line printed at stop, a burst's only one,
+        waits up to ``FINAL_DEPTH_WAIT_SECONDS`` for it). A depth read longer ago than
+        ``--summary-interval`` says when it was read."""
 
         now = time.monotonic()
         since, before = self._last
         self._last = (now, stats.processed)
         rate = (stats.processed - before) / max(now - since, 1e-9)
-        max_age = max(self._worker.summary_interval or 0.0, STATS_MAX_AGE_SECONDS)
+        interval = self._worker.summary_interval or 0.0
+        final = self._worker.stopping
         depth = []
         for plan in self._worker.plans:
             error: BaseException | None
             try:
-                reading = stats_cache.peek(plan.model, max_age=max_age)
+                reading = stats_cache.peek(
+                    plan.model,
+                    max_age=0.0 if final else self._depth_max_age(),
+                    wait=FINAL_DEPTH_WAIT_SECONDS if final else 0.0,
+                )
             except Exception as exc:  # the summary must never stop the worker
                 reading, error = None, exc
             else:
                 error = reading.error if reading is not None else None
             if reading is not None and reading.stats is not None:
                 s = reading.stats
-                depth.append(f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased})")
+                age = time.monotonic() - reading.at
+                when = f"; read {age:.0f} s ago" if age > max(interval, 1.0) else ""
+                depth.append(
+                    f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased}{when})"
+                )
             elif error is not None:
                 depth.append(f"{plan.label}=? ({type(error).__name__})")
             else:
