@@ -103,6 +103,17 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"spanner_queues": {"handlers": ["console"], "level": "WARNING"}},
 }
+# Child processes of tests/process/test_console_logging.py: a project without LOGGING ("none"),
+# or one whose root logger writes INFO to the console ("root").
+if os.environ.get("SQ_TEST_LOGGING") == "none":
+    del LOGGING
+elif os.environ.get("SQ_TEST_LOGGING") == "root":
+    LOGGING = {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "handlers": {"console": {"class": "logging.StreamHandler"}},
+        "root": {"handlers": ["console"], "level": "INFO"},
+    }
 
 
 def emulator_databases(*, queues: bool, test_prefix: str) -> tuple[str, dict[str, dict]]:

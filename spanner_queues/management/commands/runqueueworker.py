@@ -6,13 +6,14 @@ command with a clear message and exit status 1 before any message is received.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import sys
 import time
 from argparse import ArgumentParser, ArgumentTypeError
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast
 
@@ -38,6 +39,40 @@ if TYPE_CHECKING:
 
 #: seconds the summary line printed at stop waits for the depth read after the work ended
 FINAL_DEPTH_WAIT_SECONDS = 5.0
+
+
+@contextlib.contextmanager
+def console_logging(verbosity: int) -> Iterator[None]:
+    """While the command runs, the ``spanner_queues`` loggers write to stderr (INFO and up;
+    DEBUG at -v3) as ``runserver``'s ``django.server`` lines do, when nothing would show them
+    otherwise: at -v1 and above, and only if no handler is configured on ``spanner_queues``,
+    on any logger below it, nor on the root logger (a project's ``LOGGING`` that writes them
+    already gets no second copy)."""
+
+    logger = logging.getLogger("spanner_queues")
+    below = [
+        other
+        for name, other in logging.root.manager.loggerDict.items()
+        if name.startswith("spanner_queues.") and isinstance(other, logging.Logger)
+    ]
+    if verbosity < 1 or logger.hasHandlers() or any(other.handlers for other in below):
+        yield
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        logging.Formatter("[{asctime}] {message}", style="{", datefmt="%d/%b/%Y %H:%M:%S")
+    )
+    level = logging.DEBUG if verbosity >= 3 else logging.INFO
+    handler.setLevel(level)
+    before = logger.level
+    logger.addHandler(handler)
+    if before == logging.NOTSET:
+        logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(before)
 
 
 def positive_int(value: str) -> int:
@@ -243,6 +278,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        with console_logging(options["verbosity"]):
+            self._handle(options)
+
+    def _handle(self, options: dict[str, Any]) -> None:
         verbosity: int = options["verbosity"]
         self._verbosity = verbosity
         self._last: tuple[float, int] = (time.monotonic(), 0)
