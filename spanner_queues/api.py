@@ -4,7 +4,9 @@ engine and delegates across the seam; none knows how a queue is stored."""
 from __future__ import annotations
 
 import functools
+import threading
 import uuid
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
@@ -58,6 +60,10 @@ __all__ = [
 ]
 
 _RESERVED = {"payload", "deliver_time", "delay"}
+#: (database, queue) pairs already warned that their engine ignores ``receive(lease=...)``:
+#: at most one entry per declared queue and engine
+_lease_warned: set[tuple[str, str]] = set()
+_lease_warned_lock = threading.Lock()
 
 
 def _database(model: type[Queue], using: str | None) -> str:
@@ -412,7 +418,27 @@ def receive(
     ):
         raise InvalidArgument(f"wait must be a number of seconds >= 0, not {wait!r}.")
     model = get_queue(queue)
-    return engine_for(model).receive(model, max_messages=max_messages, lease=lease, wait=wait)
+    engine = engine_for(model)
+    if lease is not None and not engine.features.supports_custom_lease:
+        _warn_lease_ignored(model, engine.alias)
+    return engine.receive(model, max_messages=max_messages, lease=lease, wait=wait)
+
+
+def _warn_lease_ignored(model: type[Queue], alias: str) -> None:
+    """A ``RuntimeWarning``, once per queue and engine in a process: ``lease=`` is ignored."""
+    key = (alias, model._meta.label)
+    with _lease_warned_lock:
+        if key in _lease_warned:
+            return
+        _lease_warned.add(key)
+    warnings.warn(
+        f"{model._meta.label}: lease= is ignored by the engine {alias!r} "
+        "(supports_custom_lease=False: Spanner leases every message for 10 s and renews it by "
+        "10 s). The worker renews leases while receivers run; drop lease= (runqueueworker "
+        "--lease) for this queue. Warned once per queue.",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None = 5.0) -> None:

@@ -22,8 +22,9 @@ from django.utils import timezone
 
 from demo_project.reports.models import Report, ReportJobs
 from demo_project.shop.models import Order, Payment
-from spanner_queues import receiver
+from spanner_queues import Retry, receiver
 from spanner_queues.message import Message
+from spanner_queues.receivers import MessageContext
 from spanner_queues.patterns import checkpoint
 
 #: rows per ledger-audit slice; the next slice is due at once (raise it to yield to others)
@@ -36,8 +37,8 @@ def row_seconds() -> float:
     return float(getattr(settings, "DEMO_REPORT_ROW_SECONDS", 0.05))
 
 
-@receiver(ReportJobs, match={"kind": "sales_export"}, atomic=False)
-def build_sales_export(message: Message) -> None:
+@receiver(ReportJobs, match={"kind": "sales_export"}, atomic=False, takes_context=True)
+def build_sales_export(context: MessageContext, message: Message) -> None:
     """Pattern 2 (long-running work, lease renewal)."""
     report_id = message.key_dict["report_id"]
     Report.objects.filter(pk=report_id).update(
@@ -45,6 +46,9 @@ def build_sales_export(message: Message) -> None:
     )
     report = Report.objects.get(pk=report_id)
     for row in range(1, report.rows_total + 1):
+        if context.should_stop():  # Ctrl-C, SIGTERM: run it again later, do not hold the stop
+            Report.objects.filter(pk=report_id).update(status="queued", rows_done=0)
+            raise Retry(reason="the worker is stopping")
         time.sleep(row_seconds())  # render one row
         if row % 20 == 0 or row == report.rows_total:
             Report.objects.filter(pk=report_id).update(rows_done=row)

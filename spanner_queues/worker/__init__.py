@@ -119,7 +119,12 @@ from spanner_queues.worker.events import (
     log_extra,
 )
 from spanner_queues.worker.leases import Renewer, renew_at
-from spanner_queues.worker.limits import STUCK_GRACE_SECONDS, QueueLimits, TimeLimits
+from spanner_queues.worker.limits import (
+    STUCK_GRACE_SECONDS,
+    QueueLimits,
+    TimeLimits,
+    time_limit_exceeded,
+)
 from spanner_queues.worker.outcomes import PARKED_UNTIL, DeliveryPolicy, Outcomes
 
 if TYPE_CHECKING:
@@ -918,9 +923,15 @@ class Worker:
                     d.acking = False
             context._restart()  # (again on a retried transaction: its acks rolled back)
             with self.time_limits.running(deliveries, limit):
-                call(spec, context)
+                try:
+                    call(spec, context)
+                except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
+                    if exc.args:
+                        raise
+                    error = time_limit_exceeded(spec.name, deliveries, limit)
+                    raise error.with_traceback(exc.__traceback__) from None
             if any(d.timed_out for d in deliveries):  # returned late: never acked
-                raise TimeLimitExceeded(f"{spec.name} ran past its time limit of {limit} s")
+                raise time_limit_exceeded(spec.name, deliveries, limit)
             if spec.atomic:
                 self._ack(deliveries, db, context)
 

@@ -49,6 +49,21 @@ STUCK_GRACE_SECONDS = 10.0
 TICK = 0.1
 
 
+def time_limit_exceeded(
+    receiver: str, deliveries: list[Delivery], limit: float | None
+) -> TimeLimitExceeded:
+    """The error of a run past its limit, naming the receiver, its message(s) and the limit
+    (the interrupt itself is raised as the bare class: ``PyThreadState_SetAsyncExc``)."""
+    first = deliveries[0].message
+    what = f"{first} (attempt {first.attempt})"
+    if len(deliveries) > 1:
+        what = f"{len(deliveries)} messages of {first.queue}, the first {what}"
+    limit_text = f"{limit:g} s" if limit is not None else "its limit"
+    return TimeLimitExceeded(
+        f"receiver {receiver} ran past its time limit of {limit_text} on {what}"
+    )
+
+
 def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
     """Raise ``exc`` in thread ``thread_id`` at its next bytecode (None: cancel a pending one)."""
     target = ctypes.py_object(exc) if exc is not None else None

@@ -27,7 +27,7 @@ from demo_project.notifications import services as notifications
 from demo_project.notifications.models import Digest, Notifications
 from demo_project.ops.heartbeat import TIMEOUT, Heartbeat, send_beat
 from demo_project.ops.models import WorkerAlert, WorkerHeartbeats
-from demo_project.reports.models import ReportJobs
+from demo_project.reports.models import Report, ReportJobs
 from demo_project.reports.receivers import AUDIT_SLICE, run_ledger_audit
 from demo_project.reports.services import request_report
 from demo_project.search.models import ReindexQueue, SearchEntry
@@ -280,6 +280,21 @@ def test_02_long_report_outlives_its_lease_and_is_delivered_once(drain: Drain, e
     assert report.deliveries == 1  # never redelivered: the worker kept renewing the lease
     assert events.counts["renewed"] >= 1 and events.counts["acked"] == 1
     assert not ReportJobs.objects.exists()
+
+
+def test_02_long_report_gives_its_message_back_when_the_worker_stops(
+    worker: Callable[..., Any], events: Any
+) -> None:
+    # A Ctrl-C of bin/demo waited for an export in flight (300 rows x 0.05 s, and its progress
+    # writes: 20 s on the emulator front): it ends at its next row and runs again later.
+    report = request_report("sales_export", rows=100_000)  # ~80 minutes if run to the end
+    w = worker(ReportJobs)
+    with running(w):
+        wait_until(lambda: Report.objects.get(pk=report.pk).rows_done >= 20, timeout=60)
+    report.refresh_from_db()
+    assert report.status == "queued" and report.rows_done == 0, report.status
+    assert events.counts["retried"] == 1 and events.counts["acked"] == 0
+    assert ReportJobs.objects.filter(report_id=report.pk).exists()  # delivered again later
 
 
 # --- 3. checkpointing ------------------------------------------------------------------------

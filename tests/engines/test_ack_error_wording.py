@@ -4,6 +4,8 @@ the same words on every engine."""
 
 from __future__ import annotations
 
+import traceback
+
 import pytest
 from django.db import transaction
 
@@ -26,6 +28,24 @@ def test_a_second_ack_names_the_message_as_the_quickstart_shows() -> None:
     assert str(caught.value) == (
         f"{LABEL}(1, 'welcome'): no such message; it was already acked (or deleted). Roll "
         "back: the work may have been done by another receiver."
+    )
+
+
+def test_a_second_ack_prints_one_error_not_the_drivers_chain() -> None:
+    # On native queues it printed the gRPC error, the DB-API's and Django's before it, each
+    # "the direct cause of" the next: the message says it all, in one traceback.
+    UserTasks.send(user_id=1, message_id="twice", payload="hi")
+    [message] = receive_due(UserTasks)
+    api.ack(message)
+    with pytest.raises(MessageAlreadyAcked) as caught, transaction.atomic():
+        api.ack(message)
+    printed = "".join(traceback.format_exception(caught.value))
+    assert printed.count("Traceback (most recent call last)") == 1, printed
+    assert "direct cause" not in printed and "During handling" not in printed, printed
+    assert printed.rstrip().splitlines()[-1] == (
+        f"spanner_queues.exceptions.MessageAlreadyAcked: {LABEL}(1, 'twice'): no such message; "
+        "it was already acked (or deleted). Roll back: the work may have been done by another "
+        "receiver."
     )
 
 

@@ -28,6 +28,11 @@ def test_a_receiver_past_its_limit_is_interrupted_and_runs_again(
     assert events.counts["timed_out"] == 1 and events.counts["failed"] == 1
     [failure] = [e for e in events.history if e.name == "failed"]
     assert isinstance(failure.error, TimeLimitExceeded)
+    # its message names the receiver, the message and the limit
+    assert str(failure.error) == (
+        f"receiver tests.workerapp.receivers.work ran past its time limit of 0.5 s on "
+        f"workerapp.WorkItems(id={sent.key[0]!r}) (attempt 1)"
+    )
     # the interrupted run wrote nothing (rolled back); the second attempt did the work
     assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
     assert not WorkItems.objects.exists()
@@ -40,6 +45,11 @@ def test_a_receiver_that_swallows_the_interrupt_is_not_acked(
     with running(make_worker(WorkItems, timeout=0.5)) as worker:
         assert events.wait_for("acked", timeout=60)
     assert worker.stats.timed_out == 1 and worker.stats.failed == 1
+    [failure] = [e for e in events.history if e.name == "failed"]
+    assert str(failure.error) == (
+        f"receiver tests.workerapp.receivers.work ran past its time limit of 0.5 s on "
+        f"workerapp.WorkItems(id={sent.key[0]!r}) (attempt 1)"
+    )
     assert list(WorkLog.objects.values_list("key", "attempt")) == [(sent.key[0], 2)]
 
 

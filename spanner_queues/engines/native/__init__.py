@@ -613,10 +613,12 @@ class NativeQueueEngine(BaseQueueEngine):
                         if len(chunk) == 1
                         else f": one of {list(chunk)!r} is no such message (or came twice)"
                     )
+                    # (the driver's chain, gRPC's OUT_OF_RANGE under the DB-API's and
+                    # Django's errors, says no more: kept as __context__, not printed)
                     raise MessageAlreadyAcked(
                         f"{model._meta.label}{which}; it was already acked (or deleted). Roll "
                         "back: the work may have been done by another receiver."
-                    ) from exc
+                    ) from None
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
@@ -651,7 +653,7 @@ class NativeQueueEngine(BaseQueueEngine):
                 raise MessageAlreadyAcked(
                     f"{model._meta.label}: Ack found no message for one of {list(keys)!r}; "
                     "nothing was acked."
-                ) from exc
+                ) from None  # (gRPC's NOT_FOUND says no more: kept as __context__)
             raise
 
     def purge(self, model: type[Queue], *, using: str | None = None) -> None:
