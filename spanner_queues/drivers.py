@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import re
 import threading
+from importlib import metadata
 from collections.abc import Iterator
 from typing import Any
 
@@ -99,6 +101,12 @@ class Driver:
     def check(self) -> list[checks.CheckMessage]:
         return []
 
+    def versions(self) -> tuple[str, str]:
+        """The DB-API driver and the database server, each with its version, as far as they
+        can be read (for reports: ``queuedrill``)."""
+        database = self.connection.Database
+        return f"{database.__name__} {getattr(database, '__version__', '')}".strip(), "unknown"
+
     def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
         """A context held around the outermost read-write transaction spanner_queues opens
         itself (``run_in_transaction``), never around a caller's ``atomic()`` block; it yields
@@ -136,6 +144,12 @@ class SQLiteDriver(Driver):
     def is_retryable(self, exc: BaseException) -> bool:
         text = str(exc).lower()
         return "database is locked" in text or "database table is locked" in text
+
+    def versions(self) -> tuple[str, str]:
+        return (
+            f"sqlite3 of Python {platform.python_version()}",
+            f"SQLite {self.connection.Database.sqlite_version}",
+        )
 
     def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
         """SQLite has one write lock per database file. Threads of one process that collide
@@ -198,6 +212,15 @@ class SpannerDriver(Driver):
     #: (but Google's emulator has no queues: the native engine asks the emulator it is on)
     supports_native_queues = True
 
+    def versions(self) -> tuple[str, str]:
+        driver = ", ".join(
+            f"{name} {_distribution_version(name)}"
+            for name in ("django-google-spanner", "google-cloud-spanner")
+        )
+        emulator = os.environ.get("SPANNER_EMULATOR_HOST")
+        server = f"Cloud Spanner emulator at {emulator}" if emulator else "Cloud Spanner"
+        return driver, server
+
     def is_retryable(self, exc: BaseException) -> bool:
         """ABORTED, the DB-API's ``RetryAborted`` (its replay of an aborted transaction read
         other rows; known by name, so that no other database loads the DB-API), or a
@@ -250,6 +273,17 @@ _PG_CONNECTION_GONE = frozenset({"57P01", "57P02", "57P03"})
 class PostgreSQLDriver(Driver):
     vendor = "postgresql"
 
+    def versions(self) -> tuple[str, str]:
+        database = self.connection.Database
+        driver = f"{database.__name__} {getattr(database, '__version__', '')}".strip()
+        implementation = getattr(getattr(database, "pq", None), "__impl__", None)
+        if implementation:  # psycopg 3: "python", "c" or "binary"
+            driver += f" ({implementation} implementation)"
+        with self.connection.cursor() as cursor:
+            cursor.execute("SHOW server_version")
+            (server,) = cursor.fetchone()
+        return driver, f"PostgreSQL {server}"
+
     def is_retryable(self, exc: BaseException) -> bool:
         """Serialization failures and deadlocks, as psycopg 3 (``sqlstate``) and psycopg2
         (``pgcode``) report them, wherever they sit in the chain Django wraps."""
@@ -290,6 +324,13 @@ def driver_for(alias: str) -> Driver:
         driver = _DRIVERS.get(connection.vendor, Driver)(connection)
         connection.__dict__["_spanner_queues_driver"] = driver
     return driver
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def describe(value: Any) -> str:

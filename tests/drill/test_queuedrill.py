@@ -190,3 +190,55 @@ def test_workers_that_cannot_start_make_the_drill_give_up_and_fail(drill: DrillR
     assert figures["unexpected_exits"] == 3 and figures["drained"] is False
     assert figures["lost"] == 2
     assert figures["events"][-1]["kind"] == "gave-up"
+
+
+def test_the_report_records_the_seed_the_versions_and_the_host(drill: DrillRun) -> None:
+    """Without ``--seed`` the drill draws one and records it, with the versions of the app,
+    Django, the driver and the database server and the host, in both files and the command
+    line to run it again."""
+    import django
+
+    import spanner_queues
+
+    figures, _ = drill("--messages", "3", "--workers", "1", "--kills", "0", "--timeout", "120")
+    seed = figures["options"]["seed"]
+    assert isinstance(seed, int)
+    environment = figures["environment"]
+    assert environment["spanner_queues"] == spanner_queues.__version__
+    assert environment["django"] == django.get_version()
+    assert environment["driver"] and environment["database_server"]
+    assert environment["host"] and environment["python"]
+    text = (drill.report / "report.md").read_text()
+    assert f"--seed={seed}" in text
+    for value in environment.values():
+        assert str(value) in text, value
+
+
+def test_a_database_with_other_data_is_refused_unless_allowed(drill: DrillRun) -> None:
+    """The drill stalls other writers on SQLite and loads any database: a database holding
+    rows of other apps (a production one) is refused before anything is sent."""
+    from tests.testapp.models import Account
+
+    Account.objects.create(name="a customer")
+    with pytest.raises(CommandError, match="does not look like a drill's database"):
+        drill("--messages", "3", "--workers", "1", "--kills", "0")
+    assert not DrillMessage.objects.exists()
+    figures, _ = drill(
+        "--messages", "3", "--workers", "1", "--kills", "0", "--allow-shared-database"
+    )
+    assert figures["drained"] is True and figures["options"]["allow_shared_database"] is True
+
+
+@pytest.mark.engine_independent
+def test_the_abort_command_is_bounded_by_the_timeout(drill: DrillRun) -> None:
+    """An ``--abort-command`` that hangs is ended when the drill's time is up (a drill with
+    ``--timeout 5`` ran 26.6 s, and one whose command never ends ran for ever)."""
+    with pytest.raises(CommandError):
+        drill(
+            *("--messages", "2", "--workers", "1", "--kills", "0", "--timeout", "3"),
+            *("--abort-method", "command", "--abort-command", "sleep 3600", "--abort-every", "0.1"),
+            *("--worker-arg=--bogus",),  # workers that cannot start: the queue never drains
+        )
+    figures = json.loads((drill.report / "report.json").read_text())
+    [abort] = [e for e in figures["events"] if e["kind"] == "abort"]
+    assert "--abort-command timed out after" in abort["detail"], abort

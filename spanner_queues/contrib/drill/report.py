@@ -15,6 +15,15 @@ from spanner_queues.contrib.drill.runner import DrillResult
 #: listed in the report at most (the JSON file has them all)
 SHOWN_KEYS = 20
 MARKS = {"kill": "#c0392b", "abort": "#e67e22", "exit": "#7f8c8d"}
+ENVIRONMENT_NAMES = {
+    "spanner_queues": "spanner_queues",
+    "django": "Django",
+    "driver": "database driver",
+    "database_server": "database server",
+    "python": "Python",
+    "host": "host",
+    "platform": "platform",
+}
 
 
 def depth_svg(result: DrillResult, *, width: int = 720, height: int = 260) -> str:
@@ -119,6 +128,13 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         "",
         "![queue depth over time](depth.svg)",
         "",
+        "## Environment",
+        "",
+        "| | |",
+        "|---|---|",
+        *[f"| {ENVIRONMENT_NAMES.get(k, k)} | {v} |" for k, v in result.environment.items()],
+        f"| random seed | {o.seed} (`--seed`) |",
+        "",
     ]
     if result.lost_keys:
         lines += [f"Lost: {_keys(result.lost_keys)}.", ""]
@@ -180,7 +196,12 @@ def as_json(result: DrillResult) -> dict:
             "abort_every": o.abort_every,
             "abort_method": o.abort_method,
             "abort_command": o.abort_command,
+            "timeout": o.timeout,
+            "seed": o.seed,
+            "worker_args": list(o.worker_args),
+            "allow_shared_database": o.allow_shared_database,
         },
+        "environment": result.environment,
         "sent": result.sent,
         "kills": result.kills,
         "aborts": result.aborts,

@@ -12,16 +12,22 @@ Guarantees of the measurement:
 
 The drill touches only its own queue and table: its workers are started with the drill queue as
 their only queue, and the abort injectors reach only the drill's worker sessions (``pg-terminate``
-selects them by ``application_name``) or run the command the user gave.
+selects them by ``application_name``) or run the command the user gave, ended when the drill's
+``timeout`` is up. It still loads the database (on SQLite it holds the only write lock while
+its receivers run): a database holding other apps' rows is refused unless
+``allow_shared_database``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import os
+import platform
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -33,14 +39,19 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from django.db import connections
+import django
+from django.apps import apps
+from django.db import DatabaseError, connections, router
 from django.db.models import Count, Max
 
+import spanner_queues
 from spanner_queues import clock
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueError
+from spanner_queues.drivers import driver_for
 from spanner_queues.monitoring import QueueDepthSample
+from spanner_queues.queues import queue_models
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -51,6 +62,10 @@ ABORT_METHODS = ("none", "pg-terminate", "command")
 SEND_BATCH = 200
 #: seconds after its start from which a worker is preferred as a kill's victim
 SETTLED_SECONDS = 2.0
+#: apps whose rows do not make a database someone else's (Django's own, this package's)
+OWN_APPS = ("django.contrib.", "spanner_queues")
+#: models with rows named in a refusal, at most (the search stops there)
+OTHER_DATA_SHOWN = 5
 
 
 class DrillError(QueueError):
@@ -73,6 +88,7 @@ class DrillOptions:
     keep_effects: bool = False
     seed: int | None = None
     worker_args: tuple[str, ...] = ()
+    allow_shared_database: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +108,9 @@ class DrillResult:
     engine: str
     database: str
     database_engine: str
+    #: versions and host: ``spanner_queues``, ``django``, ``driver``, ``database_server``,
+    #: ``python``, ``host``, ``platform``
+    environment: dict[str, str] = field(default_factory=dict)
     sent: int = 0
     send_seconds: float = 0.0
     kills: int = 0
@@ -172,6 +191,67 @@ def _end_with_parent() -> None:  # pragma: no cover - runs in the child
         pass
 
 
+def run_bounded(command: str, timeout: float) -> int | None:
+    """Run the shell ``command`` in a session of its own; its exit status, or None when it ran
+    past ``timeout`` seconds (then its whole process group is killed)."""
+    proc = subprocess.Popen(
+        command,
+        shell=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return None
+
+
+def other_data(alias: str) -> list[str]:
+    """Labels of models on database ``alias``, outside Django's own apps and this package's,
+    that hold a row (at most ``OTHER_DATA_SHOWN``; one ``exists`` read or queue ``stats`` per
+    model until then). A table that cannot be read (not migrated) counts as empty."""
+    queues = set(queue_models())
+    found: list[str] = []
+    for model in apps.get_models():
+        meta = model._meta
+        if meta.app_config is None or meta.app_config.name.startswith(OWN_APPS):
+            continue
+        if not meta.managed or meta.proxy or not router.allow_migrate_model(alias, model):
+            continue
+        try:
+            if model in queues:
+                engine = engine_for(model)
+                held = engine.database == alias and engine.stats(model).total > 0
+            else:
+                held = model._default_manager.using(alias).exists()
+        except (DatabaseError, QueueError):
+            held = False
+        if held:
+            found.append(meta.label)
+            if len(found) >= OTHER_DATA_SHOWN:
+                break
+    return found
+
+
+def environment(alias: str) -> dict[str, str]:
+    """What a report must name to be compared with another: the versions of this package,
+    Django, the database driver and server, Python, and the host."""
+    driver, server = driver_for(alias).versions()
+    return {
+        "spanner_queues": spanner_queues.__version__,
+        "django": django.get_version(),
+        "driver": driver,
+        "database_server": server,
+        "python": platform.python_version(),
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+    }
+
+
 def worker_command() -> list[str]:
     """How to start ``manage.py`` again: this ``manage.py`` when run through one, else
     ``python -m django`` (with this process's settings module and import path)."""
@@ -199,6 +279,8 @@ class Drill:
             raise DrillError("--abort-every needs --abort-method pg-terminate or command")
         if options.messages < 1 or options.workers < 1:
             raise DrillError("the drill needs at least one message and one worker")
+        if options.seed is None:  # drawn here, so that the report can say it
+            options = dataclasses.replace(options, seed=random.SystemRandom().randrange(2**32))
         self.options = options
         self.report_dir = report_dir
         self.log = log
@@ -224,8 +306,6 @@ class Drill:
 
     # --- the run ------------------------------------------------------------------------------
     def run(self) -> DrillResult:
-        self.report_dir.mkdir(parents=True, exist_ok=True)
-        (self.report_dir / "workers").mkdir(exist_ok=True)
         result = self.result
         try:
             result.leftovers_at_start = self.engine.stats(DrillMessage).total
@@ -234,6 +314,11 @@ class Drill:
                 f"cannot read the drill queue ({type(exc).__name__}: {exc}); is it migrated? "
                 "python manage.py migrate spanner_queues_drill"
             ) from exc
+        if not self.options.allow_shared_database:
+            self._refuse_other_data()
+        result.environment = environment(self.alias)
+        self.report_dir.mkdir(parents=True, exist_ok=True)
+        (self.report_dir / "workers").mkdir(exist_ok=True)
         self._started = time.monotonic()
         result.started_at = clock.now()
         try:
@@ -248,6 +333,19 @@ class Drill:
         if not self.options.keep_effects:
             self._delete_effects()
         return result
+
+    def _refuse_other_data(self) -> None:
+        found = other_data(self.alias)
+        if found:
+            more = "" if len(found) < OTHER_DATA_SHOWN else " and maybe more"
+            raise DrillError(
+                f"database {self.alias!r} does not look like a drill's database: "
+                f"{', '.join(found)}{more} hold rows. The drill sends a burst and runs "
+                "workers that SIGKILL and restart; on SQLite its receivers hold the only write "
+                "lock (an ordinary send beside it waited seconds, or failed with 'database is "
+                "locked'). Run it on a database of its own, or pass --allow-shared-database "
+                "(PostgreSQL, Spanner: its rows are its own, the load is not)."
+            )
 
     def _elapsed(self) -> float:
         return time.monotonic() - self._started
@@ -410,12 +508,16 @@ class Drill:
                     self.result.aborts += ended
                     self._event("abort", f"terminated {ended} worker session(s)")
         elif method == "command":
-            done = subprocess.run(
-                self.options.abort_command, shell=True, capture_output=True, text=True
-            )
+            left = self.options.timeout - self._elapsed()
+            if left <= 0:
+                return
+            status = run_bounded(self.options.abort_command, left)
             connections[self.alias].close()  # a restarted server dropped our session too
             self.result.aborts += 1
-            self._event("abort", f"--abort-command exited with {done.returncode}")
+            if status is None:
+                self._event("abort", f"--abort-command timed out after {left:.1f} s; ended")
+            else:
+                self._event("abort", f"--abort-command exited with {status}")
 
     def _stop_workers(self) -> None:
         for worker in self.workers:

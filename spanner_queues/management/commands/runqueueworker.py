@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from spanner_queues.contrib.metrics.apps import MetricsConfig
 
 #: seconds the summary line printed at stop waits for the depth read after the work ended
-FINAL_DEPTH_WAIT_SECONDS = 5.0
+FINAL_DEPTH_WAIT_SECONDS = 2.0
 
 
 @contextlib.contextmanager

@@ -91,7 +91,8 @@ class Command(BaseCommand):
             "--timeout",
             type=positive_seconds,
             default=600.0,
-            help="give up draining after this many seconds (%(default)s)",
+            help="give up draining after this many seconds; an --abort-command still running "
+            "then is ended (%(default)s)",
         )
         parser.add_argument(
             "--sample-interval",
@@ -109,7 +110,19 @@ class Command(BaseCommand):
             action="store_true",
             help="keep this run's rows in sq_drill_effects (default: deleted once counted)",
         )
-        parser.add_argument("--seed", type=int, default=None, help="random seed (kills, aborts)")
+        parser.add_argument(
+            "--seed",
+            type=int,
+            default=None,
+            help="random seed of the kills and aborts (default: drawn, and recorded in the "
+            "report)",
+        )
+        parser.add_argument(
+            "--allow-shared-database",
+            action="store_true",
+            help="run on a database that holds other apps' rows (refused by default: the "
+            "drill loads the database, and on SQLite it stalls every other writer)",
+        )
         parser.add_argument(
             "--worker-arg",
             action="append",
@@ -136,6 +149,7 @@ class Command(BaseCommand):
             keep_effects=options["keep_effects"],
             seed=options["seed"],
             worker_args=tuple(options["worker_arg"]),
+            allow_shared_database=options["allow_shared_database"],
         )
         verbose = options["verbosity"] >= 1
 
@@ -148,7 +162,7 @@ class Command(BaseCommand):
             result = Drill(drill_options, report_dir, log=log).run()
         except DrillError as exc:
             raise CommandError(str(exc)) from exc
-        path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(drill_options)])
+        path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(result.options)])
         self.stdout.write(
             f"{'PASS' if result.passed else 'FAIL'}: sent={result.sent} kills={result.kills} "
             f"aborts={result.aborts} handled={result.handled} lost={result.lost} "
@@ -177,4 +191,6 @@ def _argv(o: DrillOptions) -> list[str]:
     if o.seed is not None:
         argv.append(f"--seed={o.seed}")
     argv += [f"--worker-arg={arg}" for arg in o.worker_args]
+    if o.allow_shared_database:
+        argv.append("--allow-shared-database")
     return argv
