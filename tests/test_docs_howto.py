@@ -117,3 +117,49 @@ def test_testing_page_snippets_run_as_shown(tmp_path: Path) -> None:
          tmp_path, env)  # fmt: skip
     output = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider"], tmp_path, env)
     assert re.search(rf"\b{tests} passed\b", output) and "skipped" not in output, output
+
+
+# --- docs/quickstart.md: the project, its receiver and the worker -------------------------------
+@pytest.mark.slow
+def test_quickstart_receiver_and_worker_run_as_shown(tmp_path: Path) -> None:
+    """The quickstart's project (its settings, queue and ``tasks/receivers.py`` blocks): the
+    message of step 9 is shown in the admin, the worker runs the receiver and acks it, printing
+    the lines the page shows (its lifecycle lines too: a new project has no ``LOGGING``)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SQ_", "PYTEST"))}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's spanner_queues
+    page = (DOCS / "quickstart.md").read_text()
+    _run(["-m", "django", "startproject", "mysite", str(tmp_path)], ROOT, env)
+    _run(["manage.py", "startapp", "tasks"], tmp_path, env)
+    blocks = _blocks(page)
+    installed, databases, model = blocks[:3]
+    [receivers] = [b for b in blocks if b.startswith("# tasks/receivers.py\n")]
+    with (tmp_path / "mysite" / "settings.py").open("a") as settings:
+        settings.write("\n" + installed + "\n" + databases)
+    (tmp_path / "tasks" / "models.py").write_text(model)
+    (tmp_path / "tasks" / "receivers.py").write_text(receivers)
+    _run(["manage.py", "makemigrations", "tasks"], tmp_path, env)
+    _run(["manage.py", "migrate", "-v0"], tmp_path, env)
+    step_9 = page.split("## 9.", 1)[1]
+    [send] = re.findall(r"```pycon\n(.*?)```", step_9, re.S)
+    code = "\n".join(line[4:] for line in send.splitlines() if line.startswith((">>> ", "... ")))
+    admin = """
+from django.test import Client
+from django.test.utils import setup_test_environment
+setup_test_environment()
+User.objects.create_superuser("admin", "admin@example.com", "pw")
+client = Client()
+client.force_login(User.objects.get(username="admin"))
+print("OVERVIEW", client.get("/admin/spanner_queues/queues/").content.decode())
+"""
+    shown = _run(["manage.py", "shell", "-c", code + "\n" + admin], tmp_path, env)
+    assert re.search(r"tasks\.\s*UserTasks", shown), shown
+    worker = _run(["manage.py", "runqueueworker", "--burst", "-v2"], tmp_path, env)
+    assert "runqueueworker " in worker and ": queues tasks.UserTasks; concurrency 1" in worker
+    assert "worker " in worker and " started: queues=tasks.UserTasks concurrency=1" in worker
+    assert "acked         tasks.UserTasks(user_id=1, message_id='welcome') attempt=1" in worker
+    assert "depth: tasks.UserTasks=0 (ready 0, leased 0)" in worker, worker
+    welcomed = "from django.contrib.auth.models import User\n"
+    welcomed += "print('FIRST', User.objects.get(username='grace').first_name)"
+    assert "FIRST Welcomed" in _run(["manage.py", "shell", "-c", welcomed], tmp_path, env)
