@@ -11,8 +11,8 @@ import os
 import platform
 import re
 import threading
-from importlib import metadata
 from collections.abc import Iterator
+from importlib import metadata
 from typing import Any
 
 from django.core import checks
@@ -104,7 +104,7 @@ class Driver:
     def versions(self) -> tuple[str, str]:
         """The DB-API driver and the database server, each with its version, as far as they
         can be read (for reports: ``queuedrill``)."""
-        database = self.connection.Database
+        database = _dbapi(self.connection)
         return f"{database.__name__} {getattr(database, '__version__', '')}".strip(), "unknown"
 
     def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
@@ -148,7 +148,7 @@ class SQLiteDriver(Driver):
     def versions(self) -> tuple[str, str]:
         return (
             f"sqlite3 of Python {platform.python_version()}",
-            f"SQLite {self.connection.Database.sqlite_version}",
+            f"SQLite {_dbapi(self.connection).sqlite_version}",
         )
 
     def write_lock(self, timeout: float | None = None) -> contextlib.AbstractContextManager[bool]:
@@ -274,7 +274,7 @@ class PostgreSQLDriver(Driver):
     vendor = "postgresql"
 
     def versions(self) -> tuple[str, str]:
-        database = self.connection.Database
+        database = _dbapi(self.connection)
         driver = f"{database.__name__} {getattr(database, '__version__', '')}".strip()
         implementation = getattr(getattr(database, "pq", None), "__impl__", None)
         if implementation:  # psycopg 3: "python", "c" or "binary"
@@ -324,6 +324,12 @@ def driver_for(alias: str) -> Driver:
         driver = _DRIVERS.get(connection.vendor, Driver)(connection)
         connection.__dict__["_spanner_queues_driver"] = driver
     return driver
+
+
+def _dbapi(connection: BaseDatabaseWrapper) -> Any:
+    """The DB-API module behind ``connection`` (each backend's ``Database`` attribute)."""
+    # django-stubs declare no ``Database`` on BaseDatabaseWrapper; every backend sets it
+    return connection.Database  # type: ignore[attr-defined]
 
 
 def _distribution_version(name: str) -> str:

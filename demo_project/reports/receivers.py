@@ -24,8 +24,8 @@ from demo_project.reports.models import Report, ReportJobs
 from demo_project.shop.models import Order, Payment
 from spanner_queues import Retry, receiver
 from spanner_queues.message import Message
-from spanner_queues.receivers import MessageContext
 from spanner_queues.patterns import checkpoint
+from spanner_queues.receivers import MessageContext
 
 #: rows per ledger-audit slice; the next slice is due at once (raise it to yield to others)
 AUDIT_SLICE = 25

@@ -19,9 +19,7 @@ from tests.conftest import wait_until
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
 
-def run_through_a_pause(
-    child_env: dict[str, str], tmp_path: Path, logging: str, *args: str
-) -> str:
+def run_through_a_pause(child_env: dict[str, str], tmp_path: Path, logging: str, *args: str) -> str:
     """A worker on ``workerapp.WorkItems`` (settings' LOGGING: ``logging``) while the queue is
     paused and resumed; its whole output once it stopped."""
     env = {**child_env, "SQ_TEST_LOGGING": logging}

@@ -47,9 +47,9 @@ from django.db.models import Count, Max
 import spanner_queues
 from spanner_queues import clock
 from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueError
-from spanner_queues.drivers import driver_for
 from spanner_queues.monitoring import QueueDepthSample
 from spanner_queues.queues import queue_models
 from spanner_queues.transactions import run_in_transaction
@@ -214,7 +214,7 @@ def other_data(alias: str) -> list[str]:
     """Labels of models on database ``alias``, outside Django's own apps and this package's,
     that hold a row (at most ``OTHER_DATA_SHOWN``; one ``exists`` read or queue ``stats`` per
     model until then). A table that cannot be read (not migrated) counts as empty."""
-    queues = set(queue_models())
+    queues = {model._meta.label: model for model in queue_models()}
     found: list[str] = []
     for model in apps.get_models():
         meta = model._meta
@@ -223,9 +223,10 @@ def other_data(alias: str) -> list[str]:
         if not meta.managed or meta.proxy or not router.allow_migrate_model(alias, model):
             continue
         try:
-            if model in queues:
-                engine = engine_for(model)
-                held = engine.database == alias and engine.stats(model).total > 0
+            queue = queues.get(meta.label)
+            if queue is not None:
+                engine = engine_for(queue)
+                held = engine.database == alias and engine.stats(queue).total > 0
             else:
                 held = model._default_manager.using(alias).exists()
         except (DatabaseError, QueueError):

@@ -447,9 +447,7 @@ class Command(BaseCommand):
                 s = reading.stats
                 age = time.monotonic() - reading.at
                 when = f"; read {age:.0f} s ago" if age > max(interval, 1.0) else ""
-                depth.append(
-                    f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased}{when})"
-                )
+                depth.append(f"{plan.label}={s.total} (ready {s.ready}, leased {s.leased}{when})")
             elif error is not None:
                 depth.append(f"{plan.label}=? ({type(error).__name__})")
             else:

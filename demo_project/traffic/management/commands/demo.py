@@ -95,6 +95,7 @@ class Command(BaseCommand):
         self.stop = threading.Event()
         self.signals = 0
         self.children: dict[str, subprocess.Popen[bytes]] = {}
+        self.traffic: threading.Thread | None = None
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._run(options)
@@ -181,11 +182,10 @@ class Command(BaseCommand):
         self.stdout.flush()
 
     def _serve(self, options: dict[str, Any]) -> None:
-        traffic = None
         if not options["no_traffic"]:
             generator = TrafficGenerator(rate=options["rate"], write=self.stdout.write)
-            traffic = threading.Thread(target=generator.run, args=(self.stop,), name="traffic")
-            traffic.start()
+            self.traffic = threading.Thread(target=generator.run, args=(self.stop,), name="traffic")
+            self.traffic.start()
         deadline = time.monotonic() + options["duration"] if options["duration"] else None
         try:
             while not self.stop.wait(0.5):
@@ -197,13 +197,15 @@ class Command(BaseCommand):
                         return
         finally:
             self.stop.set()
-            if traffic is not None:
-                traffic.join()
 
     def _shutdown(self, timeout: float) -> None:
         self.stop.set()
         self.stdout.write("Stopping: the worker finishes its in-flight messages...")
+        # The children first, then the traffic: its action under way (a transaction on the
+        # emulator waits its turn) took up to 5 s before the worker even heard of the stop.
         self._signal_children(signal.SIGTERM)
+        if self.traffic is not None:
+            self.traffic.join()
         deadline = time.monotonic() + timeout
         for name, proc in self.children.items():
             try:

@@ -114,8 +114,7 @@ class Command(BaseCommand):
             "--seed",
             type=int,
             default=None,
-            help="random seed of the kills and aborts (default: drawn, and recorded in the "
-            "report)",
+            help="random seed of the kills and aborts (default: drawn, and recorded in the report)",
         )
         parser.add_argument(
             "--allow-shared-database",
