@@ -100,8 +100,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run() -> None:
-    """The ``spanner-queues-emulator`` console script."""
-    sys.exit(main())
+    """The ``spanner-queues-emulator`` console script (and ``python -m``). Once ``main`` has
+    stopped the front and the emulator, the process ends without the interpreter's teardown:
+    after importing grpc and google-cloud-spanner it took 2.5-3.7 s on a loaded 2-core machine
+    (every Ctrl-C of a program that started a private front waited for it)."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 if __name__ == "__main__":

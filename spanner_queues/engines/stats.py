@@ -7,12 +7,12 @@ seconds, whoever asks (``STATS_MAX_AGE_SECONDS`` for the summary line; the metri
 ``SAMPLE_INTERVAL_SECONDS``): with ``Q`` queues that is at most ``Q x 60 / max_age`` reads a
 minute per process, whatever the number of threads, summary lines or scrapes.
 
-``peek`` never reads on its caller's thread: it returns the latest stats known and, when they
-are older than ``max_age``, starts one read in a daemon thread (never two for one queue),
-waiting for it at most ``wait`` seconds (default 0). The worker's intake thread uses it, so a
-database that does not answer never holds up a receive, and holds up a stop by at most
-``wait``. ``get`` blocks for a read when the cached one is too old (bounded by the engine's own
-deadline).
+``peek`` never blocks: it returns the latest stats known and, when they are older than
+``max_age``, starts one read in a daemon thread (never two for one queue). The worker's intake
+thread uses it, so a database that does not answer never holds up a receive. ``refresh`` reads
+queues again side by side in such threads and waits for them at most ``wait`` seconds in all
+(the worker's last summary line). ``get`` blocks for a read when the cached one is too old
+(bounded by the engine's own deadline).
 """
 
 from __future__ import annotations
@@ -84,29 +84,26 @@ class StatsCache:
         assert reading.stats is not None
         return reading.stats
 
-    def peek(self, model: type[Queue], *, max_age: float, wait: float = 0.0) -> Reading | None:
-        """The latest reading of ``model`` (None: never read); when it is older than
-        ``max_age`` seconds (0: always), one read starts in a daemon thread (unless one is
-        running), and the latest reading is returned once it is over or after ``wait``
-        seconds, whichever comes first."""
+    def peek(self, model: type[Queue], *, max_age: float) -> Reading | None:
+        """The latest reading of ``model`` (None: never read), at once; when it is older than
+        ``max_age`` seconds, one read starts in a daemon thread (unless one is running)."""
         key = self._key(model)
         with self._lock:
             reading = self._readings.get(key)
-            stale = reading is None or time.monotonic() - reading.at >= max_age
-            if not stale:
-                return reading
-            done = self._background.get(key)
-            if done is None:
-                done = self._background[key] = threading.Event()
-                threading.Thread(
-                    target=self._read_in_background,
-                    args=(model, key, done),
-                    name=f"spanner_queues-stats-{key[1]}",
-                    daemon=True,
-                ).start()
-        if wait > 0 and done.wait(wait):
-            return self.latest(model)
+            if reading is None or time.monotonic() - reading.at >= max_age:
+                self._start(model, key)
         return reading
+
+    def refresh(self, models: list[type[Queue]], *, wait: float) -> None:
+        """Read each of ``models`` again, in daemon threads side by side (joining a read under
+        way), and return once they are over or after ``wait`` seconds in all, whichever comes
+        first; ``latest`` then has what they read."""
+        with self._lock:
+            done = [self._start(model, self._key(model)) for model in models]
+        deadline = time.monotonic() + wait
+        for event in done:
+            if not event.wait(max(0.0, deadline - time.monotonic())):
+                return
 
     def clear(self) -> None:
         """Forget every reading (tests)."""
@@ -122,6 +119,20 @@ class StatsCache:
         if reading is not None and time.monotonic() - reading.at < max_age:
             return reading
         return None
+
+    def _start(self, model: type[Queue], key: tuple[str, str]) -> threading.Event:
+        """The read of ``key`` under way in the background, started now if none is (under
+        ``_lock``); its event is set once it is over."""
+        done = self._background.get(key)
+        if done is None:
+            done = self._background[key] = threading.Event()
+            threading.Thread(
+                target=self._read_in_background,
+                args=(model, key, done),
+                name=f"spanner_queues-stats-{key[1]}",
+                daemon=True,
+            ).start()
+        return done
 
     def _read(self, model: type[Queue], key: tuple[str, str]) -> Reading:
         with self._lock:

@@ -37,6 +37,8 @@ from spanner_queues.worker.health import WorkerHealth, serve
 if TYPE_CHECKING:
     from spanner_queues.contrib.metrics.apps import MetricsConfig
 
+logger = logging.getLogger("spanner_queues.worker")
+
 #: seconds the summary line printed at stop waits for the depth read after the work ended
 FINAL_DEPTH_WAIT_SECONDS = 2.0
 
@@ -421,8 +423,8 @@ class Command(BaseCommand):
         (``engines.stats.stats_cache.peek``): never read on this (the intake) thread, at most
         once per queue every ``max(--summary-interval, STATS_MAX_AGE_SECONDS)`` seconds, and
         once more when the worker has stopped (the line printed at stop, a burst's only one,
-        waits up to ``FINAL_DEPTH_WAIT_SECONDS`` for it). A depth read longer ago than
-        ``--summary-interval`` says when it was read."""
+        waits up to ``FINAL_DEPTH_WAIT_SECONDS`` in all for these reads). A depth read longer
+        ago than ``--summary-interval`` says when it was read."""
 
         now = time.monotonic()
         since, before = self._last
@@ -430,14 +432,20 @@ class Command(BaseCommand):
         rate = (stats.processed - before) / max(now - since, 1e-9)
         interval = self._worker.summary_interval or 0.0
         final = self._worker.stopping
+        if final:  # one read per queue after the work, side by side, waited for (bounded)
+            try:
+                models = [plan.model for plan in self._worker.plans]
+                stats_cache.refresh(models, wait=FINAL_DEPTH_WAIT_SECONDS)
+            except Exception:  # the summary must never stop the worker
+                logger.debug("reading the depths at stop failed", exc_info=True)
         depth = []
         for plan in self._worker.plans:
             error: BaseException | None
             try:
-                reading = stats_cache.peek(
-                    plan.model,
-                    max_age=0.0 if final else self._depth_max_age(),
-                    wait=FINAL_DEPTH_WAIT_SECONDS if final else 0.0,
+                reading = (
+                    stats_cache.latest(plan.model)
+                    if final
+                    else stats_cache.peek(plan.model, max_age=self._depth_max_age())
                 )
             except Exception as exc:  # the summary must never stop the worker
                 reading, error = None, exc
