@@ -131,7 +131,14 @@ class TimeLimitExceeded(QueueError):
     """A receiver ran past its time limit (``@receiver(timeout=...)``, ``runqueueworker
     --timeout``). Raised inside the receiver's thread where Python can interrupt it, and by the
     worker when the receiver returns late: the delivery counts as a failed attempt, its
-    transaction rolls back, and the message goes back to the queue."""
+    transaction rolls back, and the message goes back to the queue. The worker's error names
+    the receiver, the message and the limit; the interrupt itself (a class raised in another
+    thread, so without arguments) says ``INTERRUPTED``."""
+
+    INTERRUPTED = "the receiver ran past its time limit and was interrupted"
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*(args or (self.INTERRUPTED,)))
 
 
 class WorkerStuck(QueueError):

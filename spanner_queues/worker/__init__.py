@@ -926,7 +926,7 @@ class Worker:
                 try:
                     call(spec, context)
                 except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
-                    if exc.args:
+                    if exc.args != (TimeLimitExceeded.INTERRUPTED,):
                         raise
                     error = time_limit_exceeded(spec.name, deliveries, limit)
                     raise error.with_traceback(exc.__traceback__) from None

@@ -109,3 +109,9 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
     worker.stop()
     watchdog.join(5)
     assert worker.stuck_units == 0 and not stale.stuck
+
+
+@pytest.mark.engine_independent
+def test_the_interrupt_itself_says_what_happened() -> None:
+    # raised as a bare class in the receiver's thread: a receiver that catches it reads this
+    assert str(TimeLimitExceeded()) == "the receiver ran past its time limit and was interrupted"
