@@ -7,7 +7,7 @@ import functools
 import threading
 import uuid
 import warnings
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace as dataclass_replace
@@ -451,15 +451,24 @@ def stop_receiving(queue: str | type[Queue] | None = None, *, wait: float | None
         engine_for(model).stop_receiving(model, wait=wait)
 
 
-def settle_receiving(queue: str | type[Queue], *, wait: float | None = None) -> bool:
+def settle_receiving(
+    queue: str | type[Queue],
+    *,
+    wait: float | None = None,
+    ignore: Collection[tuple[Any, ...]] = (),
+) -> bool:
     """Before stopping because nothing is due (``runqueueworker --burst``): True once no
-    message of ``queue`` is leased to this process and not yet handed out; False while some
-    may be (receive them, process them and ask again). Engines that stream (native) let
-    the open ``RECEIVE_<Q>`` call end instead of cancelling it, at most ``wait`` seconds
-    (default: the engine's choice), and keep later calls short; others answer True at
-    once."""
+    message of ``queue`` is leased to this process and not yet handed out, and the last look
+    at the queue found nothing due but messages keyed in ``ignore`` (already handled by the
+    caller: given back because no receiver of its release matches them); False while some
+    may be leased and unread, or a look is still to come (receive, process and ask again).
+    Engines that stream (native: a ``receive(wait=0)`` hands out what the stream holds
+    without looking) look in a ``RECEIVE_<Q>`` call of their own that runs to its
+    ``max_duration`` and let an open call end instead of cancelling it, at most ``wait``
+    seconds (default: the engine's choice), and keep later calls short; others look in
+    every ``receive`` and answer True at once."""
     model = get_queue(queue)
-    return engine_for(model).settle_receiving(model, wait=wait)
+    return engine_for(model).settle_receiving(model, wait=wait, ignore=ignore)
 
 
 def _key(model: type[Queue], message: Message | Mapping[str, Any] | tuple[Any, ...]) -> tuple:

@@ -10,7 +10,7 @@ these verbs."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -237,13 +237,24 @@ class BaseQueueEngine(ABC):
         receive through a background stream end it; for the others there is nothing to stop."""
         return None
 
-    def settle_receiving(self, model: type[Queue], *, wait: float | None = None) -> bool:
+    def settle_receiving(
+        self,
+        model: type[Queue],
+        *,
+        wait: float | None = None,
+        ignore: Collection[tuple[Any, ...]] = (),
+    ) -> bool:
         """For a caller that stops once nothing is due (a burst worker), before it stops:
-        True once no row of ``model`` is leased to this process and unread, False while some
-        may be (the next ``receive`` hands them out: process them and ask again). Engines
-        that receive through a background stream let its open call end (``wait`` seconds at
+        True once no row of ``model`` is leased to this process and unread and the engine
+        last looked at the queue and found nothing due but messages keyed in ``ignore`` (the
+        caller handled them already: given back, no receiver of its release matches them);
+        False while rows may be leased and unread (the next ``receive`` hands them out:
+        process them and ask again) or a look is still to come. Engines that receive through
+        a background stream (whose ``receive(wait=0)`` hands out what it holds without
+        looking) look in a call of their own, let an open call end (``wait`` seconds at
         most) rather than cancel rows on the wire, and from the first call on keep their
-        calls short. Engines that lease only inside ``receive`` hold nothing unread: True."""
+        calls short. Engines that lease only inside ``receive`` look in every ``receive``
+        and hold nothing unread: True."""
         return True
 
     def lease_expirations(self, model: type[Queue]) -> int:

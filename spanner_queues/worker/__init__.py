@@ -166,6 +166,9 @@ QUEUE_BACKOFF_MIN = 0.1
 QUEUE_BACKOFF_MAX = 5.0
 #: seconds a wait of the main thread lasts at most before it looks again (signal handlers run)
 SIGNAL_SLICE = 0.2
+#: burst: most keys of messages given back unmatched that a worker remembers (past it, such a
+#: message found again counts as work, and the burst goes on while it keeps falling due)
+BURST_UNMATCHED_KEPT = 10_000
 
 
 @dataclass(eq=False, slots=True)
@@ -349,6 +352,11 @@ class Worker:
         self.next_seed = 0.0
         #: receive failures per queue (label): each queue fails, backs off and recovers alone
         self._health = {p.label: QueueHealth(p.label) for p in self.plans}
+        #: burst: keys of the messages given back because no receiver of this worker matches
+        #: them, by queue label (at most ``BURST_UNMATCHED_KEPT`` in all): found again, they
+        #: are no work of this worker's, and the burst may end with them in the queue
+        self.unmatched_keys: dict[str, set[tuple[Any, ...]]] = {p.label: set() for p in self.plans}
+        self._unmatched_kept = 0
 
         self.outcomes = Outcomes(self)
         self.time_limits = TimeLimits(self, grace=stuck_grace)
@@ -461,10 +469,13 @@ class Worker:
     def _receive_loop(self) -> None:
         """Claim while there are free slots, until stopped (or, with ``burst``, until a whole
         round finds nothing due while nothing is held, no queue is failing and every engine
-        says no row is leased to this process and unread, ``api.settle_receiving``; or after
-        ``max_messages``). Between rounds it re-seeds the periodic schedules and emits
-        summaries. A queue whose receive raises fails alone (``_queue_failed``): it backs off,
-        the others go on. A queue at its limit (``limits.QueueLimits``) is skipped."""
+        says no row is leased to this process and unread and its last look at the queue found
+        nothing due but messages this worker gave back unmatched, ``api.settle_receiving``;
+        or after ``max_messages``). Serving several queues a receive only takes what a stream
+        holds (``_receive``): an empty round is no proof, the engines' look is. Between
+        rounds it re-seeds the periodic schedules and emits summaries. A queue whose receive
+        raises fails alone (``_queue_failed``): it backs off, the others go on. A queue at
+        its limit (``limits.QueueLimits``) is skipped."""
         start = 0
         next_summary = time.monotonic() + self.summary_interval if self.summary_interval else None
         if self.burst:
@@ -530,9 +541,11 @@ class Worker:
                     self._idle_wait(min(bucket_wait, 0.2))
                     continue
                 if idle_before:
-                    # A whole round found nothing due while nothing was in flight: stop once
-                    # no row is leased to this process and unread (else receive it).
+                    # A whole round found nothing while nothing was in flight: stop once no
+                    # row is leased to this process and unread, and each engine's last look
+                    # found nothing due but what this worker gave back unmatched.
                     if self._settled():
+                        self._burst_ended()
                         return
                     continue
                 with self.cond:  # wait for in-flight work to finish, then look again
@@ -726,17 +739,41 @@ class Worker:
         self.emit("queue_recovered", queue=health.label)
 
     def _settled(self, wait: float | None = None) -> bool:
-        """No queue of this worker has rows leased to this process and unread
-        (``api.settle_receiving``; every queue is asked, so their open calls end together).
-        A queue whose settle raises is failing (``_queue_failed``): not settled."""
-        answers = []
+        """No queue of this worker has rows leased to this process and unread, and each
+        engine's last look found nothing due but messages this worker gave back unmatched
+        (``api.settle_receiving``). Every queue is asked at once first (``wait=0``: their
+        looks run together, one brief call's time, not one per queue), then each is waited
+        for. A queue whose settle raises is failing (``_queue_failed``): not settled."""
+        pending = []
         for plan in self.plans:
-            try:
-                answers.append(api.settle_receiving(plan.model, wait=wait))
-            except Exception as exc:
-                self._queue_failed(self._health[plan.label], exc)
-                answers.append(False)
-        return all(answers)
+            if not self._settle(plan, 0):
+                pending.append(plan)
+        if wait == 0:
+            return not pending
+        return all([self._settle(plan, wait) for plan in pending])
+
+    def _settle(self, plan: Plan, wait: float | None) -> bool:
+        try:
+            return api.settle_receiving(
+                plan.model, wait=wait, ignore=self.unmatched_keys[plan.label]
+            )
+        except Exception as exc:
+            self._queue_failed(self._health[plan.label], exc)
+            return False
+
+    def _burst_ended(self) -> None:
+        """Log why a burst ends: nothing is due, but messages no receiver of this worker
+        matches may be left (given back, due again after their back-off)."""
+        left = {label: len(keys) for label, keys in self.unmatched_keys.items() if keys}
+        if not left:
+            logger.info("burst: nothing due; exiting", extra={"action": "burst_ended"})
+            return
+        logger.warning(
+            "burst: nothing due but %s: message(s) no receiver of this worker matches, "
+            "given back and left to a worker that has its receiver; exiting",
+            ", ".join(f"{n} of {label}" for label, n in sorted(left.items())),
+            extra={"action": "burst_ended"},
+        )
 
     # --- slots: the only writes of in_flight, waiting, by_queue, deliveries, unit_seconds ---
     def _hold(self, label: str, units: list[Unit], *, received: int) -> None:
@@ -1025,7 +1062,10 @@ class Worker:
 
     # --- events -----------------------------------------------------------------------------
     def emit(self, name: str, **info: Any) -> None:
-        """Call the listeners with a ``WorkerEvent``; one that raises is logged."""
+        """Call the listeners with a ``WorkerEvent``; one that raises is logged. A burst
+        worker remembers the messages given back unmatched (``unmatched_keys``)."""
+        if name == "unmatched" and self.burst:
+            self._note_unmatched(info["message"])
         if not self.listeners:
             return
         event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
@@ -1034,6 +1074,15 @@ class Worker:
                 listener(event)
             except Exception:
                 logger.exception("worker event listener failed on %s", name)
+
+    def _note_unmatched(self, message: Message) -> None:
+        with self.cond:
+            keys = self.unmatched_keys.get(message.queue)
+            if keys is None or message.key in keys:
+                return
+            if self._unmatched_kept < BURST_UNMATCHED_KEPT:
+                keys.add(message.key)
+                self._unmatched_kept += 1
 
     def count(self, name: str, n: int = 1) -> None:
         """Add ``n`` to the counter ``name`` of ``stats``."""

@@ -30,10 +30,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -519,21 +520,30 @@ class NativeQueueEngine(BaseQueueEngine):
         for receiver in receivers:
             receiver.stop(wait)
 
-    def settle_receiving(self, model: type[Queue], *, wait: float | None = None) -> bool:
+    def settle_receiving(
+        self,
+        model: type[Queue],
+        *,
+        wait: float | None = None,
+        ignore: Collection[tuple[Any, ...]] = (),
+    ) -> bool:
         """Let this process's RECEIVE stream of ``model`` come to rest (``Receiver.settle``):
-        its calls are brief (``brief_seconds``) until it is stopped, no new call opens until
-        the next ``receive``, and the open call is let end by its ``max_duration``, never
-        cancelled (``wait`` seconds at most; default: a brief call's length and as much
-        again). True once no row is leased to this process's stream and unread; False while
-        rows arrived and are held unread (``receive`` hands them out) or a call is still
-        open."""
+        its calls are brief (``brief_seconds``) until it is stopped, the open call is let end
+        by its ``max_duration``, never cancelled, and, unless the last call was a look that
+        found nothing (no probe, ended by its ``max_duration``, no row but keys in
+        ``ignore``), one brief call looks; no other call opens until the next ``receive``
+        (``wait`` seconds at most; default: a brief call's length and as much again). True
+        once no row is leased to this process's stream and unread and that look found
+        nothing; False while rows arrived and are held unread (``receive`` hands them out) or
+        a call is open or to come."""
         key = (self.alias, model._meta.label)
         with _streams_lock:
             _brief.add(key)
             receiver = _streams.get(key)
         if receiver is None:
             return True
-        return receiver.settle(2 * self.brief_seconds + 1.0 if wait is None else wait)
+        wait = 2 * self.brief_seconds + 1.0 if wait is None else wait
+        return receiver.settle(wait, ignore=ignore)
 
     # --- renewing -------------------------------------------------------------------------
     def renew_sql(self, model: type[Queue], count: int = 1) -> str:

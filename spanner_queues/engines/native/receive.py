@@ -30,16 +30,27 @@ and goes back to the queue. A row whose renewal is on the wire is handed out onl
 answered, with the renewed token (the one it had is rotated out). Rows that expire while held
 are counted in ``lease_expiration_count``, as Spanner's metric of that name counts them.
 
+A probe proves nothing when it comes back empty: Spanner documents no minimum
+``max_duration`` and advises against very short ones, so an instance may answer a 1 ms call
+with nothing while a backlog waits. An empty probe is always followed by a long call when a
+demand is unmet, and never counts as a look (below). A probe refused with INVALID_ARGUMENT,
+whatever its words, turns probes off for this stream and is asked again once in a long call;
+only a long call's refusal is permanent.
+
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
 leased to nobody until their lease ends. So from the first ``settle`` on, calls are never
 cancelled and read to their end: a backlog is still asked in probes (one batch each), the
 other calls are *brief* (``open_stream(..., brief=True)``: a short ``max_duration``); a brief
 call whose rows exceed the demand is read on once it is ``stall_seconds`` old (rows on the
-wire were leased when sent and cannot be renewed until read). ``settle`` opens no new call
-until the next ``take``, waits for the open one to end and says whether rows arrived. A call
-broken by an error (not ended by its ``max_duration``) can still leave rows leased: they come
-back after their lease.
+wire were leased when sent and cannot be renewed until read). ``settle`` is True only after a
+*look* that found nothing: the last call was no probe, ran to its ``max_duration`` (neither
+cancelled nor broken) and brought no row. Until there is one, ``settle`` opens one such call
+(a brief one) even without a ``take``; otherwise it opens no new call until the next
+``take``, waits for the open one to end and says whether rows arrived. A ``take`` that
+returned empty (``wait=0`` hands out only what is held) says nothing about the queue; a
+caller that stops on it alone strands a backlog. A call broken by an error can still leave
+rows leased: they come back after their lease.
 
 ``open_stream`` starts the call before it returns, so a ``stop()`` from then on cancels it; a
 ``stop()`` while it is opening is followed by a cancel once it returns.
@@ -51,7 +62,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
@@ -69,6 +80,10 @@ logger = logging.getLogger("spanner_queues.engines.native.receive")
 
 #: how long ``take`` waits when the open call has had time to bring what is due.
 WARM_WAIT = 0.05
+
+#: most keys of rows brought since the last look that a stream keeps (``settle``): past it,
+#: the next ``settle`` looks again
+SINCE_KEPT = 1000
 
 #: how long a stream's call stays open after the last ``take`` returned (a worker asks again
 #: well within it; a plain ``api.receive()`` leaves the call open no longer).
@@ -187,6 +202,13 @@ class Receiver:
         self._brief = brief
         #: ``settle`` asked for no new call until the next ``take``.
         self._resting = False
+        #: ``settle`` asked for a look (a brief call, no probe) although no ``take`` waits.
+        self._confirm = False
+        #: keys of the rows the last *look* brought (a call that was no probe and ended by
+        #: its ``max_duration``), None before the first; empty: nothing was due while it was
+        #: open. ``_since``: keys the calls after it brought (None: more than ``SINCE_KEPT``).
+        self._looked: list[tuple[Any, ...]] | None = None
+        self._since: list[tuple[Any, ...]] | None = []
         #: a RECEIVE call is open (set and cleared under ``_cond``).
         self._calling = False
         #: when the RECEIVE call now open was started (monotonic); None between calls.
@@ -208,6 +230,7 @@ class Receiver:
         with self._cond:
             self._cap = max(1, min(max_messages, self._buffer_size))
             self._resting = False
+            self._confirm = False
             self._last_wanted = time.monotonic()
             self._cond.notify_all()
 
@@ -263,21 +286,26 @@ class Receiver:
             with self._cond:  # a new call only for a demand not met, for what it lacks
                 while (
                     len(self._buffer) >= self._demand() or self._resting or not self._unmet()
-                ) and not self._stop.is_set():
+                ) and not (self._stop.is_set() or self._confirm):
                     self._cond.wait(0.5)
                 if self._stop.is_set():
                     return
                 self._calling = True  # with the check above: ``settle`` sees no gap
                 self._ending = False
+                confirm, self._confirm = self._confirm, False
                 brief = self._brief
                 # RECEIVE's max_batch_size: the demand not yet held, at most the setting.
                 demand = self._demand()
                 batch = max(1, min(demand - len(self._buffer), self._batch_size or demand))
             read_on = False  # a brief call stalled: read it to its end, past the cap
-            # (brief or not: a backlog is asked in probes, which lease one batch each)
-            probe = self._probe and self._probe_next
+            # (brief or not: a backlog is asked in probes, which lease one batch each; a
+            # look asked by ``settle`` is no probe: an empty probe proves nothing)
+            probe = self._probe and self._probe_next and not confirm
             in_batch = 0  # rows of the batch being read
+            keys: list[tuple[Any, ...]] = []  # of the rows this call brought
             full = False  # the last batch read was full: more may be due
+            ended = False  # the call ran to its end (its max_duration), not cancelled or broken
+            refused = False  # a probe refused: asked again at once in a long call
             try:
                 self.streams_started += 1
                 opened = self._open_since = time.monotonic()
@@ -292,6 +320,7 @@ class Receiver:
                     delivery = self._parse(row)
                     end = False
                     in_batch += 1
+                    keys.append(delivery.key)
                     if delivery.last_in_batch:
                         full, in_batch = in_batch >= batch, 0
                     with self._cond:
@@ -325,23 +354,24 @@ class Receiver:
                     if end:
                         self._cancel_stream()
                         break
+                else:
+                    ended = not self._ending and not self._stop.is_set()
                 failures = 0  # max_duration elapsed (or held enough): call RECEIVE again
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
                 if self._stop.is_set():  # cancelled by stop()
                     return
                 if self._ending:  # our own cancel
                     continue
-                if (
-                    probe
-                    and grpc_status(exc) == "INVALID_ARGUMENT"
-                    and "duration" in str(exc).lower()
-                ):
-                    # (Spanner documents no minimum max_duration: if it refuses a probe's,
-                    # ask in long calls from now on. Other refusals stay permanent.)
+                if probe and grpc_status(exc) == "INVALID_ARGUMENT":
+                    # Spanner documents no minimum max_duration, nor the words of a refusal:
+                    # whatever a probe's refusal says, ask in long calls from now on. The
+                    # long call is asked at once; its own refusal is permanent.
                     logger.warning(
-                        "RECEIVE for %s refused a probe (%s); no more probes", self.name, exc
+                        "RECEIVE for %s refused a probe (%s); no more probes on this stream",
+                        self.name,
+                        exc,
                     )
-                    self._probe = False
+                    self._probe, refused = False, True
                     continue
                 self.last_error = exc
                 fatal = permanent_error(self.name, exc)
@@ -373,9 +403,16 @@ class Receiver:
                     # short: nothing more is due, wait in a long call. After a long call, the
                     # next demand probes first.
                     self._probe_next = full if probe else True
+                    if ended and not probe:
+                        self._looked, self._since = keys, []
+                    elif self._since is not None and keys:
+                        self._since.extend(keys)
+                        if len(self._since) > SINCE_KEPT:
+                            self._since = None
                     self._batch_open = False
                     self._calling = False
-                    self.calls_ended += 1
+                    if not refused:  # (its long call is the first answer a take waits for)
+                        self.calls_ended += 1
                     self._cond.notify_all()
 
     def _cancel_stream(self) -> None:
@@ -392,26 +429,49 @@ class Receiver:
         self.lease_expiration_count += len(self._buffer) - len(kept)
         self._buffer = collections.deque(kept)
 
-    def settle(self, wait: float) -> bool:
+    def settle(self, wait: float, ignore: Collection[tuple[Any, ...]] = ()) -> bool:
         """For a caller about to stop because nothing is due: make calls brief (from the
-        next one on), open no new call until the next ``take``, and wait up to ``wait``
-        seconds for the open call to end by its ``max_duration`` (it is not cancelled), or for
-        a row. True (settled): no call is open and nothing is held, so no row is leased to
-        this receiver and unread. False: rows are held (``take`` them) or a call is still
-        open."""
+        next one on), and wait up to ``wait`` seconds for the open call to end by its
+        ``max_duration`` (it is not cancelled), or for a row. Unless the last *look* (a call
+        that was no probe and ran to its ``max_duration``) and every call since brought no row
+        but ``ignore``'s, a brief call is opened to look; no other new call opens until the
+        next ``take``. True (settled): no call is open, that look found nothing due but rows
+        keyed in ``ignore`` (the caller handled them: given back, no receiver of its release
+        matches them), and nothing else is held: no row is leased to this receiver and unread
+        but ignored ones, which are left to their lease. False: other rows are held (``take``
+        them), or a call is open or still to come (ask again). A stream never asked for a row
+        is settled."""
         deadline = time.monotonic() + wait
         with self._cond:
             self._brief = True
             self._resting = True
-            self._cond.notify_all()
-            while self._calling and not self._buffer and not self._stop.is_set():
+            if self.streams_started == 0 and not self._calling:
+                return not self._buffer  # nobody ever asked: nothing was leased
+            while not (self._stop.is_set() or self.fatal is not None):
+                self._drop_expired()
+                if any(d.key not in ignore for d in self._buffer):
+                    return False
+                if not self._calling and not self._confirm:
+                    if self._nothing_new(ignore):
+                        # Rows held are the caller's ignored ones (no receiver of its
+                        # release): left to their lease, as a stopped stream leaves them.
+                        self.lease_expiration_count += len(self._buffer)
+                        self._buffer.clear()
+                        return True
+                    self._confirm = True  # look once more, in a brief call
+                self._cond.notify_all()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    break
+                    return False
                 self._cond.wait(remaining)
-            self._drop_expired()
-            open_call = self._calling and not self._stop.is_set()
-            return not self._buffer and not open_call
+            # stopped (by ``stop`` or a permanent error): no call is open any more
+            return not self._buffer
+
+    def _nothing_new(self, ignore: Collection[tuple[Any, ...]]) -> bool:
+        """The last look, and every call since, brought no row but ``ignore``'s (``_cond``)."""
+        if self._looked is None or self._since is None:
+            return False
+        return all(k in ignore for k in self._looked) and all(k in ignore for k in self._since)
 
     @property
     def calling(self) -> bool:
@@ -454,7 +514,9 @@ class Receiver:
             self._cond.notify_all()
 
     def apply_renewals(self, renewed: dict[str, tuple[str | None, Any]], asked: list[str]) -> None:
-        """Carry renewed tokens forward; drop (and count) held rows whose renewal was lost."""
+        """Carry renewed tokens forward; drop (and count) held rows whose renewal was lost.
+        A token renewed to itself is kept as it was (the renewal's answer was lost: its old
+        lease holds until its expiry, when ``take`` drops it)."""
         asked_set = set(asked)
         with self._cond:
             kept: collections.deque[Delivery] = collections.deque()
@@ -463,7 +525,9 @@ class Receiver:
                     kept.append(d)
                     continue
                 new, expires = renewed.get(d.lease_token, (None, None))
-                if new:
+                if new == d.lease_token:
+                    kept.append(d)
+                elif new:
                     kept.append(replace(d, lease_token=new, lease_expires_at=expires))
                 else:
                     self.lease_expiration_count += 1
