@@ -14,7 +14,11 @@
   ``settle_receiving`` makes a stream's calls brief (``BRIEF_MAX_DURATION_SECONDS``) until it
   is stopped.
 - Renew: one ``RENEWLEASE_<Q>`` call per queue and 950 tokens, renewing with the in-flight
-  messages the rows the stream holds that are due for renewal; tokens rotate.
+  messages the rows the stream holds that are due for renewal; tokens rotate. Sent once, never
+  retried: when its answer is lost the leases may have been renewed under tokens nobody holds,
+  so those tokens are kept as they are, with their old expiry, and never sent again
+  (``_unsettled``): a run that ends before that expiry acks as usual (by key), and at worst
+  the lease runs out at its old expiry.
 - Ack: ``DELETE ... ASSERT_ROWS_MODIFIED n`` in the caller's transaction, one statement for a
   batch (``OUT_OF_RANGE`` -> ``MessageAlreadyAcked``, the transaction is marked for rollback);
   ``ack_mutations`` for batches outside it.
@@ -79,6 +83,8 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
 
+logger = logging.getLogger("spanner_queues.engines.native")
+
 #: ``max_duration`` of a probe (``Receiver``): a call that ends by itself after one batch.
 PROBE_MAX_DURATION_SECONDS = 0.001
 
@@ -91,6 +97,11 @@ _streams: dict[tuple[str, str], Receiver] = {}
 #: streams whose calls are brief (``settle_receiving``), until stopped.
 _brief: set[tuple[str, str]] = set()
 _streams_lock = threading.Lock()
+#: lease tokens whose ``RENEWLEASE`` answer was lost, by when (monotonic) they are forgotten
+#: (their old expiry has passed by then): never sent again (``renew_tokens``)
+_unsettled: dict[str, float] = {}
+_unsettled_lock = threading.Lock()
+
 #: when (monotonic) this process last sent to a queue, by (alias, label): a stream's call open
 #: since before it has not been shown that message yet, so a take waits its full wait for it
 _last_sent: dict[tuple[str, str], float] = {}
@@ -553,18 +564,48 @@ class NativeQueueEngine(BaseQueueEngine):
         self, model: type[Queue], tokens: list[str], database: Any = None
     ) -> dict[str, tuple[str | None, Any]]:
         """``RENEWLEASE_<Q>`` for ``tokens``, one call per ``MAX_QUERY_PARAMETERS`` tokens (one
-        parameter each): old token -> (new token, new expiry)."""
-        return client.renew_all(
-            database or self.spanner(),
-            lambda count: self.renew_sql(model, count),
-            self.dialect.renew_params,
-            tokens,
-        )
+        parameter each), each sent once: old token -> (new token, new expiry). A token whose
+        renewal's answer was lost (now or before, ``client.RenewalOutcomeUnknown``) maps to
+        itself and None: kept with the lease it had (its old expiry), never sent again (it
+        may have been rotated out)."""
+        now = time.monotonic()
+        with _unsettled_lock:
+            for token, until in list(_unsettled.items()):
+                if until <= now:
+                    del _unsettled[token]
+            kept = [t for t in tokens if t in _unsettled]
+        ask = [t for t in tokens if t not in set(kept)]
+        renewed: dict[str, tuple[str | None, Any]] = {}
+        if ask:
+            try:
+                renewed = client.renew_all(
+                    database or self.spanner(),
+                    lambda count: self.renew_sql(model, count),
+                    self.dialect.renew_params,
+                    ask,
+                )
+            except client.RenewalOutcomeUnknown as exc:
+                renewed = exc.renewed
+                until = now + LEASE.total_seconds() + 1.0  # past any old expiry
+                with _unsettled_lock:
+                    for token in exc.tokens:
+                        _unsettled[token] = until
+                kept.extend(exc.tokens)
+                logger.warning(
+                    "RENEWLEASE of %d lease(s) of %s sent, its answer lost (%s); not sent "
+                    "again: they are kept until their old expiry at worst",
+                    len(exc.tokens),
+                    model._meta.label,
+                    exc.__cause__,
+                )
+        renewed.update({token: (token, None) for token in kept})
+        return renewed
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
         """One ``RENEWLEASE_<Q>`` call for ``messages`` and, together with them, the rows this
         process's stream holds for the queue that are due for renewal. Messages whose lease
-        was lost are left out of the result."""
+        was lost are left out of the result; those whose renewal's answer was lost
+        (``renew_tokens``) are returned as they were until their old expiry, then left out."""
         with _streams_lock:
             receiver = _streams.get((self.alias, model._meta.label))
         held = receiver.held_tokens_due() if receiver is not None else []
@@ -580,9 +621,13 @@ class NativeQueueEngine(BaseQueueEngine):
         if held and receiver is not None:
             receiver.apply_renewals(renewed, held)
         result = []
+        now = clock.now()
         for message in messages:
             new_token, expires = renewed.get(message.lease_token or "", (None, None))
-            if new_token:  # no row, or a NULL new token: the lease is lost
+            if new_token and new_token == message.lease_token:  # answer lost: the old lease
+                if message.lease_expires_at is None or message.lease_expires_at > now:
+                    result.append(message)
+            elif new_token:  # no row, or a NULL new token: the lease is lost
                 result.append(message.with_lease(new_token, expires))
         return result
 

@@ -6,7 +6,9 @@ whether an emulator has queues.
 
 Deadlines: queries made here (``query``: the stats, ``RENEWLEASE``) are one unary
 ``ExecuteSql`` each, with a deadline (``CALL_DEADLINE_SECONDS``) and a bounded retry with
-back-off on UNAVAILABLE and RESOURCE_EXHAUSTED (``bounded_retry``). They never go through
+back-off on UNAVAILABLE and RESOURCE_EXHAUSTED (``bounded_retry``), but ``RENEWLEASE``, which
+is not idempotent (each call rotates the token: a repeat of a call that applied finds its
+token rotated out), and is sent once (``renew``: ``RenewalOutcomeUnknown``). They never go through
 ``Snapshot.execute_sql``, whose ``_restart_on_unavailable`` retries UNAVAILABLE at once and
 without end: with Spanner unreachable a thread spun there at 100 % CPU and a stop never
 completed. ``RECEIVE_<Q>`` has its own deadline and restarts (``receive_stream``)."""
@@ -161,11 +163,13 @@ def query(
     param_types: Mapping[str, Any] | None = None,
     *,
     deadline: float = CALL_DEADLINE_SECONDS,
+    idempotent: bool = True,
 ) -> list[list[Any]]:
     """The rows of ``sql`` read in a strong single-use read-only transaction: one unary
     ``ExecuteSql`` with a deadline of ``deadline`` seconds, retries included
-    (``bounded_retry``); past it, the last error is raised (``RetryError``,
-    ``DeadlineExceeded``...). For small results (one call, no resume)."""
+    (``bounded_retry``; not ``idempotent``: sent once, no retry); past it, the last error is
+    raised (``RetryError``, ``DeadlineExceeded``...). For small results (one call, no
+    resume)."""
 
     request = ExecuteSqlRequest(
         sql=sql,
@@ -182,7 +186,7 @@ def query(
         result = database.spanner_api.execute_sql(
             request=request,
             metadata=_metadata_with_prefix(database.name),
-            retry=bounded_retry(deadline),
+            retry=bounded_retry(deadline) if idempotent else None,
             timeout=deadline,
         )
     return _parse_list_value_pbs(result._pb.rows, result.metadata.row_type)
@@ -277,16 +281,39 @@ def bound_streaming_reads(database: Any, deadline: float = STREAM_RETRY_DEADLINE
     return database
 
 
+class RenewalOutcomeUnknown(Exception):
+    """A ``RENEWLEASE_<Q>`` call was sent and its answer lost (``UNKNOWN_OUTCOME``): it may
+    have renewed the leases under new tokens nobody holds, so its tokens must not be sent
+    again (``tokens``). ``renewed``: the answers of the other calls of the same renewal."""
+
+    def __init__(
+        self,
+        tokens: Sequence[str],
+        cause: BaseException,
+        renewed: Mapping[str, tuple[str | None, Any]] | None = None,
+    ) -> None:
+        super().__init__(f"RENEWLEASE of {len(tokens)} token(s) sent, its answer lost: {cause}")
+        self.tokens = list(tokens)
+        self.renewed = dict(renewed or {})
+
+
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
     """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
-    literal: old token -> (new token, new expiry). One bounded call (``query``)."""
-
-    rows = query(
-        database,
-        sql,
-        params=dict(params),
-        param_types={name: param_types.STRING for name in params},
-    )
+    literal: old token -> (new token, new expiry). One call with a deadline (``query``), never
+    retried: a repeat would find the tokens the first call rotated out and answer them lost.
+    ``RenewalOutcomeUnknown`` when its answer was lost (``UNKNOWN_OUTCOME``)."""
+    try:
+        rows = query(
+            database,
+            sql,
+            params=dict(params),
+            param_types={name: param_types.STRING for name in params},
+            idempotent=False,
+        )
+    except Exception as exc:
+        if grpc_status(exc) in UNKNOWN_OUTCOME:
+            raise RenewalOutcomeUnknown(list(params.values()), exc) from exc
+        raise
     return {old: (new, expires) for old, new, expires in rows}
 
 
@@ -298,10 +325,20 @@ def renew_all(
 ) -> dict[str, tuple[str | None, Any]]:
     """``renew`` for any number of ``tokens``: one ``RENEWLEASE_<Q>`` call per
     ``MAX_QUERY_PARAMETERS`` tokens (Spanner refuses a statement with more parameters);
-    ``sql_for(n)`` is the statement for n tokens, ``params_for(chunk)`` its parameters."""
+    ``sql_for(n)`` is the statement for n tokens, ``params_for(chunk)`` its parameters.
+    ``RenewalOutcomeUnknown`` names the tokens of the calls whose answer was lost and carries
+    the others' answers."""
     renewed: dict[str, tuple[str | None, Any]] = {}
+    unknown: list[str] = []
+    cause: BaseException | None = None
     for chunk in chunks(tokens, MAX_QUERY_PARAMETERS):
-        renewed.update(renew(database, sql_for(len(chunk)), params_for(chunk)))
+        try:
+            renewed.update(renew(database, sql_for(len(chunk)), params_for(chunk)))
+        except RenewalOutcomeUnknown as exc:
+            unknown.extend(chunk)
+            cause = exc.__cause__ or exc
+    if cause is not None:  # (with the answers of the other calls)
+        raise RenewalOutcomeUnknown(unknown, cause, renewed) from cause
     return renewed
 
 
