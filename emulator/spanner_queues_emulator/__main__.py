@@ -18,6 +18,11 @@ import threading
 
 from spanner_queues_emulator import EmulatorNotFound, QueueEmulator
 from spanner_queues_emulator.front import AddressInUse
+from spanner_queues_emulator.receiving import (
+    SHORT_RECEIVE_ENV,
+    SHORT_RECEIVE_MODES,
+    SHORT_RECEIVE_SECONDS,
+)
 
 
 def host_port(text: str) -> str:
@@ -58,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         help="where clients connect (SPANNER_EMULATOR_HOST); port 0 picks a free one",
     )
     parser.add_argument(
+        "--short-receive",
+        choices=SHORT_RECEIVE_MODES,
+        default=None,
+        help="how a RECEIVE whose max_duration is under "
+        f"{SHORT_RECEIVE_SECONDS:g} s is answered, which Google leaves open: generous (looks "
+        "at the queue once whatever the duration), empty (answers nothing), refuse "
+        f"(INVALID_ARGUMENT); default: ${SHORT_RECEIVE_ENV}, else generous",
+    )
+    parser.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one is gone (tests, tools)",
@@ -78,7 +92,10 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        emulator = QueueEmulator(args.host_port).start()
+        emulator = QueueEmulator(args.host_port, short_receive=args.short_receive).start()
+    except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     except EmulatorNotFound as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

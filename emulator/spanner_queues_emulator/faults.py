@@ -28,7 +28,10 @@ Guarantees:
   ``error=(code, message)``; a scripted ``RECEIVE_<Q>``/``RENEWLEASE_<Q>`` gets the columns and
   types that call selects, any other query STRING columns ``c0``, ``c1``... Nothing is leased
   or renewed. ``configure(resume_tokens=False)`` makes ``RECEIVE`` batches carry no resume
-  token (Spanner does not document whether they do); ``clear()`` undoes scripts and settings.
+  token (Spanner does not document whether they do); ``configure(short_receive=...)`` chooses
+  how a very short ``RECEIVE`` is answered (``receiving.SHORT_RECEIVE_MODES``: ``generous``,
+  ``empty``, ``refuse``); ``clear()`` undoes scripts and settings (back to the mode the front
+  was started with).
 - While recording (``record(True)``), every call but the control API's own is kept, in arrival
   order, as (method, serialized request); ``requests()`` returns them parsed into
   google-cloud-spanner's request types. ``end_streams()`` ends every open ``RECEIVE`` stream as
@@ -51,6 +54,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from spanner_queues_emulator import backend as b
+from spanner_queues_emulator.receiving import SHORT_RECEIVE_MODES
 
 SERVICE = "/spanner_queues.emulator.Front/"
 #: the control methods, by name (``SERVICE + name``).
@@ -124,7 +128,7 @@ def request_sql(method: str, request: bytes) -> list[str]:
 class Faults:
     """The pending faults and the record of one front; thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, short_receive: str = "generous") -> None:
         self._lock = threading.Lock()
         self._pending: list[list[Any]] = []  # [fault, calls left]
         self._recording = False
@@ -134,6 +138,9 @@ class Faults:
         self._scripts: list[Scripted] = []
         #: whether RECEIVE batches carry resume tokens (``configure``).
         self.resume_tokens = True
+        #: how a short RECEIVE is answered (``configure``; ``receiving.SHORT_RECEIVE_MODES``),
+        #: and the front's own choice, which ``clear`` restores
+        self.short_receive = self._short_receive_default = short_receive
 
     def add_script(self, script: Scripted) -> None:
         with self._lock:
@@ -160,6 +167,7 @@ class Faults:
             self._epoch += 1
             self._scripts.clear()
             self.resume_tokens = True
+            self.short_receive = self._short_receive_default
 
     def set_recording(self, on: bool) -> None:
         with self._lock:
@@ -230,6 +238,13 @@ class Faults:
         if name == "Configure":
             if "resume_tokens" in body:
                 self.resume_tokens = bool(body["resume_tokens"])
+            if "short_receive" in body:
+                if body["short_receive"] not in SHORT_RECEIVE_MODES:
+                    raise ValueError(
+                        f"short_receive must be one of {', '.join(SHORT_RECEIVE_MODES)}, "
+                        f"not {body['short_receive']!r}"
+                    )
+                self.short_receive = body["short_receive"]
             return {}
         if name == "Clear":
             self.clear()
@@ -338,9 +353,14 @@ class FrontControl:
             wire_error = [code, error[1]]
         self._call("Script", {"sql_contains": sql_contains, "rows": rows, "error": wire_error})
 
-    def configure(self, *, resume_tokens: bool = True) -> None:
-        """Settings of the front's answers (until ``clear()``)."""
-        self._call("Configure", {"resume_tokens": resume_tokens})
+    def configure(self, *, resume_tokens: bool = True, short_receive: str | None = None) -> None:
+        """Settings of the front's answers (until ``clear()``): resume tokens on RECEIVE
+        batches; how a very short RECEIVE is answered (``generous``, ``empty``, ``refuse``;
+        None: as it is)."""
+        body: dict[str, Any] = {"resume_tokens": resume_tokens}
+        if short_receive is not None:
+            body["short_receive"] = short_receive
+        self._call("Configure", body)
 
     def clear(self) -> None:
         """Drop pending faults, scripts, settings and the record."""

@@ -74,7 +74,7 @@ def _database_of(session_or_db: str) -> str:
 class Front:
     """The front's request handling; ``serve()`` puts it on a port."""
 
-    def __init__(self, backend_address: str) -> None:
+    def __init__(self, backend_address: str, *, short_receive: str = "generous") -> None:
         self.backend_address = backend_address
         self.channel = grpc.insecure_channel(
             backend_address,
@@ -83,11 +83,12 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         #: injected faults and the request record (``spanner_queues_emulator.faults``).
-        self.faults = Faults()
+        self.faults = Faults(short_receive=short_receive)
         self.receiving = Receiving(
             self.backend,
             started=self.faults.receive_started,
             resume_tokens=lambda: self.faults.resume_tokens,
+            short_receive=lambda: self.faults.short_receive,
         )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
@@ -521,12 +522,19 @@ def _ack_not_found(missing: list[tuple[s.QueueSchema, Any]]) -> q.QueueRefusal:
     return q.QueueRefusal("NOT_FOUND", f"Message not found: queue {queue.name}, key {values}")
 
 
-def serve(backend_address: str, host_port: str, *, max_workers: int = 256) -> tuple[Any, Front]:
+def serve(
+    backend_address: str,
+    host_port: str,
+    *,
+    max_workers: int = 256,
+    short_receive: str = "generous",
+) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
-    (server, front). ``server.bound_port`` is the port. The port is the front's alone
+    (server, front). ``server.bound_port`` is the port; ``short_receive`` answers very short
+    RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``). The port is the front's alone
     (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
     default would share it and split clients at random between two databases."""
-    front = Front(backend_address)
+    front = Front(backend_address, short_receive=short_receive)
 
     class Handler(grpc.GenericRpcHandler):
         def service(self, details: Any) -> grpc.RpcMethodHandler:

@@ -4,8 +4,16 @@ the client cancels or the front shuts down.
 
 - RECEIVE runs only in a strong read-only transaction: single use, or one the front saw begun
   strong (``remember_strong_read``); anything else is ``INVALID_ARGUMENT``.
-- A call looks at its queue at least once, whatever its ``max_duration`` (a probe of 1 ms on a
-  loaded machine would otherwise end before its first look and return nothing that is due).
+- A *short* call (``max_duration`` under ``SHORT_RECEIVE_SECONDS``; Google advises against very
+  short durations and documents no minimum, nor what Spanner does with one) is answered as the
+  front is told (``--short-receive``, ``SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE``, or
+  ``FrontControl.configure(short_receive=...)``, one of ``SHORT_RECEIVE_MODES``):
+  ``generous`` (the default) looks at its queue at least once, whatever its duration (a probe
+  of 1 ms on a loaded machine would otherwise end before its first look and return nothing
+  that is due); ``empty`` answers nothing, ending when its duration has passed without a look,
+  while messages may be due; ``refuse`` fails it with ``INVALID_ARGUMENT`` in words that do
+  not say "duration" (``SHORT_REFUSAL``). Calls of ``SHORT_RECEIVE_SECONDS`` or more always
+  look at least once.
 - An idle stream looks at its queue again on every commit through the front (``committed``),
   at most every ``IDLE_POLL_SECONDS`` otherwise, and when the earliest scheduled message falls
   due. Rows it leased are sent before it ends.
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -47,6 +56,29 @@ logger = logging.getLogger("spanner_queues_emulator")
 
 #: how long an idle RECEIVE sleeps at most between looks at its queue.
 IDLE_POLL_SECONDS = 0.5
+#: a RECEIVE whose ``max_duration`` is shorter is *short* (see the module docstring).
+SHORT_RECEIVE_SECONDS = 1.0
+#: how the front answers a short RECEIVE (see the module docstring); the first is the default.
+SHORT_RECEIVE_MODES = ("generous", "empty", "refuse")
+#: the environment variable that chooses the mode of ``python -m spanner_queues_emulator``
+#: and of ``QueueEmulator`` when none is given.
+SHORT_RECEIVE_ENV = "SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE"
+#: the refusal of a short RECEIVE in ``refuse`` mode (no "duration" in it: Google documents
+#: no words for it, and a client must not rely on any).
+SHORT_REFUSAL = "RECEIVE_{queue}: argument {value!r} is out of the allowed range"
+
+
+def short_receive_mode(value: str | None = None) -> str:
+    """``value``, else ``SHORT_RECEIVE_ENV``, else ``generous``; ``ValueError`` when it is not
+    one of ``SHORT_RECEIVE_MODES``."""
+    mode = value if value is not None else os.environ.get(SHORT_RECEIVE_ENV) or "generous"
+    if mode not in SHORT_RECEIVE_MODES:
+        raise ValueError(
+            f"short_receive must be one of {', '.join(SHORT_RECEIVE_MODES)}, not {mode!r}"
+        )
+    return mode
+
+
 #: how many strong read-only transactions are remembered (the oldest are forgotten first).
 STRONG_READS_KEPT = 10000
 
@@ -59,10 +91,12 @@ class Receiving:
         backend: b.Backend,
         started: Callable[[], Callable[[str], None]] | None = None,
         resume_tokens: Callable[[], bool] = lambda: True,
+        short_receive: Callable[[], str] = lambda: "generous",
     ) -> None:
         self.backend = backend
         self._started = started
         self._resume_tokens = resume_tokens
+        self._short_receive = short_receive
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
@@ -111,6 +145,12 @@ class Receiving:
         try:
             self._check_mode(req.transaction, queue)
             batch, duration = receive_args(call.args)
+            short = self._short_receive() if duration < SHORT_RECEIVE_SECONDS else "generous"
+            if short == "refuse":
+                raise q.QueueRefusal(
+                    "INVALID_ARGUMENT",
+                    SHORT_REFUSAL.format(queue=queue.name, value=call.args.get("max_duration")),
+                )
         except q.QueueRefusal as refusal:
             status.abort(context, status.code(refusal.code), str(refusal))
         deadline = time.monotonic() + duration
@@ -118,7 +158,11 @@ class Receiving:
         context.add_callback(done.set)
         sent_metadata = False
         batches = 0
-        looked = False  # a call looks at its queue at least once, however short its duration
+        # A call looks at its queue at least once, however short its duration; a short one
+        # answered ``empty`` never looks.
+        looked = short == "empty"
+        if looked:
+            done.wait(duration)
         while not (done.is_set() or self.stopping.is_set()) and (
             not looked or (time.monotonic() < deadline and generation == self._generation)
         ):
