@@ -9,7 +9,9 @@ Every call goes to the emulator byte for byte, except the few that queues change
   long-running stream of batches on a strong single-use read (``receiving``);
   ``ExecuteSql``/``ExecuteStreamingSql``: ``RENEWLEASE_<Q>(...)`` (``queues.renew``); ``UPDATE``
   of a queue is refused, as Spanner does, and so are ``INSERT OR UPDATE`` and
-  ``INSERT OR IGNORE``.
+  ``INSERT OR IGNORE``, and DML Google never shows on a queue: ``THEN RETURN``,
+  ``INSERT ... SELECT``, a ``DELETE`` that does not filter on the key
+  (``statements.undocumented_queue_dml``).
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
 - ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
@@ -367,9 +369,20 @@ class Front:
         return call, queue
 
     def _refuse_update(self, database: str, sql: str) -> None:
-        """Refuse ``UPDATE``, ``INSERT OR UPDATE`` and ``INSERT OR IGNORE`` on a queue."""
+        """Refuse ``UPDATE``, ``INSERT OR UPDATE`` and ``INSERT OR IGNORE`` on a queue, and DML
+        in forms Google never shows for queues (``statements.undocumented_queue_dml``)."""
         found = st.queue_write(sql)
         if found is None:
+            table = st.dml_table(sql)
+            queue = self.catalog(database).get(table.upper()) if table else None
+            why = st.undocumented_queue_dml(sql, queue.keys) if queue is not None else None
+            if queue is not None and why is not None:
+                raise q.QueueRefusal(
+                    "INVALID_ARGUMENT",
+                    f"{why} is not supported on queue {queue.name}: Google documents INSERT "
+                    "... VALUES to send and DELETE ... WHERE <key> = ... "
+                    "[ASSERT_ROWS_MODIFIED 1] to ack or delete a message",
+                )
             return
         what, table = found
         queue = self.catalog(database).get(table.upper())

@@ -6,7 +6,11 @@ Only three shapes need the front; everything else goes to the emulator untouched
 - ``SELECT <columns | *> FROM RENEWLEASE_<Q>(lease_tokens => [...])``
   (PostgreSQL: ``spanner.renewlease_<q>(lease_tokens => ARRAY[...])``);
 - ``UPDATE <queue> ...``, which Spanner refuses on queues, and ``INSERT OR UPDATE`` /
-  ``INSERT OR IGNORE`` into a queue, which the front refuses too (``queue_write``).
+  ``INSERT OR IGNORE`` into a queue, which the front refuses too (``queue_write``);
+- DML on a queue in forms Google never shows for queues, which the front refuses
+  (``undocumented_queue_dml``): ``THEN RETURN``, ``INSERT ... SELECT`` (Google inserts
+  ``VALUES``), and a ``DELETE`` whose ``WHERE`` names no key column (``WHERE true``: Google
+  deletes a message by its key, ``DELETE FROM Q WHERE <key> = ... [ASSERT_ROWS_MODIFIED 1]``).
 
 Arguments may be literals or query parameters (``@name``; ``$n`` binds ``pn``), named
 (``max_batch_size => 10``) or positional (``max_batch_size, priority, max_duration``). A queue
@@ -17,6 +21,7 @@ named inside a string literal or a comment is not a call (``mentioned_function``
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -41,6 +46,14 @@ _UPSERT = re.compile(
     rf"^\s*{_HINT}INSERT\s+OR\s+(?P<how>UPDATE|IGNORE)\s+(?:INTO\s+)?(?P<name>{_NAME})(?![\w`])",
     re.I,
 )
+_INSERT = re.compile(
+    rf"^\s*{_HINT}INSERT\s+(?:INTO\s+)?(?P<name>{_NAME})(?![\w`])(?P<rest>.*)$", re.I | re.S
+)
+_DELETE = re.compile(
+    rf"^\s*{_HINT}DELETE\s+(?:FROM\s+)?(?P<name>{_NAME})(?![\w`])(?P<rest>.*)$", re.I | re.S
+)
+_THEN_RETURN = re.compile(r"\bTHEN\s+RETURN\b", re.I)
+_WHERE = re.compile(r"\bWHERE\b(?P<cond>.*?)(?:\bASSERT_ROWS_MODIFIED\b.*)?$", re.I | re.S)
 RECEIVE_ARGS = ("max_batch_size", "priority", "max_duration")
 #: the PostgreSQL spelling (``spanner.receive_q``) of the queue functions' own columns.
 PG_COLUMNS = {
@@ -107,6 +120,41 @@ def queue_write(sql: str) -> tuple[str, str] | None:
     m = _UPSERT.match(text)
     if m:
         return f"INSERT OR {m.group('how').upper()}", unquote(m.group("name"))
+    return None
+
+
+def dml_table(sql: str) -> str | None:
+    """The table an ``INSERT`` or ``DELETE`` statement writes, None for any other statement."""
+    text = code_only(sql)
+    m = _INSERT.match(text) or _DELETE.match(text)
+    return unquote(m.group("name")) if m else None
+
+
+def undocumented_queue_dml(sql: str, keys: Sequence[str]) -> str | None:
+    """Why ``sql``, DML on a queue whose key columns are ``keys``, is in a form Google never
+    shows for queues (the front refuses it), or None: ``THEN RETURN``; ``INSERT ... SELECT``
+    (Google's inserts list ``VALUES``); a ``DELETE`` whose ``WHERE`` names no key column
+    (Google deletes messages by key). String literals and comments are not looked at."""
+    text = code_only(sql)
+    if _THEN_RETURN.search(text):
+        return "THEN RETURN"
+    m = _INSERT.match(text)
+    if m:
+        rest = re.sub(r"^\s*\([^()]*\)", "", m.group("rest"))  # the column list
+        if not re.match(r"\s*VALUES\b", rest, re.I):
+            return "INSERT ... SELECT (insert VALUES)"
+        return None
+    m = _DELETE.match(text)
+    if m:
+        where = _WHERE.search(m.group("rest"))
+        names = {k.upper() for k in keys}
+        words = (
+            {w.strip("`").upper() for w in re.findall(r"`[^`]+`|\w+", where.group("cond"))}
+            if where
+            else set()
+        )
+        if not names & words:
+            return "DELETE without a filter on the key (delete messages by key)"
     return None
 
 

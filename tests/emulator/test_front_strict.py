@@ -209,3 +209,45 @@ def test_a_malformed_token_gets_no_row_and_the_others_renew(database: Any) -> No
     )
     [[old, new, _]] = rows
     assert old == token and new not in (None, token)
+
+
+# --- DML Google never shows on a queue -------------------------------------------------------
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO SampleQueue (Id, Payload) VALUES (2, 'x') THEN RETURN Id",
+        "DELETE FROM SampleQueue WHERE Id = 1 THEN RETURN Payload",
+        "INSERT INTO SampleQueue (Id, Payload) SELECT UserId, Name FROM Users",
+        "INSERT SampleQueue (Id, Payload) (SELECT 2, 'x')",
+        "DELETE FROM SampleQueue WHERE true",
+        "DELETE SampleQueue WHERE Payload = 'v1'",
+        "DELETE FROM `SampleQueue` WHERE 1 = 1 /* Id = 1 */",
+    ],
+)
+def test_undocumented_dml_on_a_queue_is_refused(database: Any, statement: str) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="v1")
+        batch.insert(table="Users", columns=("UserId", "Name"), values=[(5, "ada")])
+    with pytest.raises(gexc.InvalidArgument, match="is not supported on queue SampleQueue"):
+        database.run_in_transaction(lambda t: t.execute_update(statement))
+    with pytest.raises(gexc.InvalidArgument, match="is not supported on queue SampleQueue"):
+        database.run_in_transaction(lambda t: t.batch_update([statement]))
+    assert payloads(database) == [[1, "v1"]]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "INSERT INTO SampleQueue (Id, Payload) VALUES (2, 'x')",
+        "DELETE FROM SampleQueue WHERE Id = 1 ASSERT_ROWS_MODIFIED 1",
+        "DELETE FROM SampleQueue WHERE Id IN (1, 3)",
+        "DELETE FROM Users WHERE true",  # a table, not a queue
+        "INSERT INTO Users (UserId, Name) SELECT 9, 'x' THEN RETURN UserId",
+    ],
+)
+def test_documented_dml_on_a_queue_and_any_dml_on_a_table_run(
+    database: Any, statement: str
+) -> None:
+    with database.batch() as batch:
+        batch.send(queue="SampleQueue", key=(1,), payload="v1")
+    database.run_in_transaction(lambda t: t.execute_update(statement))

@@ -477,3 +477,22 @@ def test_interleaved_queue_needs_its_parent(front) -> None:
     UploadTasks.send(upload=upload.pk, message_id="m", payload="")
     [insert] = front.sql("INSERT INTO testapp_uploadtasks")
     assert insert.sql.startswith("INSERT INTO testapp_uploadtasks (id, message_id, Payload)")
+
+
+def test_purge_reads_the_keys_and_deletes_them_by_key_never_where_true(front) -> None:
+    """Google documents deletes of queue messages by key only; the front refuses
+    ``DELETE ... WHERE true`` on a queue."""
+    UserTasks.send_many([{"user_id": 1, "message_id": m, "payload": ""} for m in "abc"])
+    front.record()
+    engine().purge(UserTasks)
+    assert not UserTasks.objects.exists()
+    sent = [r.sql for r in front.requests() if r.sql and "testapp_usertasks" in r.sql]
+    for r in front.requests():  # (the DB-API sends DML in ExecuteBatchDml)
+        sent += [s.sql for s in getattr(r.request, "statements", [])]
+    assert "SELECT user_id, message_id FROM testapp_usertasks" in sent
+    [delete] = [sql for sql in sent if sql.startswith("DELETE")]
+    assert delete == (
+        "DELETE FROM testapp_usertasks WHERE (user_id, message_id) IN "
+        "((@a0, @a1), (@a2, @a3), (@a4, @a5))"
+    ), delete
+    engine().purge(UserTasks)  # an empty queue: one read, no delete

@@ -161,7 +161,8 @@ def test_delete_with_cascades_sends_for_every_registered_row() -> None:
         author = Author.objects.create(name="ada", email="a@x")
         books = [Book.objects.create(author=author, title=t) for t in ("one", "two")]
         books[0].reviews.create(text="unregistered, cascaded silently")
-    ModelEvents.objects.all().delete()
+    for event in ModelEvents.objects.all():  # by key: native queues take no DELETE ... WHERE true
+        event.delete()
     author_pk = author.pk
     with transaction.atomic():
         Author.objects.filter(pk=author_pk).delete()  # QuerySet.delete sends signals too

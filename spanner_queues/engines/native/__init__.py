@@ -712,10 +712,19 @@ class NativeQueueEngine(BaseQueueEngine):
             raise
 
     def purge(self, model: type[Queue], *, using: str | None = None) -> None:
-        """Delete every message of the queue (tests, maintenance)."""
+        """Delete every message of the queue (tests, maintenance), in the caller's transaction
+        when there is one, in the forms Google documents for queues: the keys are read
+        (``SELECT <keys> FROM <queue>``), then deleted by key (``DELETE ... WHERE <key> IN
+        (...)``, ``MAX_QUERY_PARAMETERS`` key values a statement), never ``WHERE true``. A
+        message sent meanwhile is left."""
         self._require_googlesql("Purging with DML")
+        decl = self.declaration(model)
         with connections[using or self.database].cursor() as cursor:
-            cursor.execute(self.cursor_dialect.purge(self.declaration(model)))
+            cursor.execute(self.cursor_dialect.keys(decl))
+            keys = [tuple(row) for row in cursor.fetchall()]
+            for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
+                params = [v for key in chunk for v in key]
+                cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
 
     # --- observing ------------------------------------------------------------------------
     def lease_expirations(self, model: type[Queue]) -> int:

@@ -146,7 +146,6 @@ class Dialect:
     old_token: ClassVar[str]
     new_token: ClassVar[str]
     now: ClassVar[str]
-    true: ClassVar[str] = "true"
     #: payload type -> column type of ``Payload``.
     payload_types: ClassVar[dict[str, str]]
 
@@ -231,10 +230,16 @@ class Dialect:
             raise QueueConfigurationError("An ack needs at least one key.")
         if count == 1:
             return self.ack(decl)
+        return f"{self.delete_keys(decl, count)} ASSERT_ROWS_MODIFIED {count}"
+
+    def delete_keys(self, decl: QueueDeclaration, count: int) -> str:
+        """``DELETE ... WHERE <key> IN (...)`` of ``count`` messages, missing ones skipped
+        (Google's plain delete by key, without the assertion); key values bound as in
+        ``ack_many``."""
         width = len(decl.keys)
         if count * width > MAX_QUERY_PARAMETERS:
             raise QueueConfigurationError(
-                f"An ack statement binds at most {MAX_QUERY_PARAMETERS} key values."
+                f"A delete statement binds at most {MAX_QUERY_PARAMETERS} key values."
             )
 
         def row(r: int) -> str:
@@ -244,10 +249,7 @@ class Dialect:
         columns = [self.quote(k.column) for k in decl.keys]
         target = columns[0] if width == 1 else f"({', '.join(columns)})"
         keys = ", ".join(row(r) for r in range(count))
-        return (
-            f"DELETE FROM {self.quote(decl.name)} WHERE {target} IN ({keys}) "
-            f"ASSERT_ROWS_MODIFIED {count}"
-        )
+        return f"DELETE FROM {self.quote(decl.name)} WHERE {target} IN ({keys})"
 
     def receive(
         self, decl: QueueDeclaration, *, max_batch_size: int | None, max_duration: str | None
@@ -321,8 +323,10 @@ class Dialect:
             f"MIN({dt}) FROM {self.quote(decl.name)}"
         )
 
-    def purge(self, decl: QueueDeclaration) -> str:
-        return f"DELETE FROM {self.quote(decl.name)} WHERE {self.true}"
+    def keys(self, decl: QueueDeclaration) -> str:
+        """The keys of every message of the queue (``purge`` deletes them by key)."""
+        columns = ", ".join(self.quote(k.column) for k in decl.keys)
+        return f"SELECT {columns} FROM {self.quote(decl.name)}"
 
 
 def _option_value(value: Any) -> str:
