@@ -204,6 +204,8 @@ class Receiver:
         self._resting = False
         #: ``settle`` asked for a look (a brief call, no probe) although no ``take`` waits.
         self._confirm = False
+        #: a ``take`` (``want``) ever asked this stream for rows
+        self._wanted = False
         #: keys of the rows the last *look* brought (a call that was no probe and ended by
         #: its ``max_duration``), None before the first; empty: nothing was due while it was
         #: open. ``_since``: keys the calls after it brought (None: more than ``SINCE_KEPT``).
@@ -231,6 +233,7 @@ class Receiver:
             self._cap = max(1, min(max_messages, self._buffer_size))
             self._resting = False
             self._confirm = False
+            self._wanted = True
             self._last_wanted = time.monotonic()
             self._cond.notify_all()
 
@@ -445,7 +448,7 @@ class Receiver:
         with self._cond:
             self._brief = True
             self._resting = True
-            if self.streams_started == 0 and not self._calling:
+            if not self._wanted:
                 return not self._buffer  # nobody ever asked: nothing was leased
             while not (self._stop.is_set() or self.fatal is not None):
                 self._drop_expired()
