@@ -6,6 +6,9 @@ INVALID_ARGUMENT in words that do not say "duration". Longer calls always look."
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -72,3 +75,12 @@ def test_the_choice_comes_from_the_argument_then_the_environment(
         from spanner_queues_emulator.faults import Faults
 
         Faults().control("Configure", {"short_receive": "strict"}, lambda: None)
+
+
+def test_the_command_refuses_an_unknown_choice_before_it_starts() -> None:
+    command = [sys.executable, "-m", "spanner_queues_emulator", "--host-port", "127.0.0.1:0"]
+    flag = subprocess.run([*command, "--short-receive", "strict"], capture_output=True, timeout=60)
+    assert flag.returncode == 2 and b"generous" in flag.stderr
+    env = {**os.environ, SHORT_RECEIVE_ENV: "strict"}
+    from_env = subprocess.run(command, capture_output=True, timeout=60, env=env)
+    assert from_env.returncode == 2 and b"short_receive must be one of" in from_env.stderr
