@@ -17,6 +17,8 @@ E104 TASKS names spanner_queues' QueueBackend but spanner_queues.contrib.tasks i
      (E101-E103, the backend's own, are reported by the app when it is installed)
 E203 SPANNER_QUEUES_METRICS is set but spanner_queues.contrib.metrics is not installed
      (E201, the setting's own, is reported by the app when it is installed)
+E303 a queue declares pubsub_topic or pubsub_subscription, or SPANNER_QUEUES_PUBSUB is set, but
+     spanner_queues.contrib.pubsub is not installed (E301, E302: the app's own)
 W001 SQLite without WAL                   W002 django_spanner is not first in INSTALLED_APPS
 W003 a queue's schema options (engine, interleave_in_parent, native_options,
      row_deletion_policy) differ from its migrations: there is no AlterQueue, so the change
@@ -449,3 +451,44 @@ def check_metrics_app(app_configs: Any = None, **kwargs: Any) -> list[checks.Che
             id="spanner_queues.E203",
         )
     ]
+
+
+#: the optional Pub/Sub app (this module never imports it)
+PUBSUB_APP = "spanner_queues.contrib.pubsub"
+
+
+@checks.register()
+def check_pubsub_app(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E303: a queue declares ``pubsub_topic`` or ``pubsub_subscription`` (or
+    ``SPANNER_QUEUES_PUBSUB`` is set) but the Pub/Sub app, which relays and pulls them, is not in
+    ``INSTALLED_APPS``: nothing would publish or pull (its own checks, E301-E302, run only when
+    it is)."""
+    if apps.is_installed(PUBSUB_APP):
+        return []
+    hint = (
+        f"Add \"{PUBSUB_APP}\" to INSTALLED_APPS (and pip install 'spanner-queues[pubsub]'). "
+        "See docs/howto/pubsub.md."
+    )
+    problems: list[checks.CheckMessage] = []
+    if hasattr(settings, "SPANNER_QUEUES_PUBSUB"):
+        problems.append(
+            checks.Error(
+                f"SPANNER_QUEUES_PUBSUB is set, but {PUBSUB_APP!r} is not in INSTALLED_APPS.",
+                hint=hint,
+                id="spanner_queues.E303",
+            )
+        )
+    for model in queues.queue_models():
+        options = queue_options(model)
+        for name in ("pubsub_topic", "pubsub_subscription"):
+            if getattr(options, name) is not None:
+                problems.append(
+                    checks.Error(
+                        f"QueueMeta.{name} is set, but {PUBSUB_APP!r} is not in INSTALLED_APPS: "
+                        "nothing relays or pulls this queue.",
+                        hint=hint,
+                        obj=model,
+                        id="spanner_queues.E303",
+                    )
+                )
+    return problems

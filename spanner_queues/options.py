@@ -14,6 +14,9 @@ class ImageTasks(Queue):
         payload_type = "json"              # "bytes" (default), "string" or "json"
         concurrency_limit = 2              # at most 2 of its messages per worker process
         rate_limit = 10                    # at most 10 starts per second, all workers together
+        # with the app spanner_queues.contrib.pubsub (docs/howto/pubsub.md):
+        pubsub_topic = "orders"            # relayed: runqueueworker publishes each message there
+        pubsub_subscription = "orders-billing"  # an inbox: runqueueworker pulls it into the queue
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ KNOWN_OPTIONS = frozenset(
         "payload_type",
         "concurrency_limit",
         "rate_limit",
+        "pubsub_topic",
+        "pubsub_ordering_key",
+        "pubsub_subscription",
     }
 )
 
@@ -69,6 +75,16 @@ class QueueOptions:
     #: messages per second this queue's receivers may start, shared by every worker (None: no
     #: limit); bursts of up to one second's worth (``spanner_queues.controls.take_starts``)
     rate_limit: float | None = None
+    #: with ``spanner_queues.contrib.pubsub``: the Pub/Sub topic (an id in the configured
+    #: project, or ``projects/P/topics/T``) each message is published to by ``runqueueworker``
+    pubsub_topic: str | None = None
+    #: the key fields whose values make a relayed message's ordering key (None: every key field
+    #: but the last when the key has several, none for a one-field key; ``()``: none)
+    pubsub_ordering_key: tuple[str, ...] | None = None
+    #: with ``spanner_queues.contrib.pubsub``: the Pub/Sub subscription (an id in the
+    #: configured project, or ``projects/P/subscriptions/S``) ``runqueueworker`` pulls into
+    #: this queue (an inbox: one string key field, the event id)
+    pubsub_subscription: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

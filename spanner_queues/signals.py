@@ -14,10 +14,23 @@ counts them) and your own code. Connect a receiver as to any Django signal::
   (``Message``, key mappings or key tuples). Sent by ``ack``, ``ack_many`` and ``requeue``, not
   by the worker's acks of finished messages.
 
-Guarantees: sent on commit, in the thread that committed (``transaction.on_commit`` on
-``using``), never for a transaction that rolls back, once for a transaction retried after an
-abort; a receiver that raises is logged by ``django.dispatch``, the others still run and the
-transaction stays committed. While no receiver is connected, the verbs register no commit hook.
+The app ``spanner_queues.contrib.pubsub`` sends three more (the metrics app counts them), from
+the thread that did the work, once it is done (not on a commit):
+
+- ``messages_published``: ``sender`` is the relayed queue model, ``messages`` the messages
+  Pub/Sub confirmed, ``topic`` the topic path, ``lags`` the seconds from each message's send
+  (its deliver time where the engine stores no send time) to the confirmation.
+- ``publish_failed``: ``sender``, ``messages``, ``topic``, ``error`` (the exception) and
+  ``refused`` (True: Pub/Sub refused them for good and they were dead-lettered; False: a
+  failing Pub/Sub, they come back after the back-off).
+- ``inbox_duplicates_dropped``: ``sender`` is the inbox queue model, ``count`` the pulled
+  Pub/Sub messages dropped because their event was taken in before (within the window).
+
+Guarantees of the verbs' two: sent on commit, in the thread that committed
+(``transaction.on_commit`` on ``using``), never for a transaction that rolls back, once for a
+transaction retried after an abort; a receiver that raises is logged by ``django.dispatch``,
+the others still run and the transaction stays committed. While no receiver is connected, the
+verbs register no commit hook.
 """
 
 from __future__ import annotations
@@ -31,10 +44,19 @@ from django.dispatch import Signal
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
-__all__ = ["messages_acked", "messages_sent"]
+__all__ = [
+    "inbox_duplicates_dropped",
+    "messages_acked",
+    "messages_published",
+    "messages_sent",
+    "publish_failed",
+]
 
 messages_sent = Signal(use_caching=True)
 messages_acked = Signal(use_caching=True)
+messages_published = Signal(use_caching=True)
+publish_failed = Signal(use_caching=True)
+inbox_duplicates_dropped = Signal(use_caching=True)
 
 
 def send_on_commit(signal: Signal, model: type[Queue], messages: Sequence[Any], using: str) -> None:

@@ -76,7 +76,8 @@ def _native_queues_emptied(request: pytest.FixtureRequest) -> Any:
     """On native queues (not tables: Django's flush leaves them alone) each test ends with no
     RECEIVE stream running and every queue empty."""
     yield
-    if os.environ.get("DJANGO_SETTINGS_MODULE") != "tests.settings_spanner_native":
+    native = ("tests.settings_spanner_native", "tests.settings_pubsub_native")
+    if os.environ.get("DJANGO_SETTINGS_MODULE") not in native:
         return
     if uses_transactional_db(request):
         empty_native_queues(request)

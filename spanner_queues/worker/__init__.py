@@ -32,6 +32,9 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
   attempt, and the message is released due after the engine's back-off (or, if the engine
   cannot release, left to its lease expiry). Past ``QueueMeta.max_attempts`` the message moves to
   the queue's dead-letter queue, or is dropped (logged) with ``discard_after_max_attempts``.
+- A non-atomic receiver that acked some of its messages itself (``api.ack``, ``requeue``,
+  ``dead_letter``) and then raised: those acks stand and count as processed; the outcome of
+  the error is the other messages' (the Pub/Sub relay's partial publish failures).
 - Leases are renewed in the background halfway through each lease. If a renewal loses a lease,
   the worker no longer treats the message as its own: it does not ack, retry or release it.
 - A queue whose receive raises (dropped, a missing grant, unreachable) fails alone: it backs
@@ -977,7 +980,13 @@ class Worker:
                 if spec.atomic:
                     run_in_transaction(body, using=db, retries=retries)
                 else:
-                    body()  # outside any transaction: external side effects, then ack
+                    try:
+                        body()  # outside any transaction: external side effects, then ack
+                    except Exception:
+                        deliveries = self._not_acked_by_receiver(spec, deliveries, context)
+                        if not deliveries:
+                            return
+                        raise  # the outcome below is the others'
                     run_in_transaction(
                         lambda: self._ack(deliveries, db, context), using=db, retries=retries
                     )
@@ -1013,6 +1022,19 @@ class Worker:
                         extra=self.log_extra("acked", d.message, duration),
                     )
                 self.emit("acked", message=d.message, receiver=spec.name, duration=duration)
+
+    def _not_acked_by_receiver(
+        self, spec: ReceiverSpec, deliveries: list[Delivery], context: MessageContext
+    ) -> list[Delivery]:
+        """A non-atomic receiver raised after acking some of its messages itself (those acks
+        committed): they are done (processed, ``acked`` events); the rest are returned, for the
+        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails."""
+        done = [d for d in deliveries if context.acked(d.message)]
+        if done:
+            self.count("processed", len(done))
+            for d in done:
+                self.emit("acked", message=d.message, receiver=spec.name)
+        return [d for d in deliveries if not context.acked(d.message)]
 
     def _ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
         """Ack in the current transaction (``DeliveryPolicy.ack``), unless a lease was lost

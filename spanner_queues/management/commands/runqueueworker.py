@@ -331,7 +331,10 @@ class Command(BaseCommand):
             )
             for plan in worker.plans:  # the first summary line finds its depths read
                 stats_cache.peek(plan.model, max_age=self._depth_max_age())
+        services = self._app_services(worker)
         try:
+            for service in services:
+                service.start()
             worker.run()
         except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
             raise CommandError(str(exc)) from exc
@@ -344,8 +347,26 @@ class Command(BaseCommand):
             logging.shutdown()
             os._exit(3)
         finally:
+            for service in services:
+                service.stop()
             if sampler is not None:
                 sampler.stop()
+
+    def _app_services(self, worker: Worker) -> list[Any]:
+        """The seam for optional apps: each installed app whose ``AppConfig`` has a
+        ``worker_services(worker)`` method gives the background services that run beside this
+        worker (objects with ``start()`` and ``stop()``; ``stop()`` returns once the service
+        has ended): the Pub/Sub app's inbox pullers. Started before the worker runs, stopped
+        after it returned. The worker itself knows nothing of them."""
+        services: list[Any] = []
+        for config in apps.get_app_configs():
+            hook = getattr(config, "worker_services", None)
+            if hook is not None:
+                try:
+                    services.extend(hook(worker))
+                except QueueError as exc:
+                    raise CommandError(str(exc)) from exc
+        return services
 
     def _start_health(
         self, options: dict[str, Any], listeners: list[Callable[[WorkerEvent], None]]

@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from django.apps import AppConfig
+from django.core import checks
+
+from spanner_queues.contrib.pubsub.conf import check_queues, check_setting
+
+if TYPE_CHECKING:
+    from spanner_queues.worker import Worker
+
+
+class PubSubConfig(AppConfig):
+    """The outbox to and from Pub/Sub: registers the relay receiver of each queue with
+    ``QueueMeta.pubsub_topic``, and gives ``runqueueworker`` an inbox puller for each queue
+    with ``QueueMeta.pubsub_subscription`` it serves (``worker_services``)."""
+
+    name = "spanner_queues.contrib.pubsub"
+    label = "spanner_queues_pubsub"
+    verbose_name = "Spanner queues Pub/Sub"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        checks.register(check_setting)
+        checks.register(check_queues)
+        # the relay imports google-cloud-pubsub (the `pubsub` extra) and reads the queue models
+        from spanner_queues.contrib.pubsub.conf import relayed_queues
+        from spanner_queues.contrib.pubsub.relay import register_relays
+        from spanner_queues.receivers import receivers
+
+        try:
+            register_relays(receivers, relayed_queues())
+        except Exception:  # a wrong setting or declaration is E301/E302's to report
+            return
+
+    def worker_services(self, worker: Worker) -> list[Any]:
+        """``runqueueworker``'s seam: an ``InboxPuller`` (not started) for each inbox queue
+        among the worker's queues."""
+        # the puller imports the app's models: only once the registry is ready
+        from spanner_queues.contrib.pubsub.inbox import InboxPuller
+        from spanner_queues.options import queue_options
+
+        return [
+            InboxPuller(plan.model)
+            for plan in worker.plans
+            if queue_options(plan.model).pubsub_subscription is not None
+        ]

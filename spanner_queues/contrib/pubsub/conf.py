@@ -1,0 +1,219 @@
+"""The ``SPANNER_QUEUES_PUBSUB`` setting, parsed into a frozen ``PubSubParams``; Pub/Sub paths
+of the queues' topics and subscriptions; the app's system checks (E301, E302)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core import checks
+
+from spanner_queues.exceptions import InvalidQueueEngine, QueueConfigurationError
+from spanner_queues.keys import key_fields
+from spanner_queues.options import queue_options
+from spanner_queues.queues import queue_models
+
+if TYPE_CHECKING:
+    from django.db import models
+
+PUBSUB_KEYS = frozenset(
+    {
+        "PROJECT",
+        "DEDUP_WINDOW_DAYS",
+        "RELAY_BATCH_SIZE",
+        "PUBLISH_TIMEOUT_SECONDS",
+        "PULL_MAX_MESSAGES",
+        "PULL_WAIT_SECONDS",
+    }
+)
+#: Pub/Sub's longest message retention: a copy can come back this long after the first
+DEFAULT_WINDOW_DAYS = 7
+#: Pub/Sub's limits (https://cloud.google.com/pubsub/quotas#resource_limits)
+MAX_PULL_MESSAGES = 1000
+MAX_ORDERING_KEY_BYTES = 1024
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PubSubParams:
+    """The ``SPANNER_QUEUES_PUBSUB`` setting."""
+
+    #: the Google Cloud project of topic and subscription ids (None: ``GOOGLE_CLOUD_PROJECT``)
+    project: str | None = None
+    #: days an inbox remembers the event ids it took in (duplicates within it are dropped)
+    dedup_window_days: int = DEFAULT_WINDOW_DAYS
+    #: most messages of a relayed queue one publish round takes (the relay's batch)
+    relay_batch_size: int = 100
+    #: seconds the relay waits for Pub/Sub to confirm a publish before it gives the message back
+    publish_timeout: float = 60.0
+    #: most Pub/Sub messages one pull of an inbox takes (one transaction)
+    pull_max_messages: int = 100
+    #: seconds one pull waits for messages (a stop waits at most this long for the puller)
+    pull_wait: float = 2.0
+
+
+def parse_pubsub(raw: Any) -> PubSubParams:
+    """Validate ``SPANNER_QUEUES_PUBSUB``; ``InvalidQueueEngine`` with the reason."""
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueEngine("SPANNER_QUEUES_PUBSUB must be a dict.")
+    unknown = set(raw) - PUBSUB_KEYS
+    if unknown:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES_PUBSUB has unknown keys: {', '.join(sorted(unknown))}. "
+            f"Known: {', '.join(sorted(PUBSUB_KEYS))}."
+        )
+    project = raw.get("PROJECT")
+    if project is not None and (not isinstance(project, str) or not project):
+        raise InvalidQueueEngine("SPANNER_QUEUES_PUBSUB['PROJECT'] must be a project id.")
+
+    def number(key: str, default: float, low: float, high: float, kind: type) -> Any:
+        value = raw.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int):
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES_PUBSUB[{key!r}] must be a number, not {value!r}."
+            )
+        if not low <= value <= high:
+            raise InvalidQueueEngine(
+                f"SPANNER_QUEUES_PUBSUB[{key!r}] must be from {low:g} to {high:g}, not {value!r}."
+            )
+        return kind(value)
+
+    return PubSubParams(
+        project=project,
+        dedup_window_days=number("DEDUP_WINDOW_DAYS", DEFAULT_WINDOW_DAYS, 1, 3650, int),
+        relay_batch_size=number("RELAY_BATCH_SIZE", 100, 1, 1000, int),
+        publish_timeout=number("PUBLISH_TIMEOUT_SECONDS", 60.0, 0.1, 3600, float),
+        pull_max_messages=number("PULL_MAX_MESSAGES", 100, 1, MAX_PULL_MESSAGES, int),
+        pull_wait=number("PULL_WAIT_SECONDS", 2.0, 0.1, 60, float),
+    )
+
+
+def pubsub_params() -> PubSubParams:
+    """``SPANNER_QUEUES_PUBSUB`` as it is now (read on each call: tests override it)."""
+    return parse_pubsub(getattr(settings, "SPANNER_QUEUES_PUBSUB", None))
+
+
+def project_id(params: PubSubParams | None = None) -> str | None:
+    """The project of topic and subscription ids: ``PROJECT``, else ``GOOGLE_CLOUD_PROJECT``."""
+    params = params or pubsub_params()
+    return params.project or os.environ.get("GOOGLE_CLOUD_PROJECT") or None
+
+
+def resource_path(kind: str, name: str, params: PubSubParams | None = None) -> str:
+    """``projects/P/topics/T`` (``kind`` "topics") or ``projects/P/subscriptions/S``: ``name``
+    as it is when it is a full path, else in the configured project."""
+    if name.startswith("projects/"):
+        return name
+    project = project_id(params)
+    if project is None:
+        raise QueueConfigurationError(
+            f"Pub/Sub {kind[:-1]} {name!r} is not a full path and no project is configured: "
+            "set SPANNER_QUEUES_PUBSUB = {'PROJECT': ...} or GOOGLE_CLOUD_PROJECT."
+        )
+    return f"projects/{project}/{kind}/{name}"
+
+
+def relayed_queues() -> list[type[models.Model]]:
+    """The declared queues with ``QueueMeta.pubsub_topic``."""
+    return [m for m in queue_models() if queue_options(m).pubsub_topic is not None]
+
+
+def inbox_queues() -> list[type[models.Model]]:
+    """The declared queues with ``QueueMeta.pubsub_subscription``."""
+    return [m for m in queue_models() if queue_options(m).pubsub_subscription is not None]
+
+
+def ordering_fields(model: type[models.Model]) -> tuple[str, ...]:
+    """The key field names whose values make a relayed message's ordering key."""
+    declared = queue_options(model).pubsub_ordering_key
+    names = tuple(f.name for f in key_fields(model))
+    if declared is None:
+        return names[:-1] if len(names) > 1 else ()
+    return tuple(declared)
+
+
+def check_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E301: ``SPANNER_QUEUES_PUBSUB`` is invalid."""
+    try:
+        pubsub_params()
+    except QueueConfigurationError as exc:
+        return [
+            checks.Error(
+                str(exc),
+                hint='For example {"PROJECT": "my-project", "DEDUP_WINDOW_DAYS": 7}. See '
+                "docs/howto/pubsub.md.",
+                id="spanner_queues.E301",
+            )
+        ]
+    return []
+
+
+def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E302: a relayed queue or an inbox declared so that the app cannot run it."""
+    problems: list[checks.CheckMessage] = []
+
+    def error(model: type[models.Model], text: str, hint: str) -> None:
+        problems.append(checks.Error(text, hint=hint, obj=model, id="spanner_queues.E302"))
+
+    try:
+        params = pubsub_params()
+    except QueueConfigurationError:
+        return []  # E301's
+    for model in queue_models():
+        options = queue_options(model)
+        topic, subscription = options.pubsub_topic, options.pubsub_subscription
+        for name, value in (("pubsub_topic", topic), ("pubsub_subscription", subscription)):
+            if value is None:
+                continue
+            if not isinstance(value, str) or not value:
+                error(model, f"QueueMeta.{name} must be a non-empty string.", "An id or a path.")
+                continue
+            try:
+                resource_path(
+                    "topics" if name == "pubsub_topic" else "subscriptions", value, params
+                )
+            except QueueConfigurationError as exc:
+                error(model, str(exc), "See docs/howto/pubsub.md.")
+        if topic is not None and subscription is not None:
+            error(
+                model,
+                "A queue is either relayed (pubsub_topic) or an inbox (pubsub_subscription).",
+                "Declare two queues.",
+            )
+        if topic is not None and not options.dead_letter_queue:
+            error(
+                model,
+                "A relayed queue needs a dead_letter_queue: a message Pub/Sub refuses (too "
+                "large, bad attributes) is moved there rather than retried for ever.",
+                "Declare QueueMeta.dead_letter_queue (same key fields).",
+            )
+        if topic is not None:
+            names = {f.name for f in key_fields(model)}
+            declared = options.pubsub_ordering_key
+            if declared is not None and (
+                isinstance(declared, str)
+                or not isinstance(declared, (tuple, list))
+                or not set(declared) <= names
+            ):
+                error(
+                    model,
+                    f"QueueMeta.pubsub_ordering_key must be a tuple of key field names "
+                    f"({', '.join(sorted(names))}), not {declared!r}.",
+                    "() publishes without ordering keys.",
+                )
+        elif options.pubsub_ordering_key is not None:
+            error(model, "pubsub_ordering_key needs pubsub_topic.", "Remove it.")
+        if subscription is not None:
+            fields = key_fields(model)
+            if len(fields) != 1 or fields[0].get_internal_type() not in ("CharField", "TextField"):
+                error(
+                    model,
+                    "An inbox queue (pubsub_subscription) needs exactly one key field, a "
+                    "CharField: each message is keyed by its event id.",
+                    "e.g. event_id = models.CharField(max_length=128, primary_key=True)",
+                )
+    return problems

@@ -1,0 +1,247 @@
+"""The inbox: ``InboxPuller``, a thread ``runqueueworker`` runs beside its worker for each
+inbox queue it serves (``QueueMeta.pubsub_subscription``; the app's
+``AppConfig.worker_services``).
+
+Each pull takes up to ``PULL_MAX_MESSAGES`` Pub/Sub messages and, in one transaction on the
+queue's database, records each new event id in ``SeenEvent`` and sends it as a message of the
+inbox queue (key: the event id; payload: the Pub/Sub data), dropping those whose id is recorded
+already; only after that transaction commits are the Pub/Sub messages acked. So a crash before
+the commit leaves them to Pub/Sub's redelivery, and a crash after it leaves copies whose id is
+recorded: taken in once. The event id is the relay's ``event_id`` attribute, else (a publisher
+of another kind) the Pub/Sub message id. A message whose data the queue cannot hold (a JSON
+inbox and data that is not JSON) is not acked: Pub/Sub delivers it again, and a dead-letter
+policy on the subscription ends that. Ids are pruned past ``DEDUP_WINDOW_DAYS`` (at most once
+an hour per puller, in bounded deletes), and on Spanner also expired by a row deletion policy.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections
+from google.api_core import exceptions as google_exceptions
+from google.cloud import pubsub_v1
+
+from spanner_queues import api, clock
+from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
+from spanner_queues.contrib.pubsub.models import SeenEvent, seen_id
+from spanner_queues.contrib.pubsub.relay import EVENT_ID_ATTRIBUTE
+from spanner_queues.engines import engine_for
+from spanner_queues.exceptions import MessageAlreadyExists, PayloadError
+from spanner_queues.keys import key_fields
+from spanner_queues.options import queue_options
+from spanner_queues.signals import inbox_duplicates_dropped
+from spanner_queues.transactions import run_in_transaction
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
+
+logger = logging.getLogger("spanner_queues.pubsub")
+
+#: seconds between two prunes of the seen ids by one puller
+PRUNE_EVERY_SECONDS = 3600.0
+#: most seen ids one prune statement deletes (a prune is a loop of such deletes)
+PRUNE_BATCH = 1000
+#: a failing pull is tried again after at most this many seconds (doubling from 0.1)
+PULL_BACKOFF_MAX = 10.0
+
+
+class InboxPuller:
+    """Pulls one subscription into one inbox queue on a thread of its own (see the module
+    docstring); ``start()``, then ``stop()`` returns once the thread has ended (an in-flight
+    pull ends within ``PULL_WAIT_SECONDS``)."""
+
+    def __init__(self, model: type[Queue], params: PubSubParams | None = None) -> None:
+        self.model = model
+        self.params = params or pubsub_params()
+        self.subscription = resource_path(
+            "subscriptions", str(queue_options(model).pubsub_subscription), self.params
+        )
+        engine = engine_for(model)
+        self.database = engine.database
+        self.retries = engine.params.transaction_retries
+        self.key_field = key_fields(model)[0]
+        self.max_id_length = self.key_field.max_length or 255
+        self.label = model._meta.label
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._next_prune = 0.0
+        #: counters since start (read by tests and benchmarks)
+        self.taken_in = 0
+        self.duplicates = 0
+
+    def start(self) -> None:
+        self._thread = threading.Thread(
+            target=self.run, name=f"sq-pubsub-inbox-{self.label}", daemon=True
+        )
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout if timeout is not None else self.params.pull_wait + 30)
+
+    def run(self) -> None:
+        subscriber = pubsub_v1.SubscriberClient()
+        failures = 0
+        try:
+            while not self._stop.is_set():
+                try:
+                    got = self.pull_once(subscriber)
+                except Exception as exc:
+                    failures += 1
+                    wait = min(0.1 * 2**failures, PULL_BACKOFF_MAX) * random.uniform(0.75, 1)
+                    if failures == 1:  # once per failure episode
+                        logger.warning(
+                            "inbox %s: pulling %s failed (%s: %s); retrying with back-off",
+                            self.label,
+                            self.subscription,
+                            type(exc).__name__,
+                            exc,
+                            extra={"action": "pull_failed", "queue": self.label},
+                        )
+                    self._stop.wait(wait)
+                    continue
+                if failures:
+                    logger.warning("inbox %s: pulling again", self.label)
+                    failures = 0
+                if not got:
+                    self._stop.wait(0.05)
+                self.prune_if_due()
+        finally:
+            subscriber.close()
+            connections.close_all()  # this thread's connections
+
+    def pull_once(self, subscriber: Any) -> int:
+        """One pull, taken in and acked; returns how many Pub/Sub messages came."""
+        try:
+            response = subscriber.pull(
+                subscription=self.subscription,
+                max_messages=self.params.pull_max_messages,
+                timeout=self.params.pull_wait,
+                retry=None,
+            )
+        except google_exceptions.DeadlineExceeded:
+            return 0  # nothing came within the wait
+        received = list(response.received_messages)
+        if not received:
+            return 0
+        ack_ids = self.take_in(received)
+        if ack_ids:
+            subscriber.acknowledge(subscription=self.subscription, ack_ids=ack_ids)
+        return len(received)
+
+    def take_in(self, received: Sequence[Any]) -> list[str]:
+        """Write the new events of ``received`` (Pub/Sub ``ReceivedMessage``s) into the inbox
+        in one transaction; return the ack ids of those taken in or dropped as duplicates."""
+        events: dict[str, bytes] = {}
+        accepted: list[tuple[str, str]] = []  # (ack id, event id)
+        for r in received:
+            message = r.message
+            eid = message.attributes.get(EVENT_ID_ATTRIBUTE) or message.message_id
+            if not eid or len(eid) > self.max_id_length:
+                logger.error(
+                    "inbox %s: Pub/Sub message %s has an event id of %d characters (the key "
+                    "holds %d); not acked",
+                    self.label,
+                    message.message_id,
+                    len(eid or ""),
+                    self.max_id_length,
+                    extra={"action": "pull_refused", "queue": self.label},
+                )
+                continue
+            events.setdefault(eid, bytes(message.data))
+            accepted.append((r.ack_id, eid))
+        refused: set[str] = set()  # the queue cannot hold them: not acked
+        queued: set[str] = set()  # still queued under that key: duplicates
+
+        def write() -> int:
+            ids = [seen_id(self.label, e) for e in events]
+            seen = set(
+                SeenEvent.objects.using(self.database)
+                .filter(id__in=ids)
+                .values_list("event_id", flat=True)
+            )
+            new = [e for e in events if e not in seen and e not in refused and e not in queued]
+            for eid in new:
+                try:
+                    api.send(
+                        self.model,
+                        using=self.database,
+                        **{self.key_field.name: eid, "payload": events[eid]},
+                    )
+                except MessageAlreadyExists as exc:  # its seen row pruned early
+                    queued.add(eid)
+                    raise _Again() from exc
+                except PayloadError as exc:
+                    logger.error(
+                        "inbox %s: event %s cannot be held by the queue (%s); not acked",
+                        self.label,
+                        eid,
+                        exc,
+                        extra={"action": "pull_refused", "queue": self.label},
+                    )
+                    refused.add(eid)
+                    raise _Again() from exc
+            now = clock.now()
+            SeenEvent.objects.using(self.database).bulk_create(
+                [
+                    SeenEvent(id=seen_id(self.label, e), inbox=self.label, event_id=e, seen_at=now)
+                    for e in new
+                ]
+            )
+            return len(new)
+
+        for _ in range(len(events) + 3):
+            try:
+                sent = run_in_transaction(write, using=self.database, retries=self.retries)
+                break
+            except _Again:
+                continue  # rolled back: again, without the refused or queued event
+            except IntegrityError:
+                continue  # another puller took one of them in meanwhile: read again
+        else:
+            raise RuntimeError(f"inbox {self.label}: could not take in a pull")
+        ack_ids = [ack_id for ack_id, eid in accepted if eid not in refused]
+        dropped = len(ack_ids) - sent
+        self.taken_in += sent
+        if dropped:
+            self.duplicates += dropped
+            inbox_duplicates_dropped.send_robust(self.model, count=dropped)
+        return ack_ids
+
+    def prune_if_due(self) -> None:
+        """Delete seen ids older than the window, at most every ``PRUNE_EVERY_SECONDS``."""
+        if time.monotonic() < self._next_prune:
+            return
+        self._next_prune = time.monotonic() + PRUNE_EVERY_SECONDS
+        try:
+            prune(self.label, self.params.dedup_window_days, using=self.database)
+        except Exception:
+            logger.exception("inbox %s: pruning seen event ids failed", self.label)
+
+
+class _Again(Exception):
+    """A pull's transaction is rolled back to be run again without a refused event."""
+
+
+def prune(inbox: str, days: int, *, using: str) -> int:
+    """Delete the seen ids of ``inbox`` older than ``days``, ``PRUNE_BATCH`` at a time;
+    returns how many went."""
+    cutoff = clock.now() - timedelta(days=days)
+    total = 0
+    while True:
+        ids = list(
+            SeenEvent.objects.using(using)
+            .filter(inbox=inbox, seen_at__lt=cutoff)
+            .values_list("id", flat=True)[:PRUNE_BATCH]
+        )
+        if not ids:
+            return total
+        total += SeenEvent.objects.using(using).filter(id__in=ids).delete()[0]

@@ -1,0 +1,132 @@
+"""The relay, in this process against the Pub/Sub emulator: a relayed queue's messages reach
+its topic with their payload, queue, key and a stable event id, and leave the queue only once
+Pub/Sub confirmed them; a message Pub/Sub refuses is dead-lettered (not retried for ever); a
+failing Pub/Sub gives the messages back, and they are published once it works again."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.db import transaction
+from google.cloud import pubsub_v1
+
+from spanner_queues import api
+from spanner_queues.contrib.pubsub.relay import PublishFailed, event_id
+from spanner_queues.signals import messages_published, publish_failed
+from spanner_queues.worker import Worker, WorkerEvents
+from tests.conftest import wait_until
+from tests.pubsubapp.models import Order, OrderEvents, OrderEventsDead
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def relay_burst(events: WorkerEvents | None = None) -> Any:
+    """One burst of a relay worker: everything due is published (or given back)."""
+    return Worker(
+        ["pubsubapp.OrderEvents"],
+        burst=True,
+        install_signal_handlers=False,
+        listeners=[events] if events is not None else [],
+    ).run()
+
+
+def published_messages() -> Any:
+    """A context collecting the ``Message``s ``messages_published`` reports."""
+
+    class Collect:
+        def __init__(self) -> None:
+            self.messages: list[Any] = []
+
+        def __call__(self, sender: Any, messages: Any, **kwargs: Any) -> None:
+            self.messages.extend(messages)
+
+        def __enter__(self) -> list[Any]:
+            messages_published.connect(self, dispatch_uid="test-published")
+            return self.messages
+
+        def __exit__(self, *exc: object) -> None:
+            messages_published.disconnect(dispatch_uid="test-published")
+
+    return Collect()
+
+
+def test_a_relayed_message_reaches_the_topic_with_its_payload_key_and_event_id(pubsub) -> None:
+    with transaction.atomic():
+        order = Order.objects.create(amount=5)
+    with published_messages() as confirmed:
+        stats = relay_burst()
+    assert stats.processed == 1
+    assert not OrderEvents.objects.exists()
+    [sent] = confirmed
+    [published] = pubsub.pull()
+    assert json.loads(published.data)["pk"] == order.pk
+    assert published.data == sent.payload  # the stored payload bytes: JSON text
+    assert published.attributes["queue"] == "pubsubapp.OrderEvents"
+    assert json.loads(published.attributes["key"]) == list(sent.key)
+    assert published.attributes["event_id"] == event_id(sent)
+    assert published.ordering_key == str(order.pk)  # the key fields but the last
+
+
+def test_the_event_id_is_the_same_on_every_delivery_of_one_sent_message(pubsub) -> None:
+    """A relay that dies between the publish and the ack publishes the message again: the
+    copy carries the same event id (what the inbox deduplicates on)."""
+    OrderEvents.send(order=1, message_id="m1", payload={"n": 1})
+    first = api.receive(OrderEvents, max_messages=1)[0]
+    api.release(first)
+    again = wait_until(lambda: api.receive(OrderEvents, max_messages=1), 30)[0]
+    assert event_id(first) == event_id(again)
+    api.ack(again)
+    other = OrderEvents.send(order=1, message_id="m2", payload={"n": 1})
+    assert event_id(other) != event_id(first)
+
+
+def test_a_message_pubsub_refuses_is_dead_lettered_and_the_others_published(pubsub) -> None:
+    refused_messages: list[Any] = []
+
+    def on_failed(sender: Any, messages: Any, refused: bool, **kwargs: Any) -> None:
+        if refused:
+            refused_messages.extend(messages)
+
+    publish_failed.connect(on_failed, dispatch_uid="test-refused")
+    try:
+        OrderEvents.send(order=1, message_id="ok", payload={"n": 1})
+        # a key whose "key" attribute is over Pub/Sub's 1024 bytes of an attribute value
+        OrderEvents.send(order=2, message_id="k" * 1100, payload={"n": 2})
+        stats = relay_burst()
+    finally:
+        publish_failed.disconnect(dispatch_uid="test-refused")
+    assert stats.processed == 2 and stats.failed == 0
+    assert not OrderEvents.objects.exists()
+    assert list(OrderEventsDead.objects.values_list("order", flat=True)) == [2]
+    assert [m.key[0] for m in refused_messages] == [2]
+    assert [json.loads(m.data) for m in pubsub.pull()] == [{"n": 1}]
+
+
+def test_a_failing_pubsub_gives_the_messages_back_and_they_are_published_later(pubsub) -> None:
+    publisher = pubsub_v1.PublisherClient()
+    publisher.delete_topic(topic=pubsub.topic)  # Pub/Sub answers NOT_FOUND: a failing bus
+    events = WorkerEvents()
+    for i in range(3):
+        OrderEvents.send(order=i, message_id=f"m{i}", payload={"n": i})
+    stats = relay_burst(events)
+    assert stats.failed == 3 and stats.processed == 0
+    assert OrderEvents.objects.count() == 3, "a message left its queue unpublished"
+    failures = [e.error for e in events.history if e.name == "failed"]
+    assert failures and all(isinstance(e, PublishFailed) for e in failures)
+
+    publisher.create_topic(name=pubsub.topic)
+    subscriber = pubsub_v1.SubscriberClient()
+    subscriber.delete_subscription(subscription=pubsub.subscription)  # (detached from the old)
+    subscriber.create_subscription(
+        request={
+            "name": pubsub.subscription,
+            "topic": pubsub.topic,
+            "enable_message_ordering": True,
+        }
+    )
+    with published_messages() as published:
+        wait_until(lambda: relay_burst() is not None and not OrderEvents.objects.exists(), 60)
+    assert sorted(m.key[0] for m in published) == [0, 1, 2]
+    assert sorted(json.loads(m.data)["n"] for m in pubsub.pull()) == [0, 1, 2]

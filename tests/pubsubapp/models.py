@@ -1,0 +1,44 @@
+"""Service A: ``Order``, whose creation sends an event to ``OrderEvents``, relayed to the topic
+``orders``. Service B: ``BillingInbox`` pulls the subscription ``orders-billing``; its receiver
+writes one ``Charge`` per event (no unique constraint: a duplicate would show)."""
+
+from __future__ import annotations
+
+from django.db import models
+
+from spanner_queues.models import JSONPayloadField, Queue
+
+
+class Order(models.Model):
+    amount = models.IntegerField(default=0)
+
+
+class OrderEvents(Queue):
+    order = models.BigIntegerField()
+    message_id = models.CharField(max_length=2000)
+    pk = models.CompositePrimaryKey("order", "message_id")
+    payload = JSONPayloadField()
+
+    class QueueMeta:
+        pubsub_topic = "orders"
+        dead_letter_queue = "pubsubapp.OrderEventsDead"
+
+
+class OrderEventsDead(Queue):
+    order = models.BigIntegerField()
+    message_id = models.CharField(max_length=2000)
+    pk = models.CompositePrimaryKey("order", "message_id")
+    payload = JSONPayloadField()
+
+
+class BillingInbox(Queue):
+    event_id = models.CharField(max_length=128, primary_key=True)
+    payload = JSONPayloadField()
+
+    class QueueMeta:
+        pubsub_subscription = "orders-billing"
+
+
+class Charge(models.Model):
+    order_pk = models.BigIntegerField()
+    event_id = models.CharField(max_length=128)

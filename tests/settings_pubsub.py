@@ -1,0 +1,17 @@
+"""Test settings for the Pub/Sub app (tests/pubsub, collected only here and under
+``tests.settings_pubsub_native``): ``tests.settings`` with ``spanner_queues.contrib.pubsub`` and
+the two-service test app. The project comes from ``SQ_PUBSUB_PROJECT`` (each test uses one of
+its own on the shared Pub/Sub emulator, which the tests start)."""
+
+from __future__ import annotations
+
+import os
+
+from tests.settings import *  # noqa: F403
+from tests.settings import INSTALLED_APPS
+
+INSTALLED_APPS = [*INSTALLED_APPS, "spanner_queues.contrib.pubsub", "tests.pubsubapp"]
+SPANNER_QUEUES_PUBSUB = {
+    "PROJECT": os.environ.get("SQ_PUBSUB_PROJECT", "sq-test"),
+    "PULL_WAIT_SECONDS": 1.0,
+}
