@@ -90,6 +90,6 @@ def pubsub(pubsub_emulator: Any, settings: Any) -> PubSubProject:
         "orders-billing=orders",
         "--ack-deadline",
         "10",
-        stdout=open(os.devnull, "w"),  # noqa: SIM115
+        stdout=open(os.devnull, "w"),
     )
     return project

@@ -45,7 +45,13 @@ from spanner_queues.exceptions import QueueError, QueueUnavailable
 from spanner_queues.message import Message
 from spanner_queues.queues import queue_models
 from spanner_queues.receivers import handled_by_running_receiver
-from spanner_queues.signals import messages_acked, messages_sent
+from spanner_queues.signals import (
+    inbox_duplicates_dropped,
+    messages_acked,
+    messages_published,
+    messages_sent,
+    publish_failed,
+)
 
 try:
     import prometheus_client
@@ -92,6 +98,10 @@ METRIC_NAMES = frozenset(
         "spanner_queues_worker_leases_lost_total",
         "spanner_queues_worker_receive_errors_total",
         "spanner_queues_worker_queue_failing",
+        "spanner_queues_pubsub_published_total",
+        "spanner_queues_pubsub_relay_lag_seconds",
+        "spanner_queues_pubsub_publish_errors_total",
+        "spanner_queues_pubsub_inbox_duplicates_dropped_total",
     }
 )
 
@@ -168,6 +178,30 @@ class _Metrics:
             ["queue"],
             multiprocess_mode="livemax",
         )
+        # the Pub/Sub app's relay and inbox (its signals, spanner_queues.signals)
+        self.published = prom.Counter(
+            "spanner_queues_pubsub_published",
+            "Messages of a relayed queue that Pub/Sub confirmed.",
+            ["queue", "topic"],
+        )
+        self.relay_lag = prom.Histogram(
+            "spanner_queues_pubsub_relay_lag_seconds",
+            "Seconds from a relayed message's send (its deliver time where the engine keeps "
+            "no send time) to Pub/Sub's confirmation of its publish.",
+            ["queue"],
+            buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, 3600),
+        )
+        self.publish_errors = prom.Counter(
+            "spanner_queues_pubsub_publish_errors",
+            "Messages of a relayed queue Pub/Sub did not confirm: refused (dead-lettered) or "
+            "failed (given back, published again after the back-off).",
+            ["queue", "kind"],
+        )
+        self.duplicates_dropped = prom.Counter(
+            "spanner_queues_pubsub_inbox_duplicates_dropped",
+            "Pub/Sub messages an inbox dropped: their event was taken in before.",
+            ["queue"],
+        )
         self.gauges = QueueGauges()
         prom.REGISTRY.register(_QueueCollector(self.gauges))
 
@@ -185,6 +219,10 @@ def enable() -> None:
             _metrics = _Metrics()
             messages_sent.connect(_count_sent, dispatch_uid="spanner_queues.contrib.metrics")
             messages_acked.connect(_count_acked, dispatch_uid="spanner_queues.contrib.metrics")
+            uid = "spanner_queues.contrib.metrics"
+            messages_published.connect(_count_published, dispatch_uid=uid)
+            publish_failed.connect(_count_publish_failed, dispatch_uid=uid)
+            inbox_duplicates_dropped.connect(_count_duplicates, dispatch_uid=uid)
 
 
 def enabled() -> bool:
@@ -215,6 +253,28 @@ def _count_acked(sender: type[Queue], messages: Sequence[Any], **kwargs: Any) ->
     n = sum(1 for x in messages if not (isinstance(x, Message) and handled_by_running_receiver(x)))
     if n:
         _get().ack_count.labels(sender._meta.label).inc(n)
+
+
+# --- counted by the Pub/Sub app (its signals, sent once the work is done) ---------------------
+def _count_published(
+    sender: type[Queue], messages: Sequence[Message], topic: str, lags: Sequence[float], **kw: Any
+) -> None:
+    m, label = _get(), sender._meta.label
+    m.published.labels(label, topic).inc(len(messages))
+    histogram = m.relay_lag.labels(label)
+    for lag in lags:
+        histogram.observe(lag)
+
+
+def _count_publish_failed(
+    sender: type[Queue], messages: Sequence[Message], refused: bool, **kwargs: Any
+) -> None:
+    kind = "refused" if refused else "failed"
+    _get().publish_errors.labels(sender._meta.label, kind).inc(len(messages))
+
+
+def _count_duplicates(sender: type[Queue], count: int, **kwargs: Any) -> None:
+    _get().duplicates_dropped.labels(sender._meta.label).inc(count)
 
 
 # --- the worker's events --------------------------------------------------------------------

@@ -36,5 +36,5 @@ class Migration(migrations.Migration):
             ],
             options={"verbose_name": "seen Pub/Sub event"},
         ),
-        migrations.RunPython(add_row_deletion_policy, migrations.RunPython.noop),
+        migrations.RunPython(add_row_deletion_policy, migrations.RunPython.noop, atomic=False),
     ]

@@ -1,0 +1,115 @@
+"""The inbox, in this process against the Pub/Sub emulator: each pulled event is written once
+into the inbox queue, keyed by its event id, with its seen row; a copy of an event already
+handled (its inbox message acked and gone) is dropped; data the queue cannot hold is not acked;
+seen ids past the window are pruned."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from google.cloud import pubsub_v1
+
+from spanner_queues import clock
+from spanner_queues.contrib.pubsub.inbox import InboxPuller, prune
+from spanner_queues.contrib.pubsub.models import SeenEvent, seen_id
+from spanner_queues.signals import inbox_duplicates_dropped
+from spanner_queues.worker import Worker
+from tests.conftest import wait_until
+from tests.pubsubapp.models import BillingInbox, Charge
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def publish(pubsub: Any, data: bytes, **attributes: str) -> str:
+    publisher = pubsub_v1.PublisherClient()
+    return publisher.publish(pubsub.topic, data, **attributes).result(30)
+
+
+def pull_until(puller: InboxPuller, subscriber: Any, done: Any) -> None:
+    wait_until(lambda: puller.pull_once(subscriber) >= 0 and done(), 60)
+
+
+def run_inbox() -> Any:
+    return Worker(["pubsubapp.BillingInbox"], burst=True, install_signal_handlers=False).run()
+
+
+@pytest.fixture
+def puller(pubsub: Any) -> Any:
+    subscriber = pubsub_v1.SubscriberClient()
+    yield InboxPuller(BillingInbox), subscriber
+    subscriber.close()
+
+
+def test_each_event_is_taken_in_once_keyed_by_its_event_id(pubsub, puller) -> None:
+    inbox, subscriber = puller
+    for i in range(3):
+        publish(pubsub, json.dumps({"pk": i}).encode(), event_id=f"e{i}")
+    pull_until(inbox, subscriber, lambda: inbox.taken_in == 3)
+    assert sorted(BillingInbox.objects.values_list("event_id", flat=True)) == ["e0", "e1", "e2"]
+    assert SeenEvent.objects.filter(inbox="pubsubapp.BillingInbox").count() == 3
+    assert SeenEvent.objects.filter(pk=seen_id("pubsubapp.BillingInbox", "e1")).exists()
+    assert run_inbox().processed == 3
+    assert sorted(Charge.objects.values_list("order_pk", flat=True)) == [0, 1, 2]
+    assert inbox.pull_once(subscriber) == 0, "a taken-in message was not acked to Pub/Sub"
+
+
+def test_a_copy_of_an_already_handled_event_is_dropped(pubsub, puller) -> None:
+    inbox, subscriber = puller
+    dropped: list[int] = []
+
+    def on_dropped(sender: Any, count: int, **kwargs: Any) -> None:
+        dropped.append(count)
+
+    publish(pubsub, b'{"pk": 7}', event_id="evt-7")
+    pull_until(inbox, subscriber, lambda: inbox.taken_in == 1)
+    assert run_inbox().processed == 1
+    assert not BillingInbox.objects.exists()  # handled: its inbox message is gone
+
+    inbox_duplicates_dropped.connect(on_dropped, dispatch_uid="test-dropped")
+    try:
+        publish(pubsub, b'{"pk": 7}', event_id="evt-7")  # published again (a relay's retry)
+        pull_until(inbox, subscriber, lambda: inbox.duplicates == 1)
+    finally:
+        inbox_duplicates_dropped.disconnect(dispatch_uid="test-dropped")
+    assert dropped == [1]
+    assert inbox.taken_in == 1
+    assert not BillingInbox.objects.exists()
+    assert Charge.objects.filter(order_pk=7).count() == 1
+    assert inbox.pull_once(subscriber) == 0, "the dropped copy was not acked to Pub/Sub"
+
+
+def test_a_message_without_an_event_id_is_keyed_by_its_pubsub_message_id(pubsub, puller) -> None:
+    inbox, subscriber = puller
+    message_id = publish(pubsub, b'{"pk": 1}')
+    pull_until(inbox, subscriber, lambda: inbox.taken_in == 1)
+    assert list(BillingInbox.objects.values_list("event_id", flat=True)) == [message_id]
+
+
+def test_data_the_inbox_cannot_hold_is_not_acked_and_the_rest_is_taken_in(pubsub, puller) -> None:
+    inbox, subscriber = puller
+    publish(pubsub, b"not json", event_id="bad")
+    publish(pubsub, b'{"pk": 2}', event_id="good")
+    pull_until(inbox, subscriber, lambda: inbox.taken_in == 1)
+    assert list(BillingInbox.objects.values_list("event_id", flat=True)) == ["good"]
+    assert not SeenEvent.objects.filter(event_id="bad").exists()
+
+
+def test_seen_ids_older_than_the_window_are_pruned(pubsub) -> None:
+    now = clock.now()
+    SeenEvent.objects.bulk_create(
+        [
+            SeenEvent(
+                id=seen_id("q", f"old{i}"),
+                inbox="q",
+                event_id=f"old{i}",
+                seen_at=now - timedelta(days=8),
+            )
+            for i in range(3)
+        ]
+        + [SeenEvent(id=seen_id("q", "new"), inbox="q", event_id="new", seen_at=now)]
+    )
+    assert prune("q", 7, using="default") == 3
+    assert list(SeenEvent.objects.values_list("event_id", flat=True)) == ["new"]
