@@ -19,6 +19,8 @@ from spanner_queues.queues import queue_models
 if TYPE_CHECKING:
     from django.db import models
 
+    from spanner_queues.models import Queue
+
 PUBSUB_KEYS = frozenset(
     {
         "PROJECT",
@@ -117,12 +119,12 @@ def resource_path(kind: str, name: str, params: PubSubParams | None = None) -> s
     return f"projects/{project}/{kind}/{name}"
 
 
-def relayed_queues() -> list[type[models.Model]]:
+def relayed_queues() -> list[type[Queue]]:
     """The declared queues with ``QueueMeta.pubsub_topic``."""
     return [m for m in queue_models() if queue_options(m).pubsub_topic is not None]
 
 
-def inbox_queues() -> list[type[models.Model]]:
+def inbox_queues() -> list[type[Queue]]:
     """The declared queues with ``QueueMeta.pubsub_subscription``."""
     return [m for m in queue_models() if queue_options(m).pubsub_subscription is not None]
 

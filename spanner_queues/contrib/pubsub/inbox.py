@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections
 from google.api_core import exceptions as google_exceptions
-from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1 import SubscriberClient
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
@@ -88,7 +88,7 @@ class InboxPuller:
             self._thread.join(timeout if timeout is not None else self.params.pull_wait + 30)
 
     def run(self) -> None:
-        subscriber = pubsub_v1.SubscriberClient()
+        subscriber = SubscriberClient()
         failures = 0
         try:
             while not self._stop.is_set():

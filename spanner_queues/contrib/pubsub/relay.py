@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from google.api_core import exceptions as google_exceptions
-from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1 import PublisherClient, types
 from google.cloud.pubsub_v1.publisher import exceptions as publisher_exceptions
 
 from spanner_queues import api, clock
@@ -41,6 +41,8 @@ from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
     from django.db import models
+
+    from spanner_queues.models import Queue
 
 logger = logging.getLogger("spanner_queues.pubsub")
 
@@ -93,17 +95,17 @@ def ordering_key(model: type[models.Model], message: Message) -> str:
     return text if len(text.encode()) <= MAX_ORDERING_KEY_BYTES else ""
 
 
-_client: pubsub_v1.PublisherClient | None = None
+_client: PublisherClient | None = None
 _client_lock = threading.Lock()
 
 
-def publisher() -> pubsub_v1.PublisherClient:
+def publisher() -> PublisherClient:
     """This process's publisher (one, thread-safe; ``PUBSUB_EMULATOR_HOST`` is the client's)."""
     global _client
     with _client_lock:
         if _client is None:
-            _client = pubsub_v1.PublisherClient(
-                publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+            _client = PublisherClient(
+                publisher_options=types.PublisherOptions(enable_message_ordering=True)
             )
         return _client
 
@@ -198,7 +200,7 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
     ) from first
 
 
-def register_relays(registry: ReceiverRegistry, queues: Sequence[type[models.Model]]) -> None:
+def register_relays(registry: ReceiverRegistry, queues: Sequence[type[Queue]]) -> None:
     """Register ``relay`` as the receiver of each of ``queues`` (non-atomic: it publishes
     outside any transaction, then the worker acks)."""
     size = pubsub_params().relay_batch_size

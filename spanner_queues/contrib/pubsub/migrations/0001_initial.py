@@ -23,7 +23,7 @@ def add_row_deletion_policy(apps: Any, schema_editor: Any) -> None:
 class Migration(migrations.Migration):
     initial = True
 
-    dependencies: list[tuple[str, str]] = []
+    dependencies = []
 
     operations = [
         migrations.CreateModel(

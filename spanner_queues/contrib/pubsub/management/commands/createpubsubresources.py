@@ -9,7 +9,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from google.api_core import exceptions as google_exceptions
-from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1 import PublisherClient, SubscriberClient
 
 from spanner_queues.contrib.pubsub.conf import inbox_queues, relayed_queues, resource_path
 from spanner_queues.options import queue_options
@@ -50,8 +50,8 @@ class Command(BaseCommand):
             if not sep or not subscription or not topic:
                 raise CommandError(f"--topic takes SUBSCRIPTION=TOPIC, not {pair!r}")
             topics_of[resource_path("subscriptions", subscription)] = resource_path("topics", topic)
-        publisher = pubsub_v1.PublisherClient()
-        subscriber = pubsub_v1.SubscriberClient()
+        publisher = PublisherClient()
+        subscriber = SubscriberClient()
         try:
             topics = {
                 resource_path("topics", str(queue_options(m).pubsub_topic))

@@ -1,0 +1,95 @@
+"""The checks of the Pub/Sub app: E303 (declared or configured without the app installed, from
+the core), E301 (a wrong setting), E302 (a queue the app cannot run)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+from spanner_queues.contrib.pubsub import conf
+from spanner_queues.contrib.pubsub.conf import check_queues, check_setting, parse_pubsub
+from spanner_queues.exceptions import InvalidQueueEngine
+from spanner_queues.options import QueueOptions
+from tests.children import ROOT
+from tests.pubsubapp.models import BillingInbox, OrderEvents
+
+
+def test_without_the_app_check_reports_the_declared_queues_and_the_setting() -> None:
+    code = (
+        "import django, tests.settings_pubsub as base\n"
+        "from django.conf import settings\n"
+        "from django.core.management import call_command\n"
+        "own = {k: getattr(base, k) for k in dir(base) if k.isupper()}\n"
+        "own['INSTALLED_APPS'].remove('spanner_queues.contrib.pubsub')\n"
+        "settings.configure(**own)\n"
+        "django.setup()\n"
+        "try:\n"
+        "    call_command('check')\n"
+        "except Exception as exc:\n"
+        "    print(type(exc).__name__, exc)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
+    ).stdout
+    assert out.count("spanner_queues.E303") == 3, out  # the setting, the topic, the subscription
+    assert "pubsubapp.OrderEvents" in out and "pubsubapp.BillingInbox" in out, out
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [[], {"PROJECTS": "x"}, {"PROJECT": ""}, {"DEDUP_WINDOW_DAYS": 0}, {"PULL_MAX_MESSAGES": 5000}],
+)
+def test_a_wrong_setting_is_e301(raw: Any, settings: Any) -> None:
+    with pytest.raises(InvalidQueueEngine):
+        parse_pubsub(raw)
+    settings.SPANNER_QUEUES_PUBSUB = raw
+    [error] = check_setting()
+    assert error.id == "spanner_queues.E301"
+
+
+def test_the_project_defaults_to_google_cloud_project(settings: Any, monkeypatch: Any) -> None:
+    settings.SPANNER_QUEUES_PUBSUB = {}
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "from-env")
+    assert conf.resource_path("topics", "orders") == "projects/from-env/topics/orders"
+    assert conf.resource_path("topics", "projects/p/topics/t") == "projects/p/topics/t"
+
+
+def declared(monkeypatch: Any, model: Any, **options: Any) -> None:
+    real = conf.queue_options
+
+    def fake(m: Any) -> QueueOptions:
+        return QueueOptions(**options) if m is model else real(m)
+
+    monkeypatch.setattr(conf, "queue_options", fake)
+
+
+@pytest.mark.parametrize(
+    ("model", "options", "says"),
+    [
+        (OrderEvents, {"pubsub_topic": "orders"}, "needs a dead_letter_queue"),
+        (
+            OrderEvents,
+            {"pubsub_topic": "t", "pubsub_subscription": "s", "dead_letter_queue": "x"},
+            "either relayed",
+        ),
+        (
+            OrderEvents,
+            {"pubsub_topic": "t", "dead_letter_queue": "x", "pubsub_ordering_key": ("nope",)},
+            "pubsub_ordering_key must be",
+        ),
+        (OrderEvents, {"pubsub_subscription": "s"}, "exactly one key field"),
+        (BillingInbox, {"pubsub_ordering_key": ()}, "needs pubsub_topic"),
+    ],
+)
+def test_a_queue_the_app_cannot_run_is_e302(monkeypatch, model, options, says) -> None:
+    declared(monkeypatch, model, **options)
+    errors = [e for e in check_queues() if e.obj is model]
+    assert errors and all(e.id == "spanner_queues.E302" for e in errors)
+    assert any(says in e.msg for e in errors), [e.msg for e in errors]
+
+
+def test_the_test_apps_declarations_pass() -> None:
+    assert check_queues() == [] and check_setting() == []
