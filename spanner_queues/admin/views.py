@@ -122,6 +122,9 @@ class QueueRow:
     #: the pause of this queue (None: running)
     paused: controls.PausedQueue | None = None
     pause_url: str = ""
+    #: ``QueueMeta.pubsub_topic`` (relayed) and ``pubsub_subscription`` (an inbox), as declared
+    pubsub_topic: str | None = None
+    pubsub_subscription: str | None = None
 
     @property
     def label_html(self) -> SafeString:
@@ -337,6 +340,8 @@ class QueuesAdmin(admin.ModelAdmin):
                     chart=depth_chart(recent_samples(label, stats)),
                     paused=paused.get(label),
                     pause_url=self._url("pause", model._meta.label_lower),
+                    pubsub_topic=queue_options(model).pubsub_topic,
+                    pubsub_subscription=queue_options(model).pubsub_subscription,
                 )
             )
         context = self._context(
@@ -450,6 +455,8 @@ class QueuesAdmin(admin.ModelAdmin):
             dead_letter_queue=dead_letter_target(model),
             replays_to=replay_target(model),
             max_attempts_limit=queue_options(model).max_attempts,
+            pubsub_topic=queue_options(model).pubsub_topic,
+            pubsub_subscription=queue_options(model).pubsub_subscription,
         )
         return TemplateResponse(request, "spanner_queues/admin/messages.html", context)
 
