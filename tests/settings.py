@@ -34,6 +34,9 @@ INSTALLED_APPS = [
     "tests.outboxapp",
     "tests.tasksapp",
     "spanner_queues.contrib.drill",  # the fault drill (tests/drill)
+    # Pub/Sub (tests/pubsub, under tests.settings_pubsub with its two-service app): installed
+    # here too, with no relayed or inbox queue it publishes and pulls nothing
+    "spanner_queues.contrib.pubsub",
 ]
 
 MIDDLEWARE = [

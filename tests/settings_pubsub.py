@@ -10,7 +10,7 @@ import os
 from tests.settings import *  # noqa: F403
 from tests.settings import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "spanner_queues.contrib.pubsub", "tests.pubsubapp"]
+INSTALLED_APPS = [*INSTALLED_APPS, "tests.pubsubapp"]
 SPANNER_QUEUES_PUBSUB = {
     "PROJECT": os.environ.get("SQ_PUBSUB_PROJECT", "sq-test"),
     "PULL_WAIT_SECONDS": 1.0,

@@ -69,8 +69,12 @@ PUBLIC: dict[str, set[str]] = {
         "ensure_instance", "find_emulator", "free_port", "start_emulator",
         "start_queue_emulator",
     },
-    "spanner_queues.signals": {"messages_acked", "messages_sent"},
+    "spanner_queues.signals": {
+        "inbox_duplicates_dropped", "messages_acked", "messages_published", "messages_sent",
+        "publish_failed",
+    },
     "spanner_queues.contrib.tasks": {"QueueBackend", "TaskMessage", "TaskResultRecord"},
+    "spanner_queues.contrib.pubsub": {"PublishFailed", "SeenEvent", "event_id"},
     "spanner_queues.contrib.metrics": {
         "METRIC_NAMES", "MetricsUnavailable", "QueueGauges", "WorkerMetrics", "enable",
         "enabled", "metrics_view", "serve", "wsgi_app",

@@ -5,7 +5,10 @@ from typing import TYPE_CHECKING, Any
 from django.apps import AppConfig
 from django.core import checks
 
-from spanner_queues.contrib.pubsub.conf import check_queues, check_setting
+from spanner_queues.contrib.pubsub.conf import check_queues, check_setting, relayed_queues
+from spanner_queues.exceptions import QueueConfigurationError
+from spanner_queues.options import queue_options
+from spanner_queues.receivers import receivers
 
 if TYPE_CHECKING:
     from spanner_queues.worker import Worker
@@ -24,14 +27,13 @@ class PubSubConfig(AppConfig):
     def ready(self) -> None:
         checks.register(check_setting)
         checks.register(check_queues)
-        # the relay imports google-cloud-pubsub (the `pubsub` extra) and reads the queue models
-        from spanner_queues.contrib.pubsub.conf import relayed_queues
+        # the relay needs the app registry ready (the verbs) and the `pubsub` extra: without
+        # it, PubSubUnavailable names the extra and stops every command at start-up
         from spanner_queues.contrib.pubsub.relay import register_relays
-        from spanner_queues.receivers import receivers
 
         try:
             register_relays(receivers, relayed_queues())
-        except Exception:  # a wrong setting or declaration is E301/E302's to report
+        except QueueConfigurationError:  # a wrong setting is E301's to report
             return
 
     def worker_services(self, worker: Worker) -> list[Any]:
@@ -39,7 +41,6 @@ class PubSubConfig(AppConfig):
         among the worker's queues."""
         # the puller imports the app's models: only once the registry is ready
         from spanner_queues.contrib.pubsub.inbox import InboxPuller
-        from spanner_queues.options import queue_options
 
         return [
             InboxPuller(plan.model)

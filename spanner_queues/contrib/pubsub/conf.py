@@ -21,6 +21,11 @@ if TYPE_CHECKING:
 
     from spanner_queues.models import Queue
 
+
+class PubSubUnavailable(QueueConfigurationError):
+    """The Pub/Sub app is installed (or its modules imported) but google-cloud-pubsub is not."""
+
+
 PUBSUB_KEYS = frozenset(
     {
         "PROJECT",
@@ -47,7 +52,7 @@ class PubSubParams:
     #: days an inbox remembers the event ids it took in (duplicates within it are dropped)
     dedup_window_days: int = DEFAULT_WINDOW_DAYS
     #: most messages of a relayed queue one publish round takes (the relay's batch)
-    relay_batch_size: int = 100
+    relay_batch_size: int = 500
     #: seconds the relay waits for Pub/Sub to confirm a publish before it gives the message back
     publish_timeout: float = 60.0
     #: most Pub/Sub messages one pull of an inbox takes (one transaction)
@@ -87,7 +92,7 @@ def parse_pubsub(raw: Any) -> PubSubParams:
     return PubSubParams(
         project=project,
         dedup_window_days=number("DEDUP_WINDOW_DAYS", DEFAULT_WINDOW_DAYS, 1, 3650, int),
-        relay_batch_size=number("RELAY_BATCH_SIZE", 100, 1, 1000, int),
+        relay_batch_size=number("RELAY_BATCH_SIZE", 500, 1, 1000, int),
         publish_timeout=number("PUBLISH_TIMEOUT_SECONDS", 60.0, 0.1, 3600, float),
         pull_max_messages=number("PULL_MAX_MESSAGES", 100, 1, MAX_PULL_MESSAGES, int),
         pull_wait=number("PULL_WAIT_SECONDS", 2.0, 0.1, 60, float),

@@ -19,13 +19,10 @@ import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from google.api_core import exceptions as google_exceptions
-from google.cloud.pubsub_v1 import PublisherClient, types
-from google.cloud.pubsub_v1.publisher import exceptions as publisher_exceptions
-
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import (
     MAX_ORDERING_KEY_BYTES,
+    PubSubUnavailable,
     ordering_fields,
     pubsub_params,
     resource_path,
@@ -38,6 +35,16 @@ from spanner_queues.options import queue_options
 from spanner_queues.receivers import MessageContext, ReceiverRegistry, ReceiverSpec
 from spanner_queues.signals import messages_published, publish_failed
 from spanner_queues.transactions import run_in_transaction
+
+try:
+    from google.api_core import exceptions as google_exceptions
+    from google.cloud.pubsub_v1 import PublisherClient, types
+    from google.cloud.pubsub_v1.publisher import exceptions as publisher_exceptions
+except ImportError:
+    raise PubSubUnavailable(
+        "spanner_queues.contrib.pubsub needs google-cloud-pubsub: "
+        "pip install 'spanner-queues[pubsub]'."
+    ) from None
 
 if TYPE_CHECKING:
     from django.db import models
