@@ -100,14 +100,13 @@ def client_round(specs: list[dict[str, Any]], topic: str, ordered: bool) -> floa
 
     from spanner_queues import api
     from spanner_queues.contrib.pubsub.relay import event_id, key_text, ordering_key
+    from spanner_queues.message import Message
     from tests.pubsubapp.models import OrderEvents
 
     # the bytes, attributes and ordering keys the relay would publish (built before the clock)
     built = [api.build_message(OrderEvents, s) for s in specs]
     rows = []
     for out in built:
-        from spanner_queues.message import Message
-
         m = Message(
             queue="pubsubapp.OrderEvents",
             key=(out.key["order"], out.key["message_id"]),
