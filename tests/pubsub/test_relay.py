@@ -106,14 +106,16 @@ def test_a_message_pubsub_refuses_is_dead_lettered_and_the_others_published(pubs
     assert [json.loads(m.data) for m in pubsub.pull()] == [{"n": 1}]
 
 
-def test_a_failing_pubsub_gives_the_messages_back_and_they_are_published_later(pubsub) -> None:
+def test_a_failing_pubsub_gives_the_messages_back_and_resumed_keys_publish_them_later(
+    pubsub,
+) -> None:
     publisher = pubsub_v1.PublisherClient()
     publisher.delete_topic(topic=pubsub.topic)  # Pub/Sub answers NOT_FOUND: a failing bus
     events = WorkerEvents()
     for i in range(3):
         OrderEvents.send(order=i, message_id=f"m{i}", payload={"n": i})
     stats = relay_burst(events)
-    assert stats.failed == 3 and stats.processed == 0
+    assert stats.failed >= 3 and stats.processed == 0  # (more: retried within the burst)
     assert OrderEvents.objects.count() == 3, "a message left its queue unpublished"
     failures = [e.error for e in events.history if e.name == "failed"]
     assert failures and all(isinstance(e, PublishFailed) for e in failures)
