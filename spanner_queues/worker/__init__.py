@@ -35,6 +35,7 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
 - A non-atomic receiver that acked some of its messages itself (``api.ack``, ``requeue``,
   ``dead_letter``) and then raised: those acks stand and count as processed; the outcome of
   the error is the other messages' (the Pub/Sub relay's partial publish failures).
+  ``AckedFailure`` keeps its meaning: acked by the receiver, reported failed (the Tasks runner).
 - Leases are renewed in the background halfway through each lease. If a renewal loses a lease,
   the worker no longer treats the message as its own: it does not ack, retry or release it.
 - A queue whose receive raises (dropped, a missing grant, unreachable) fails alone: it backs
@@ -982,6 +983,8 @@ class Worker:
                 else:
                     try:
                         body()  # outside any transaction: external side effects, then ack
+                    except AckedFailure:
+                        raise  # acked and failed, as the receiver says (the Tasks runner)
                     except Exception:
                         deliveries = self._not_acked_by_receiver(spec, deliveries, context)
                         if not deliveries:
