@@ -27,23 +27,29 @@ class PubSubConfig(AppConfig):
     def ready(self) -> None:
         checks.register(check_setting)
         checks.register(check_queues)
+        relayed = relayed_queues()
+        if not relayed:
+            return  # nothing to relay: google-cloud-pubsub is not even imported
         # the relay needs the app registry ready (the verbs) and the `pubsub` extra: without
         # it, PubSubUnavailable names the extra and stops every command at start-up
         from spanner_queues.contrib.pubsub.relay import register_relays
 
         try:
-            register_relays(receivers, relayed_queues())
+            register_relays(receivers, relayed)
         except QueueConfigurationError:  # a wrong setting is E301's to report
             return
 
     def worker_services(self, worker: Worker) -> list[Any]:
         """``runqueueworker``'s seam: an ``InboxPuller`` (not started) for each inbox queue
         among the worker's queues."""
-        # the puller imports the app's models: only once the registry is ready
-        from spanner_queues.contrib.pubsub.inbox import InboxPuller
-
-        return [
-            InboxPuller(plan.model)
+        inboxes = [
+            plan.model
             for plan in worker.plans
             if queue_options(plan.model).pubsub_subscription is not None
         ]
+        if not inboxes:
+            return []
+        # the puller imports the app's model and google-cloud-pubsub: only for an inbox
+        from spanner_queues.contrib.pubsub.inbox import InboxPuller
+
+        return [InboxPuller(model) for model in inboxes]
