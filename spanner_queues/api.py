@@ -30,7 +30,7 @@ from spanner_queues.exceptions import (
     QueueConfigurationError,
 )
 from spanner_queues.keys import key_fields, key_names, row_to_message
-from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
+from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.receivers import held_lease_token, mark_acked
@@ -509,9 +509,6 @@ def ack_many(
         if isinstance(m, Message):
             mark_acked(m)
     send_on_commit(messages_acked, model, messages, db)
-    failed_before = [m.key for m in messages if isinstance(m, Message) and may_have_failed(m)]
-    if failed_before:  # where failed runs are recorded, the record goes with the ack
-        engine.clear_failures(model, failed_before, using=db)
 
 
 def ack(message: Message, *, using: str | None = None) -> None:

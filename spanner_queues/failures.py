@@ -4,28 +4,39 @@ Spanner counts no deliveries, so ``message.attempt``, ``max_attempts`` and dead-
 would mean nothing there. Instead the worker records each failed run, on every queue, in the
 transaction that handles the failure (``record_failure``); the native engine reads the counts
 of a received batch when the first ``message.attempt`` of it is read, one query for the batch
-(``message.attempt`` = failed runs + 1; a receiver that never reads it costs no read), the
-worker dead-letters (or discards) the message once its failures reach ``max_attempts``, and
-the record is deleted in the transaction that acks the message, retries, dead-letters or
-discards it (``clear_failures``).
+(``message.attempt`` = failed runs + 1; a receiver that never reads it costs no read), and the
+worker dead-letters (or discards) the message once its failures reach ``max_attempts``.
+
+A record belongs to one sent message, not to its key. It keeps when the lease of the run that
+failed began (``leased_at``, on Spanner's clock: the lease's expiry less the 10 s lease); a
+message is delivered only once its ``DeliverTime`` has come, and Spanner keeps the sender's
+``DeliverTime`` through leases and redeliveries, so the record's own message has a
+``DeliverTime`` no later than ``leased_at``, while a message sent under the same key after that
+one was deleted (acked by key, replaced, deleted, by a cascade or by TTL, where nothing of ours
+runs) has a later one: the record is not its (``belongs``), it is read as no failure and the
+next failure starts it again. Records also go with their message where we delete it: the
+native engine's ``ack_many`` (unless the delivery is known to be a first one, ``first_delivery``,
+which has no record), ``delete_any`` and ``purge``; ``prune`` deletes the records of messages
+that are gone, so the ledger stays as small as the failing messages it describes.
 
 What it does not count: a delivery whose worker died or whose lease expired mid-run leaves no
 record (Spanner redelivers it with back-off, as it always does), nor does a message received
-with ``api.receive`` whose lease the caller let lapse. A key sent again while an old record of
-it stands (after a failed clear) starts from that record's count.
+with ``api.receive`` whose lease the caller let lapse.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from spanner_queues import clock
+from spanner_queues.semantics import LEASE
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
@@ -35,13 +46,17 @@ ERROR_LIMIT = 1000
 
 
 class FailedDelivery(models.Model):
-    """How many runs of one message failed, on an engine that keeps no delivery count."""
+    """How many runs of one sent message failed, on an engine that keeps no delivery count."""
 
     queue = models.CharField(max_length=200)
     message_key = models.CharField(max_length=1000)
     failures = models.PositiveIntegerField(default=0)
     last_error = models.TextField(blank=True, default="")
     updated_at = models.DateTimeField()
+    #: when the lease of the latest failed run began (Spanner's clock); the record is of the
+    #: message under ``message_key`` whose ``DeliverTime`` is not later (``belongs``). None (a
+    #: record written before this field, or of a message without a lease): any message's.
+    leased_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         verbose_name = "failed delivery"
@@ -62,21 +77,54 @@ def key_text(key: Sequence[Any]) -> str:
     return json.dumps(values, cls=DjangoJSONEncoder, separators=(",", ":"))
 
 
-def failures_of(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> dict[tuple, int]:
-    """Recorded failures by key, for the keys that have any."""
-    texts = {key_text(k): tuple(k) for k in keys}
+def lease_start(message: Message) -> datetime | None:
+    """When ``message``'s lease began, on Spanner's clock (its expiry less the 10 s lease; a
+    renewed lease: when it was last renewed). None without a lease."""
+    expires = message.lease_expires_at
+    return expires - LEASE if expires is not None else None
+
+
+def first_delivery(deliver_time: datetime | None, lease_expires_at: datetime | None) -> bool:
+    """Whether a delivery (its message's ``DeliverTime`` and its lease's expiry, as RECEIVE
+    gave them) is surely the first of its message: its lease began less than one lease after
+    the ``DeliverTime``, so no earlier lease of the message can have ended, and no failed run
+    of it is on record. False when it cannot be told."""
+    if deliver_time is None or lease_expires_at is None:
+        return False
+    return lease_expires_at - LEASE < deliver_time + LEASE
+
+
+def belongs(leased_at: datetime | None, deliver_time: datetime | None) -> bool:
+    """Whether a record whose failed run was leased at ``leased_at`` is of the message whose
+    ``DeliverTime`` is ``deliver_time`` (a message sent later has a later ``DeliverTime``)."""
+    return leased_at is None or deliver_time is None or deliver_time <= leased_at
+
+
+def failures_of(
+    queue: str, deliver_times: Mapping[tuple[Any, ...], datetime | None], *, using: str
+) -> dict[tuple, int]:
+    """Recorded failures by key, for the messages (key -> their ``DeliverTime``) that have
+    any: records of earlier messages under the same keys are not theirs (``belongs``)."""
+    texts = {key_text(k): tuple(k) for k in deliver_times}
     if not texts:
         return {}
     rows = FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=list(texts))
-    return {texts[r.message_key]: r.failures for r in rows}
+    found = {}
+    for r in rows:
+        key = texts[r.message_key]
+        if belongs(r.leased_at, deliver_times[key]):
+            found[key] = r.failures
+    return found
 
 
 def record_failure(message: Message, error: BaseException | None, *, using: str) -> int:
-    """Count one more failed run of ``message`` in the caller's transaction; return the count."""
+    """Count one more failed run of ``message`` in the caller's transaction; return the count.
+    A record of an earlier message under the key is replaced: this message starts at 1."""
     text = key_text(message.key)
     manager = FailedDelivery.objects.using(using)
     row = manager.filter(queue=message.queue, message_key=text).first()
     detail = f"{type(error).__name__}: {error}"[:ERROR_LIMIT] if error is not None else ""
+    leased_at = lease_start(message)
     if row is None:
         row = manager.create(
             queue=message.queue,
@@ -84,17 +132,58 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
             failures=1,
             last_error=detail,
             updated_at=clock.now(),
+            leased_at=leased_at,
         )
     else:
-        row.failures += 1
+        ours = belongs(row.leased_at, message.deliver_time)
+        row.failures = row.failures + 1 if ours else 1
         row.last_error = detail
         row.updated_at = clock.now()
-        row.save(using=using, update_fields=["failures", "last_error", "updated_at"])
+        # (the latest lease start: still no earlier than this message's DeliverTime)
+        if leased_at is not None:
+            row.leased_at = (
+                leased_at if row.leased_at is None or not ours else max(row.leased_at, leased_at)
+            )
+        row.save(using=using, update_fields=["failures", "last_error", "updated_at", "leased_at"])
     return row.failures
 
 
 def clear_failures(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> None:
-    """Forget the failures of ``keys`` in the caller's transaction."""
+    """Forget the failures of ``keys`` in the caller's transaction (one DELETE)."""
     texts = [key_text(k) for k in keys]
     if texts:
         FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=texts).delete()
+
+
+def clear_queue(queue: str, *, using: str) -> None:
+    """Forget every failure recorded on ``queue`` (its messages were all deleted)."""
+    FailedDelivery.objects.using(using).filter(queue=queue).delete()
+
+
+def stale_records(queue: str, *, using: str, before: datetime, limit: int) -> list[FailedDelivery]:
+    """Up to ``limit`` records of ``queue`` not updated since ``before`` (prune candidates)."""
+    return list(
+        FailedDelivery.objects.using(using)
+        .filter(queue=queue, updated_at__lt=before)
+        .order_by("updated_at")[:limit]
+    )
+
+
+def prune(
+    records: Sequence[FailedDelivery],
+    deliver_times: Mapping[str, datetime | None],
+    *,
+    using: str,
+) -> int:
+    """Delete the ``records`` whose message is gone: no message under their key now
+    (``deliver_times``: key text -> the ``DeliverTime`` of the message under it), or one sent
+    after them. Returns how many were deleted."""
+    gone = [
+        r.pk
+        for r in records
+        if r.message_key not in deliver_times
+        or not belongs(r.leased_at, deliver_times[r.message_key])
+    ]
+    if gone:
+        FailedDelivery.objects.using(using).filter(pk__in=gone).delete()
+    return len(gone)

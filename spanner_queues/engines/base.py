@@ -2,7 +2,7 @@
 talks to a ``BaseQueueEngine`` and branches only on ``engine.features``.
 
 The seam is storage only: one verb per change to a queue's storage (create/drop, send,
-receive, ack, delete, requeue, release, renew, the failure ledger) and what can be read of it
+receive, ack, delete, requeue, release, renew, recording a failed run) and what can be read of it
 (stats, lease expirations, checks). Back-off, attempts, giving back, dead-lettering and
 discarding are the worker's delivery policy (``spanner_queues.worker.outcomes``), built on
 these verbs."""
@@ -19,7 +19,7 @@ from django.core import checks
 
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
 from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
-from spanner_queues.message import OutgoingMessage, may_have_failed
+from spanner_queues.message import OutgoingMessage
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -159,8 +159,9 @@ class BaseQueueEngine(ABC):
         using: str,
         lease_tokens: Sequence[str | None] | None = None,
     ) -> None:
-        """Delete messages by key in the caller's transaction, all or none: a missing one
-        raises ``MessageAlreadyAcked``. ``lease_tokens`` gives each key's lease (None: by key
+        """Delete messages by key in the caller's transaction, all or none, with whatever the
+        engine records of them (the failure ledger's records): a missing one raises
+        ``MessageAlreadyAcked``. ``lease_tokens`` gives each key's lease (None: by key
         alone); where the engine checks leases (``supports_lease_checked_ack``) a row that no
         longer holds its token is not deleted (``StaleAck``), elsewhere the tokens are
         ignored (native Spanner acks by key). On either error the caller's transaction is
@@ -179,26 +180,21 @@ class BaseQueueEngine(ABC):
         """Ack ``messages`` and send ``outgoing`` (to ``to``, default the same queue) in the
         caller's transaction on ``using``: both or neither. The ack is ``ack_many`` with the
         leases the messages carry (``MessageAlreadyAcked`` or ``StaleAck`` and nothing is
-        sent). The new messages start afresh: no delivery counted, and the failures recorded
-        of a message that failed before, or that moves to another queue, are forgotten. With
-        ``missing_ok`` whatever is under the keys is deleted, held or not, a missing message
-        is no error and recorded failures stay (``api.replace``: no lease is held)."""
+        sent). The new messages start afresh: no delivery counted, no failure on record. With
+        ``missing_ok`` whatever is under the keys is deleted, held or not (``delete_any``),
+        and a missing message is no error (``api.replace``: no lease is held)."""
         keys = [m.key for m in messages]
         if missing_ok:
             self.delete_any(model, keys, using=using)
         elif messages:
             self.ack_many(model, keys, using=using, lease_tokens=[m.lease_token for m in messages])
-        moved = to is not None and to is not model
-        forget = keys if moved else [m.key for m in messages if may_have_failed(m)]
-        if forget:
-            self.clear_failures(model, forget, using=using)
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
     ) -> None:
         """Delete whatever messages are under ``keys`` in the caller's transaction, held or
-        not; a missing one is no error."""
+        not, with whatever the engine records of them; a missing one is no error."""
         raise self._unsupported("deleting by key")
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
@@ -213,7 +209,7 @@ class BaseQueueEngine(ABC):
         its lease is no longer held."""
         raise self._unsupported("release")
 
-    # --- the failure ledger (engines that count no deliveries) -------------------------------
+    # --- failed runs (engines that count no deliveries keep a ledger) ------------------------
     def record_failure(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
     ) -> int | None:
@@ -221,13 +217,6 @@ class BaseQueueEngine(ABC):
         the attempt that failed. Engines that count deliveries (``supports_attempt_count``)
         already have it in ``message.attempt`` and write nothing (None: not known)."""
         return message.attempt
-
-    def clear_failures(
-        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
-    ) -> None:
-        """Forget recorded failures of ``keys`` in the caller's transaction (acked,
-        dead-lettered or discarded). Nothing to do where attempts are counted on the rows."""
-        return None
 
     # --- receiving in the background ---------------------------------------------------------
     def stop_receiving(

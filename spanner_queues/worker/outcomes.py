@@ -89,8 +89,8 @@ class Unstarted(enum.Enum):
 
 class DeliveryPolicy:
     """Back-off, attempts, giving back, retry and discard for the queues of one engine, on the
-    engine's storage verbs (``ack_many``, ``requeue``, ``release``, ``record_failure``,
-    ``clear_failures``). Cheap to make: it holds the engine and nothing else."""
+    engine's storage verbs (``ack_many``, ``requeue``, ``release``, ``record_failure``).
+    Cheap to make: it holds the engine and nothing else."""
 
     __slots__ = ("engine",)
 
@@ -113,18 +113,14 @@ class DeliveryPolicy:
     def ack(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
         """Ack received messages in the caller's transaction with the leases they carry
         (``ack_many``: ``StaleAck`` where the engine checks leases and a row no longer holds
-        its token; a message without a token is acked by key), and forget the failures
-        recorded of those that failed before. All or nothing; on failure the caller's
-        transaction is marked for rollback."""
+        its token; a message without a token is acked by key; the failures recorded of them go
+        with them). All or nothing; on failure the caller's transaction is marked for
+        rollback."""
         if not messages:
             return
-        engine = self.engine
-        engine.ack_many(
+        self.engine.ack_many(
             model, [m.key for m in messages], using=using, lease_tokens=_tokens(messages)
         )
-        failed_before = [m.key for m in messages if may_have_failed(m)]
-        if failed_before:
-            engine.clear_failures(model, failed_before, using=using)
 
     def fail(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
@@ -211,13 +207,9 @@ class DeliveryPolicy:
 
     def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
         """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the
-        caller's transaction: ack them as ``ack`` does and forget every failure recorded of
-        them (the failed run just recorded included)."""
-        if not messages:
-            return
-        keys = [m.key for m in messages]
-        self.engine.ack_many(model, keys, using=using, lease_tokens=_tokens(messages))
-        self.engine.clear_failures(model, keys, using=using)
+        caller's transaction: ack them as ``ack`` does (their recorded failures go with
+        them, the failed run just recorded included)."""
+        self.ack(model, messages, using=using)
 
 
 def _tokens(messages: Sequence[Message]) -> list[str | None]:

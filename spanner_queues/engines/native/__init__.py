@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
+import json
 import logging
+import operator
 import os
 import threading
 import time
@@ -70,7 +73,7 @@ from spanner_queues.exceptions import (
     QueueConfigurationError,
     QueueUnavailable,
 )
-from spanner_queues.keys import key_filter, key_names
+from spanner_queues.keys import key_fields, key_filter, key_names
 from spanner_queues.message import AttemptLoader, Message, OutgoingMessage
 from spanner_queues.options import queue_options
 from spanner_queues.semantics import LEASE
@@ -105,6 +108,65 @@ _unsettled_lock = threading.Lock()
 #: when (monotonic) this process last sent to a queue, by (alias, label): a stream's call open
 #: since before it has not been shown that message yet, so a take waits its full wait for it
 _last_sent: dict[tuple[str, str], float] = {}
+
+#: how often (seconds) a failure's transaction may also prune the ledger of its queue, and the
+#: age and number of records one prune looks at (``failures.prune``).
+PRUNE_INTERVAL_SECONDS = 3600.0
+PRUNE_AGE = timedelta(hours=1)
+PRUNE_BATCH = 100
+
+
+class FirstDeliveries:
+    """Lease tokens this process handed out for first deliveries (``failures.first_delivery``)
+    that have no failed run recorded: their ack has no failure record to delete, so it writes
+    nothing to the ledger. A token leaves with its ack, its failure, or its renewal (the new
+    token takes its place); one whose lease ran out leaves at the next ``add`` after one lease,
+    so the set holds at most the leases live now and those of the last lease length."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tokens: dict[str, datetime] = {}  # token -> lease expiry (Spanner's clock)
+        self._swept = time.monotonic()
+
+    def add(self, messages: Sequence[Message]) -> None:
+        with self._lock:
+            for m in messages:
+                expires = m.lease_expires_at
+                if m.lease_token and expires and failures.first_delivery(m.deliver_time, expires):
+                    self._tokens[m.lease_token] = expires
+            if time.monotonic() - self._swept > LEASE.total_seconds():
+                self._swept = time.monotonic()
+                gone = clock.now() - LEASE  # (a lease's length of margin for the clocks)
+                for token in [t for t, e in self._tokens.items() if e < gone]:
+                    del self._tokens[token]
+
+    def discard(self, tokens: Sequence[str | None]) -> None:
+        with self._lock:
+            for token in tokens:
+                if token:
+                    self._tokens.pop(token, None)
+
+    def renewed(self, renewals: dict[str, tuple[str | None, Any]]) -> None:
+        """Carry each renewed first delivery to its new token."""
+        with self._lock:
+            for old, (new, expires) in renewals.items():
+                if self._tokens.pop(old, None) is not None and new and expires is not None:
+                    self._tokens[new] = expires
+
+    def take(self, tokens: Sequence[str | None]) -> list[bool]:
+        """For each token: whether it is a first delivery without a failure on record; every
+        token leaves the set (acked)."""
+        with self._lock:
+            return [t is not None and self._tokens.pop(t, None) is not None for t in tokens]
+
+    def __len__(self) -> int:
+        return len(self._tokens)
+
+
+#: this process's first deliveries, every alias and queue (tokens are unique).
+_first_deliveries = FirstDeliveries()
+#: when (monotonic) a failure last pruned the ledger of a queue, by (alias, label)
+_pruned: dict[tuple[str, str], float] = {}
 
 
 def stop_all_streams(wait: float | None = 5.0) -> None:
@@ -391,15 +453,21 @@ class NativeQueueEngine(BaseQueueEngine):
         if not taken:
             return []
         # Spanner keeps no delivery count: an attempt is the failed runs workers recorded in
-        # the failure ledger, plus one, read for the whole batch when one is first read.
+        # the failure ledger, plus one, read when one is first read, for the messages of the
+        # batch that may have failed before (a first delivery has no record: attempt 1).
         database = self.database
+        deliver_times = {
+            d.key: d.deliver_time
+            for d in taken
+            if not failures.first_delivery(d.deliver_time, d.lease_expires_at)
+        }
 
         def load(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
-            failed = failures.failures_of(label, keys, using=database)
+            failed = failures.failures_of(label, deliver_times, using=database)
             return {key: count + 1 for key, count in failed.items()}
 
-        attempts = AttemptLoader([d.key for d in taken], load)
-        return [
+        attempts = AttemptLoader(list(deliver_times), load)
+        received = [
             Message(
                 queue=label,
                 key=d.key,
@@ -413,6 +481,8 @@ class NativeQueueEngine(BaseQueueEngine):
             )
             for d in taken
         ]
+        _first_deliveries.add(received)
+        return received
 
     def _stream(self, model: type[Queue], want: int = 1) -> Receiver:
         """This process's running stream of ``model`` on this alias, started if need be, told
@@ -505,14 +575,49 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> int:
         """Spanner counts no deliveries: the failed run goes to the failure ledger
         (``spanner_queues.failures``) in the caller's transaction, on every queue, so the next
-        delivery's ``attempt`` is one more."""
-        return failures.record_failure(message, error, using=using)
+        delivery's ``attempt`` is one more (the record is of this sent message only). At most
+        once an hour per queue and process, the same transaction prunes the records of
+        messages that are gone (``prune_failures``)."""
+        _first_deliveries.discard([message.lease_token])
+        count = failures.record_failure(message, error, using=using)
+        key = (self.alias, model._meta.label)
+        last = _pruned.get(key)
+        if last is None or time.monotonic() - last > PRUNE_INTERVAL_SECONDS:
+            _pruned[key] = time.monotonic()
+            self.prune_failures(model, using=using)
+        return count
 
-    def clear_failures(
-        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
-    ) -> None:
-        if keys:
-            failures.clear_failures(model._meta.label, keys, using=using)
+    def prune_failures(
+        self, model: type[Queue], *, using: str, older_than: timedelta = PRUNE_AGE
+    ) -> int:
+        """Delete, in the caller's transaction, the failure records of ``model`` not updated
+        for ``older_than`` whose message is gone (deleted where nothing of ours ran: a
+        cascade, TTL, another program), up to ``PRUNE_BATCH`` of them: one read of the ledger,
+        one of the queue by key, one delete. Returns how many were deleted."""
+        limit = min(PRUNE_BATCH, MAX_QUERY_PARAMETERS // max(1, len(key_names(model))))
+        records = failures.stale_records(
+            model._meta.label, using=using, before=clock.now() - older_than, limit=limit
+        )
+        if not records:
+            return 0
+        fields = key_fields(model)
+        wanted = {}
+        for record in records:
+            values = json.loads(record.message_key)
+            key = tuple(f.to_python(v) for f, v in zip(fields, values, strict=True))
+            if failures.key_text(key) == record.message_key:  # (else never pruned)
+                wanted[record.message_key] = key
+        if not wanted:
+            return 0
+        names = [f.attname for f in fields]
+        present: dict[str, Any] = {}
+        query = rows(model, using).filter(
+            functools.reduce(operator.or_, [key_filter(model, k) for k in wanted.values()])
+        )
+        for row in query.only(*[f.name for f in fields], "deliver_time"):
+            present[failures.key_text(tuple(getattr(row, n) for n in names))] = row.deliver_time
+        return failures.prune([r for r in records if r.message_key in wanted], present, using=using)
+        return failures.prune(records, present, using=using)
 
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
@@ -620,6 +725,7 @@ class NativeQueueEngine(BaseQueueEngine):
             raise
         if held and receiver is not None:
             receiver.apply_renewals(renewed, held)
+        _first_deliveries.renewed(renewed)
         result = []
         now = clock.now()
         for message in messages:
@@ -652,6 +758,10 @@ class NativeQueueEngine(BaseQueueEngine):
             return
         decl = self.declaration(model)
         conn = connections[using]
+        tokens = lease_tokens if lease_tokens is not None else [None] * len(keys)
+        clean = _first_deliveries.take(tokens)
+        # the failure records of the acked messages go with them (none for a first delivery)
+        recorded = [k for k, first in zip(keys, clean, strict=True) if not first]
         with transaction.atomic(using=using), conn.cursor() as cursor:
             for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
                 params = [v for key in chunk for v in client.prep_key(model, key, conn)]
@@ -674,12 +784,18 @@ class NativeQueueEngine(BaseQueueEngine):
                         f"{model._meta.label}{which}; it was already acked (or deleted). Roll "
                         "back: the work may have been done by another receiver."
                     ) from None
+            if recorded:
+                failures.clear_failures(model._meta.label, recorded, using=using)
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
     ) -> None:
-        for key in keys:
-            rows(model, using).filter(key_filter(model, key)).delete()
+        """Delete by key, held or not, with the failure records of the messages."""
+        with transaction.atomic(using=using):
+            for key in keys:
+                rows(model, using).filter(key_filter(model, key)).delete()
+            if keys:
+                failures.clear_failures(model._meta.label, keys, using=using)
 
     def ack_mutations(
         self,
