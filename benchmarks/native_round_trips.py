@@ -20,6 +20,10 @@ client interceptor (``tests.native.grpc_calls``); session management is left out
 - ``single-message drain``: N messages drained by ``Worker(burst=True)`` with an atomic no-op
   receiver (its transaction is the ack);
 - ``batch drain``: N messages drained by a batch receiver (``max_batch_size=20``);
+- ``... writing, long-running`` / ``... writing, --burst``: the same receivers, each run
+  writing one row (``Account``) in its transaction (the ack's), drained by a long-running
+  worker stopped as SIGTERM stops it (``Worker.stop()``) once every message was processed, and
+  by a burst worker; ``--workloads`` picks scenarios by name;
 - ``bulk send``: 1,000 messages in one transaction (``send_many``).
 
 Counts include the RECEIVE stream's calls and its lease renewals; per-method counts follow.
@@ -59,18 +63,49 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0][:160]
 
 
-def _drain(worker_cls: Any, registry: Any, model: Any) -> None:
+def _drain(
+    worker_cls: Any, registry: Any, model: Any, *, burst: bool = True, done: Any = None
+) -> None:
+    """Run a worker until the queue is drained: a burst worker returns by itself; a
+    long-running one is stopped as SIGTERM stops it once ``done`` (an Event) is set."""
     worker = worker_cls(
         [model],
         registry=registry,
-        burst=True,
+        burst=burst,
         install_signal_handlers=False,
         summary_interval=None,
     )
+    if burst:
+        worker.run()
+        return
+    import threading
+
+    def stop_when_done() -> None:
+        done.wait(600)
+        worker.stop()
+
+    stopper = threading.Thread(target=stop_when_done, daemon=True)
+    stopper.start()
     worker.run()
+    stopper.join(10)
 
 
-def run(n: int, bulk: int) -> dict[str, Any]:
+def _counting_writer(account: Any, count: int, done: Any) -> Any:
+    """A receiver's body: write one row per run, set ``done`` once ``count`` were processed."""
+    processed = [0]
+
+    def write(messages: Any) -> None:
+        account.objects.create(name=f"done {len(messages)}")
+        processed[0] += len(messages)
+        if processed[0] >= count:
+            done.set()
+
+    return write
+
+
+def run(n: int, bulk: int, workloads: str = "") -> dict[str, Any]:
+    import threading
+
     from django.db import connection, transaction
 
     from spanner_queues import api
@@ -78,12 +113,14 @@ def run(n: int, bulk: int) -> dict[str, Any]:
     from spanner_queues.receivers import ReceiverRegistry, receiver
     from spanner_queues.worker import Worker
     from tests.native.grpc_calls import counting
-    from tests.testapp.models import Jobs
+    from tests.testapp.models import Account, Jobs
 
     engine = engines["default"]
     results: dict[str, Any] = {}
 
     def measure(name: str, messages: int, work: Any) -> None:
+        if workloads and not any(w in name for w in workloads.split(",")):
+            return
         with counting() as counter:
             started = time.monotonic()
             error = None
@@ -131,6 +168,28 @@ def run(n: int, bulk: int) -> dict[str, Any]:
     engine.stop_receiving(wait=30)
     engine.purge(Jobs)
 
+    for batch_size in (1, 20):
+        count = n if batch_size == 1 else n * 5
+        for burst in (False, True):
+            done = threading.Event()
+            registry = ReceiverRegistry()
+            counted = _counting_writer(Account, count, done)
+            if batch_size == 1:
+                receiver(Jobs, registry=registry)(lambda message, c=counted: c([message]))
+            else:
+                receiver(Jobs, registry=registry, batch=True, max_batch_size=20)(counted)
+            fill(count, "w")
+            kind = "single" if batch_size == 1 else "batch of 20"
+            mode = "--burst" if burst else "long-running"
+            measure(
+                f"{kind} writing, {mode}",
+                count,
+                lambda r=registry, b=burst, d=done: _drain(Worker, r, Jobs, burst=b, done=d),
+            )
+            engine.stop_receiving(wait=30)
+            engine.purge(Jobs)
+            Account.objects.all().delete()
+
     def bulk_send() -> None:
         with transaction.atomic():
             api.send_many(Jobs, [{"id": f"k{i}", "payload": b"x"} for i in range(bulk)])
@@ -146,6 +205,9 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=40, help="messages per scenario (default 40)")
     parser.add_argument("--bulk", type=int, default=1000, help="bulk send size (default 1000)")
     parser.add_argument("--json", action="store_true", help="print the raw figures as JSON")
+    parser.add_argument(
+        "--workloads", default="", help="comma-separated parts of scenario names to run"
+    )
     args = parser.parse_args()
     _setup()
     from django.db import connection
@@ -155,7 +217,7 @@ def main() -> None:
     old_name = connection.settings_dict["NAME"]
     connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
     try:
-        results = run(args.n, args.bulk)
+        results = run(args.n, args.bulk, args.workloads)
     finally:
         engines["default"].stop_receiving(wait=30)
         connection.creation.destroy_test_db(old_name, verbosity=0)

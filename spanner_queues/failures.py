@@ -16,7 +16,7 @@ one was deleted (acked by key, replaced, deleted, by a cascade or by TTL, where 
 runs) has a later one: the record is not its (``belongs``), it is read as no failure and the
 next failure starts it again. Records also go with their message where we delete it: the
 native engine's ``ack_many`` (unless the delivery is known to be a first one, ``first_delivery``,
-which has no record), ``delete_any`` and ``purge``; ``prune`` deletes the records of messages
+which has no record) and ``delete_any``; ``prune`` deletes the records of messages
 that are gone, so the ledger stays as small as the failing messages it describes.
 
 What it does not count: a delivery whose worker died or whose lease expired mid-run leaves no
@@ -153,11 +153,6 @@ def clear_failures(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> 
     texts = [key_text(k) for k in keys]
     if texts:
         FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=texts).delete()
-
-
-def clear_queue(queue: str, *, using: str) -> None:
-    """Forget every failure recorded on ``queue`` (its messages were all deleted)."""
-    FailedDelivery.objects.using(using).filter(queue=queue).delete()
 
 
 def stale_records(queue: str, *, using: str, before: datetime, limit: int) -> list[FailedDelivery]:

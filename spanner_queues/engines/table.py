@@ -18,6 +18,8 @@ equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.py`` (docs/benc
 
 from __future__ import annotations
 
+import functools
+import operator
 import random
 import secrets
 import threading
@@ -29,7 +31,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.core import checks
-from django.db import IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
 
 from spanner_queues import clock
@@ -146,7 +148,7 @@ class TableQueueEngine(BaseQueueEngine):
             driver = driver_for(using)
             if isinstance(exc, IntegrityError) and driver.is_duplicate_key(exc):
                 raise MessageAlreadyExists(
-                    f"{model._meta.label}: a message with key {keys} already exists "
+                    f"{model._meta.label}: {self._existing_text(model, messages, using, exc)} "
                     "(keys are identity; ack it first or use replace())."
                 ) from exc
             if driver.is_missing_parent(exc):
@@ -156,6 +158,38 @@ class TableQueueEngine(BaseQueueEngine):
                 ) from exc
             raise
         return [row_to_message(model, r) for r in new_rows]
+
+    @staticmethod
+    def _existing_text(
+        model: type[Queue], messages: Sequence[OutgoingMessage], using: str, exc: Exception
+    ) -> str:
+        """Which keys of ``messages`` exist ("a message with key (...) exists"), read in the
+        caller's transaction; where it cannot be read (PostgreSQL ended the transaction), the
+        keys of the batch and the database's own words, which name the key."""
+        names = key_names(model)
+        keys = [tuple(m.key[n] for n in names) for m in messages]
+        if len(keys) == 1:
+            return f"a message with key {keys[0]} already exists"
+        # The failed INSERT marked the caller's ``atomic`` for rollback; it stays marked, but
+        # where the database's transaction survives a failed statement, one read is allowed.
+        doomed = transaction.get_rollback(using=using)
+        transaction.set_rollback(False, using=using)
+        try:
+            query = rows(model, using).filter(
+                functools.reduce(operator.or_, [key_filter(model, k) for k in keys])
+            )
+            found = set(query.values_list(*names))
+        except DatabaseError:
+            found = set()
+        finally:
+            transaction.set_rollback(doomed, using=using)
+        there = [k for k in keys if k in found]
+        if there:
+            return f"a message with key {', '.join(str(k) for k in there[:20])} already exists"
+        shown = ", ".join(str(k) for k in keys[:20])
+        more = f" (and {len(keys) - 20} more)" if len(keys) > 20 else ""
+        said = str(exc).strip().replace("\n", " ")[:300]
+        return f"a message with one of the keys {shown}{more} already exists ({said})"
 
     @staticmethod
     def _check_parents(

@@ -400,21 +400,61 @@ class NativeQueueEngine(BaseQueueEngine):
             self._raise_send_error(model, messages, exc, self.database)
             raise
 
-    @staticmethod
     def _raise_send_error(
-        model: type[Queue], messages: Sequence[OutgoingMessage], exc: Exception, using: str
+        self, model: type[Queue], messages: Sequence[OutgoingMessage], exc: Exception, using: str
     ) -> None:
         """Raise the ``QueueError`` a failed send means, if any (nothing was sent)."""
         if grpc_status(exc) == "ALREADY_EXISTS":
             raise MessageAlreadyExists(
-                f"{model._meta.label}: a message with key {_keys_text(messages)} already exists "
-                "(keys are identity; ack it first or use replace()); nothing was sent."
+                f"{model._meta.label}: {self._existing_text(model, messages)} (keys are "
+                "identity; ack it first or use replace()); nothing was sent."
             ) from exc
         if driver_for(using).is_missing_parent(exc):
             raise InvalidMessage(
                 f"{model._meta.label}: no parent row for key {_keys_text(messages)} (the queue "
                 "is interleaved in its parent; create the parent first); nothing was sent."
             ) from exc
+
+    def _existing_text(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> str:
+        """Which keys of ``messages`` exist ("a message with key (...) exists"), read in a
+        strong read of its own (the send's transaction failed); where the read fails, the
+        keys of the batch ("one of the keys ... exists")."""
+        if len(messages) > 1:
+            try:
+                found = self.existing_keys(model, messages)
+            except Exception:
+                found = []
+            if found:
+                shown = ", ".join(str(k) for k in found[:20])
+                return f"a message with key {shown} already exists"
+            return f"a message with one of the keys {_keys_text(messages)} already exists"
+        return f"a message with key {_keys_text(messages)} already exists"
+
+    def existing_keys(
+        self, model: type[Queue], messages: Sequence[OutgoingMessage]
+    ) -> list[tuple[Any, ...]]:
+        """The keys of ``messages`` that are taken now (one strong read of the queue by key,
+        outside any transaction: a failed send's message names them)."""
+        decl = self.declaration(model)
+        names = key_names(model)
+        connection = connections[self.database]
+        params: dict[str, Any] = {}
+        terms = []
+        for i, m in enumerate(messages):
+            values = client.prep_key(model, [m.key[n] for n in names], connection)
+            parts = []
+            for j, (column, value) in enumerate(zip(decl.keys, values, strict=True)):
+                params[f"k{i}_{j}"] = value
+                parts.append(f"{self.dialect.quote(column.column)} = @k{i}_{j}")
+            terms.append("(" + " AND ".join(parts) + ")")
+        columns = ", ".join(self.dialect.quote(c.column) for c in decl.keys)
+        sql = f"SELECT {columns} FROM {self.dialect.quote(decl.name)} WHERE {' OR '.join(terms)}"
+        found = {tuple(row) for row in client.query(self.spanner(), sql, params)}
+        return [
+            tuple(m.key[n] for n in names)
+            for m in messages
+            if tuple(client.prep_key(model, [m.key[n] for n in names], connection)) in found
+        ]
 
     # --- receiving ------------------------------------------------------------------------
     def receive_sql(

@@ -184,3 +184,15 @@ def test_send_with_a_null_key_raises_a_queue_error() -> None:
     with pytest.raises(QueueError):
         with transaction.atomic():
             UserTasks.send(user_id=None, message_id="welcome")
+
+
+def test_message_already_exists_names_the_key_that_exists_not_the_first_of_the_batch() -> None:
+    UserTasks.send(user_id=7, message_id="m24", payload="there")
+    batch = [{"user_id": 7, "message_id": f"m{i}", "payload": "x"} for i in range(30)]
+    with pytest.raises(MessageAlreadyExists) as raised:
+        with transaction.atomic():
+            api.send_many(UserTasks, batch)
+    text = str(raised.value)
+    assert "m24" in text
+    assert "'m0'" not in text and "'m1'" not in text
+    assert UserTasks.objects.count() == 1
