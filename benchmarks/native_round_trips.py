@@ -130,12 +130,16 @@ def run(n: int, bulk: int, workloads: str = "") -> dict[str, Any]:
                 error = _describe(exc)
             seconds = time.monotonic() - started
             calls = counter.work_calls()
+            statements = counter.statements()
+            sessions = sum(counter.snapshot().values()) - sum(calls.values())
         total = sum(calls.values())
         results[name] = {
             "messages": messages,
             "calls": total,
             "calls_per_message": round(total / messages, 3),
+            "session_calls": sessions,
             "by_method": dict(sorted(calls.items())),
+            "by_statement": dict(sorted(statements.items())),
             "seconds": round(seconds, 2),
             "error": error,
         }
@@ -231,7 +235,8 @@ def main() -> None:
         if r["error"]:
             line += f"  FAILED: {r['error']}"
         print(line)
-        print(f"{'':40} {r['by_method']}")
+        print(f"{'':40} {r['by_method']} (+ {r['session_calls']} session calls)")
+        print(f"{'':40} {r['by_statement']}")
     sys.exit(1 if failed else 0)  # a scenario failed: callers (scripts, CI) see it
 
 

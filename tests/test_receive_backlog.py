@@ -130,3 +130,30 @@ def test_a_stop_while_a_call_opens_cancels_the_call() -> None:
         for call in calls:
             call.put(END)
         receiver.stop(timeout=5)
+
+
+def test_a_backlog_is_probed_a_whole_batch_at_a_time_and_a_take_gets_all_it_asks_for() -> None:
+    """Under a backlog (the last probe came back full) a probe asks a whole batch, not the
+    demand left (a take of one message cost a RECEIVE call per message), and a take that asks
+    for more than one batch gets them all rather than one batch (a batch receiver of 20 ran
+    twice per 20 messages)."""
+    backlog = [f"m{i:03}" for i in range(100)]
+    asked: list[int] = []  # max_batch_size of each call
+
+    def open_stream(max_batch_size: int, *, brief: bool = False, probe: bool = False) -> Any:
+        assert probe
+        asked.append(max_batch_size)
+        taken, backlog[:max_batch_size] = backlog[:max_batch_size], []
+        return iter(_batch(taken))
+
+    receiver = Receiver("q", open_stream, _parse, batch_size=10, linger=30.0, probe=True)
+    try:
+        receiver.start()
+        assert len(receiver.take(20, wait=5)) == 20  # two batches of 10, one take
+        singles = [receiver.take(1, wait=5) for _ in range(20)]
+        assert all(len(s) == 1 for s in singles)
+        # 1 + 1 for the first take, then whole batches for takes of one: 2 more, not 20
+        assert len(asked) <= 5, asked
+        assert receiver.held <= 10  # held ahead: at most the demand and one batch
+    finally:
+        receiver.stop(timeout=5)

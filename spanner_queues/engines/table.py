@@ -163,9 +163,9 @@ class TableQueueEngine(BaseQueueEngine):
     def _existing_text(
         model: type[Queue], messages: Sequence[OutgoingMessage], using: str, exc: Exception
     ) -> str:
-        """Which keys of ``messages`` exist ("a message with key (...) exists"), read in the
-        caller's transaction; where it cannot be read (PostgreSQL ended the transaction), the
-        keys of the batch and the database's own words, which name the key."""
+        """Which keys of ``messages`` exist ("a message with key (...) already exists"), read
+        in the caller's transaction; where it cannot be read (PostgreSQL ended the
+        transaction), the database's own words, which name the key there."""
         names = key_names(model)
         keys = [tuple(m.key[n] for n in names) for m in messages]
         if len(keys) == 1:
@@ -186,10 +186,8 @@ class TableQueueEngine(BaseQueueEngine):
         there = [k for k in keys if k in found]
         if there:
             return f"a message with key {', '.join(str(k) for k in there[:20])} already exists"
-        shown = ", ".join(str(k) for k in keys[:20])
-        more = f" (and {len(keys) - 20} more)" if len(keys) > 20 else ""
-        said = str(exc).strip().replace("\n", " ")[:300]
-        return f"a message with one of the keys {shown}{more} already exists ({said})"
+        said = " ".join(str(exc).split())[:300]
+        return f"a message with one of the {len(keys)} keys already exists ({said})"
 
     @staticmethod
     def _check_parents(

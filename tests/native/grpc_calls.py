@@ -25,18 +25,27 @@ class CallCounter(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._calls: Counter[str] = Counter()
+        self._statements: Counter[str] = Counter()
 
-    def _count(self, method: str) -> None:
+    def _count(self, method: str, request: Any) -> None:
+        sql = getattr(request, "sql", None)
         with self._lock:
             self._calls[method.rsplit("/", 1)[-1]] += 1
+            if isinstance(sql, str) and sql:
+                self._statements[_statement_kind(sql)] += 1
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        self._count(details.method)
+        self._count(details.method, request)
         return continuation(details, request)
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
-        self._count(details.method)
+        self._count(details.method, request)
         return continuation(details, request)
+
+    def statements(self) -> Counter[str]:
+        """The SQL calls by kind (``_statement_kind``): which statements the calls were."""
+        with self._lock:
+            return Counter(self._statements)
 
     def snapshot(self) -> Counter[str]:
         with self._lock:
@@ -55,6 +64,24 @@ class CallCounter(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterc
 
     def total(self) -> int:
         return sum(self.work_calls().values())
+
+
+def _statement_kind(sql: str) -> str:
+    """A statement's verb and the table, queue or function it names ("DELETE FROM x",
+    "SELECT ... RECEIVE_x"), without its values."""
+    words = sql.split()
+    verb = words[0].upper() if words else ""
+    for marker in ("RECEIVE_", "RENEWLEASE_"):
+        at = sql.find(marker)
+        if at >= 0:
+            return f"{verb} {sql[at:].split('(')[0]}"
+    for keyword in ("FROM", "INTO", "UPDATE"):
+        upper = [w.upper() for w in words]
+        if keyword in upper:
+            index = upper.index(keyword)
+            if index + 1 < len(words):
+                return f"{verb} {keyword} {words[index + 1]}"
+    return verb
 
 
 @contextlib.contextmanager

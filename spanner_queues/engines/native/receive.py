@@ -17,7 +17,10 @@ A cancel strands the rows the server sent before it arrived (leased to nobody un
 lease ends), and under a backlog it would strand some at every call. So with ``probe`` a demand
 is first asked in a *probe*: a call with a tiny ``max_duration`` (``open_stream(...,
 probe=True)``), which ends by itself after one batch. A probe that comes back full (a backlog)
-is followed by another; one that comes back short (nothing more due) by a long call, which
+is followed by another, which asks a whole batch (``batch_size``) whatever the demand left, so
+a caller taking one message at a time costs one call per batch, not per message (held ahead:
+within the demand plus one batch), and a ``take`` waits for it rather than return one batch
+short of what it asked for; one that comes back short (nothing more due) by a long call, which
 waits for messages to become due and is cancelled once its batch meets the demand.
 
 Only a caller that keeps asking holds a stream: a call stays open ``linger`` seconds after the
@@ -182,6 +185,9 @@ class Receiver:
         self._probe = probe
         #: the next call is a probe: a new demand, or the last probe came back full
         self._probe_next = True
+        #: the last call was a probe that came back full: more is due, and the next probe is
+        #: on its way for a demand not met (a ``take`` waits for it rather than return short)
+        self._backlog = False
         #: takes waiting now, the messages they ask for together, and when the last one
         #: returned (monotonic)
         self._waiting = 0
@@ -297,9 +303,17 @@ class Receiver:
                 self._ending = False
                 confirm, self._confirm = self._confirm, False
                 brief = self._brief
-                # RECEIVE's max_batch_size: the demand not yet held, at most the setting.
+                # RECEIVE's max_batch_size: the demand not yet held, at most the setting;
+                # under a backlog (the last probe came back full) a whole batch, so that a
+                # demand of one does not cost a call per message: what is held stays within
+                # the demand plus one batch, and within the buffer.
                 demand = self._demand()
-                batch = max(1, min(demand - len(self._buffer), self._batch_size or demand))
+                lacking = demand - len(self._buffer)
+                if self._backlog and self._batch_size:
+                    lacking = max(
+                        lacking, min(self._batch_size, self._buffer_size - len(self._buffer))
+                    )
+                batch = max(1, min(lacking, self._batch_size or demand))
             read_on = False  # a brief call stalled: read it to its end, past the cap
             # (brief or not: a backlog is asked in probes, which lease one batch each; a
             # look asked by ``settle`` is no probe: an empty probe proves nothing)
@@ -412,6 +426,7 @@ class Receiver:
                         self._since.extend(keys)
                         if len(self._since) > SINCE_KEPT:
                             self._since = None
+                    self._backlog = probe and full and not self._stop.is_set()
                     self._batch_open = False
                     self._calling = False
                     if not refused:  # (its long call is the first answer a take waits for)
@@ -587,7 +602,9 @@ class Receiver:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
         (only a moment when a call has been open that long and brought nothing, and this
         process sent nothing to the queue since it opened, ``last_sent`` (monotonic): nothing
-        is due), then for the rest of its batch (``SpannerLastBatchMessage``). A stream whose
+        is due), then for the rest of its batch (``SpannerLastBatchMessage``), and under a
+        backlog (the last probe came back full) for the probes that bring the rest of
+        ``max_messages``. A stream whose
         first call has not ended is waited for up to ``first_answer`` seconds, until that call
         ends (a probe that found nothing due) or fails (a permanent error is raised here): a
         caller that waits for nothing still hears that its queue is gone."""
@@ -619,7 +636,9 @@ class Receiver:
                     # (rows whose renewal is on the wire wait for its answer: ``_renewing``)
                     free = sum(1 for d in self._buffer if d.lease_token not in self._renewing)
                     enough = free >= max_messages
-                    batch_done = free > 0 and not self._batch_open
+                    # a batch ended; under a backlog (a full probe) the next probe brings the
+                    # rest of the demand at once: one unit of it, not one per RECEIVE batch
+                    batch_done = free > 0 and not self._batch_open and not self._backlog
                     remaining = deadline - time.monotonic()
                     answered = unanswered and self.calls_ended > 0  # its first call ended
                     if enough or batch_done or answered or remaining <= 0:

@@ -1,0 +1,94 @@
+"""Spanner calls per message of a worker draining a backlog, counted at the gRPC client
+(``tests.native.grpc_calls``; session management left out), with receivers that write one row
+in their transaction, as ``benchmarks/native_round_trips.py --workloads writing`` measures
+them (docs/benchmarks.md). The floor is the receiver's write, the ack and the commit: 3 per
+run. Under a backlog RECEIVE is asked in probes of a whole batch (``RECEIVE_BATCH_SIZE``) and a
+batch receiver is handed its whole batch, so RECEIVE's share stays small."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from spanner_queues import api
+from spanner_queues.engines import engines
+from spanner_queues.receivers import ReceiverRegistry, receiver
+from spanner_queues.worker import Worker
+from spanner_queues.worker.events import WorkerEvents
+from tests.native.grpc_calls import counting
+from tests.testapp.models import Account, Jobs
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _fill(count: int) -> None:
+    specs = [{"id": f"c{i}", "payload": b"x"} for i in range(count)]
+    for start in range(0, count, 400):
+        with transaction.atomic():
+            api.send_many(Jobs, specs[start : start + 400])
+
+
+def _drain(registry: ReceiverRegistry, count: int, *, burst: bool) -> Any:
+    """Drain ``count`` messages; a long-running worker is stopped (as SIGTERM stops it) once
+    every message was acked. Returns the call counter."""
+    events = WorkerEvents()
+    worker = Worker(
+        [Jobs],
+        registry=registry,
+        burst=burst,
+        install_signal_handlers=False,
+        summary_interval=None,
+        listeners=[events],
+    )
+
+    def stop_when_drained() -> None:
+        events.wait_for("acked", count, timeout=120)
+        worker.stop()
+
+    with counting() as counter:
+        stopper = threading.Thread(target=stop_when_drained, daemon=True)
+        stopper.start()
+        try:
+            worker.run()
+        finally:
+            worker.stop()
+            stopper.join(10)
+        engines["default"].stop_receiving(wait=30)
+    assert events.counts["acked"] == count
+    return counter
+
+
+@pytest.mark.parametrize("burst", [False, True], ids=["long-running", "burst"])
+def test_a_single_message_receiver_costs_at_most_3_3_calls_per_message(burst: bool) -> None:
+    count = 40
+    registry = ReceiverRegistry()
+
+    @receiver(Jobs, registry=registry)
+    def write(message: Any) -> None:
+        Account.objects.create(name="done")
+
+    _fill(count)
+    counter = _drain(registry, count, burst=burst)
+    assert counter.total() / count <= 3.3, (counter.work_calls(), counter.statements())
+
+
+@pytest.mark.parametrize("burst", [False, True], ids=["long-running", "burst"])
+def test_a_batch_receiver_of_20_runs_a_backlog_in_whole_batches_at_most_0_35_calls_each(
+    burst: bool,
+) -> None:
+    count = 200
+    runs: list[int] = []
+    registry = ReceiverRegistry()
+
+    @receiver(Jobs, registry=registry, batch=True, max_batch_size=20)
+    def write(messages: Any) -> None:
+        Account.objects.create(name=f"done {len(messages)}")
+        runs.append(len(messages))
+
+    _fill(count)
+    counter = _drain(registry, count, burst=burst)
+    assert runs.count(20) >= 8, runs  # (RECEIVE batches are 10: one run per two of them)
+    assert counter.total() / count <= 0.35, (counter.work_calls(), counter.statements())
