@@ -35,7 +35,7 @@ from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
 
 from spanner_queues import clock
-from spanner_queues.drivers import driver_for
+from spanner_queues.drivers import causes, driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.exceptions import (
     InvalidMessage,
@@ -186,8 +186,10 @@ class TableQueueEngine(BaseQueueEngine):
         there = [k for k in keys if k in found]
         if there:
             return f"a message with key {', '.join(str(k) for k in there[:20])} already exists"
-        said = " ".join(str(exc).split())[:300]
-        return f"a message with one of the {len(keys)} keys already exists ({said})"
+        # (the first words of the chain that say something: Django's and the DB-API's
+        # wrappers of a Spanner error may say nothing, "[]")
+        said = next((t for t in (" ".join(str(e).split()) for e in causes(exc)) if len(t) > 2), "")
+        return f"a message with one of the {len(keys)} keys already exists ({said[:300]})"
 
     @staticmethod
     def _check_parents(

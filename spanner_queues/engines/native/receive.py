@@ -304,12 +304,13 @@ class Receiver:
                 confirm, self._confirm = self._confirm, False
                 brief = self._brief
                 # RECEIVE's max_batch_size: the demand not yet held, at most the setting;
-                # under a backlog (the last probe came back full) a whole batch, so that a
-                # demand of one does not cost a call per message: what is held stays within
-                # the demand plus one batch, and within the buffer.
+                # under a backlog (the last probe came back full), for a take waiting now, a
+                # whole batch, so that a demand of one does not cost a call per message: what
+                # is held stays within the demand plus one batch, and within the buffer (a
+                # take that returned short asks no more than it lacked: it may not come back).
                 demand = self._demand()
                 lacking = demand - len(self._buffer)
-                if self._backlog and self._batch_size:
+                if self._backlog and self._batch_size and self._waiting > 0:
                     lacking = max(
                         lacking, min(self._batch_size, self._buffer_size - len(self._buffer))
                     )

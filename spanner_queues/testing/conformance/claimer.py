@@ -1,9 +1,11 @@
 """A child process of the concurrency tests: claim messages until the queue is empty, print
 keys. Uses the parent test's database and engine (``child_env``).
 
-    python -m spanner_queues.testing.conformance.claimer spanner_queues_conformance.Jobs 30
+    python -m spanner_queues.testing.conformance.claimer spanner_queues_conformance.Jobs 30 [go]
 
-(the queue, then the lease in seconds)
+(the queue, then the lease in seconds; with ``go``: receive once, print ``{"ready": true}``,
+and start claiming once a line arrives on stdin, so that claimers started at different speeds
+race for the same messages)
 """
 
 from __future__ import annotations
@@ -29,6 +31,10 @@ def main() -> None:
         settings.DATABASES["default"]["NAME"] = os.environ[DATABASE_ENV]
 
     queue, lease = sys.argv[1], float(sys.argv[2])
+    if sys.argv[3:] == ["go"]:
+        receive(queue, max_messages=1, lease=timedelta(seconds=lease))  # (nothing is sent yet)
+        print(json.dumps({"ready": True}), flush=True)
+        sys.stdin.readline()
     empty = 0
     while empty < 3:
         got = receive(queue, max_messages=3, lease=timedelta(seconds=lease))

@@ -46,7 +46,10 @@ def test_threads_never_share_a_message() -> None:
 
 
 def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
-    sent = Jobs.send_many([{"payload": str(i)} for i in range(24)])
+    """Two processes and this one race for the same messages: the claimers are ready (their
+    streams open) before anything is sent, so none starts after the others' leases could
+    have ended (a native lease is 10 s whatever ``lease`` asks, and a claimer that starts
+    late would rightly be handed a message whose lease ran out)."""
     procs = [
         subprocess.Popen(
             [
@@ -55,14 +58,24 @@ def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
                 "spanner_queues.testing.conformance.claimer",
                 "spanner_queues_conformance.Jobs",
                 "60",
+                "go",
             ],
             env=child_env,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
         for _ in range(2)
     ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert json.loads(proc.stdout.readline() or "{}").get("ready"), proc.stderr
+    sent = Jobs.send_many([{"payload": str(i)} for i in range(24)])
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     local: list[tuple] = []
     _drain(local, [])
     claims = list(local)
