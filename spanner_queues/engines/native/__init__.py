@@ -433,27 +433,34 @@ class NativeQueueEngine(BaseQueueEngine):
     def existing_keys(
         self, model: type[Queue], messages: Sequence[OutgoingMessage]
     ) -> list[tuple[Any, ...]]:
-        """The keys of ``messages`` that are taken now (one strong read of the queue by key,
-        outside any transaction: a failed send's message names them)."""
+        """The keys of ``messages`` that are taken now (strong reads of the queue by key,
+        one per ``MAX_QUERY_PARAMETERS`` key values, outside any transaction: a failed send's
+        error names them)."""
         decl = self.declaration(model)
         names = key_names(model)
         connection = connections[self.database]
-        params: dict[str, Any] = {}
-        terms = []
-        for i, m in enumerate(messages):
-            values = client.prep_key(model, [m.key[n] for n in names], connection)
-            parts = []
-            for j, (column, value) in enumerate(zip(decl.keys, values, strict=True)):
-                params[f"k{i}_{j}"] = value
-                parts.append(f"{self.dialect.quote(column.column)} = @k{i}_{j}")
-            terms.append("(" + " AND ".join(parts) + ")")
         columns = ", ".join(self.dialect.quote(c.column) for c in decl.keys)
-        sql = f"SELECT {columns} FROM {self.dialect.quote(decl.name)} WHERE {' OR '.join(terms)}"
-        found = {tuple(row) for row in client.query(self.spanner(), sql, params)}
+        wire = [
+            tuple(client.prep_key(model, [m.key[n] for n in names], connection)) for m in messages
+        ]
+        found: set[tuple[Any, ...]] = set()
+        unique = list(dict.fromkeys(wire))
+        for chunk in client.chunks(unique, MAX_QUERY_PARAMETERS // len(names)):
+            params: dict[str, Any] = {}
+            terms = []
+            for i, values in enumerate(chunk):
+                parts = []
+                for j, (column, value) in enumerate(zip(decl.keys, values, strict=True)):
+                    params[f"k{i}_{j}"] = value
+                    parts.append(f"{self.dialect.quote(column.column)} = @k{i}_{j}")
+                terms.append("(" + " AND ".join(parts) + ")")
+            table = self.dialect.quote(decl.name)
+            sql = f"SELECT {columns} FROM {table} WHERE {' OR '.join(terms)}"
+            found.update(tuple(row) for row in client.query(self.spanner(), sql, params))
         return [
             tuple(m.key[n] for n in names)
-            for m in messages
-            if tuple(client.prep_key(model, [m.key[n] for n in names], connection)) in found
+            for m, values in zip(messages, wire, strict=True)
+            if values in found
         ]
 
     # --- receiving ------------------------------------------------------------------------
