@@ -2,8 +2,12 @@
 (``tests.native.grpc_calls``; session management left out), with receivers that write one row
 in their transaction, as ``benchmarks/native_round_trips.py --workloads writing`` measures
 them (docs/benchmarks.md). The floor is the receiver's write, the ack and the commit: 3 per
-run. Under a backlog RECEIVE is asked in probes of a whole batch (``RECEIVE_BATCH_SIZE``) and a
-batch receiver is handed its whole batch, so RECEIVE's share stays small."""
+run. The emulator aborts transactions real Spanner would not (it runs one read-write
+transaction at a time, and the front's RECEIVE claims are transactions), and the DB-API replays
+an aborted one, sending its write and its ack again: those replays (the writes beyond one per
+run of the receiver) are not counted against the bound. Under a backlog RECEIVE is asked in
+probes of a whole batch (``RECEIVE_BATCH_SIZE``) and a batch receiver is handed its whole
+batch, so RECEIVE's share stays small."""
 
 from __future__ import annotations
 
@@ -61,18 +65,28 @@ def _drain(registry: ReceiverRegistry, count: int, *, burst: bool) -> Any:
     return counter
 
 
+def _per_message(counter: Any, runs: int, count: int) -> float:
+    """Calls per message, less the emulator's replays of aborted transactions (each re-sends
+    the receiver's write and the ack)."""
+    replays = max(0, counter.statements()[f"INSERT INTO {Account._meta.db_table}"] - runs)
+    return (counter.total() - 2 * replays) / count
+
+
 @pytest.mark.parametrize("burst", [False, True], ids=["long-running", "burst"])
 def test_a_single_message_receiver_costs_at_most_3_3_calls_per_message(burst: bool) -> None:
     count = 40
+    runs: list[int] = []
     registry = ReceiverRegistry()
 
     @receiver(Jobs, registry=registry)
     def write(message: Any) -> None:
         Account.objects.create(name="done")
+        runs.append(1)
 
     _fill(count)
     counter = _drain(registry, count, burst=burst)
-    assert counter.total() / count <= 3.3, (counter.work_calls(), counter.statements())
+    calls = _per_message(counter, len(runs), count)
+    assert calls <= 3.3, (calls, counter.work_calls(), counter.statements())
 
 
 @pytest.mark.parametrize("burst", [False, True], ids=["long-running", "burst"])
@@ -91,4 +105,5 @@ def test_a_batch_receiver_of_20_runs_a_backlog_in_whole_batches_at_most_0_35_cal
     _fill(count)
     counter = _drain(registry, count, burst=burst)
     assert runs.count(20) >= 8, runs  # (RECEIVE batches are 10: one run per two of them)
-    assert counter.total() / count <= 0.35, (counter.work_calls(), counter.statements())
+    calls = _per_message(counter, len(runs), count)
+    assert calls <= 0.35, (calls, counter.work_calls(), counter.statements())
