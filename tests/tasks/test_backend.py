@@ -8,10 +8,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
-from django_tasks import TaskResultStatus, default_task_backend, task_backends
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
 from spanner_queues.contrib.tasks import QueueBackend
+from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+)
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from spanner_queues.contrib.tasks.runner import RECEIVER_NAME
 from spanner_queues.receivers import receivers
@@ -44,11 +50,11 @@ def test_the_task_queues_have_the_task_receiver() -> None:
 
 
 def test_validation_errors_are_the_frameworks_own() -> None:
-    with pytest.raises(InvalidTaskError, match="priority"):
+    with pytest.raises(InvalidTask, match="priority"):
         tasks.add.using(priority=10)
-    with pytest.raises(InvalidTaskError, match="not valid"):
+    with pytest.raises(InvalidTask, match="not valid"):
         tasks.add.using(queue_name="nowhere")
-    with pytest.raises(InvalidTaskError, match="aware"):
+    with pytest.raises(InvalidTask, match="aware"):
         tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
 
 
@@ -187,11 +193,24 @@ def test_check_refuses_a_queue_model_that_cannot_carry_tasks() -> None:
     assert list(task_backends["default"].check()) == []
 
 
-def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
+@pytest.mark.skipif(FRAMEWORK_APP is None, reason="Django 6: django.tasks is not an app")
+def test_check_asks_for_django_tasks_in_installed_apps_on_django_5_2(monkeypatch) -> None:
     from django.apps import apps
 
     monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_tasks")
     assert [e.id for e in task_backends["default"].check()] == ["spanner_queues.E101"]
+
+
+@pytest.mark.skipif(FRAMEWORK_APP is not None, reason="Django 5.2: the backport is an app")
+def test_on_django_6_the_backend_runs_on_django_tasks_without_the_backport() -> None:
+    import importlib.util
+
+    import django.tasks
+
+    assert importlib.util.find_spec("django_tasks") is None  # (not installed on this line)
+    assert isinstance(task_backends["default"], django.tasks.backends.base.BaseTaskBackend)
+    assert task_backends is django.tasks.task_backends
+    assert list(task_backends["default"].check()) == []
 
 
 def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker) -> None:
@@ -220,7 +239,7 @@ def test_a_message_whose_result_row_is_gone_is_acked_without_running(run_worker)
 
 
 def test_signals_and_worker_side_retention(settings, run_worker) -> None:
-    from django_tasks.signals import task_finished, task_started
+    from spanner_queues.contrib.tasks.framework import task_finished, task_started
 
     seen: list[tuple[str, str]] = []
 

@@ -9,10 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from django_tasks import TaskResultStatus, default_task_backend
-from django_tasks.exceptions import InvalidTaskError
 
 from spanner_queues.contrib.tasks import QueueBackend
+from spanner_queues.contrib.tasks.framework import (
+    InvalidTask,
+    TaskResultStatus,
+    default_task_backend,
+)
 from tests.tasks import docs_context
 from tests.tasks.docs_examples import (
     calculate_meaning_of_life,
@@ -74,7 +77,7 @@ def test_backend_introspection() -> None:
 def test_priority_example_is_refused_with_the_frameworks_error() -> None:
     """``.using(priority=10)``: queues cannot order by priority, so the backend says
     ``supports_priority = False`` and the framework refuses it."""
-    with pytest.raises(InvalidTaskError):
+    with pytest.raises(InvalidTask):
         calculate_meaning_of_life.using(priority=10)
 
 

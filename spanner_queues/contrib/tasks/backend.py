@@ -32,21 +32,26 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.core import checks
 from django.db import transaction
 from django.utils.module_loading import import_string
-from django_tasks import TaskResult, TaskResultStatus
-from django_tasks.backends.base import BaseTaskBackend
-from django_tasks.base import Task, TaskError
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-from django_tasks.signals import task_enqueued
-from django_tasks.utils import get_random_id
-from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
+from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    get_random_id,
+    task_enqueued,
+)
 from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
@@ -280,33 +285,37 @@ def _is_positive_number(value: Any) -> bool:
 
 
 def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
-    """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
-    (registered by ``spanner_queues.contrib.tasks.runner.connect``, since Django's Tasks
-    framework runs backend checks only when its app is installed)."""
-    if apps.is_installed("django_tasks"):
+    """E101: on Django 5.2, a ``QueueBackend`` is configured but the backport's app
+    ``django_tasks`` is not installed (registered by ``runner.connect``,
+    since the backport runs backend checks only when its app is installed). Django 6's
+    ``django.tasks`` is not an app: nothing to install there."""
+    if FRAMEWORK_APP is None or apps.is_installed(FRAMEWORK_APP):
         return []
     return [
         checks.Error(
-            "spanner_queues.contrib.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
+            f"spanner_queues.contrib.tasks.QueueBackend needs {FRAMEWORK_APP!r} in "
+            "INSTALLED_APPS (the django-tasks backport of django.tasks, on Django 5.2).",
             id="spanner_queues.E101",
         )
     ]
 
 
 def _task_at(path: str) -> Task:
-    """The task a module attribute ``path`` names (the framework's ``InvalidTaskError`` if
+    """The task a module attribute ``path`` names (the framework's ``InvalidTask`` if
     none)."""
     try:
         task = import_string(path)
     except ImportError as exc:
-        raise InvalidTaskError(f"{path} is not a task: {exc}") from exc
+        raise InvalidTask(f"{path} is not a task: {exc}") from exc
+    except Exception as exc:  # its module raised on import: no task in this process either
+        raise InvalidTask(f"{path} cannot be imported: {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
-        raise InvalidTaskError(f"{path} is not a task.")
+        raise InvalidTask(f"{path} is not a task.")
     return task
 
 
 def task_of(record: TaskResultRecord) -> Task:
-    """The task of a stored row, looked up by its path (the framework's ``InvalidTaskError``
+    """The task of a stored row, looked up by its path (the framework's ``InvalidTask``
     if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
     if (task.queue_name, task.backend, task.run_after) != (
@@ -322,12 +331,12 @@ def task_of(record: TaskResultRecord) -> Task:
 
 def missing_task(record: TaskResultRecord) -> Task:
     """A stand-in for the task of a row whose path names no task in this process: its
-    ``module_path`` is the stored path, and calling it raises ``InvalidTaskError``."""
+    ``module_path`` is the stored path, and calling it raises ``InvalidTask``."""
     path = record.task_path
     module, _, qualname = path.rpartition(".")
 
     def missing(*args: Any, **kwargs: Any) -> Any:
-        raise InvalidTaskError(f"{path} is not a task in this process.")
+        raise InvalidTask(f"{path} is not a task in this process.")
 
     missing.__module__, missing.__qualname__ = module, qualname
     missing.__name__ = qualname.rpartition(".")[2]
@@ -347,11 +356,11 @@ def missing_task(record: TaskResultRecord) -> Task:
 def result_from_record(record: TaskResultRecord, *, task: Task | None = None) -> TaskResult:
     """A ``TaskResult`` from a stored row. Its task (unless given) is looked up by path; if
     the path no longer names a task in this process, the result carries a stand-in
-    (``missing_task``) whose call raises ``InvalidTaskError``."""
+    (``missing_task``) whose call raises ``InvalidTask``."""
     if task is None:
         try:
             task = task_of(record)
-        except InvalidTaskError:
+        except InvalidTask:
             task = missing_task(record)
     result: TaskResult[Any] = TaskResult(
         task=task,

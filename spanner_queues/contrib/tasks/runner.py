@@ -14,7 +14,7 @@ It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the
    it, when atomic) and a second one writes ``FAILED`` with the exception class and traceback,
    and acks the message: a failed task is not run again (Django's Tasks semantics). A task
    whose function is gone (its path names no task in this process) is ``FAILED`` the same way
-   (``InvalidTaskError``), without running. ``task_finished`` is then sent while the task's
+   (``InvalidTask``), without running. ``task_finished`` is then sent while the task's
    exception is being handled (django-tasks' ``logger.exception`` logs its traceback), and
    the receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task
    id, queue, attempt), counts it ``failed`` and gives nothing back.
@@ -41,11 +41,6 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
-from django_tasks import TaskContext, TaskResultStatus, task_backends
-from django_tasks.base import TaskError
-from django_tasks.exceptions import InvalidTaskError
-from django_tasks.signals import task_finished, task_started
-from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.tasks.backend import (
@@ -54,6 +49,18 @@ from spanner_queues.contrib.tasks.backend import (
     missing_task,
     result_from_record,
     task_of,
+)
+from spanner_queues.contrib.tasks.framework import (
+    InvalidTask,
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    get_exception_traceback,
+    get_module_path,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
 )
 from spanner_queues.contrib.tasks.models import (
     FAILED,
@@ -168,7 +175,7 @@ def run_task(message: Message) -> None:
     failure: BaseException | None = None
     try:
         task = task_of(record)
-    except InvalidTaskError as exc:  # the function is gone (or no longer a task): FAILED
+    except InvalidTask as exc:  # the function is gone (or no longer a task): FAILED
         failure = exc
         task = missing_task(record)
     result = result_from_record(record, task=task)
