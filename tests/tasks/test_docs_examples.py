@@ -4,6 +4,7 @@ block of docs/howto/tasks.md, run as shown (the ``shop`` blocks as a package of 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
@@ -62,11 +63,12 @@ def test_errors(run_worker) -> None:
 
 def test_on_commit_enqueue_of_djangos_docs_still_works(run_worker) -> None:
     create_and_enqueue_on_commit()
-    from spanner_queues.contrib.tasks.models import TaskResultRecord
+    from spanner_queues.contrib.tasks.models import TaskMessage
 
-    record = TaskResultRecord.objects.get(task_path=process_thing.module_path)
-    run_worker(lambda: default_task_backend.get_result(record.id).is_finished)
-    assert default_task_backend.get_result(record.id).return_value == 1
+    [message] = TaskMessage.objects.all()
+    assert json.loads(message.payload)["task"] == process_thing.module_path
+    run_worker(lambda: default_task_backend.get_result(message.id).is_finished)
+    assert default_task_backend.get_result(message.id).return_value == 1
     assert Thing.objects.count() == 1
 
 
@@ -221,16 +223,18 @@ def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_
     from django.test import RequestFactory
     from shop.views import sign_up  # the page's blocks, as written
 
-    from spanner_queues.contrib.tasks import TaskResultRecord
+    from spanner_queues.contrib.tasks import TaskMessage
     from spanner_queues.testing import drain
 
     response = sign_up(RequestFactory().post("/", {"username": "ada", "email": "a@b.example"}))
     assert response.status_code == 201
     user = User.objects.get(username="ada")
-    record = TaskResultRecord.objects.get(task_path="shop.tasks.email_welcome")
-    assert record.args == [user.pk]
+    [message] = TaskMessage.objects.all()
+    waiting = default_task_backend.get_result(message.id)
+    assert waiting.task.module_path == "shop.tasks.email_welcome"
+    assert waiting.args == [user.pk] and waiting.status == TaskResultStatus.READY
     drain("spanner_queues_tasks.TaskMessage", expect=1)
-    result = default_task_backend.get_result(record.id)
+    result = default_task_backend.get_result(message.id)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
     assert mail.outbox[0].to == ["a@b.example"]
 

@@ -17,6 +17,7 @@ from spanner_queues.contrib.tasks.framework import (
 )
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from tests.tasks import failing_tasks
+from tests.tasks.stored import restore_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -164,7 +165,7 @@ def test_a_task_raising_a_base_exception_is_failed_and_the_worker_lives_on(
 def test_a_task_whose_function_is_gone_is_failed_once_and_acked(run_worker) -> None:
     result = failing_tasks.add.enqueue(1, 1)
     gone = "tests.tasks.failing_tasks.removed_in_this_release"
-    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    restore_task(result.id, task=gone)
     events = run_worker(lambda: not TaskMessage.objects.exists())
     record = TaskResultRecord.objects.get(id=result.id)
     assert record.status == "FAILED"
@@ -187,7 +188,7 @@ def test_a_task_whose_module_raises_on_import_is_failed_once_with_the_error(run_
     # (issue 30: it stayed RUNNING and was retried for ever, with no error recorded)
     result = failing_tasks.add.enqueue(1, 1)
     broken = "tests.tasks.broken_on_import.task"
-    TaskResultRecord.objects.filter(id=result.id).update(task_path=broken)
+    restore_task(result.id, task=broken)
     events = run_worker(lambda: not TaskMessage.objects.exists(), timeout=30)
     record = TaskResultRecord.objects.get(id=result.id)
     assert record.status == "FAILED"
@@ -204,7 +205,7 @@ def test_a_task_whose_module_raises_on_import_is_failed_once_with_the_error(run_
 def test_get_result_of_a_waiting_task_whose_function_is_gone() -> None:
     result = failing_tasks.add.enqueue(1, 1)
     gone = "tests.tasks.nowhere.task"
-    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    restore_task(result.id, task=gone)
     stored = default_task_backend.get_result(result.id)
     assert stored.status == TaskResultStatus.READY and stored.args == [1, 1]
     assert stored.task.module_path == gone

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
 
 from django.apps import apps
@@ -52,11 +52,20 @@ from spanner_queues.contrib.tasks.framework import (
     get_random_id,
     task_enqueued,
 )
-from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
+from spanner_queues.contrib.tasks.models import (
+    FINISHED,
+    READY,
+    RUNNING,
+    UNKNOWN_WORKER,
+    TaskResultRecord,
+    dumps,
+)
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
+from spanner_queues.keys import row_to_message
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.queues import get_queue
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 T = TypeVar("T")
@@ -68,7 +77,14 @@ DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 #: the keys of a ``QueueBackend``'s ``OPTIONS``
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
 
-__all__ = ["QueueBackend", "missing_task", "result_from_record", "task_of"]
+__all__ = [
+    "QueueBackend",
+    "missing_task",
+    "payload_of",
+    "record_from_payload",
+    "result_from_record",
+    "task_of",
+]
 
 
 class QueueBackend(BaseTaskBackend):
@@ -218,25 +234,10 @@ class QueueBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        record = TaskResultRecord(
-            id=result.id,
-            task_path=task.module_path,
-            backend=self.alias,
-            queue_name=task.queue_name,
-            queue=model._meta.label,
-            priority=task.priority,
-            takes_context=task.takes_context,
-            status=READY,
-            args_json=dumps(result.args),
-            kwargs_json=dumps(result.kwargs),
-            enqueued_at=now,
-            run_after=task.run_after,
-        )
         pk_name = model._meta.pk.name
-        payload = {"id": result.id, "task": task.module_path, "backend": self.alias}
+        payload = payload_of(result, queue_name=task.queue_name, enqueued_at=now)
 
         def write() -> None:
-            record.save(using=db, force_insert=True)
             api.send(
                 model,
                 using=db,
@@ -256,8 +257,29 @@ class QueueBackend(BaseTaskBackend):
 
     # --- results ----------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:
-        """The result of task ``result_id``, as stored now."""
+        """The result of task ``result_id``, as stored now: its result row once it finished
+        (or, on native queues, started), else its message: ``RUNNING`` while a worker holds
+        its lease, ``READY`` before."""
         for db in self.databases():
+            record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
+            if record is not None:
+                return result_from_record(record)
+        now = clock.now()
+        for model in self.all_queue_models():
+            engine = engine_for(model)
+            if not engine.features.supports_listing:
+                continue
+            row = rows(model, engine.database).filter(pk=result_id).first()
+            if row is not None:
+                message = row_to_message(model, row)
+                record = record_from_payload(message.json(), queue=model._meta.label)
+                if record is not None:
+                    held = message.lease_expires_at is not None and message.lease_expires_at > now
+                    record.status = RUNNING if held else READY
+                    record.attempts = message.attempt or 0
+                    record.worker_ids_json = dumps([UNKNOWN_WORKER] * record.attempts)
+                    return result_from_record(record)
+        for db in self.databases():  # (it finished between the two reads: its row is there)
             record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
             if record is not None:
                 return result_from_record(record)
@@ -351,6 +373,46 @@ def missing_task(record: TaskResultRecord) -> Task:
     }.items():
         object.__setattr__(task, name, value)
     return task
+
+
+def payload_of(result: TaskResult, *, queue_name: str, enqueued_at: Any) -> dict[str, Any]:
+    """The message of an enqueued task: everything its result row will hold (the row is
+    written when it finishes, in the transaction that acks the message)."""
+    task = result.task
+    return {
+        "id": result.id,
+        "task": task.module_path,
+        "backend": result.backend,
+        "queue_name": queue_name,
+        "priority": task.priority,
+        "takes_context": task.takes_context,
+        "args": result.args,
+        "kwargs": result.kwargs,
+        "enqueued_at": enqueued_at.isoformat(),
+        "run_after": task.run_after.isoformat() if task.run_after is not None else None,
+    }
+
+
+def record_from_payload(data: dict[str, Any], *, queue: str) -> TaskResultRecord | None:
+    """The (unsaved) ``READY`` result row of a task message; ``None`` for a message of a
+    release that wrote the row at enqueue (no ``"args"``: the row holds the task)."""
+    if "args" not in data:
+        return None
+    run_after = data.get("run_after")
+    return TaskResultRecord(
+        id=data["id"],
+        task_path=data["task"],
+        backend=data["backend"],
+        queue_name=data["queue_name"],
+        queue=queue,
+        priority=data.get("priority", 0),
+        takes_context=data.get("takes_context", False),
+        status=READY,
+        args_json=dumps(data["args"]),
+        kwargs_json=dumps(data["kwargs"]),
+        enqueued_at=datetime.fromisoformat(data["enqueued_at"]),
+        run_after=datetime.fromisoformat(run_after) if run_after else None,
+    )
 
 
 def result_from_record(record: TaskResultRecord, *, task: Task | None = None) -> TaskResult:

@@ -35,11 +35,12 @@ import os
 import socket
 import threading
 import time
-from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.db import connections, models
+from django.db.models.sql import InsertQuery
 from django.utils.module_loading import import_string
 
 from spanner_queues import api, clock
@@ -47,6 +48,7 @@ from spanner_queues.contrib.tasks.backend import (
     QueueBackend,
     check_django_tasks_installed,
     missing_task,
+    record_from_payload,
     result_from_record,
     task_of,
 )
@@ -67,6 +69,7 @@ from spanner_queues.contrib.tasks.models import (
     FINISHED,
     RUNNING,
     SUCCESSFUL,
+    UNKNOWN_WORKER,
     TaskResultRecord,
     dumps,
 )
@@ -81,6 +84,7 @@ from spanner_queues.transactions import run_in_transaction
 #: the worker id recorded in results: host and process
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
 RECEIVER_NAME = "spanner_queues.contrib.tasks.runner.run_task"
+
 _prune_lock = threading.Lock()
 _next_prune = [0.0]
 
@@ -134,40 +138,28 @@ def run_task(message: Message) -> None:
     engine = engine_for(model)
     db = engine.database
     retries = engine.params.transaction_retries
-    result_id = message.json()["id"]
-
-    def start() -> TaskResultRecord | None:
-        try:
-            record = TaskResultRecord.objects.using(db).get(id=result_id)
-        except TaskResultRecord.DoesNotExist:
-            return None
-        if record.status in FINISHED:
-            return record
-        now = clock.now()
-        record.status = RUNNING
-        record.worker_ids_json = dumps([*record.worker_ids, WORKER_ID])
-        # the delivery count, where the engine knows it; else one more start
-        record.attempts = message.attempt if message.attempt is not None else record.attempts + 1
-        record.started_at = record.started_at or now
-        record.last_attempted_at = now
-        record.save(
-            using=db,
-            update_fields=[
-                "status",
-                "worker_ids_json",
-                "attempts",
-                "started_at",
-                "last_attempted_at",
-            ],
-        )
-        return record
-
-    record = run_in_transaction(start, using=db, retries=retries)
+    data = message.json()
+    record: TaskResultRecord | None = None
+    # The row exists before the task finishes only for a message of a release that wrote it at
+    # enqueue (its payload has no "args"), and on engines whose rows show no lease (RUNNING is
+    # committed there, below): only then is it read first.
+    rows_show_leases = engine.features.stores_bookkeeping_fields
+    if "args" not in data or not rows_show_leases:
+        record = TaskResultRecord.objects.using(db).filter(id=data["id"]).first()
+    #: whether the row exists (and is updated, not inserted, when the task finishes)
+    persisted = record is not None
+    if record is None and "args" in data:
+        record = record_from_payload(data, queue=message.queue)
     if record is None or record.status in FINISHED:
         # No row (pruned, or deleted by hand) or already finished: nothing to run.
         run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
         mark_acked(message)
         return
+    _start(record, message)
+    if not rows_show_leases:
+        # (native queues: a leased row shows no lease to get_result(): RUNNING is committed)
+        run_in_transaction(lambda: _save(record, db, persisted), using=db, retries=retries)
+        persisted = True
     backend = task_backends[record.backend]
     # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
     atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
@@ -202,7 +194,7 @@ def run_task(message: Message) -> None:
                 raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
 
         def succeed(value: Any) -> Any:
-            _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
+            _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
             _ack(message, db)
             return value
 
@@ -221,24 +213,38 @@ def run_task(message: Message) -> None:
         }
 
         def fail() -> None:
-            _finish(record, db, FAILED, errors_json=dumps([*record.errors, error]))
+            _finish(record, db, persisted, FAILED, errors_json=dumps([*record.errors, error]))
             _ack(message, db)
 
         run_in_transaction(fail, using=db, retries=retries)
     mark_acked(message)  # acked above, in the task's (or the failure's) transaction
-    finished = replace(
-        result,
-        status=TaskResultStatus(record.status),
-        finished_at=record.finished_at,
-        errors=[TaskError(**e) for e in record.errors],
-    )
-    if record.status == SUCCESSFUL:
-        object.__setattr__(finished, "_return_value", value)
-    _send_finished(task_finished, type(backend), finished, failure)
+    # (this run's own result: set as Django's immediate backend sets its results)
+    object.__setattr__(result, "status", TaskResultStatus(record.status))
+    object.__setattr__(result, "finished_at", record.finished_at)
+    if failure is not None:
+        object.__setattr__(result, "errors", [TaskError(**e) for e in record.errors])
+    else:
+        object.__setattr__(result, "_return_value", value)
+    _send_finished(task_finished, type(backend), result, failure)
     _maybe_prune(backend)
     if failure is not None:
         # the worker logs it with its traceback, counts it failed, and gives nothing back
         raise AckedFailure(failure) from failure
+
+
+def _start(record: TaskResultRecord, message: Message) -> None:
+    """``record`` as this delivery starts it: ``RUNNING``, this worker's id appended (one id
+    per delivery: the ones before it that left no row are ``UNKNOWN_WORKER``)."""
+    now = clock.now()
+    # the delivery count, where the engine knows it; else one more start
+    attempt = message.attempt if message.attempt is not None else record.attempts + 1
+    known = record.worker_ids
+    earlier = max(attempt - 1, len(known))
+    record.worker_ids_json = dumps([*known, *[UNKNOWN_WORKER] * (earlier - len(known)), WORKER_ID])
+    record.attempts = max(attempt, len(known) + 1)
+    record.status = RUNNING
+    record.started_at = record.started_at or now
+    record.last_attempted_at = now
 
 
 def _on_main_thread() -> bool:
@@ -257,12 +263,51 @@ def _send_finished(signal: Any, sender: type, result: Any, failure: BaseExceptio
         signal.send(sender, task_result=result)
 
 
-def _finish(record: TaskResultRecord, db: str, status: str, **fields: Any) -> None:
+def _finish(record: TaskResultRecord, db: str, persisted: bool, status: str, **fields: Any) -> None:
     record.status = status
     record.finished_at = clock.now()
     for name, value in fields.items():
         setattr(record, name, value)
-    record.save(using=db, update_fields=["status", "finished_at", *fields])
+    _save(record, db, persisted)
+
+
+def _save(record: TaskResultRecord, db: str, persisted: bool) -> None:
+    """Insert the result row (its first write: one INSERT), or update the one there."""
+    if persisted:
+        record.save(using=db, force_update=True)
+    else:
+        _insert(record, db)
+
+
+#: per database: the result row's INSERT and its fields, compiled once by Django's compiler
+_inserts: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+
+
+def _insert(record: TaskResultRecord, db: str) -> None:
+    """``record.save(force_insert=True)`` without compiling the INSERT again for every task
+    (that was a third of a task's time): the SQL Django compiles for the model on ``db``,
+    with the datetime values adapted as the model's fields adapt them. (No ``pre_save`` or
+    ``post_save`` signal is sent: the row is the worker's, written only here.)"""
+    connection = connections[db]
+    compiled = _inserts.get(db)
+    if compiled is None:
+        fields = list(TaskResultRecord._meta.local_concrete_fields)
+        query = InsertQuery(TaskResultRecord)
+        query.insert_values(fields, [record])
+        [(sql, _params)] = query.get_compiler(using=db).as_sql()
+        compiled = _inserts[db] = (
+            sql,
+            [(f.attname, f if isinstance(f, models.DateTimeField) else None) for f in fields],
+        )
+    sql, plan = compiled
+    params = [
+        getattr(record, name)
+        if field is None
+        else field.get_db_prep_save(getattr(record, name), connection)
+        for name, field in plan
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _ack(message: Message, db: str) -> None:
@@ -280,4 +325,4 @@ def _maybe_prune(backend: Any) -> None:
     backend.prune_results()
 
 
-__all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task"]
+__all__ = ["RECEIVER_NAME", "UNKNOWN_WORKER", "WORKER_ID", "connect", "run_task"]
