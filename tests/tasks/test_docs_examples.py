@@ -9,10 +9,12 @@ import re
 import sys
 from pathlib import Path
 
+import django
 import pytest
 
 from spanner_queues.contrib.tasks import QueueBackend
 from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
     InvalidTask,
     TaskResultStatus,
     default_task_backend,
@@ -90,8 +92,19 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 CELERY = "(Celery"  # the page's "before" block: Celery code, not run here
 
 
+def as_on_this_django(code: str) -> str:
+    """A block as a project on this Django line writes it: the page imports ``django.tasks``
+    (Django 6), and says to import the backport's ``django_tasks`` on Django 5.2."""
+    if FRAMEWORK_APP is None:
+        return code
+    return code.replace(
+        "from django.tasks import task  # Django 5.2: from django_tasks import task",
+        "from django_tasks import task",
+    )
+
+
 def page_blocks() -> list[str]:
-    return BLOCK.findall(PAGE.read_text())
+    return [as_on_this_django(code) for code in BLOCK.findall(PAGE.read_text())]
 
 
 def _header(code: str) -> str:
@@ -151,6 +164,7 @@ def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
             "test_tasks.py",
             "celery",
             "signup.py",
+            "billing.py",
         ]
     )
 
@@ -170,7 +184,9 @@ def _block(kind: str) -> str:
 def test_the_settings_block_passes_the_checks_and_its_optional_line_is_a_check_error() -> None:
     namespace: dict = {}
     exec(_block("settings"), namespace)
-    assert {"spanner_queues", "django_tasks"} <= set(namespace["INSTALLED_APPS"])
+    apps = namespace["INSTALLED_APPS"]
+    assert {"spanner_queues", "spanner_queues.contrib.tasks"} <= set(apps)
+    assert ("django_tasks" in apps) == (FRAMEWORK_APP is not None)
     backend = QueueBackend("default", namespace["TASKS"]["default"])
     assert list(backend.check()) == []
     uncommented = _block("settings").replace('# "QUEUE_MODELS"', '"QUEUE_MODELS"')
@@ -237,6 +253,13 @@ def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_
     result = default_task_backend.get_result(message.id)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
     assert mail.outbox[0].to == ["a@b.example"]
+
+
+@pytest.mark.skipif(django.VERSION[:2] == (6, 0), reason="Django 6.0's @task takes no options")
+def test_the_task_options_block_declares_a_task_with_this_backends_options(shop) -> None:
+    from shop.billing import charge
+
+    assert (charge.max_attempts, charge.retry_delay, charge.timeout) == (3, 60, 30)
 
 
 @pytest.mark.django_db(transaction=True)

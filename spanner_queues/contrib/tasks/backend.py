@@ -29,6 +29,7 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
 from datetime import datetime, timedelta
@@ -78,18 +79,78 @@ DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
 
 __all__ = [
+    "TASK_OPTIONS",
     "QueueBackend",
+    "QueueTask",
     "missing_task",
     "payload_of",
     "record_from_payload",
     "result_from_record",
     "task_of",
+    "task_options",
 ]
+
+
+#: this backend's options of ``@task(...)`` (and their defaults): Django 6.1 and the backport
+#: hand ``@task``'s extra keywords to the backend's ``task_class``
+TASK_OPTIONS = {"max_attempts": 1, "retry_delay": 0.0, "timeout": None}
+
+
+class _RefusesUnknownOptions(type):
+    """``QueueTask(...)`` with an option this backend does not have: the framework's
+    ``InvalidTask`` naming it and the known ones (not the dataclass's bare ``TypeError``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidTask(
+                f"@task() got {', '.join(map(repr, unknown))}, which "
+                "spanner_queues.contrib.tasks.QueueBackend does not know; its options are "
+                f"{', '.join(TASK_OPTIONS)} (docs/howto/tasks.md, 'Task options')."
+            )
+        return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueTask(Task, metaclass=_RefusesUnknownOptions):
+    """A task of ``QueueBackend`` (its ``task_class``): Django's ``Task`` with this backend's
+    options, given to ``@task(...)`` (Django 6.1, the django-tasks backport; Django 6.0 refuses
+    them) and checked by ``validate_task``:
+
+    - ``max_attempts`` (default 1: Django's semantics, a failed task is not run again): runs in
+      all; a run that raises (or passes its ``timeout``) before the last records its error in
+      ``result.errors`` and the task goes back to ``READY``, due after ``retry_delay``.
+    - ``retry_delay``: seconds (or a ``timedelta``) between a failed run and the next.
+    - ``timeout``: this task's time limit in seconds, instead of the worker's ``--timeout``.
+    """
+
+    max_attempts: int = 1
+    retry_delay: float | timedelta = 0.0
+    timeout: float | None = None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def task_options(task: Task) -> dict[str, Any]:
+    """The options of ``task`` that differ from their defaults, as its message stores them
+    (``retry_delay`` in seconds); ``{}`` for a task of another backend's class."""
+    out: dict[str, Any] = {}
+    for name, default in TASK_OPTIONS.items():
+        value = getattr(task, name, default)
+        if isinstance(value, timedelta):
+            value = value.total_seconds()
+        if value != default:
+            out[name] = value
+    return out
 
 
 class QueueBackend(BaseTaskBackend):
     """Tasks on spanner_queues: transactional enqueue, runs on ``runqueueworker``."""
 
+    task_class = QueueTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -112,6 +173,22 @@ class QueueBackend(BaseTaskBackend):
         self.result_retention = (
             timedelta(seconds=retention) if _is_positive_number(retention) else None
         )
+
+    def validate_task(self, task: Task) -> None:
+        """The framework's checks, and this backend's options (``InvalidTask`` if wrong)."""
+        super().validate_task(task)
+        attempts = getattr(task, "max_attempts", 1)
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+            raise InvalidTask(f"max_attempts must be a whole number >= 1, not {attempts!r}.")
+        delay = getattr(task, "retry_delay", 0.0)
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if not _is_number(seconds) or not 0 <= seconds < float("inf"):
+            raise InvalidTask(f"retry_delay must be seconds >= 0 or a timedelta, not {delay!r}.")
+        timeout = getattr(task, "timeout", None)
+        if timeout is not None and not _is_positive_number(timeout):
+            raise InvalidTask(
+                f"timeout must be a positive number of seconds or None, not {timeout!r}."
+            )
 
     # --- configuration ----------------------------------------------------------------------
     def queue_model(self, queue_name: str) -> Any:
@@ -390,6 +467,7 @@ def payload_of(result: TaskResult, *, queue_name: str, enqueued_at: Any) -> dict
         "kwargs": result.kwargs,
         "enqueued_at": enqueued_at.isoformat(),
         "run_after": task.run_after.isoformat() if task.run_after is not None else None,
+        **task_options(task),
     }
 
 
@@ -410,6 +488,9 @@ def record_from_payload(data: dict[str, Any], *, queue: str) -> TaskResultRecord
         status=READY,
         args_json=dumps(data["args"]),
         kwargs_json=dumps(data["kwargs"]),
+        # (a task run again after a failed run: its earlier runs, see QueueTask.max_attempts)
+        errors_json=dumps(data.get("errors", [])),
+        worker_ids_json=dumps(data.get("worker_ids", [])),
         enqueued_at=datetime.fromisoformat(data["enqueued_at"]),
         run_after=datetime.fromisoformat(run_after) if run_after else None,
     )

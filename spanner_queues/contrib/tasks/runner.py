@@ -35,6 +35,7 @@ import os
 import socket
 import threading
 import time
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -67,6 +68,7 @@ from spanner_queues.contrib.tasks.framework import (
 from spanner_queues.contrib.tasks.models import (
     FAILED,
     FINISHED,
+    READY,
     RUNNING,
     SUCCESSFUL,
     UNKNOWN_WORKER,
@@ -127,9 +129,24 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
                 continue
             labels.append(label)
             registry.register(
-                ReceiverSpec(func=run_task, queue=label, name=RECEIVER_NAME, atomic=False)
+                ReceiverSpec(
+                    func=run_task,
+                    queue=label,
+                    name=RECEIVER_NAME,
+                    atomic=False,
+                    timeout_of=task_timeout,
+                )
             )
     return labels
+
+
+def task_timeout(message: Message) -> float | None:
+    """The time limit of the task of ``message`` (``@task(timeout=...)``), if it has one."""
+    try:
+        timeout = message.json().get("timeout")
+    except Exception:  # (not a task's message: run_task says so)
+        return None
+    return float(timeout) if isinstance(timeout, (int, float)) else None
 
 
 def run_task(message: Message) -> None:
@@ -212,11 +229,21 @@ def run_task(message: Message) -> None:
             "traceback": get_exception_traceback(failure),
         }
 
+        errors = [*record.errors, error]
+        runs = data.get("max_attempts", 1) if "args" in data else 1
+        again = not isinstance(failure, InvalidTask) and len(errors) < runs
+
         def fail() -> None:
-            _finish(record, db, persisted, FAILED, errors_json=dumps([*record.errors, error]))
+            if again:  # QueueTask.max_attempts: READY again, its message due after the delay
+                _again(record, message, data, db, persisted, errors)
+                return
+            _finish(record, db, persisted, FAILED, errors_json=dumps(errors))
             _ack(message, db)
 
         run_in_transaction(fail, using=db, retries=retries)
+        if again:
+            mark_acked(message)
+            raise AckedFailure(failure) from failure  # logged and counted: a failed run
     mark_acked(message)  # acked above, in the task's (or the failure's) transaction
     # (this run's own result: set as Django's immediate backend sets its results)
     object.__setattr__(result, "status", TaskResultStatus(record.status))
@@ -261,6 +288,33 @@ def _send_finished(signal: Any, sender: type, result: Any, failure: BaseExceptio
         raise failure
     except BaseException:
         signal.send(sender, task_result=result)
+
+
+def _again(
+    record: TaskResultRecord,
+    message: Message,
+    data: dict[str, Any],
+    db: str,
+    persisted: bool,
+    errors: list[dict[str, str]],
+) -> None:
+    """After a failed run with runs left: the task's message sent again (this one is acked
+    with it), carrying its errors and workers so far, due after its ``retry_delay``."""
+    record.status = READY
+    record.errors_json = dumps(errors)
+    if persisted:  # (native queues: the row committed at start shows READY again)
+        record.save(using=db, update_fields=["status", "errors_json"])
+    model = get_queue(message.queue)
+    delay = float(data.get("retry_delay", 0.0))
+    payload = {**data, "errors": errors, "worker_ids": record.worker_ids}
+    _ack(message, db)
+    api.send(
+        model,
+        using=db,
+        payload=payload,
+        deliver_time=clock.now() + timedelta(seconds=delay),
+        **{model._meta.pk.name: data["id"]},
+    )
 
 
 def _finish(record: TaskResultRecord, db: str, persisted: bool, status: str, **fields: Any) -> None:
@@ -325,4 +379,4 @@ def _maybe_prune(backend: Any) -> None:
     backend.prune_results()
 
 
-__all__ = ["RECEIVER_NAME", "UNKNOWN_WORKER", "WORKER_ID", "connect", "run_task"]
+__all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task", "task_timeout"]
