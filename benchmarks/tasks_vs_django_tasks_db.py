@@ -1,6 +1,6 @@
 """Django's Tasks API on spanner_queues (``QueueBackend``) against django-tasks-db.
 
-    .venv/bin/pip install -e '.[bench,tasks]'
+    .venv/bin/pip install -e '.[bench,tasks]'   # Django 5.2 (the tasks extra: the backport)
     .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py
     .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py --enqueue 2000 --drain 2000 --json
 
@@ -12,17 +12,18 @@ connections) shared by both backends, ``benchmarks/tasks_settings.py``; the same
     ``noop.enqueue(...)``; alternating rounds of 100. Ours writes the result row and the
     message in the caller's transaction; django-tasks-db writes its one row.
 (b) drain: a backlog of N tasks run in-process: ``Worker(burst=True)`` on the task queue (per
-    task: the claim, ``RUNNING`` committed, then the task with ``SUCCESSFUL`` and the ack in one
-    transaction), also with ``prefetch`` (one claim for many tasks), against
+    task: the claim, its lease being ``RUNNING``, shared by many tasks with the adaptive
+    prefetch, then the task with its result row and the ack in one transaction), against
     ``db_worker --batch --no-startup-delay``.
 
 Prints the settings each backend ran with (read back from its connection: ``journal_mode``,
 ``synchronous``, ``transaction_mode``, ``CONN_MAX_AGE``), the figures, and the ratios
-(spanner_queues / django-tasks-db, higher is better) next to the goals (issue 23: drain at
-least 5x, enqueue at least 1.0x, at defaults). ``--synchronous NORMAL`` runs both on
-``PRAGMA synchronous=NORMAL`` (safe from corruption in WAL mode; a commit does not wait for an
-fsync) instead of SQLite's default ``FULL``; ``--conn-max-age 0`` runs both on Django's default
-``CONN_MAX_AGE`` (``db_worker`` then reconnects per task; the worker keeps its connection).
+(spanner_queues / django-tasks-db, higher is better) next to the goals (issues 23 and 29:
+drain at least 5x, enqueue at least 1.0x, at defaults, on Django 5.2 and 6).
+``--synchronous NORMAL`` runs both on ``PRAGMA synchronous=NORMAL`` (safe from corruption in
+WAL mode; a commit does not wait for an fsync) instead of SQLite's default ``FULL``;
+``--conn-max-age 0`` runs both on Django's default ``CONN_MAX_AGE`` (``db_worker`` then
+reconnects per task; the worker keeps its connection).
 """
 
 from __future__ import annotations
@@ -204,12 +205,21 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="sq-tasks-bench-") as tmp:
         setup(Path(tmp))
-        import django
-        import django_tasks
+        import importlib.metadata
 
+        import django
+
+        from spanner_queues.contrib.tasks.framework import FRAMEWORK_APP
+
+        framework = (
+            "django.tasks"
+            if FRAMEWORK_APP is None
+            else f"django-tasks {importlib.metadata.version('django-tasks')}"
+        )
         print(
-            f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db 0.13 "
-            f"(django-tasks {django_tasks.__version__}): Python {platform.python_version()}, "
+            f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db "
+            f"{importlib.metadata.version('django-tasks-db')} ({framework}): "
+            f"Python {platform.python_version()}, "
             f"Django {django.get_version()}, SQLite (WAL, IMMEDIATE), {os.cpu_count()} CPUs, "
             f"load {os.getloadavg()[0]:.1f}"
         )
