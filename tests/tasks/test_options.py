@@ -96,6 +96,9 @@ def test_after_a_failed_run_the_task_is_ready_again_after_its_retry_delay(run_wo
         lambda: option_tasks.runs.get("c") == 1 and result.refresh() is None and result.errors
     )
     assert result.status == TaskResultStatus.READY and len(result.errors) == 1
+    from spanner_queues.contrib.tasks.runner import WORKER_ID
+
+    assert result.worker_ids == [WORKER_ID] and result.attempts == 1  # its first run's
     message = TaskMessage.objects.get(id=result.id)
     assert message.deliver_time >= timezone.now() + timedelta(minutes=59)
 

@@ -353,8 +353,11 @@ class QueueBackend(BaseTaskBackend):
                 if record is not None:
                     held = message.lease_expires_at is not None and message.lease_expires_at > now
                     record.status = RUNNING if held else READY
-                    record.attempts = message.attempt or 0
-                    record.worker_ids_json = dumps([UNKNOWN_WORKER] * record.attempts)
+                    # the workers of its earlier runs (max_attempts), and of this message's
+                    # deliveries, the one holding it now included: not recorded
+                    workers = [*record.worker_ids, *[UNKNOWN_WORKER] * (message.attempt or 0)]
+                    record.worker_ids_json = dumps(workers)
+                    record.attempts = len(workers)
                     return result_from_record(record)
         for db in self.databases():  # (it finished between the two reads: its row is there)
             record = TaskResultRecord.objects.using(db).filter(id=result_id).first()

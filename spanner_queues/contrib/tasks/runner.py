@@ -142,6 +142,8 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
 
 def task_timeout(message: Message) -> float | None:
     """The time limit of the task of ``message`` (``@task(timeout=...)``), if it has one."""
+    if b'"timeout"' not in message.payload:  # (most tasks: no JSON parsed for it)
+        return None
     try:
         timeout = message.json().get("timeout")
     except Exception:  # (not a task's message: run_task says so)
