@@ -13,7 +13,10 @@ that this app uses is imported from here, under one name each:
 
 from __future__ import annotations
 
+from traceback import format_exception
 from typing import TYPE_CHECKING, Any
+
+from django.utils.crypto import get_random_string
 
 if TYPE_CHECKING:  # (mypy checks against the backport: django-stubs 5.2 has no django.tasks)
     from django_tasks import (
@@ -78,15 +81,11 @@ def get_module_path(value: Any) -> str:
 
 
 def get_exception_traceback(exc: BaseException) -> str:
-    from traceback import format_exception
-
     return "".join(format_exception(exc))
 
 
 def get_random_id() -> str:
     """A result id as the framework makes them: 32 random characters."""
-    from django.utils.crypto import get_random_string
-
     return get_random_string(32)
 
 
