@@ -3,13 +3,17 @@ transaction.
 
 Guarantees:
 
-- ``enqueue()`` writes the task's result row (``READY``) and its message on the queue's
-  database, on the caller's connection: inside the caller's ``atomic()`` block both commit or
-  roll back with the caller's writes (no ``on_commit``); outside one they commit together in a
-  transaction of their own.
+- ``enqueue()`` writes one row: the task's message (path, arguments, options), on the
+  queue's database, on the caller's connection: inside the caller's ``atomic()`` block it
+  commits or rolls back with the caller's writes (no ``on_commit``); outside one it commits
+  at once. The worker writes the result row when the task finishes, with the ack.
 - ``run_after`` is the message's deliver time: no worker receives it before then.
-- ``get_result()`` reads the result row (``TaskResultDoesNotExist`` if there is none).
-- Priority is refused (``supports_priority = False``): queues deliver by deliver time only.
+- ``get_result()`` reads the result row, else the message (``RUNNING`` while leased, else
+  ``READY``); ``TaskResultDoesNotExist`` if there is neither.
+- Priority is refused (``supports_priority = False``) on every engine: native queues cannot
+  order by one, and one honoured on some engines only would be ignored silently on others.
+- ``@task(max_attempts=..., retry_delay=..., timeout=...)``: this backend's task options
+  (``QueueTask``); unknown ones raise ``InvalidTask``.
 
 ``OPTIONS``:
 

@@ -1,21 +1,27 @@
 """The receiver that runs enqueued tasks inside ``manage.py runqueueworker``.
 
 It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the app is ready
-(``connect()``), as a non-atomic receiver that manages its own transactions:
+(``connect()``), as a non-atomic receiver that manages its own transactions. The message
+carries the task (``backend.payload_of``); its result row is written when it finishes:
 
-1. ``RUNNING`` is committed first (its own short transaction), with this process's worker id
-   and the queue's delivery count, so other processes see the task running.
+1. Nothing is committed before the task runs: the message's lease (the worker's claim) is
+   its ``RUNNING``. On engines whose rows show no lease (native queues) the result row is
+   committed ``RUNNING`` first, with this process's worker id.
 2. The task function runs in a transaction on the queue's database; its database writes, the
-   ``SUCCESSFUL`` status with the return value, and the ack of the message commit together.
-   With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside any transaction (its writes
-   commit as it makes them) and ``SUCCESSFUL`` commits with the ack after it returns.
+   result row (one INSERT: ``SUCCESSFUL``, the return value, worker id, times) and the ack of
+   the message commit together. With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside
+   any transaction (its writes commit as it makes them) and the row commits with the ack after
+   it returns.
 3. If the task raises (any ``BaseException``: ``SystemExit``, ``GeneratorExit`` and
    ``KeyboardInterrupt`` too, see below), that transaction rolls back (the task's writes with
    it, when atomic) and a second one writes ``FAILED`` with the exception class and traceback,
-   and acks the message: a failed task is not run again (Django's Tasks semantics). A task
-   whose function is gone (its path names no task in this process) is ``FAILED`` the same way
-   (``InvalidTask``), without running. ``task_finished`` is then sent while the task's
-   exception is being handled (django-tasks' ``logger.exception`` logs its traceback), and
+   and acks the message: a failed task is not run again (Django's Tasks semantics) unless its
+   ``max_attempts`` (``backend.QueueTask``) leaves runs: then its message is sent again,
+   carrying the errors so far, due after ``retry_delay`` (the task is ``READY``). A task whose
+   function is gone (its path names no task in this process, or its module raises on import)
+   is ``FAILED`` the same way (``InvalidTask``), without running, never run again.
+   ``task_finished`` is then sent while the task's exception is being handled (the
+   framework's ``logger.exception`` logs its traceback), and
    the receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task
    id, queue, attempt), counts it ``failed`` and gives nothing back.
 
@@ -26,7 +32,9 @@ worker runs tasks in its executor threads, where Python never delivers the user'
 task's own code and is a failure like any other.
 
 The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
-task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id).
+task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id; the
+lost run's is ``"unknown"`` where it wrote no row). A message of a release that wrote the row
+at enqueue (no ``"args"`` in it) runs on that row.
 """
 
 from __future__ import annotations
