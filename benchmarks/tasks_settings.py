@@ -18,3 +18,11 @@ TASKS = {
     "default": {"BACKEND": "django_tasks_db.DatabaseBackend"},
     "queues": {"BACKEND": "spanner_queues.contrib.tasks.QueueBackend"},
 }
+
+# The framework's own per-task log lines (django.tasks' INFO "Task id=... state=...", sent for
+# both backends alike) are left out: they measure the console, not the backends.
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "loggers": {name: {"level": "WARNING"} for name in ("django.tasks", "django_tasks")},
+}

@@ -1,6 +1,6 @@
 """Django's Tasks API on spanner_queues (``QueueBackend``) against django-tasks-db.
 
-    .venv/bin/pip install -e '.[bench,tasks]'
+    .venv/bin/pip install -e '.[bench,tasks]'   # Django 5.2 (the tasks extra: the backport)
     .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py
     .venv/bin/python benchmarks/tasks_vs_django_tasks_db.py --enqueue 2000 --drain 2000 --json
 
@@ -9,20 +9,22 @@ connections) shared by both backends, ``benchmarks/tasks_settings.py``; the same
 (``benchmarks.workerbench.tasks.noop``), sent to each backend with ``.using(backend=...)``:
 
 (a) enqueue: N transactions, each ``with atomic(): Order.objects.create(...)`` plus
-    ``noop.enqueue(...)``; alternating rounds of 100. Ours writes the result row and the
-    message in the caller's transaction; django-tasks-db writes its one row.
-(b) drain: a backlog of N tasks run in-process: ``Worker(burst=True)`` on the task queue (per
-    task: the claim, ``RUNNING`` committed, then the task with ``SUCCESSFUL`` and the ack in one
-    transaction), also with ``prefetch`` (one claim for many tasks), against
+    ``noop.enqueue(...)``; alternating rounds of 100. Ours writes the task's message (one row,
+    the result row is written when the task finishes); django-tasks-db writes its one row.
+(b) drain: a backlog of N tasks run in-process, in alternating rounds (``--rounds``, default
+    3): ``Worker(burst=True)`` on the task queue (per task: the claim, its lease being
+    ``RUNNING``, shared by many tasks with the adaptive prefetch, then the task with its result
+    row and the ack in one transaction), against
     ``db_worker --batch --no-startup-delay``.
 
 Prints the settings each backend ran with (read back from its connection: ``journal_mode``,
 ``synchronous``, ``transaction_mode``, ``CONN_MAX_AGE``), the figures, and the ratios
-(spanner_queues / django-tasks-db, higher is better) next to the goals (issue 23: drain at
-least 5x, enqueue at least 1.0x, at defaults). ``--synchronous NORMAL`` runs both on
-``PRAGMA synchronous=NORMAL`` (safe from corruption in WAL mode; a commit does not wait for an
-fsync) instead of SQLite's default ``FULL``; ``--conn-max-age 0`` runs both on Django's default
-``CONN_MAX_AGE`` (``db_worker`` then reconnects per task; the worker keeps its connection).
+(spanner_queues / django-tasks-db, higher is better) next to the goals (issues 23 and 29:
+drain at least 5x, enqueue at least 1.0x, at defaults, on Django 5.2 and 6).
+``--synchronous NORMAL`` runs both on ``PRAGMA synchronous=NORMAL`` (safe from corruption in
+WAL mode; a commit does not wait for an fsync) instead of SQLite's default ``FULL``;
+``--conn-max-age 0`` runs both on Django's default ``CONN_MAX_AGE`` (``db_worker`` then
+reconnects per task; the worker keeps its connection).
 """
 
 from __future__ import annotations
@@ -125,7 +127,12 @@ def bench_enqueue(n: int) -> dict[str, Any]:
     }
 
 
-def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str, Any]:
+def bench_drain(
+    n: int, concurrency: list[int], prefetch: list[int], rounds: int = 3
+) -> dict[str, Any]:
+    """Each round drains a backlog of ``n`` with every variant of ours, then with
+    ``db_worker``: the figures are totals over the rounds (tasks / seconds), so that a change of
+    the machine's load during the run falls on both backends alike."""
     from django.core.management import call_command
     from django.db import transaction
     from django_tasks_db.models import DBTaskResult
@@ -134,48 +141,59 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
     from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
     from spanner_queues.worker import Worker
 
-    results: dict[str, Any] = {}
     ours_task = noop.using(backend="queues")
     # None: the worker's default (adaptive prefetch); then each fixed prefetch asked for
     variants: list[tuple[int, int | None]] = [(c, None) for c in concurrency] + [
         (c, p) for c in concurrency for p in prefetch
     ]
-    for c, p in variants:
+    seconds: dict[str, list[float]] = {}
+    for _round in range(rounds):
+        for c, p in variants:
+            with transaction.atomic():
+                for i in range(n):
+                    ours_task.enqueue(str(i))
+            t0 = time.perf_counter()
+            stats = Worker(
+                ["spanner_queues_tasks.TaskMessage"],
+                burst=True,
+                concurrency=c,
+                prefetch=p,
+                install_signal_handlers=False,
+            ).run()
+            elapsed = time.perf_counter() - t0
+            done = TaskResultRecord.objects.filter(status="SUCCESSFUL").count()
+            assert stats.processed == n and done == n and not TaskMessage.objects.exists(), stats
+            name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p else ")")
+            seconds.setdefault(name, []).append(elapsed)
+            clear()
+
         with transaction.atomic():
             for i in range(n):
-                ours_task.enqueue(str(i))
+                noop.enqueue(str(i))
         t0 = time.perf_counter()
-        stats = Worker(
-            ["spanner_queues_tasks.TaskMessage"],
-            burst=True,
-            concurrency=c,
-            prefetch=p,
-            install_signal_handlers=False,
-        ).run()
+        call_command("db_worker", batch=True, startup_delay=False, reload=False, verbosity=0)
         elapsed = time.perf_counter() - t0
-        done = TaskResultRecord.objects.filter(status="SUCCESSFUL").count()
-        assert stats.processed == n and done == n and not TaskMessage.objects.exists(), stats
-        name = f"spanner_queues (concurrency {c}" + (f", prefetch {p})" if p else ")")
-        results[name] = {"tasks_per_s": n / elapsed, "n": n}
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+        assert done == n, f"db_worker finished {done} of {n}"
+        seconds.setdefault("django_tasks_db", []).append(elapsed)
         clear()
-
-    with transaction.atomic():
-        for i in range(n):
-            noop.enqueue(str(i))
-    t0 = time.perf_counter()
-    call_command("db_worker", batch=True, startup_delay=False, reload=False, verbosity=0)
-    elapsed = time.perf_counter() - t0
-    done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
-    assert done == n, f"db_worker finished {done} of {n}"
-    results["django_tasks_db"] = {"tasks_per_s": n / elapsed, "n": n}
-    clear()
-    return results
+    return {
+        name: {
+            "tasks_per_s": n * len(ts) / sum(ts),
+            "n": n * len(ts),
+            "rounds_tasks_per_s": [round(n / t) for t in ts],
+        }
+        for name, ts in seconds.items()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--enqueue", type=int, default=2000, help="transactions in (a)")
     parser.add_argument("--drain", type=int, default=2000, help="backlog in (b)")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating rounds of (b), ours then theirs"
+    )
     parser.add_argument(
         "--concurrency", type=int, nargs="+", default=[1, 4], help="worker threads in (b)"
     )
@@ -204,12 +222,19 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="sq-tasks-bench-") as tmp:
         setup(Path(tmp))
-        import django
-        import django_tasks
+        import importlib.metadata
 
+        import django
+
+        framework = (
+            "django.tasks"
+            if django.VERSION >= (6,)
+            else f"django-tasks {importlib.metadata.version('django-tasks')}"
+        )
         print(
-            f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db 0.13 "
-            f"(django-tasks {django_tasks.__version__}): Python {platform.python_version()}, "
+            f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db "
+            f"{importlib.metadata.version('django-tasks-db')} ({framework}): "
+            f"Python {platform.python_version()}, "
             f"Django {django.get_version()}, SQLite (WAL, IMMEDIATE), {os.cpu_count()} CPUs, "
             f"load {os.getloadavg()[0]:.1f}"
         )
@@ -217,7 +242,9 @@ def main() -> None:
         for name, text in ran.items():
             print(f"  {name:<16} {text}")
         enqueue = bench_enqueue(args.enqueue)
-        drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p >= 1])
+        drain = bench_drain(
+            args.drain, args.concurrency, [p for p in args.prefetch if p >= 1], args.rounds
+        )
         print(f"load after {os.getloadavg()[0]:.1f}")
 
     print(f"\n(a) enqueue: {args.enqueue} transactions of one ORM insert + one task")
@@ -232,11 +259,12 @@ def main() -> None:
         f"{'met' if ratio >= ENQUEUE_GOAL else 'not met'})"
     )
 
-    print(f"\n(b) drain a backlog of {args.drain} no-op tasks")
+    print(f"\n(b) drain a backlog of {args.drain} no-op tasks, {args.rounds} alternating rounds")
     base = drain["django_tasks_db"]["tasks_per_s"]
     for name, r in drain.items():
         ratio = "" if name == "django_tasks_db" else f"  ratio {r['tasks_per_s'] / base:.2f}x"
-        print(f"  {name:<36} {r['tasks_per_s']:8.0f} tasks/s{ratio}")
+        rounds = "/".join(str(x) for x in r["rounds_tasks_per_s"])
+        print(f"  {name:<36} {r['tasks_per_s']:8.0f} tasks/s{ratio}  (rounds: {rounds})")
     # the worker's defaults: concurrency 1, adaptive prefetch (the first variant run)
     default_name = next(iter(drain))
     ratio_d = drain[default_name]["tasks_per_s"] / base

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 
+import django
+
 SECRET_KEY = "benchmarks-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -17,7 +19,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
-    "django_tasks",
+    *(["django_tasks"] if django.VERSION < (6,) else []),  # the backport, on Django 5.2
     "django_tasks_db",
     "spanner_queues",
     "spanner_queues.contrib.tasks",

@@ -422,9 +422,9 @@ def check_tasks_app(app_configs: Any = None, **kwargs: Any) -> list[checks.Check
         checks.Error(
             f"TASKS[{alias!r}] uses spanner_queues' QueueBackend, but {TASKS_APP!r} is not in "
             "INSTALLED_APPS.",
-            hint=f'Add "django_tasks" and "{TASKS_APP}" to INSTALLED_APPS and run `manage.py '
-            "migrate spanner_queues_tasks` (the task queue and results). See "
-            "docs/howto/tasks.md.",
+            hint=f'Add "{TASKS_APP}" to INSTALLED_APPS (on Django 5.2 "django_tasks" too, the '
+            "backport) and run `manage.py migrate spanner_queues_tasks` (the task queue and "
+            "results). See docs/howto/tasks.md.",
             id="spanner_queues.E104",
         )
         for alias, conf in configured.items()

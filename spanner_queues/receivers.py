@@ -89,6 +89,9 @@ class ReceiverSpec:
     max_batch_size: int | None = None
     #: time limit in seconds (None: the worker's ``timeout``)
     timeout: float | None = None
+    #: a single-message receiver's time limit for one message, read from the message (None
+    #: from it: ``timeout``); the Tasks runner's, for a task's own ``timeout``
+    timeout_of: Callable[[Message], float | None] | None = None
     #: called as ``func(context, message_or_messages)`` with a ``MessageContext``
     takes_context: bool = False
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR = Path(os.environ.get("SQ_VAR_DIR", BASE_DIR / "var"))
 VAR.mkdir(parents=True, exist_ok=True)
@@ -25,7 +27,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "spanner_queues",
-    "django_tasks",
+    *(["django_tasks"] if django.VERSION < (6,) else []),  # the Tasks backport on Django 5.2
     "spanner_queues.contrib.tasks",  # Django's Tasks API (tests/tasks)
     "spanner_queues.contrib.metrics",  # Prometheus metrics (tests/metrics)
     "tests.testapp",

@@ -71,6 +71,19 @@ def _blocks(text: str) -> list[str]:
     return [code for _lang, code in _BLOCK.findall(text)]
 
 
+def _as_on_this_django(code: str) -> str:
+    """A block as a project on this Django line writes it: the pages import ``django.tasks``
+    (Django 6) and say to import the backport's ``django_tasks`` on Django 5.2."""
+    import django
+
+    if django.VERSION >= (6,):
+        return code
+    return code.replace(
+        "from django.tasks import task  # Django 5.2: from django_tasks import task",
+        "from django_tasks import task",
+    )
+
+
 def _run(args: list[str], cwd: Path, env: dict[str, str]) -> str:
     import subprocess
     import sys
@@ -105,7 +118,7 @@ def test_testing_page_snippets_run_as_shown(tmp_path: Path) -> None:
     for code in _blocks(own):
         header = re.match(r"# (\S+\.(?:py|ini))\n", code)
         assert header, f"a block of testing.md does not name its file:\n{code}"
-        files[header.group(1)] = code
+        files[header.group(1)] = _as_on_this_django(code)
     assert {"pytest.ini", "conftest.py", "tasks/tests.py", "mysite/settings_test.py"} <= set(files)
     for name, code in files.items():
         (tmp_path / name).write_text(code)
@@ -163,3 +176,65 @@ print("OVERVIEW", client.get("/admin/spanner_queues/queues/").content.decode())
     welcomed = "from django.contrib.auth.models import User\n"
     welcomed += "print('FIRST', User.objects.get(username='grace').first_name)"
     assert "FIRST Welcomed" in _run(["manage.py", "shell", "-c", welcomed], tmp_path, env)
+
+
+# --- every how-to's settings compose ----------------------------------------------------------
+def _settings_block(page: str, header: str) -> str:
+    for code in _blocks((DOCS / page).read_text()):
+        if code.startswith(f"# {header}\n"):
+            return code
+    raise AssertionError(f"{page} has no block headed {header!r}")
+
+
+def _apps_of(code: str, modules: dict[str, dict[str, Any]], monkeypatch: Any) -> list[str]:
+    """``INSTALLED_APPS`` after running a settings block whose ``from mysite.settings...``
+    imports read ``modules`` (name -> namespace), as Django would."""
+    import sys
+    import types
+
+    for name, values in modules.items():
+        module = types.ModuleType(name)
+        module.__dict__.update(values)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setitem(sys.modules, "mysite", types.ModuleType("mysite"))
+    # (the emulator helpers start servers: not the point here)
+    code = "\n".join(line for line in code.splitlines() if not line.startswith("ensure_"))
+    namespace: dict[str, Any] = {}
+    exec(code, namespace)
+    return list(namespace["INSTALLED_APPS"])
+
+
+def test_each_how_tos_settings_compose_with_those_a_project_followed_before(
+    monkeypatch: Any,
+) -> None:
+    """A project that followed the quickstart and the Tasks how-to (and the Cloud Spanner one:
+    ``django_spanner`` first), then the testing how-to's test settings and the emulator's on top
+    of them, has each app once: a second ``django_tasks`` or ``django_spanner`` is Django's
+    "Application labels aren't unique" at start-up."""
+    quickstart = _blocks((DOCS / "quickstart.md").read_text())[0]
+    namespace: dict[str, Any] = {}
+    exec(quickstart, namespace)
+    tasks_page: dict[str, Any] = {}
+    exec(_settings_block("howto/tasks.md", "settings.py"), tasks_page)
+    for spanner_first in ([], ["django_spanner"]):
+        project = [*spanner_first, *namespace["INSTALLED_APPS"]]
+        project += [a for a in tasks_page["INSTALLED_APPS"] if a not in project]
+        settings = {"INSTALLED_APPS": project}
+        test_apps = _apps_of(
+            _settings_block("howto/testing.md", "mysite/settings_test.py"),
+            {"mysite.settings": settings},
+            monkeypatch,
+        )
+        assert len(test_apps) == len(set(test_apps)), test_apps
+        assert "spanner_queues.contrib.tasks" in test_apps
+        for page, header, base in (
+            ("howto/testing.md", "mysite/settings_test_spanner.py", {"INSTALLED_APPS": test_apps}),
+            ("howto/emulator.md", "mysite/settings_emulator_native.py", settings),
+        ):
+            apps = _apps_of(
+                _settings_block(page, header),
+                {"mysite.settings": settings, "mysite.settings_test": base},
+                monkeypatch,
+            )
+            assert len(apps) == len(set(apps)), (page, apps)
+            assert apps[0] == "django_spanner"

@@ -115,8 +115,8 @@ def test_table_engine_queue_grants_table_privileges_and_no_functions() -> None:
 def test_task_queue_adds_the_task_results_table(native: Any) -> None:
     native("googlesql")
     text = grants(*ROLES, "--queue", "spanner_queues_tasks.TaskMessage")
-    assert f"GRANT SELECT, UPDATE ON TABLE {RESULTS} TO ROLE worker;" in text
-    assert f"GRANT SELECT, INSERT, DELETE ON TABLE {RESULTS} TO ROLE web;" in text
+    assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {RESULTS} TO ROLE worker;" in text
+    assert f"GRANT SELECT, DELETE ON TABLE {RESULTS} TO ROLE web;" in text
 
 
 def test_every_declared_queue_by_default(native: Any) -> None:
@@ -170,5 +170,5 @@ def test_a_task_queue_of_your_own_adds_the_task_results_table(native: Any) -> No
     # role granted for tasksapp.EmailTasks could not record a task RUNNING.
     native("googlesql")
     text = grants(*ROLES, "--queue", "tasksapp.EmailTasks")
-    assert f"GRANT SELECT, UPDATE ON TABLE {RESULTS} TO ROLE worker;" in text
+    assert f"GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE {RESULTS} TO ROLE worker;" in text
     assert f"{RESULTS} TO ROLE web;" in text

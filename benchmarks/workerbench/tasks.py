@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from django_tasks import task
-
 from benchmarks.workerbench import trace
+from spanner_queues.contrib.tasks.framework import task
 
 
 @task()

@@ -764,6 +764,16 @@ class RowStatements:
 _cache: dict[tuple[type[Queue], str], RowStatements] = {}
 
 
+def _binary_placeholder(field: BinaryField, connection: Any) -> str:
+    """``field``'s placeholder for a bytes value: Django 6.1's ``get_placeholder_sql``
+    (the backend's ``binary_placeholder_sql``), else Django 5.2/6.0's ``get_placeholder``
+    (django-stubs 5.2.9 lacks both)."""
+    if hasattr(field, "get_placeholder"):  # Django 5.2, 6.0
+        return str(field.get_placeholder(b"", None, connection))
+    sql, _params = connection.ops.binary_placeholder_sql(b"", None)  # Django 6.1
+    return str(sql)
+
+
 class InsertStatement:
     """One message's INSERT as ``bulk_create`` writes it (every concrete column, in model
     order), written once per queue and database, without building a model instance: the key,
@@ -826,10 +836,7 @@ class InsertStatement:
         columns = ", ".join(quote(f.column) for f in fields)
         values = ", ".join(
             # a bytes payload: never NULL (BinaryField's placeholder, e.g. MySQL's _binary)
-            # (BinaryField.get_placeholder is Django 5.2's; django-stubs 5.2.9 lacks it)
-            f.get_placeholder(b"", None, connection)  # type: ignore[attr-defined]
-            if isinstance(f, BinaryField)
-            else "%s"
+            _binary_placeholder(f, connection) if isinstance(f, BinaryField) else "%s"
             for f in fields
         )
         table = quote(meta.db_table)

@@ -933,6 +933,8 @@ class Worker:
         db, engine, _ = self.cached(model)
         retries = engine.params.transaction_retries
         limit = spec.timeout if spec.timeout is not None else self.timeout  # (None: no limit)
+        if spec.timeout_of is not None and len(deliveries) == 1:
+            limit = spec.timeout_of(deliveries[0].message) or limit
         started = time.monotonic()
         for d in deliveries:
             self.emit("started", message=d.message, receiver=spec.name)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django_tasks import TaskContext, task
+from spanner_queues.contrib.tasks.framework import TaskContext, task
 
 
 @task(takes_context=True)

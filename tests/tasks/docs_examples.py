@@ -4,8 +4,8 @@ written there (``django_tasks`` is Django 6's ``django.tasks`` on Django 5.2).""
 from __future__ import annotations
 
 from django.db import transaction
-from django_tasks import task
 
+from spanner_queues.contrib.tasks.framework import task
 from tests.tasksapp.models import Thing
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from django_tasks import task
+from spanner_queues.contrib.tasks.framework import task
 
 
 @task()

@@ -8,10 +8,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.db import transaction
 from django.utils import timezone
-from django_tasks import TaskResultStatus, default_task_backend, task_backends
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
 
 from spanner_queues.contrib.tasks import QueueBackend
+from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    default_task_backend,
+    task_backends,
+)
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from spanner_queues.contrib.tasks.runner import RECEIVER_NAME
 from spanner_queues.receivers import receivers
@@ -19,6 +25,24 @@ from tests.tasksapp import tasks
 from tests.tasksapp.models import EmailTasks, Thing
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def finished_record(status: str, *, finished_at, **fields) -> TaskResultRecord:
+    """A stored result row (as the worker writes them)."""
+    from spanner_queues.contrib.tasks.framework import get_random_id
+
+    values = {
+        "task_path": tasks.add.module_path,
+        "backend": "default",
+        "queue_name": "default",
+        "queue": TaskMessage._meta.label,
+        "enqueued_at": timezone.now(),
+        "args_json": "[1, 1]",
+        **fields,
+    }
+    return TaskResultRecord.objects.create(
+        id=get_random_id(), status=status, finished_at=finished_at, **values
+    )
 
 
 def finished(*results):
@@ -44,11 +68,11 @@ def test_the_task_queues_have_the_task_receiver() -> None:
 
 
 def test_validation_errors_are_the_frameworks_own() -> None:
-    with pytest.raises(InvalidTaskError, match="priority"):
+    with pytest.raises(InvalidTask, match="priority"):
         tasks.add.using(priority=10)
-    with pytest.raises(InvalidTaskError, match="not valid"):
+    with pytest.raises(InvalidTask, match="not valid"):
         tasks.add.using(queue_name="nowhere")
-    with pytest.raises(InvalidTaskError, match="aware"):
+    with pytest.raises(InvalidTask, match="aware"):
         tasks.add.using(run_after=timezone.now().replace(tzinfo=None))
 
 
@@ -166,14 +190,15 @@ def test_retention_prunes_finished_results_only(settings) -> None:
         }
     }
     backend = task_backends["default"]
-    old = tasks.add.enqueue(1, 1)
+    hours_ago = timezone.now() - timedelta(hours=2)
+    finished_record("SUCCESSFUL", finished_at=hours_ago)
+    finished_record("FAILED", finished_at=hours_ago)
+    recent = finished_record("SUCCESSFUL", finished_at=timezone.now())
+    running = finished_record("RUNNING", finished_at=None)  # (native queues write RUNNING)
     waiting = tasks.add.enqueue(2, 2)
-    TaskResultRecord.objects.filter(id=old.id).update(
-        status="SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2)
-    )
-    assert backend.prune_results() == 1
-    assert list(TaskResultRecord.objects.values_list("id", flat=True)) == [waiting.id]
-    assert TaskMessage.objects.count() == 2  # the queue is untouched by pruning
+    assert backend.prune_results() == 2
+    assert set(TaskResultRecord.objects.values_list("id", flat=True)) == {recent.id, running.id}
+    assert TaskMessage.objects.filter(id=waiting.id).exists()  # untouched by pruning
 
 
 def test_check_refuses_a_queue_model_that_cannot_carry_tasks() -> None:
@@ -187,11 +212,24 @@ def test_check_refuses_a_queue_model_that_cannot_carry_tasks() -> None:
     assert list(task_backends["default"].check()) == []
 
 
-def test_check_asks_for_django_tasks_in_installed_apps(monkeypatch) -> None:
+@pytest.mark.skipif(FRAMEWORK_APP is None, reason="Django 6: django.tasks is not an app")
+def test_check_asks_for_django_tasks_in_installed_apps_on_django_5_2(monkeypatch) -> None:
     from django.apps import apps
 
     monkeypatch.setattr(apps, "is_installed", lambda name: name != "django_tasks")
     assert [e.id for e in task_backends["default"].check()] == ["spanner_queues.E101"]
+
+
+@pytest.mark.skipif(FRAMEWORK_APP is not None, reason="Django 5.2: the backport is an app")
+def test_on_django_6_the_backend_runs_on_django_tasks_without_the_backport() -> None:
+    import importlib.util
+
+    import django.tasks
+
+    assert importlib.util.find_spec("django_tasks") is None  # (not installed on this line)
+    assert isinstance(task_backends["default"], django.tasks.backends.base.BaseTaskBackend)
+    assert task_backends is django.tasks.task_backends
+    assert list(task_backends["default"].check()) == []
 
 
 def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker) -> None:
@@ -211,16 +249,57 @@ def test_non_atomic_tasks_keep_their_writes_when_they_fail(settings, run_worker)
     assert sorted(Thing.objects.values_list("num", flat=True)) == [8, 9]  # committed as made
 
 
-def test_a_message_whose_result_row_is_gone_is_acked_without_running(run_worker) -> None:
-    result = tasks.make_thing.enqueue(num=10)
-    TaskResultRecord.objects.filter(id=result.id).delete()  # e.g. deleted by hand
+def test_a_task_is_one_message_until_it_finishes_then_one_result_row(run_worker) -> None:
+    result = tasks.add.enqueue(1, 2)
+    assert TaskMessage.objects.filter(id=result.id).exists()
+    assert not TaskResultRecord.objects.exists()  # written when the task finishes
+    run_worker(finished(result))
+    record = TaskResultRecord.objects.get(id=result.id)
+    assert (record.status, record.return_value, record.args) == ("SUCCESSFUL", 3, [1, 2])
+    assert record.task_path == tasks.add.module_path and record.queue == TaskMessage._meta.label
+    assert not TaskMessage.objects.exists()
+
+
+def test_a_task_shows_running_while_a_worker_holds_its_message() -> None:
+    from spanner_queues.api import receive
+
+    result = tasks.add.enqueue(1, 2)
+    from spanner_queues.engines import engine_for
+
+    [message] = receive(TaskMessage)  # a worker's claim: the task's lease
+    if not engine_for(TaskMessage).features.stores_bookkeeping_fields:
+        # native queues show no lease on a row: RUNNING is the row the task's start commits
+        assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+        return
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.RUNNING
+    assert tasks.add.get_result(result.id).attempts == 1
+    from spanner_queues.api import release
+
+    release(message)
+    assert tasks.add.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_a_message_of_an_earlier_release_runs_on_its_result_row(run_worker) -> None:
+    # (releases before one-row storage wrote the row at enqueue, and a message of three keys)
+    from spanner_queues import api
+
+    record = finished_record("READY", finished_at=None, task_path=tasks.make_thing.module_path)
+    record.args_json, record.kwargs_json = "[]", '{"num": 10}'
+    record.save()
+    gone = finished_record("READY", finished_at=None, task_path=tasks.make_thing.module_path)
+    gone_id = gone.id
+    gone.delete()  # its row deleted by hand: acked without running
+    for result_id in (record.id, gone_id):
+        payload = {"id": result_id, "task": record.task_path, "backend": "default"}
+        api.send(TaskMessage, payload=payload, id=result_id)
     events = run_worker(lambda: not TaskMessage.objects.exists())
-    assert not Thing.objects.exists()
+    assert list(Thing.objects.values_list("num", flat=True)) == [10]
+    assert TaskResultRecord.objects.get(id=record.id).status == "SUCCESSFUL"
     assert not events.messages("already_acked") and not events.messages("failed")
 
 
 def test_signals_and_worker_side_retention(settings, run_worker) -> None:
-    from django_tasks.signals import task_finished, task_started
+    from spanner_queues.contrib.tasks.framework import task_finished, task_started
 
     seen: list[tuple[str, str]] = []
 
@@ -237,11 +316,7 @@ def test_signals_and_worker_side_retention(settings, run_worker) -> None:
             },
         }
     }
-    old = tasks.add.enqueue(1, 1)
-    TaskResultRecord.objects.filter(id=old.id).update(
-        status="SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2)
-    )
-    TaskMessage.objects.filter(id=old.id).delete()
+    old = finished_record("SUCCESSFUL", finished_at=timezone.now() - timedelta(hours=2))
     task_started.connect(listen)
     task_finished.connect(listen)
     try:
@@ -258,9 +333,9 @@ def test_signals_and_worker_side_retention(settings, run_worker) -> None:
 def test_admin_lists_results_read_only_with_filters(client, django_user_model) -> None:
     admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
     client.force_login(admin)
-    result = tasks.add.enqueue(1, 2)
+    result = finished_record("SUCCESSFUL", finished_at=timezone.now())
     url = "/admin/spanner_queues_tasks/taskresultrecord/"
-    page = client.get(url, {"status__exact": "READY"})
+    page = client.get(url, {"status__exact": "SUCCESSFUL"})
     assert page.status_code == 200 and result.id in page.content.decode()
     assert result.id not in client.get(url, {"status__exact": "FAILED"}).content.decode()
     assert client.get(url + "add/").status_code == 403

@@ -4,15 +4,21 @@ block of docs/howto/tasks.md, run as shown (the ``shop`` blocks as a package of 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from pathlib import Path
 
+import django
 import pytest
-from django_tasks import TaskResultStatus, default_task_backend
-from django_tasks.exceptions import InvalidTaskError
 
 from spanner_queues.contrib.tasks import QueueBackend
+from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
+    InvalidTask,
+    TaskResultStatus,
+    default_task_backend,
+)
 from tests.tasks import docs_context
 from tests.tasks.docs_examples import (
     calculate_meaning_of_life,
@@ -59,11 +65,12 @@ def test_errors(run_worker) -> None:
 
 def test_on_commit_enqueue_of_djangos_docs_still_works(run_worker) -> None:
     create_and_enqueue_on_commit()
-    from spanner_queues.contrib.tasks.models import TaskResultRecord
+    from spanner_queues.contrib.tasks.models import TaskMessage
 
-    record = TaskResultRecord.objects.get(task_path=process_thing.module_path)
-    run_worker(lambda: default_task_backend.get_result(record.id).is_finished)
-    assert default_task_backend.get_result(record.id).return_value == 1
+    [message] = TaskMessage.objects.all()
+    assert json.loads(message.payload)["task"] == process_thing.module_path
+    run_worker(lambda: default_task_backend.get_result(message.id).is_finished)
+    assert default_task_backend.get_result(message.id).return_value == 1
     assert Thing.objects.count() == 1
 
 
@@ -74,7 +81,7 @@ def test_backend_introspection() -> None:
 def test_priority_example_is_refused_with_the_frameworks_error() -> None:
     """``.using(priority=10)``: queues cannot order by priority, so the backend says
     ``supports_priority = False`` and the framework refuses it."""
-    with pytest.raises(InvalidTaskError):
+    with pytest.raises(InvalidTask):
         calculate_meaning_of_life.using(priority=10)
 
 
@@ -85,8 +92,19 @@ BLOCK = re.compile(r"```python\n(.*?)```", re.S)
 CELERY = "(Celery"  # the page's "before" block: Celery code, not run here
 
 
+def as_on_this_django(code: str) -> str:
+    """A block as a project on this Django line writes it: the page imports ``django.tasks``
+    (Django 6), and says to import the backport's ``django_tasks`` on Django 5.2."""
+    if FRAMEWORK_APP is None:
+        return code
+    return code.replace(
+        "from django.tasks import task  # Django 5.2: from django_tasks import task",
+        "from django_tasks import task",
+    )
+
+
 def page_blocks() -> list[str]:
-    return BLOCK.findall(PAGE.read_text())
+    return [as_on_this_django(code) for code in BLOCK.findall(PAGE.read_text())]
 
 
 def _header(code: str) -> str:
@@ -146,6 +164,7 @@ def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
             "test_tasks.py",
             "celery",
             "signup.py",
+            "billing.py",
         ]
     )
 
@@ -165,7 +184,9 @@ def _block(kind: str) -> str:
 def test_the_settings_block_passes_the_checks_and_its_optional_line_is_a_check_error() -> None:
     namespace: dict = {}
     exec(_block("settings"), namespace)
-    assert {"spanner_queues", "django_tasks"} <= set(namespace["INSTALLED_APPS"])
+    apps = namespace["INSTALLED_APPS"]
+    assert {"spanner_queues", "spanner_queues.contrib.tasks"} <= set(apps)
+    assert ("django_tasks" in apps) == (FRAMEWORK_APP is not None)
     backend = QueueBackend("default", namespace["TASKS"]["default"])
     assert list(backend.check()) == []
     uncommented = _block("settings").replace('# "QUEUE_MODELS"', '"QUEUE_MODELS"')
@@ -218,18 +239,27 @@ def test_the_task_and_view_blocks_enqueue_in_the_request_and_the_task_sends_the_
     from django.test import RequestFactory
     from shop.views import sign_up  # the page's blocks, as written
 
-    from spanner_queues.contrib.tasks import TaskResultRecord
+    from spanner_queues.contrib.tasks import TaskMessage
     from spanner_queues.testing import drain
 
     response = sign_up(RequestFactory().post("/", {"username": "ada", "email": "a@b.example"}))
     assert response.status_code == 201
     user = User.objects.get(username="ada")
-    record = TaskResultRecord.objects.get(task_path="shop.tasks.email_welcome")
-    assert record.args == [user.pk]
+    [message] = TaskMessage.objects.all()
+    waiting = default_task_backend.get_result(message.id)
+    assert waiting.task.module_path == "shop.tasks.email_welcome"
+    assert waiting.args == [user.pk] and waiting.status == TaskResultStatus.READY
     drain("spanner_queues_tasks.TaskMessage", expect=1)
-    result = default_task_backend.get_result(record.id)
+    result = default_task_backend.get_result(message.id)
     assert result.status == TaskResultStatus.SUCCESSFUL and result.return_value == 1
     assert mail.outbox[0].to == ["a@b.example"]
+
+
+@pytest.mark.skipif(django.VERSION[:2] == (6, 0), reason="Django 6.0's @task takes no options")
+def test_the_task_options_block_declares_a_task_with_this_backends_options(shop) -> None:
+    from shop.billing import charge
+
+    assert (charge.max_attempts, charge.retry_delay, charge.timeout) == (3, 60, 30)
 
 
 @pytest.mark.django_db(transaction=True)

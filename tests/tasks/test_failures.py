@@ -7,11 +7,17 @@ from __future__ import annotations
 import logging
 
 import pytest
-from django_tasks import TaskResultStatus, default_task_backend
-from django_tasks.exceptions import InvalidTaskError
 
+from spanner_queues.contrib.tasks.framework import (
+    LOGGER,
+    InvalidTask,
+    TaskResultStatus,
+    default_task_backend,
+    get_module_path,
+)
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from tests.tasks import failing_tasks
+from tests.tasks.stored import restore_task
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -51,9 +57,7 @@ def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
     assert "task 1 failed" in caplog.text and "raise_value_error" in caplog.text
     assert (record.queue, record.message_key, record.attempt) == (Q, (result.id,), 1)
     # django-tasks' own task_finished line carries the traceback too (not "NoneType: None")
-    framework = [
-        r for r in caplog.records if r.name == "django_tasks" and "FAILED" in r.getMessage()
-    ]
+    framework = [r for r in caplog.records if r.name == LOGGER and "FAILED" in r.getMessage()]
     assert framework and framework[0].exc_info and framework[0].exc_info[1] is not None
     assert "NoneType: None" not in caplog.text
 
@@ -161,13 +165,13 @@ def test_a_task_raising_a_base_exception_is_failed_and_the_worker_lives_on(
 def test_a_task_whose_function_is_gone_is_failed_once_and_acked(run_worker) -> None:
     result = failing_tasks.add.enqueue(1, 1)
     gone = "tests.tasks.failing_tasks.removed_in_this_release"
-    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    restore_task(result.id, task=gone)
     events = run_worker(lambda: not TaskMessage.objects.exists())
     record = TaskResultRecord.objects.get(id=result.id)
     assert record.status == "FAILED"
     assert record.attempts == 1 and len(record.worker_ids) == 1
     [error] = record.errors
-    assert error["exception_class_path"] == "django_tasks.exceptions.InvalidTaskError"
+    assert error["exception_class_path"] == get_module_path(InvalidTask)
     assert gone in error["traceback"]
     assert [m.key for m in events.messages("failed")] == [(result.id,)]
     assert summary(events).failed == 1
@@ -175,15 +179,33 @@ def test_a_task_whose_function_is_gone_is_failed_once_and_acked(run_worker) -> N
     stored = default_task_backend.get_result(result.id)
     assert stored.status == TaskResultStatus.FAILED
     assert stored.task.module_path == gone
-    assert stored.errors[0].exception_class is InvalidTaskError
-    with pytest.raises(InvalidTaskError, match=gone):
+    assert stored.errors[0].exception_class is InvalidTask
+    with pytest.raises(InvalidTask, match=gone):
         stored.task.call()
+
+
+def test_a_task_whose_module_raises_on_import_is_failed_once_with_the_error(run_worker) -> None:
+    # (issue 30: it stayed RUNNING and was retried for ever, with no error recorded)
+    result = failing_tasks.add.enqueue(1, 1)
+    broken = "tests.tasks.broken_on_import.task"
+    restore_task(result.id, task=broken)
+    events = run_worker(lambda: not TaskMessage.objects.exists(), timeout=30)
+    record = TaskResultRecord.objects.get(id=result.id)
+    assert record.status == "FAILED"
+    assert record.attempts == 1 and len(record.worker_ids) == 1
+    [error] = record.errors
+    assert error["exception_class_path"] == get_module_path(InvalidTask)
+    assert "RuntimeError: the module of this task cannot be imported" in error["traceback"]
+    assert [m.key for m in events.messages("failed")] == [(result.id,)]
+    assert summary(events).failed == 1
+    stored = default_task_backend.get_result(result.id)  # (in a process that cannot import it)
+    assert stored.status == TaskResultStatus.FAILED and stored.task.module_path == broken
 
 
 def test_get_result_of_a_waiting_task_whose_function_is_gone() -> None:
     result = failing_tasks.add.enqueue(1, 1)
     gone = "tests.tasks.nowhere.task"
-    TaskResultRecord.objects.filter(id=result.id).update(task_path=gone)
+    restore_task(result.id, task=gone)
     stored = default_task_backend.get_result(result.id)
     assert stored.status == TaskResultStatus.READY and stored.args == [1, 1]
     assert stored.task.module_path == gone

@@ -6,8 +6,8 @@ from __future__ import annotations
 import signal
 
 import pytest
-from django_tasks import TaskResultStatus
 
+from spanner_queues.contrib.tasks.framework import TaskResultStatus
 from tests.children import Child
 from tests.conftest import wait_until
 from tests.tasksapp import tasks

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from asgiref.sync import sync_to_async
-from django_tasks import TaskContext, task
 
+from spanner_queues.contrib.tasks.framework import TaskContext, task
 from tests.tasksapp.models import Thing
 
 

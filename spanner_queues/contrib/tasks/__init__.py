@@ -1,7 +1,7 @@
-"""Django's Tasks API (the ``django-tasks`` backport on Django 5.2) on spanner_queues: an
-optional app (label ``spanner_queues_tasks``).
+"""Django's Tasks API (``django.tasks`` on Django 6; the ``django-tasks`` backport on Django
+5.2) on spanner_queues: an optional app (label ``spanner_queues_tasks``).
 
-    INSTALLED_APPS += ["django_tasks", "spanner_queues.contrib.tasks"]
+    INSTALLED_APPS += ["spanner_queues.contrib.tasks"]  # and "django_tasks" on Django 5.2
     TASKS = {"default": {"BACKEND": "spanner_queues.contrib.tasks.QueueBackend"}}
 
 ``enqueue()`` sends a message to a queue on the caller's connection, in the caller's

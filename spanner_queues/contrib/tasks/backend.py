@@ -3,13 +3,17 @@ transaction.
 
 Guarantees:
 
-- ``enqueue()`` writes the task's result row (``READY``) and its message on the queue's
-  database, on the caller's connection: inside the caller's ``atomic()`` block both commit or
-  roll back with the caller's writes (no ``on_commit``); outside one they commit together in a
-  transaction of their own.
+- ``enqueue()`` writes one row: the task's message (path, arguments, options), on the
+  queue's database, on the caller's connection: inside the caller's ``atomic()`` block it
+  commits or rolls back with the caller's writes (no ``on_commit``); outside one it commits
+  at once. The worker writes the result row when the task finishes, with the ack.
 - ``run_after`` is the message's deliver time: no worker receives it before then.
-- ``get_result()`` reads the result row (``TaskResultDoesNotExist`` if there is none).
-- Priority is refused (``supports_priority = False``): queues deliver by deliver time only.
+- ``get_result()`` reads the result row, else the message (``RUNNING`` while leased, else
+  ``READY``); ``TaskResultDoesNotExist`` if there is neither.
+- Priority is refused (``supports_priority = False``) on every engine: native queues cannot
+  order by one, and one honoured on some engines only would be ignored silently on others.
+- ``@task(max_attempts=..., retry_delay=..., timeout=...)``: this backend's task options
+  (``QueueTask``); unknown ones raise ``InvalidTask``.
 
 ``OPTIONS``:
 
@@ -29,29 +33,44 @@ Guarantees:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Iterable
-from datetime import timedelta
-from typing import Any, TypeVar
+from datetime import datetime, timedelta
+from typing import Any, ParamSpec, TypeVar
 
 from django.apps import apps
 from django.core import checks
 from django.db import transaction
 from django.utils.module_loading import import_string
-from django_tasks import TaskResult, TaskResultStatus
-from django_tasks.backends.base import BaseTaskBackend
-from django_tasks.base import Task, TaskError
-from django_tasks.exceptions import InvalidTaskError, TaskResultDoesNotExist
-from django_tasks.signals import task_enqueued
-from django_tasks.utils import get_random_id
-from typing_extensions import ParamSpec
 
 from spanner_queues import api, clock
-from spanner_queues.contrib.tasks.models import FINISHED, READY, TaskResultRecord, dumps
+from spanner_queues.contrib.tasks.framework import (
+    FRAMEWORK_APP,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    get_random_id,
+    task_enqueued,
+)
+from spanner_queues.contrib.tasks.models import (
+    FINISHED,
+    READY,
+    RUNNING,
+    UNKNOWN_WORKER,
+    TaskResultRecord,
+    dumps,
+)
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
+from spanner_queues.keys import row_to_message
 from spanner_queues.payload import JSON, payload_type
 from spanner_queues.queues import get_queue
+from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
 
 T = TypeVar("T")
@@ -63,12 +82,79 @@ DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 #: the keys of a ``QueueBackend``'s ``OPTIONS``
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
 
-__all__ = ["QueueBackend", "missing_task", "result_from_record", "task_of"]
+__all__ = [
+    "TASK_OPTIONS",
+    "QueueBackend",
+    "QueueTask",
+    "missing_task",
+    "payload_of",
+    "record_from_payload",
+    "result_from_record",
+    "task_of",
+    "task_options",
+]
+
+
+#: this backend's options of ``@task(...)`` (and their defaults): Django 6.1 and the backport
+#: hand ``@task``'s extra keywords to the backend's ``task_class``
+TASK_OPTIONS = {"max_attempts": 1, "retry_delay": 0.0, "timeout": None}
+
+
+class _RefusesUnknownOptions(type):
+    """``QueueTask(...)`` with an option this backend does not have: the framework's
+    ``InvalidTask`` naming it and the known ones (not the dataclass's bare ``TypeError``)."""
+
+    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
+        known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise InvalidTask(
+                f"@task() got {', '.join(map(repr, unknown))}, which "
+                "spanner_queues.contrib.tasks.QueueBackend does not know; its options are "
+                f"{', '.join(TASK_OPTIONS)} (docs/howto/tasks.md, 'Task options')."
+            )
+        return super().__call__(*args, **kwargs)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class QueueTask(Task, metaclass=_RefusesUnknownOptions):
+    """A task of ``QueueBackend`` (its ``task_class``): Django's ``Task`` with this backend's
+    options, given to ``@task(...)`` (Django 6.1, the django-tasks backport; Django 6.0 refuses
+    them) and checked by ``validate_task``:
+
+    - ``max_attempts`` (default 1: Django's semantics, a failed task is not run again): runs in
+      all; a run that raises (or passes its ``timeout``) before the last records its error in
+      ``result.errors`` and the task goes back to ``READY``, due after ``retry_delay``.
+    - ``retry_delay``: seconds (or a ``timedelta``) between a failed run and the next.
+    - ``timeout``: this task's time limit in seconds, instead of the worker's ``--timeout``.
+    """
+
+    max_attempts: int = 1
+    retry_delay: float | timedelta = 0.0
+    timeout: float | None = None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def task_options(task: Task) -> dict[str, Any]:
+    """The options of ``task`` that differ from their defaults, as its message stores them
+    (``retry_delay`` in seconds); ``{}`` for a task of another backend's class."""
+    out: dict[str, Any] = {}
+    for name, default in TASK_OPTIONS.items():
+        value = getattr(task, name, default)
+        if isinstance(value, timedelta):
+            value = value.total_seconds()
+        if value != default:
+            out[name] = value
+    return out
 
 
 class QueueBackend(BaseTaskBackend):
     """Tasks on spanner_queues: transactional enqueue, runs on ``runqueueworker``."""
 
+    task_class = QueueTask
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
@@ -91,6 +177,22 @@ class QueueBackend(BaseTaskBackend):
         self.result_retention = (
             timedelta(seconds=retention) if _is_positive_number(retention) else None
         )
+
+    def validate_task(self, task: Task) -> None:
+        """The framework's checks, and this backend's options (``InvalidTask`` if wrong)."""
+        super().validate_task(task)
+        attempts = getattr(task, "max_attempts", 1)
+        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
+            raise InvalidTask(f"max_attempts must be a whole number >= 1, not {attempts!r}.")
+        delay = getattr(task, "retry_delay", 0.0)
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        if not _is_number(seconds) or not 0 <= seconds < float("inf"):
+            raise InvalidTask(f"retry_delay must be seconds >= 0 or a timedelta, not {delay!r}.")
+        timeout = getattr(task, "timeout", None)
+        if timeout is not None and not _is_positive_number(timeout):
+            raise InvalidTask(
+                f"timeout must be a positive number of seconds or None, not {timeout!r}."
+            )
 
     # --- configuration ----------------------------------------------------------------------
     def queue_model(self, queue_name: str) -> Any:
@@ -213,25 +315,10 @@ class QueueBackend(BaseTaskBackend):
             errors=[],
             worker_ids=[],
         )
-        record = TaskResultRecord(
-            id=result.id,
-            task_path=task.module_path,
-            backend=self.alias,
-            queue_name=task.queue_name,
-            queue=model._meta.label,
-            priority=task.priority,
-            takes_context=task.takes_context,
-            status=READY,
-            args_json=dumps(result.args),
-            kwargs_json=dumps(result.kwargs),
-            enqueued_at=now,
-            run_after=task.run_after,
-        )
         pk_name = model._meta.pk.name
-        payload = {"id": result.id, "task": task.module_path, "backend": self.alias}
+        payload = payload_of(result, queue_name=task.queue_name, enqueued_at=now)
 
         def write() -> None:
-            record.save(using=db, force_insert=True)
             api.send(
                 model,
                 using=db,
@@ -251,8 +338,32 @@ class QueueBackend(BaseTaskBackend):
 
     # --- results ----------------------------------------------------------------------------
     def get_result(self, result_id: str) -> TaskResult:
-        """The result of task ``result_id``, as stored now."""
+        """The result of task ``result_id``, as stored now: its result row once it finished
+        (or, on native queues, started), else its message: ``RUNNING`` while a worker holds
+        its lease, ``READY`` before."""
         for db in self.databases():
+            record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
+            if record is not None:
+                return result_from_record(record)
+        now = clock.now()
+        for model in self.all_queue_models():
+            engine = engine_for(model)
+            if not engine.features.supports_listing:
+                continue
+            row = rows(model, engine.database).filter(pk=result_id).first()
+            if row is not None:
+                message = row_to_message(model, row)
+                record = record_from_payload(message.json(), queue=model._meta.label)
+                if record is not None:
+                    held = message.lease_expires_at is not None and message.lease_expires_at > now
+                    record.status = RUNNING if held else READY
+                    # the workers of its earlier runs (max_attempts), and of this message's
+                    # deliveries, the one holding it now included: not recorded
+                    workers = [*record.worker_ids, *[UNKNOWN_WORKER] * (message.attempt or 0)]
+                    record.worker_ids_json = dumps(workers)
+                    record.attempts = len(workers)
+                    return result_from_record(record)
+        for db in self.databases():  # (it finished between the two reads: its row is there)
             record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
             if record is not None:
                 return result_from_record(record)
@@ -280,33 +391,37 @@ def _is_positive_number(value: Any) -> bool:
 
 
 def check_django_tasks_installed(**kwargs: Any) -> list[checks.CheckMessage]:
-    """E101: a ``QueueBackend`` is configured but ``django_tasks`` is not an installed app
-    (registered by ``spanner_queues.contrib.tasks.runner.connect``, since Django's Tasks
-    framework runs backend checks only when its app is installed)."""
-    if apps.is_installed("django_tasks"):
+    """E101: on Django 5.2, a ``QueueBackend`` is configured but the backport's app
+    ``django_tasks`` is not installed (registered by ``runner.connect``,
+    since the backport runs backend checks only when its app is installed). Django 6's
+    ``django.tasks`` is not an app: nothing to install there."""
+    if FRAMEWORK_APP is None or apps.is_installed(FRAMEWORK_APP):
         return []
     return [
         checks.Error(
-            "spanner_queues.contrib.tasks.QueueBackend needs 'django_tasks' in INSTALLED_APPS.",
+            f"spanner_queues.contrib.tasks.QueueBackend needs {FRAMEWORK_APP!r} in "
+            "INSTALLED_APPS (the django-tasks backport of django.tasks, on Django 5.2).",
             id="spanner_queues.E101",
         )
     ]
 
 
 def _task_at(path: str) -> Task:
-    """The task a module attribute ``path`` names (the framework's ``InvalidTaskError`` if
+    """The task a module attribute ``path`` names (the framework's ``InvalidTask`` if
     none)."""
     try:
         task = import_string(path)
     except ImportError as exc:
-        raise InvalidTaskError(f"{path} is not a task: {exc}") from exc
+        raise InvalidTask(f"{path} is not a task: {exc}") from exc
+    except Exception as exc:  # its module raised on import: no task in this process either
+        raise InvalidTask(f"{path} cannot be imported: {type(exc).__name__}: {exc}") from exc
     if not isinstance(task, Task):
-        raise InvalidTaskError(f"{path} is not a task.")
+        raise InvalidTask(f"{path} is not a task.")
     return task
 
 
 def task_of(record: TaskResultRecord) -> Task:
-    """The task of a stored row, looked up by its path (the framework's ``InvalidTaskError``
+    """The task of a stored row, looked up by its path (the framework's ``InvalidTask``
     if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
     if (task.queue_name, task.backend, task.run_after) != (
@@ -322,12 +437,12 @@ def task_of(record: TaskResultRecord) -> Task:
 
 def missing_task(record: TaskResultRecord) -> Task:
     """A stand-in for the task of a row whose path names no task in this process: its
-    ``module_path`` is the stored path, and calling it raises ``InvalidTaskError``."""
+    ``module_path`` is the stored path, and calling it raises ``InvalidTask``."""
     path = record.task_path
     module, _, qualname = path.rpartition(".")
 
     def missing(*args: Any, **kwargs: Any) -> Any:
-        raise InvalidTaskError(f"{path} is not a task in this process.")
+        raise InvalidTask(f"{path} is not a task in this process.")
 
     missing.__module__, missing.__qualname__ = module, qualname
     missing.__name__ = qualname.rpartition(".")[2]
@@ -344,14 +459,58 @@ def missing_task(record: TaskResultRecord) -> Task:
     return task
 
 
+def payload_of(result: TaskResult, *, queue_name: str, enqueued_at: Any) -> dict[str, Any]:
+    """The message of an enqueued task: everything its result row will hold (the row is
+    written when it finishes, in the transaction that acks the message)."""
+    task = result.task
+    return {
+        "id": result.id,
+        "task": task.module_path,
+        "backend": result.backend,
+        "queue_name": queue_name,
+        "priority": task.priority,
+        "takes_context": task.takes_context,
+        "args": result.args,
+        "kwargs": result.kwargs,
+        "enqueued_at": enqueued_at.isoformat(),
+        "run_after": task.run_after.isoformat() if task.run_after is not None else None,
+        **task_options(task),
+    }
+
+
+def record_from_payload(data: dict[str, Any], *, queue: str) -> TaskResultRecord | None:
+    """The (unsaved) ``READY`` result row of a task message; ``None`` for a message of a
+    release that wrote the row at enqueue (no ``"args"``: the row holds the task)."""
+    if "args" not in data:
+        return None
+    run_after = data.get("run_after")
+    return TaskResultRecord(
+        id=data["id"],
+        task_path=data["task"],
+        backend=data["backend"],
+        queue_name=data["queue_name"],
+        queue=queue,
+        priority=data.get("priority", 0),
+        takes_context=data.get("takes_context", False),
+        status=READY,
+        args_json=dumps(data["args"]),
+        kwargs_json=dumps(data["kwargs"]),
+        # (a task run again after a failed run: its earlier runs, see QueueTask.max_attempts)
+        errors_json=dumps(data.get("errors", [])),
+        worker_ids_json=dumps(data.get("worker_ids", [])),
+        enqueued_at=datetime.fromisoformat(data["enqueued_at"]),
+        run_after=datetime.fromisoformat(run_after) if run_after else None,
+    )
+
+
 def result_from_record(record: TaskResultRecord, *, task: Task | None = None) -> TaskResult:
     """A ``TaskResult`` from a stored row. Its task (unless given) is looked up by path; if
     the path no longer names a task in this process, the result carries a stand-in
-    (``missing_task``) whose call raises ``InvalidTaskError``."""
+    (``missing_task``) whose call raises ``InvalidTask``."""
     if task is None:
         try:
             task = task_of(record)
-        except InvalidTaskError:
+        except InvalidTask:
             task = missing_task(record)
     result: TaskResult[Any] = TaskResult(
         task=task,

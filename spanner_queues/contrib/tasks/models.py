@@ -26,6 +26,9 @@ APP_LABEL = "spanner_queues_tasks"
 READY, RUNNING, FAILED, SUCCESSFUL = "READY", "RUNNING", "FAILED", "SUCCESSFUL"
 STATUS_CHOICES = [(s, s.capitalize()) for s in (READY, RUNNING, FAILED, SUCCESSFUL)]
 FINISHED = (FAILED, SUCCESSFUL)
+#: in ``worker_ids``: a delivery that left no trace of its worker (its lease was lost, or the
+#: task is running now on an engine whose running tasks write no row)
+UNKNOWN_WORKER = "unknown"
 
 
 class TaskMessage(Queue):

@@ -1,21 +1,27 @@
 """The receiver that runs enqueued tasks inside ``manage.py runqueueworker``.
 
 It is registered for every queue of every ``QueueBackend`` in ``TASKS`` when the app is ready
-(``connect()``), as a non-atomic receiver that manages its own transactions:
+(``connect()``), as a non-atomic receiver that manages its own transactions. The message
+carries the task (``backend.payload_of``); its result row is written when it finishes:
 
-1. ``RUNNING`` is committed first (its own short transaction), with this process's worker id
-   and the queue's delivery count, so other processes see the task running.
+1. Nothing is committed before the task runs: the message's lease (the worker's claim) is
+   its ``RUNNING``. On engines whose rows show no lease (native queues) the result row is
+   committed ``RUNNING`` first, with this process's worker id.
 2. The task function runs in a transaction on the queue's database; its database writes, the
-   ``SUCCESSFUL`` status with the return value, and the ack of the message commit together.
-   With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside any transaction (its writes
-   commit as it makes them) and ``SUCCESSFUL`` commits with the ack after it returns.
+   result row (one INSERT: ``SUCCESSFUL``, the return value, worker id, times) and the ack of
+   the message commit together. With ``OPTIONS["ATOMIC_TASKS"] = False`` the task runs outside
+   any transaction (its writes commit as it makes them) and the row commits with the ack after
+   it returns.
 3. If the task raises (any ``BaseException``: ``SystemExit``, ``GeneratorExit`` and
    ``KeyboardInterrupt`` too, see below), that transaction rolls back (the task's writes with
    it, when atomic) and a second one writes ``FAILED`` with the exception class and traceback,
-   and acks the message: a failed task is not run again (Django's Tasks semantics). A task
-   whose function is gone (its path names no task in this process) is ``FAILED`` the same way
-   (``InvalidTaskError``), without running. ``task_finished`` is then sent while the task's
-   exception is being handled (django-tasks' ``logger.exception`` logs its traceback), and
+   and acks the message: a failed task is not run again (Django's Tasks semantics) unless its
+   ``max_attempts`` (``backend.QueueTask``) leaves runs: then its message is sent again,
+   carrying the errors so far, due after ``retry_delay`` (the task is ``READY``). A task whose
+   function is gone (its path names no task in this process, or its module raises on import)
+   is ``FAILED`` the same way (``InvalidTask``), without running, never run again.
+   ``task_finished`` is then sent while the task's exception is being handled (the
+   framework's ``logger.exception`` logs its traceback), and
    the receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task
    id, queue, attempt), counts it ``failed`` and gives nothing back.
 
@@ -26,7 +32,9 @@ worker runs tasks in its executor threads, where Python never delivers the user'
 task's own code and is a failure like any other.
 
 The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
-task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id).
+task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id; the
+lost run's is ``"unknown"`` where it wrote no row). A message of a release that wrote the row
+at enqueue (no ``"args"`` in it) runs on that row.
 """
 
 from __future__ import annotations
@@ -35,31 +43,43 @@ import os
 import socket
 import threading
 import time
-from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
 from django.core import checks
+from django.db import connections, models
+from django.db.models.sql import InsertQuery
 from django.utils.module_loading import import_string
-from django_tasks import TaskContext, TaskResultStatus, task_backends
-from django_tasks.base import TaskError
-from django_tasks.exceptions import InvalidTaskError
-from django_tasks.signals import task_finished, task_started
-from django_tasks.utils import get_exception_traceback, get_module_path, normalize_json
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.tasks.backend import (
     QueueBackend,
     check_django_tasks_installed,
     missing_task,
+    record_from_payload,
     result_from_record,
     task_of,
+)
+from spanner_queues.contrib.tasks.framework import (
+    InvalidTask,
+    TaskContext,
+    TaskError,
+    TaskResultStatus,
+    get_exception_traceback,
+    get_module_path,
+    normalize_json,
+    task_backends,
+    task_finished,
+    task_started,
 )
 from spanner_queues.contrib.tasks.models import (
     FAILED,
     FINISHED,
+    READY,
     RUNNING,
     SUCCESSFUL,
+    UNKNOWN_WORKER,
     TaskResultRecord,
     dumps,
 )
@@ -74,6 +94,7 @@ from spanner_queues.transactions import run_in_transaction
 #: the worker id recorded in results: host and process
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
 RECEIVER_NAME = "spanner_queues.contrib.tasks.runner.run_task"
+
 _prune_lock = threading.Lock()
 _next_prune = [0.0]
 
@@ -116,9 +137,26 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
                 continue
             labels.append(label)
             registry.register(
-                ReceiverSpec(func=run_task, queue=label, name=RECEIVER_NAME, atomic=False)
+                ReceiverSpec(
+                    func=run_task,
+                    queue=label,
+                    name=RECEIVER_NAME,
+                    atomic=False,
+                    timeout_of=task_timeout,
+                )
             )
     return labels
+
+
+def task_timeout(message: Message) -> float | None:
+    """The time limit of the task of ``message`` (``@task(timeout=...)``), if it has one."""
+    if b'"timeout"' not in message.payload:  # (most tasks: no JSON parsed for it)
+        return None
+    try:
+        timeout = message.json().get("timeout")
+    except Exception:  # (not a task's message: run_task says so)
+        return None
+    return float(timeout) if isinstance(timeout, (int, float)) else None
 
 
 def run_task(message: Message) -> None:
@@ -127,40 +165,28 @@ def run_task(message: Message) -> None:
     engine = engine_for(model)
     db = engine.database
     retries = engine.params.transaction_retries
-    result_id = message.json()["id"]
-
-    def start() -> TaskResultRecord | None:
-        try:
-            record = TaskResultRecord.objects.using(db).get(id=result_id)
-        except TaskResultRecord.DoesNotExist:
-            return None
-        if record.status in FINISHED:
-            return record
-        now = clock.now()
-        record.status = RUNNING
-        record.worker_ids_json = dumps([*record.worker_ids, WORKER_ID])
-        # the delivery count, where the engine knows it; else one more start
-        record.attempts = message.attempt if message.attempt is not None else record.attempts + 1
-        record.started_at = record.started_at or now
-        record.last_attempted_at = now
-        record.save(
-            using=db,
-            update_fields=[
-                "status",
-                "worker_ids_json",
-                "attempts",
-                "started_at",
-                "last_attempted_at",
-            ],
-        )
-        return record
-
-    record = run_in_transaction(start, using=db, retries=retries)
+    data = message.json()
+    record: TaskResultRecord | None = None
+    # The row exists before the task finishes only for a message of a release that wrote it at
+    # enqueue (its payload has no "args"), and on engines whose rows show no lease (RUNNING is
+    # committed there, below): only then is it read first.
+    rows_show_leases = engine.features.stores_bookkeeping_fields
+    if "args" not in data or not rows_show_leases:
+        record = TaskResultRecord.objects.using(db).filter(id=data["id"]).first()
+    #: whether the row exists (and is updated, not inserted, when the task finishes)
+    persisted = record is not None
+    if record is None and "args" in data:
+        record = record_from_payload(data, queue=message.queue)
     if record is None or record.status in FINISHED:
         # No row (pruned, or deleted by hand) or already finished: nothing to run.
         run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
         mark_acked(message)
         return
+    _start(record, message)
+    if not rows_show_leases:
+        # (native queues: a leased row shows no lease to get_result(): RUNNING is committed)
+        run_in_transaction(lambda: _save(record, db, persisted), using=db, retries=retries)
+        persisted = True
     backend = task_backends[record.backend]
     # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
     atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
@@ -168,7 +194,7 @@ def run_task(message: Message) -> None:
     failure: BaseException | None = None
     try:
         task = task_of(record)
-    except InvalidTaskError as exc:  # the function is gone (or no longer a task): FAILED
+    except InvalidTask as exc:  # the function is gone (or no longer a task): FAILED
         failure = exc
         task = missing_task(record)
     result = result_from_record(record, task=task)
@@ -195,7 +221,7 @@ def run_task(message: Message) -> None:
                 raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
 
         def succeed(value: Any) -> Any:
-            _finish(record, db, SUCCESSFUL, return_value_json=dumps(value))
+            _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
             _ack(message, db)
             return value
 
@@ -213,25 +239,49 @@ def run_task(message: Message) -> None:
             "traceback": get_exception_traceback(failure),
         }
 
+        errors = [*record.errors, error]
+        runs = data.get("max_attempts", 1) if "args" in data else 1
+        again = not isinstance(failure, InvalidTask) and len(errors) < runs
+
         def fail() -> None:
-            _finish(record, db, FAILED, errors_json=dumps([*record.errors, error]))
+            if again:  # QueueTask.max_attempts: READY again, its message due after the delay
+                _again(record, message, data, db, persisted, errors)
+                return
+            _finish(record, db, persisted, FAILED, errors_json=dumps(errors))
             _ack(message, db)
 
         run_in_transaction(fail, using=db, retries=retries)
+        if again:
+            mark_acked(message)
+            raise AckedFailure(failure) from failure  # logged and counted: a failed run
     mark_acked(message)  # acked above, in the task's (or the failure's) transaction
-    finished = replace(
-        result,
-        status=TaskResultStatus(record.status),
-        finished_at=record.finished_at,
-        errors=[TaskError(**e) for e in record.errors],
-    )
-    if record.status == SUCCESSFUL:
-        object.__setattr__(finished, "_return_value", value)
-    _send_finished(task_finished, type(backend), finished, failure)
+    # (this run's own result: set as Django's immediate backend sets its results)
+    object.__setattr__(result, "status", TaskResultStatus(record.status))
+    object.__setattr__(result, "finished_at", record.finished_at)
+    if failure is not None:
+        object.__setattr__(result, "errors", [TaskError(**e) for e in record.errors])
+    else:
+        object.__setattr__(result, "_return_value", value)
+    _send_finished(task_finished, type(backend), result, failure)
     _maybe_prune(backend)
     if failure is not None:
         # the worker logs it with its traceback, counts it failed, and gives nothing back
         raise AckedFailure(failure) from failure
+
+
+def _start(record: TaskResultRecord, message: Message) -> None:
+    """``record`` as this delivery starts it: ``RUNNING``, this worker's id appended (one id
+    per delivery: the ones before it that left no row are ``UNKNOWN_WORKER``)."""
+    now = clock.now()
+    # the delivery count, where the engine knows it; else one more start
+    attempt = message.attempt if message.attempt is not None else record.attempts + 1
+    known = record.worker_ids
+    earlier = max(attempt - 1, len(known))
+    record.worker_ids_json = dumps([*known, *[UNKNOWN_WORKER] * (earlier - len(known)), WORKER_ID])
+    record.attempts = max(attempt, len(known) + 1)
+    record.status = RUNNING
+    record.started_at = record.started_at or now
+    record.last_attempted_at = now
 
 
 def _on_main_thread() -> bool:
@@ -250,12 +300,78 @@ def _send_finished(signal: Any, sender: type, result: Any, failure: BaseExceptio
         signal.send(sender, task_result=result)
 
 
-def _finish(record: TaskResultRecord, db: str, status: str, **fields: Any) -> None:
+def _again(
+    record: TaskResultRecord,
+    message: Message,
+    data: dict[str, Any],
+    db: str,
+    persisted: bool,
+    errors: list[dict[str, str]],
+) -> None:
+    """After a failed run with runs left: the task's message sent again (this one is acked
+    with it), carrying its errors and workers so far, due after its ``retry_delay``."""
+    record.status = READY
+    record.errors_json = dumps(errors)
+    if persisted:  # (native queues: the row committed at start shows READY again)
+        record.save(using=db, update_fields=["status", "errors_json"])
+    model = get_queue(message.queue)
+    delay = float(data.get("retry_delay", 0.0))
+    payload = {**data, "errors": errors, "worker_ids": record.worker_ids}
+    _ack(message, db)
+    api.send(
+        model,
+        using=db,
+        payload=payload,
+        deliver_time=clock.now() + timedelta(seconds=delay),
+        **{model._meta.pk.name: data["id"]},
+    )
+
+
+def _finish(record: TaskResultRecord, db: str, persisted: bool, status: str, **fields: Any) -> None:
     record.status = status
     record.finished_at = clock.now()
     for name, value in fields.items():
         setattr(record, name, value)
-    record.save(using=db, update_fields=["status", "finished_at", *fields])
+    _save(record, db, persisted)
+
+
+def _save(record: TaskResultRecord, db: str, persisted: bool) -> None:
+    """Insert the result row (its first write: one INSERT), or update the one there."""
+    if persisted:
+        record.save(using=db, force_update=True)
+    else:
+        _insert(record, db)
+
+
+#: per database: the result row's INSERT and its fields, compiled once by Django's compiler
+_inserts: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+
+
+def _insert(record: TaskResultRecord, db: str) -> None:
+    """``record.save(force_insert=True)`` without compiling the INSERT again for every task
+    (that was a third of a task's time): the SQL Django compiles for the model on ``db``,
+    with the datetime values adapted as the model's fields adapt them. (No ``pre_save`` or
+    ``post_save`` signal is sent: the row is the worker's, written only here.)"""
+    connection = connections[db]
+    compiled = _inserts.get(db)
+    if compiled is None:
+        fields = list(TaskResultRecord._meta.local_concrete_fields)
+        query = InsertQuery(TaskResultRecord)
+        query.insert_values(fields, [record])
+        [(sql, _params)] = query.get_compiler(using=db).as_sql()
+        compiled = _inserts[db] = (
+            sql,
+            [(f.attname, f if isinstance(f, models.DateTimeField) else None) for f in fields],
+        )
+    sql, plan = compiled
+    params = [
+        getattr(record, name)
+        if field is None
+        else field.get_db_prep_save(getattr(record, name), connection)
+        for name, field in plan
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
 
 
 def _ack(message: Message, db: str) -> None:
@@ -273,4 +389,4 @@ def _maybe_prune(backend: Any) -> None:
     backend.prune_results()
 
 
-__all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task"]
+__all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task", "task_timeout"]

@@ -212,8 +212,13 @@ class Command(BaseCommand):
                 task_queues.update(backend.all_queue_models(declared_only=True))
             if task_queues.intersection(models):
                 results = apps.get_model("spanner_queues_tasks", "TaskResultRecord")._meta.db_table
-                own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
-                own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
+                # the worker inserts a task's row when it finishes (native queues: when it
+                # starts, then updates it) and deletes old ones (RESULT_RETENTION_SECONDS);
+                # the web process reads them (get_result) and may prune them too
+                own.append(
+                    Grant(("SELECT", "INSERT", "UPDATE", "DELETE"), "TABLE", results, worker)
+                )
+                own.append(Grant(("SELECT", "DELETE"), "TABLE", results, sender))
         lines += [g.render(dialect, chosen) for g in own]
         lines.append(f"-- and the tables your receivers write, to {worker}")
         self.stdout.write("\n".join(lines))
