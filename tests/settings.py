@@ -32,6 +32,7 @@ INSTALLED_APPS = [
     "spanner_queues.testing.conformance",  # the engine conformance suite's queues
     "tests.workerapp",
     "tests.outboxapp",
+    "tests.tracingapp",
     "tests.tasksapp",
     "spanner_queues.contrib.drill",  # the fault drill (tests/drill)
     # Pub/Sub (tests/pubsub, under tests.settings_pubsub with its two-service app): installed
