@@ -138,7 +138,7 @@ class QueueTracing:
                 raise
             except BaseException as exc:
                 span.record_exception(exc)
-                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_attribute("error.type", _type_name(exc))
                 span.set_status(Status(StatusCode.ERROR, str(exc) or type(exc).__name__))
                 raise
 
@@ -161,6 +161,14 @@ class QueueTracing:
         if ids is None:
             return {}
         return {"trace_id": ids[0], "span_id": ids[1]}
+
+
+def _type_name(exc: BaseException) -> str:
+    """The exception's fully-qualified class name (builtins by their name alone)."""
+    cls = type(exc)
+    return (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
 
 
 def _context_of(event: Mapping[str, Any] | None) -> Any:
