@@ -33,8 +33,10 @@ import base64
 import json
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
+
+from django.conf import settings
 
 from spanner_queues.exceptions import InvalidMessage, PayloadError, QueueConfigurationError
 from spanner_queues.payload import BYTES, JSON, STRING, decode_json, encode_payload
@@ -74,8 +76,6 @@ def envelope_of(label: str) -> str | None:
 
 
 def default_source(label: str) -> str:
-    from django.conf import settings
-
     source = getattr(settings, "SPANNER_QUEUES_EVENT_SOURCE", None)
     return str(source) if source else f"/spanner_queues/{label}"
 
@@ -99,7 +99,7 @@ def wrap(
         "id": uuid.uuid4().hex,
         "source": default_source(label),
         "type": label.lower(),
-        "time": now.isoformat().replace("+00:00", "Z"),
+        "time": _rfc3339(now),
     }
     if event:
         wrong = sorted(set(event) - SETTABLE)
@@ -130,6 +130,13 @@ def wrap(
         max_bytes=max_bytes,
         encoder=encoder,
     )
+
+
+def _rfc3339(moment: datetime) -> str:
+    """``moment`` in UTC as RFC 3339 (a naive one, with ``USE_TZ = False``, is taken as UTC)."""
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
 
 
 def open_event(stored: bytes) -> tuple[bytes, dict[str, Any]]:

@@ -71,3 +71,13 @@ class Ran(models.Model):
     queue = models.CharField(max_length=100)
     key = models.CharField(max_length=64)
     data = models.TextField()
+
+
+class TaskEvents(Queue):
+    """A Tasks backend's queue as CloudEvents (``tests/tracing/test_django_task.py``)."""
+
+    id = models.CharField(max_length=64, primary_key=True)
+
+    class QueueMeta:
+        payload_type = "json"
+        envelope = "cloudevents"

@@ -2,6 +2,9 @@ from __future__ import annotations
 
 from django.apps import AppConfig
 
+from spanner_queues import instrumentation
+from spanner_queues.contrib.tracing.otel import QueueTracing
+
 
 class TracingConfig(AppConfig):
     """Installs ``QueueTracing`` as the process's instrumentation
@@ -12,7 +15,4 @@ class TracingConfig(AppConfig):
     verbose_name = "Spanner queues tracing"
 
     def ready(self) -> None:
-        from spanner_queues import instrumentation
-        from spanner_queues.contrib.tracing.otel import QueueTracing
-
         instrumentation.install(QueueTracing())
