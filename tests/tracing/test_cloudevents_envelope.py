@@ -166,3 +166,12 @@ def test_an_unknown_envelope_is_a_configuration_error() -> None:
 
             class Meta:
                 app_label = "tracingapp"
+
+
+def test_a_renewed_message_keeps_its_event() -> None:
+    Events.send(id="n", payload={"n": 1})
+    [message] = receive_due(Events)
+    renewed = api.renew(message)
+    assert renewed.stored_payload == message.stored_payload
+    assert renewed.json() == {"n": 1} and renewed.event == message.event
+    api.ack(renewed)
