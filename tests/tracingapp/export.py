@@ -27,6 +27,7 @@ class FileExporter(SpanExporter):
 
 def as_dict(span: ReadableSpan) -> dict[str, Any]:
     context = span.get_span_context()
+    assert context is not None  # (a finished SDK span has one)
     return {
         "name": span.name,
         "kind": span.kind.name,
