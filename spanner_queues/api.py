@@ -60,7 +60,7 @@ __all__ = [
     "send_many",
 ]
 
-_RESERVED = {"payload", "deliver_time", "delay", "event"}
+_RESERVED = {"payload", "deliver_time", "delay"}
 #: (database, queue) pairs already warned that their engine ignores ``receive(lease=...)``:
 #: at most one entry per declared queue and engine
 _lease_warned: set[tuple[str, str]] = set()
@@ -195,11 +195,17 @@ def build_message(
         )
     fields, ordered, kind = _send_plan(model)
     key: dict[str, Any] = {}
+    label = model._meta.label
+    envelope = envelope_of(label)
     for name, value in spec.items():
-        if name in _RESERVED:
+        if name in _RESERVED or (name == "event" and envelope is not None):
             continue
         checked = fields.get(name)
         if checked is None:
+            if name == "event":  # (a key field may be named so: reserved on envelope queues only)
+                raise InvalidMessage(
+                    f"{label}: event= is for envelope queues (QueueMeta.envelope = 'cloudevents')."
+                )
             raise InvalidMessage(
                 f"{model._meta.label}: {name!r} is not a key field; key fields are "
                 f"{', '.join(f.name for f in ordered)}."
@@ -218,13 +224,7 @@ def build_message(
     params = engine.params
     deliver_time = spec.get("deliver_time")
     delay = spec.get("delay")
-    label = model._meta.label
-    envelope = envelope_of(label)
     if envelope is None:
-        if "event" in spec:
-            raise InvalidMessage(
-                f"{label}: event= is for envelope queues (QueueMeta.envelope = 'cloudevents')."
-            )
         payload = encode_payload(
             spec.get("payload", b""),
             payload_type=kind,

@@ -175,3 +175,10 @@ def test_a_renewed_message_keeps_its_event() -> None:
     assert renewed.stored_payload == message.stored_payload
     assert renewed.json() == {"n": 1} and renewed.event == message.event
     api.ack(renewed)
+
+
+def test_a_key_field_named_event_is_a_key_field_on_a_queue_without_envelope() -> None:
+    from tests.tracingapp.models import KeyedByEvent
+
+    sent = KeyedByEvent.send(event="e1", payload=b"x")
+    assert sent.key == ("e1",) and sent.payload == b"x"

@@ -81,3 +81,10 @@ class TaskEvents(Queue):
     class QueueMeta:
         payload_type = "json"
         envelope = "cloudevents"
+
+
+class KeyedByEvent(Queue):
+    """A queue whose key field is named ``event`` (reserved for ``event=`` on envelope queues
+    only)."""
+
+    event = models.CharField(max_length=64, primary_key=True)
