@@ -22,6 +22,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "spanner_queues",
     "tests.testapp",
+    "tests.tracingapp",  # benchmarks/tracing_cost.py: envelope queues
 ]
 
 BACKEND = os.environ.get("SQ_BENCH_DATABASE", "sqlite")

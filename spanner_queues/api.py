@@ -20,9 +20,10 @@ from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues import clock
+from spanner_queues import clock, instrumentation
 from spanner_queues.controls import is_paused, pause, resume
 from spanner_queues.engines import engine_for
+from spanner_queues.envelope import envelope_of, wrap
 from spanner_queues.exceptions import (
     InvalidArgument,
     InvalidMessage,
@@ -175,10 +176,16 @@ def _send_plan(model: type[Queue]) -> tuple[dict[str, _KeyField], tuple[Any, ...
 
 
 def build_message(
-    model: type[Queue], spec: Mapping[str, Any], *, engine: BaseQueueEngine | None = None
+    model: type[Queue],
+    spec: Mapping[str, Any],
+    *,
+    engine: BaseQueueEngine | None = None,
+    carrier: Mapping[str, str] | None = None,
 ) -> OutgoingMessage:
     """Validate one message before anything is written: key fields, payload, deliver time.
-    ``engine``: the queue's engine, when the caller has it already."""
+    ``engine``: the queue's engine, when the caller has it already. On an envelope queue the
+    payload is wrapped in its event (``spanner_queues.envelope``), with the trace context
+    ``carrier`` (None: the installed instrumentation's of the caller now)."""
     if engine is None:
         engine = engine_for(model)
     if type(spec) is not dict and not isinstance(spec, Mapping):
@@ -188,11 +195,17 @@ def build_message(
         )
     fields, ordered, kind = _send_plan(model)
     key: dict[str, Any] = {}
+    label = model._meta.label
+    envelope = envelope_of(label)
     for name, value in spec.items():
-        if name in _RESERVED:
+        if name in _RESERVED or (name == "event" and envelope is not None):
             continue
         checked = fields.get(name)
         if checked is None:
+            if name == "event":  # (a key field may be named so: reserved on envelope queues only)
+                raise InvalidMessage(
+                    f"{label}: event= is for envelope queues (QueueMeta.envelope = 'cloudevents')."
+                )
             raise InvalidMessage(
                 f"{model._meta.label}: {name!r} is not a key field; key fields are "
                 f"{', '.join(f.name for f in ordered)}."
@@ -211,12 +224,26 @@ def build_message(
     params = engine.params
     deliver_time = spec.get("deliver_time")
     delay = spec.get("delay")
-    payload = encode_payload(
-        spec.get("payload", b""),
-        payload_type=kind,
-        max_bytes=params.max_payload_bytes,
-        encoder=params.json_encoder,
-    )
+    if envelope is None:
+        payload = encode_payload(
+            spec.get("payload", b""),
+            payload_type=kind,
+            max_bytes=params.max_payload_bytes,
+            encoder=params.json_encoder,
+        )
+    else:
+        if carrier is None and instrumentation.installed is not None:
+            carrier = instrumentation.installed.carrier()
+        payload = wrap(
+            spec.get("payload", b""),
+            label=label,
+            payload_type=kind,
+            event=spec.get("event"),
+            carrier=carrier,
+            now=clock.now(),
+            max_bytes=params.max_payload_bytes,
+            encoder=params.json_encoder,
+        )
     if deliver_time is not None or delay is not None:
         deliver_time = _deliver_time(deliver_time, delay)
     # OutgoingMessage(key=..., payload=..., deliver_time=...) without its keyword call
@@ -242,8 +269,17 @@ def send_many(
     one writes nothing."""
     model = get_queue(queue)
     engine = engine_for(model)
-    outgoing = [build_message(model, spec, engine=engine) for spec in messages]
-    return send_outgoing(model, outgoing, using=using, engine=engine)
+    tracing = instrumentation.installed
+    if tracing is None:
+        outgoing = [build_message(model, spec, engine=engine) for spec in messages]
+        return send_outgoing(model, outgoing, using=using, engine=engine)
+    specs = list(messages)
+    with tracing.sending(model._meta.label, len(specs)) as scope:
+        carrier = scope.carrier
+        outgoing = [build_message(model, s, engine=engine, carrier=carrier) for s in specs]
+        sent = _write(model, outgoing, using=using, engine=engine)
+        scope.sent(sent)
+        return sent
 
 
 def send_outgoing(
@@ -256,6 +292,22 @@ def send_outgoing(
     """Write messages already validated by ``build_message`` in the caller's transaction (one
     INSERT); ``send_many`` without validating them again (the outbox builds its messages
     before the row is written and sends them after)."""
+    tracing = instrumentation.installed
+    if tracing is None or not outgoing:
+        return _write(model, outgoing, using=using, engine=engine)
+    with tracing.sending(model._meta.label, len(outgoing)) as scope:
+        sent = _write(model, outgoing, using=using, engine=engine)
+        scope.sent(sent)
+        return sent
+
+
+def _write(
+    model: type[Queue],
+    outgoing: Sequence[OutgoingMessage],
+    *,
+    using: str | None,
+    engine: BaseQueueEngine | None,
+) -> list[Message]:
     if not outgoing:
         return []
     if engine is None:
@@ -370,7 +422,10 @@ def _requeue_held(
         )
         for m in messages
     ]
-    held = [dataclass_replace(m, lease_token=held_lease_token(m)) for m in messages]
+    held = [
+        dataclass_replace(m, payload=m.stored_payload, lease_token=held_lease_token(m))
+        for m in messages
+    ]
     sent = _requeue(model, held, outgoing, to=target, using=using)
     for m in messages:
         mark_acked(m)

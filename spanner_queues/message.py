@@ -9,6 +9,7 @@ from datetime import datetime
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from spanner_queues.envelope import envelope_of, open_event
 from spanner_queues.payload import decode_json
 
 __all__ = ["Message", "OutgoingMessage"]
@@ -72,6 +73,37 @@ class _AttemptField:
         obj.__dict__[self._slot] = value
 
 
+class _PayloadField:
+    """``Message.payload``: the stored bytes, or on an envelope queue the event's data, opened
+    on first read (``Message.event`` holds the other attributes); ``Message.stored_payload``
+    is always the stored bytes."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._slot = f"_{name}"
+
+    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+        if obj is None:
+            return b""  # the field's default
+        opened = obj.__dict__.get("_opened")
+        if opened is None:
+            opened = _open(obj)
+        return opened[0]
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        obj.__dict__[self._slot] = value
+        obj.__dict__.pop("_opened", None)
+
+
+def _open(message: Any) -> tuple[bytes, dict[str, Any] | None]:
+    stored = message.__dict__.get("_payload", b"")
+    if envelope_of(message.queue) is None:
+        opened: tuple[bytes, dict[str, Any] | None] = (stored, None)
+    else:
+        opened = open_event(stored)
+    message.__dict__["_opened"] = opened
+    return opened
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class OutgoingMessage:
     """A message about to be sent: key column values by field name, encoded payload."""
@@ -86,9 +118,10 @@ class Message:
     """A received (leased) or listed message.
 
     ``key`` holds the key values in primary-key order, ``key_names`` the matching field names.
-    ``payload`` is bytes for every payload type, the same on every engine: the stored bytes
-    of a bytes queue, the UTF-8 text of a string queue, canonical JSON text (keys sorted, no
-    spaces) of a json queue; ``text()`` and ``json()`` decode it.
+    ``payload`` is bytes for every payload type, the same on every engine (on an envelope
+    queue the event's data, ``event`` its attributes, ``stored_payload`` the whole event):
+    the stored bytes of a bytes queue, the UTF-8 text of a string queue, canonical JSON text
+    (keys sorted, no spaces) of a json queue; ``text()`` and ``json()`` decode it.
     ``attempt`` counts deliveries, this one included (0 for a message never delivered), or
     is None where the engine cannot know it (a native queue's listed message, a failed read
     of the failure ledger). Native queues read it from the failure ledger when it is first
@@ -99,7 +132,7 @@ class Message:
     queue: str
     key: tuple[Any, ...]
     key_names: tuple[str, ...]
-    payload: bytes
+    payload: bytes = _PayloadField()  # type: ignore[assignment]
     deliver_time: datetime | None
     attempt: int | None = _AttemptField()  # type: ignore[assignment]
     lease_token: str | None = None
@@ -110,10 +143,23 @@ class Message:
         """This message under a renewed lease; an attempt not read yet stays unread."""
         return replace(
             self,
+            payload=self.stored_payload,
             attempt=self.__dict__.get("_attempt", 0),
             lease_token=lease_token,
             lease_expires_at=lease_expires_at,
         )
+
+    @property
+    def stored_payload(self) -> bytes:
+        """The bytes stored in the queue (on an envelope queue: the whole event)."""
+        return self.__dict__.get("_payload", b"")
+
+    @property
+    def event(self) -> dict[str, Any] | None:
+        """On an envelope queue, the CloudEvent's attributes (``id``, ``source``, ``type``,
+        ``time``, ...; not its data, which is ``payload``); None on other queues."""
+        opened = self.__dict__.get("_opened") or _open(self)
+        return opened[1]
 
     @property
     def key_dict(self) -> dict[str, Any]:

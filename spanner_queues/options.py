@@ -17,6 +17,7 @@ class ImageTasks(Queue):
         # with the app spanner_queues.contrib.pubsub (docs/howto/pubsub.md):
         pubsub_topic = "orders"            # relayed: runqueueworker publishes each message there
         pubsub_subscription = "orders-billing"  # an inbox: runqueueworker pulls it into the queue
+        envelope = "cloudevents"           # store CloudEvents 1.0 JSON around the payload
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ KNOWN_OPTIONS = frozenset(
         "pubsub_topic",
         "pubsub_ordering_key",
         "pubsub_subscription",
+        "envelope",
     }
 )
 
@@ -85,6 +87,9 @@ class QueueOptions:
     #: configured project, or ``projects/P/subscriptions/S``) ``runqueueworker`` pulls into
     #: this queue (an inbox: one string key field, the event id)
     pubsub_subscription: str | None = None
+    #: "cloudevents": each message is stored as a CloudEvents 1.0 JSON event around its payload
+    #: (``spanner_queues.envelope``); None: the raw payload
+    envelope: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

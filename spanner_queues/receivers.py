@@ -41,6 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spanner_queues import instrumentation
 from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
 from spanner_queues.message import Message
@@ -422,7 +423,11 @@ def running(context: MessageContext) -> Iterator[MessageContext]:
 def call(spec: ReceiverSpec, context: MessageContext) -> Any:
     """Call the receiver as declared: with its context first when ``takes_context``."""
     arg: Any = list(context.messages) if spec.batch else context.messages[0]
-    return spec.func(context, arg) if spec.takes_context else spec.func(arg)
+    tracing = instrumentation.installed
+    if tracing is None:
+        return spec.func(context, arg) if spec.takes_context else spec.func(arg)
+    with tracing.running(spec.name, context.messages):
+        return spec.func(context, arg) if spec.takes_context else spec.func(arg)
 
 
 def held_lease_token(message: Message) -> str | None:

@@ -16,6 +16,7 @@ from django.db import models
 from django.db.models.base import ModelBase
 
 from spanner_queues.engines import engine_for
+from spanner_queues.envelope import check_envelope, declare
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.payload import BYTES, JSON, STRING, json_value_text
 
@@ -127,7 +128,7 @@ def payload_field(payload_type: str) -> models.Field:
 class QueueBase(ModelBase):
     """The metaclass of every queue. Gives a queue declaring ``QueueMeta.payload_type`` the
     matching ``payload`` field (unless it declares the field itself; check E012 then compares
-    the two)."""
+    the two), and records a ``QueueMeta.envelope`` (``spanner_queues.envelope``)."""
 
     _meta: Options[Any]  # what every class this builds has (ModelBase's stub leaves it out)
 
@@ -140,7 +141,12 @@ class QueueBase(ModelBase):
         declared = getattr(meta, "payload_type", BYTES)
         if declared in (STRING, JSON) and "payload" not in attrs:
             attrs["payload"] = payload_field(declared)
-        return super().__new__(mcs, name, bases, attrs, **kwargs)
+        # (checked before the class is made: a refused queue is never in the app registry)
+        envelope = check_envelope(name, getattr(meta, "envelope", None))
+        cls = super().__new__(mcs, name, bases, attrs, **kwargs)
+        if envelope is not None and not cls._meta.abstract:  # (historical models declare none)
+            declare(cls._meta.label, envelope)
+        return cls
 
 
 def is_queue(model: object) -> TypeGuard[type[Queue]]:

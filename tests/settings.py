@@ -34,6 +34,7 @@ INSTALLED_APPS = [
     "spanner_queues.testing.conformance",  # the engine conformance suite's queues
     "tests.workerapp",
     "tests.outboxapp",
+    "tests.tracingapp",
     "tests.tasksapp",
     "spanner_queues.contrib.drill",  # the fault drill (tests/drill)
     # Pub/Sub (tests/pubsub, under tests.settings_pubsub with its two-service app): installed
@@ -137,3 +138,11 @@ def emulator_databases(*, queues: bool, test_prefix: str) -> tuple[str, dict[str
             "TEST": {"NAME": f"{test_prefix}{os.getpid()}"},
         }
     }
+
+
+# tests/tracing: a runqueueworker child with the tracing app, exporting its spans to this file
+if os.environ.get("SQ_TRACE_FILE"):
+    INSTALLED_APPS = [*INSTALLED_APPS, "spanner_queues.contrib.tracing"]
+    from tests.tracingapp.export import export_to_file
+
+    export_to_file(os.environ["SQ_TRACE_FILE"])

@@ -79,6 +79,7 @@ PUBLIC: dict[str, set[str]] = {
         "METRIC_NAMES", "MetricsUnavailable", "QueueGauges", "WorkerMetrics", "enable",
         "enabled", "metrics_view", "serve", "wsgi_app",
     },
+    "spanner_queues.contrib.tracing": {"MESSAGING_SYSTEM", "QueueTracing"},
 }  # fmt: skip
 
 #: public by a dotted path the docs give (an ``ENGINE``, a command to subclass, a pytest

@@ -345,7 +345,14 @@ class TableQueueEngine(BaseQueueEngine):
                     deliver_time=expires + self.params.backoff.delay(msg.attempt or 1, age),
                 )
                 if n == 1:
-                    renewed.append(replace(msg, lease_token=token, lease_expires_at=expires))
+                    renewed.append(
+                        replace(
+                            msg,
+                            payload=msg.stored_payload,  # (not an envelope's data)
+                            lease_token=token,
+                            lease_expires_at=expires,
+                        )
+                    )
             return renewed
 
         return run_in_transaction(

@@ -19,6 +19,7 @@ from django.utils.encoding import is_protected_type
 
 from spanner_queues.api import build_message, send_outgoing
 from spanner_queues.engines import engine_for
+from spanner_queues.envelope import envelope_of
 from spanner_queues.exceptions import (
     InvalidMessage,
     PayloadError,
@@ -251,7 +252,10 @@ class Registration:
         if "payload" in key or "deliver_time" in key or "delay" in key:
             raise InvalidMessage(f"{where}: the key builder returned non-key entries.")
         try:
-            return build_message(queue, {**key, "payload": payload})
+            spec = {**key, "payload": payload}
+            if envelope_of(queue._meta.label) is not None:
+                spec["event"] = {"type": event_type(self.model, event), "subject": instance.pk}
+            return build_message(queue, spec)
         except QueueError as exc:
             raise type(exc)(f"{where}: {exc} The save or delete was aborted.") from exc
 
@@ -274,6 +278,12 @@ class Registration:
 
 
 # --- the default key and payload ---------------------------------------------------------
+
+
+def event_type(model: type[Model], event: str) -> str:
+    """The CloudEvents ``type`` of an outbox message on an envelope queue:
+    ``<app_label>.<model_name>.<created|updated|deleted>`` (``shop.order.created``)."""
+    return f"{model._meta.app_label}.{model._meta.model_name}.{event}"
 
 
 def _trackable(model: type[Model]) -> tuple[Field, ...]:

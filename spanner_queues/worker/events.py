@@ -25,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from spanner_queues import instrumentation
 from spanner_queues.message import Message
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -126,8 +127,9 @@ def log_extra(
     **more: Any,
 ) -> dict[str, Any]:
     """The structured ``extra`` of a per-message log record: ``LOG_FIELDS`` (``duration`` in
-    seconds, rounded to the millisecond; None where no receiver ran), then ``more``."""
-    return {
+    seconds, rounded to the millisecond; None where no receiver ran), then ``more`` (and the
+    installed instrumentation's fields: the tracing app's ``trace_id``, ``span_id``)."""
+    extra = {
         "action": action,
         "queue": message.queue,
         "message_key": message.key,
@@ -136,3 +138,7 @@ def log_extra(
         "duration": None if duration is None else round(duration, 3),
         **more,
     }
+    tracing = instrumentation.installed
+    if tracing is not None:
+        extra.update(tracing.log_fields(message))
+    return extra

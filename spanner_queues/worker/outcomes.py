@@ -174,7 +174,7 @@ class DeliveryPolicy:
             return Unstarted.RETURNED if given else Unstarted.KEPT
         if may_have_failed(message):
             return Unstarted.RUN
-        again = OutgoingMessage(key=message.key_dict, payload=message.payload)
+        again = OutgoingMessage(key=message.key_dict, payload=message.stored_payload)
         run_in_transaction(
             lambda: engine.requeue(model, [message], [again], using=using),
             using=using,
@@ -202,7 +202,9 @@ class DeliveryPolicy:
                     f"{m}: retry due {due}, after {LATEST_DELIVER_TIME:%Y-%m-%d}, the latest a "
                     "queue accepts."
                 )
-            again.append(OutgoingMessage(key=m.key_dict, payload=m.payload, deliver_time=due))
+            again.append(
+                OutgoingMessage(key=m.key_dict, payload=m.stored_payload, deliver_time=due)
+            )
         return self.engine.requeue(model, messages, again, using=using)
 
     def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
