@@ -567,8 +567,8 @@ class Worker:
             if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
                 wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
             bucket_wait = self.queue_limits.next_free()  # a rate-limited queue waits its bucket
-            if bucket_wait is not None:
-                wait = max(wait, min(bucket_wait, 0.2))
+            if bucket_wait is not None:  # ... no longer than until it has a start again
+                wait = min(wait, bucket_wait)
             self._idle_wait(wait)
             recycle_connections()
 
