@@ -996,7 +996,8 @@ class Worker:
         except Retry as exc:
             self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
         except TimeLimitExceeded as exc:
-            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+            if not any(d.stuck for d in deliveries):  # (a stuck run failed when given up on)
+                self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
             # the interrupt may have landed anywhere in the receiver's database code: start
             # this thread's next message on fresh connections
             connections.close_all()
@@ -1006,7 +1007,9 @@ class Worker:
             self.outcomes.already_acked(deliveries, exc, spec, time.monotonic() - started)
         except Exception as exc:
             duration = time.monotonic() - started
-            if isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
+            if any(d.stuck for d in deliveries):
+                pass  # its failure was counted when the worker gave up on it
+            elif isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
                 self.outcomes.failed(deliveries, exc.error, spec, duration, acked=True)
             else:
                 self.outcomes.failed(deliveries, exc, spec, duration)
