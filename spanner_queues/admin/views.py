@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlencode
 
 from django import forms
@@ -398,7 +398,7 @@ class QueuesAdmin(admin.ModelAdmin):
         actions' entries) for a pause or resume: on ``Queues``, object id the queue's label."""
         db = engine_for(model).database
         LogEntry.objects.using(db).create(
-            user_id=request.user.pk,
+            user_id=cast(Any, request.user.pk),
             content_type_id=ContentType.objects.db_manager(db).get_for_model(self.model).pk,
             object_id=model._meta.label,
             object_repr=model._meta.label,

@@ -14,7 +14,8 @@ Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-co
   samples, the paused queues (workers read them, the admin writes them), the rate-limit buckets
   when a queue has ``rate_limit``, and (with ``spanner_queues.contrib.tasks`` installed) the
   task results when a queue of a ``QueueBackend`` (``TaskMessage`` or one of its
-  ``QUEUE_MODELS``) is among the queues.
+  ``QUEUE_MODELS``) is among the queues (the worker may delete them when a backend sets
+  ``RESULT_RETENTION_SECONDS``).
 
 Your receivers' own tables are not known here: grant them to the worker role yourself.
 """
@@ -31,8 +32,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from spanner_queues import options as queue_settings
 from spanner_queues.controls import PausedQueue, QueueRate
-from spanner_queues.engines import engine_for
-from spanner_queues.engines.native.ddl import dialect as native_dialect
+from spanner_queues.engines import engine_for, spanner_sql
 from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample
@@ -137,7 +137,7 @@ class Command(BaseCommand):
                 if (dialect := getattr(engine_for(m), "dialect", None)) is not None
             }
             chosen = names.pop() if len(names) == 1 else GOOGLESQL
-        dialect = native_dialect(chosen)
+        dialect = spanner_sql(chosen)
 
         lines: list[str] = [
             f"-- spanner_queues: fine-grained access control for {len(models)} queue(s), "
@@ -208,11 +208,14 @@ class Command(BaseCommand):
             # Django's Tasks API on spanner_queues: the results table, for the backend's
             # default queue and the queues of QUEUE_MODELS alike (their workers write results)
             task_queues = {apps.get_model("spanner_queues_tasks", "TaskMessage")}
+            pruned = False  # a backend's RESULT_RETENTION_SECONDS: its workers delete results
             for backend in queue_backends():
                 task_queues.update(backend.all_queue_models(declared_only=True))
+                pruned = pruned or getattr(backend, "result_retention", None) is not None
             if task_queues.intersection(models):
                 results = apps.get_model("spanner_queues_tasks", "TaskResultRecord")._meta.db_table
-                own.append(Grant(("SELECT", "UPDATE"), "TABLE", results, worker))
+                privileges = ("SELECT", "UPDATE", "DELETE") if pruned else ("SELECT", "UPDATE")
+                own.append(Grant(privileges, "TABLE", results, worker))
                 own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", results, sender))
         lines += [g.render(dialect, chosen) for g in own]
         lines.append(f"-- and the tables your receivers write, to {worker}")
