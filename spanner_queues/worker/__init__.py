@@ -1034,13 +1034,16 @@ class Worker:
     ) -> list[Delivery]:
         """A non-atomic receiver raised after acking some of its messages itself (those acks
         committed): they are done (processed, ``acked`` events); the rest are returned, for the
-        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails."""
-        done = [d for d in deliveries if context.acked(d.message)]
+        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails. An
+        ack counts once it committed (``context.committed``): a time limit's interrupt inside
+        the receiver's own transaction rolls its ack back, one after the commit finds the
+        message done (it was counted failed, and "given back", though it no longer existed)."""
+        done = [d for d in deliveries if context.committed(d.message)]
         if done:
             self.count("processed", len(done))
             for d in done:
                 self.emit("acked", message=d.message, receiver=spec.name)
-        return [d for d in deliveries if not context.acked(d.message)]
+        return [d for d in deliveries if d not in done]
 
     def _ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
         """Ack in the current transaction (``DeliveryPolicy.ack``), unless a lease was lost

@@ -12,6 +12,7 @@ import pytest
 
 from spanner_queues import clock, receiver
 from spanner_queues.exceptions import InvalidArgument, TimeLimitExceeded, WorkerStuck
+from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverConfigurationError, ReceiverRegistry
 from spanner_queues.worker import WorkerEvents, outcomes
 from tests.conftest import wait_until
@@ -169,3 +170,37 @@ def test_a_run_that_stopped_its_worker_on_its_last_attempt_is_dead_lettered(
     finally:
         hang.set()
     wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+
+
+def test_an_interrupt_inside_a_receivers_own_transaction_rolls_it_back_and_runs_again(
+    make_worker, events: WorkerEvents
+) -> None:
+    # the receiver wrote and acked in its own transaction, which the interrupt rolls back:
+    # the message goes back (one failed attempt) and the second attempt does the work, once
+    WorkItems.send(
+        id="inside", payload={"mode": "external", "own_transaction": True, "spin_inside_below": 2}
+    )
+    with running(make_worker(WorkItems, timeout=0.5)):
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["timed_out"] == 1 and events.counts["failed"] == 1
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [("inside", 2)]
+    assert not WorkItems.objects.exists()
+
+
+def test_an_interrupt_after_a_receiver_acked_itself_is_no_failure(
+    make_worker, events: WorkerEvents
+) -> None:
+    # the receiver's own transaction (its work and its ack) committed before the limit: the
+    # message is done. It ran past its limit (timed_out, logged) but is not "given back", not
+    # counted as failed, and no failure is recorded of a message that no longer exists.
+    WorkItems.send(
+        id="after", payload={"mode": "external", "own_transaction": True, "spin_after_below": 2}
+    )
+    with running(make_worker(WorkItems, timeout=0.5)) as worker:
+        assert events.wait_for("timed_out", timeout=60)
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["failed"] == 0 and worker.stats.failed == 0
+    assert not events.messages("lease_lost") and not events.messages("already_acked")
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [("after", 1)]
+    assert not WorkItems.objects.exists()
+    assert not FailedDelivery.objects.exists()
