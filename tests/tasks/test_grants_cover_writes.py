@@ -17,6 +17,7 @@ from django.db.backends import utils
 from django.utils import timezone
 
 from spanner_queues import api
+from spanner_queues.contrib.tasks import runner
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from tests.tasksapp import tasks
 from tests.tasksapp.models import EmailTasks
@@ -74,7 +75,10 @@ def _ours(table: str, queues: set[str]) -> bool:
     return table.startswith("spanner_queues") or table in queues
 
 
-def test_every_write_of_the_web_and_the_worker_is_granted(settings, run_worker, writes) -> None:
+def test_every_write_of_the_web_and_the_worker_is_granted(
+    settings, run_worker, writes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(runner, "_next_prune", [0.0])  # (once a minute per process)
     settings.TASKS = {
         "default": {
             "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
