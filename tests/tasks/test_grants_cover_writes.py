@@ -25,7 +25,7 @@ from tests.tasksapp.models import EmailTasks
 pytestmark = pytest.mark.django_db(transaction=True)
 
 _WRITE = re.compile(r'^\s*(INSERT\s+INTO|UPDATE|DELETE\s+FROM)\s+["`]?(\w+)', re.IGNORECASE)
-_GRANT = re.compile(r"^GRANT ([A-Z, ]+) ON TABLE (\w+) TO (\w+);$")
+_GRANT = re.compile(r'^GRANT ([A-Z, ]+) ON (?:TABLE|QUEUE) "?(\w+)"? TO (\w+);$')
 
 
 @pytest.fixture
