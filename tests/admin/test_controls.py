@@ -46,7 +46,7 @@ def test_pause_and_resume_are_in_the_admin_history(
     client.post(url, {"op": "pause", "reason": "carrier down"})
     client.post(url, {"op": "pause"})  # already paused: nothing changed, nothing logged
     client.post(url, {"op": "resume"})
-    entries = LogEntry.objects.using(engine_for(WorkItems).database).order_by("pk")
+    entries = LogEntry.objects.using(engine_for(WorkItems).database).order_by("action_time")
     assert [(e.user_id, e.action_flag, e.object_id, e.change_message) for e in entries] == [
         (user.pk, CHANGE, "workerapp.WorkItems", "Paused for every worker: carrier down."),
         (user.pk, CHANGE, "workerapp.WorkItems", "Resumed: workers receive from it again."),
