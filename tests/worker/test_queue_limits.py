@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from spanner_queues import clock, controls
 from spanner_queues.engines import engine_for
@@ -117,10 +118,10 @@ def test_take_starts_hands_out_a_burst_then_the_rate() -> None:
 def test_a_rate_limited_worker_achieves_its_rate_whatever_its_poll_interval(
     make_worker, limit
 ) -> None:
-    if engine_for(WorkItems).features.supports_native_queues:
-        # (on the 2-core machine the emulator's native queues run about 5 messages/s with no
-        # rate limit at all: 20/s cannot be reached, whatever the bucket)
-        pytest.skip("the emulator's native queues run slower than the rate measured")
+    if connections[engine_for(WorkItems).database].vendor == "spanner":
+        # (on the 2-core machine the emulator runs 2 to 5 messages/s with no rate limit at
+        # all, native queues or tables: 20/s cannot be reached, whatever the bucket)
+        pytest.skip("the Spanner emulator runs slower than the rate measured")
     rate, sent = 20.0, 100
     limit(rate_limit=rate)
     WorkItems.send_many([{"payload": {}} for _ in range(sent)])
