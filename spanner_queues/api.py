@@ -428,7 +428,7 @@ def _requeue_held(
     ]
     sent = _requeue(model, held, outgoing, to=target, using=using)
     for m in messages:
-        mark_acked(m)
+        mark_acked(m, _database(model, using))
     return sent
 
 
@@ -562,7 +562,7 @@ def ack_many(
     engine.ack_many(model, keys, using=db, lease_tokens=tokens)
     for m in messages:  # a worker's running receiver acked its own message: not again
         if isinstance(m, Message):
-            mark_acked(m)
+            mark_acked(m, db)
     send_on_commit(messages_acked, model, messages, db)
 
 

@@ -44,7 +44,14 @@ from spanner_queues.engines import engines
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields, key_names
 from spanner_queues.operations import CreateQueue, DeleteQueue
-from spanner_queues.options import KNOWN_OPTIONS, queue_options, row_deletion, unknown_options
+from spanner_queues.options import (
+    KNOWN_OPTIONS,
+    MAX_RATE_LIMIT,
+    MIN_RATE_LIMIT,
+    queue_options,
+    row_deletion,
+    unknown_options,
+)
 from spanner_queues.payload import (
     BYTES,
     JSON,
@@ -324,12 +331,14 @@ def _check_limits(model: Any, options: Any) -> list[checks.CheckMessage]:
         )
     rate = options.rate_limit
     if rate is not None and (
-        isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 < rate < 1e6
+        isinstance(rate, bool)
+        or not isinstance(rate, (int, float))
+        or not MIN_RATE_LIMIT <= rate < MAX_RATE_LIMIT
     ):
         problems.append(
             checks.Error(
-                f"QueueMeta.rate_limit must be a positive number of messages per second "
-                f"(below 1,000,000), not {rate!r}.",
+                f"QueueMeta.rate_limit must be a positive number of messages per second, at "
+                f"least one a day (1/86400) and below 1,000,000, not {rate!r}.",
                 obj=model,
                 id="spanner_queues.E020",
             )

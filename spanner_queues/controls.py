@@ -119,6 +119,10 @@ def paused(queues: Iterable[type[Queue]]) -> dict[str, PausedQueue]:
 # --- the shared rate limit -------------------------------------------------------------------
 #: the burst a rate-limited queue allows, in seconds' worth of its rate
 RATE_BURST_SECONDS = 1.0
+#: how far past this rate's furthest next start a row's may be (another worker's clock, or
+#: its transaction committed after this one read the time) before it counts as another rate's
+#: (on PostgreSQL two workers' rows were 7 ms past it)
+RATE_CHANGE_SLACK = timedelta(seconds=5)
 
 
 class QueueRate(models.Model):
@@ -143,7 +147,12 @@ def take_starts(
     queue: str | type[Queue], wanted: int, rate: float, *, using: str | None = None
 ) -> tuple[int, datetime]:
     """Take up to ``wanted`` starts of ``queue`` at ``rate`` per second, shared by every
-    worker; returns ``(granted, when the next start is free)``. One read-write transaction."""
+    worker; returns ``(granted, when the next start is free)``. One read-write transaction.
+
+    A changed ``rate`` takes effect at once: a next start later than this rate can have set
+    (``RATE_BURST_SECONDS`` plus one step ahead, plus ``RATE_CHANGE_SLACK`` for the clocks and
+    transactions of other workers) was set by another rate and is dropped, and the bucket
+    starts afresh with this rate's burst."""
     label, db = _where(queue, using)
     step = 1.0 / rate
     burst = timedelta(seconds=RATE_BURST_SECONDS)
@@ -153,6 +162,8 @@ def take_starts(
         rows = QueueRate.objects.using(db)
         row = rows.filter(queue=label).first()
         due = max(row.next_start, now) if row is not None else now
+        if due > now + burst + timedelta(seconds=step) + RATE_CHANGE_SLACK:
+            due = now  # another rate's schedule
         room = (now + burst - due).total_seconds()
         # start i (from 0) is due at due + i * step; those due within the burst go now
         granted = 0 if room <= 0 else min(wanted, math.ceil(room / step - 1e-9))

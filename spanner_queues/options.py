@@ -34,6 +34,10 @@ from spanner_queues.keys import key_fields
 if TYPE_CHECKING:
     from django.db import models
 
+#: the rates ``QueueMeta.rate_limit`` may have (E020): one start a day, below a million a second
+MIN_RATE_LIMIT = 1 / 86400
+MAX_RATE_LIMIT = 1e6
+
 KNOWN_OPTIONS = frozenset(
     {
         "engine",
@@ -75,7 +79,8 @@ class QueueOptions:
     #: (None: only the worker's own slots limit it)
     concurrency_limit: int | None = None
     #: messages per second this queue's receivers may start, shared by every worker (None: no
-    #: limit); bursts of up to one second's worth (``spanner_queues.controls.take_starts``)
+    #: limit); bursts of up to one second's worth (``spanner_queues.controls.take_starts``);
+    #: from ``MIN_RATE_LIMIT`` (one a day) to below ``MAX_RATE_LIMIT`` (E020)
     rate_limit: float | None = None
     #: with ``spanner_queues.contrib.pubsub``: the Pub/Sub topic (an id in the configured
     #: project, or ``projects/P/topics/T``) each message is published to by ``runqueueworker``

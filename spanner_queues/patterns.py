@@ -15,6 +15,7 @@ transaction (when the receiver is ``atomic``) and tell the worker not to ack the
 
 from __future__ import annotations
 
+import re
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -173,12 +174,19 @@ class Cron:
     Daylight-saving changes, as Vixie cron does for fixed times: a wall time the clock skips
     (spring forward) runs once, at the instant the clock jumps (every skipped time of one gap
     folds into that single run); a wall time the clock repeats (fall back) runs once, at its
-    first occurrence.
+    first occurrence, when it is the schedule's only time in the repeated span (``30 2 * * *``);
+    a schedule with several times in it (``*/15 * * * *``) runs at each of them in both passes.
+
+    A random field (croniter's ``R``, ``R(0-4)``) is drawn once per schedule, from ``seed``
+    (``periodic`` gives the schedule's queue and key; default: the expression): the same value
+    on every run, in every worker, after every restart.
     """
 
-    __slots__ = ("expression", "zone")
+    __slots__ = ("expression", "hash_id", "schedule", "zone")
 
-    def __init__(self, expression: str, zone: str | tzinfo | None = None) -> None:
+    def __init__(
+        self, expression: str, zone: str | tzinfo | None = None, *, seed: str | None = None
+    ) -> None:
         if not isinstance(expression, str) or not croniter.is_valid(expression):
             raise InvalidArgument(f"{expression!r} is not a valid cron expression.")
         if len(expression.split()) > 5:
@@ -186,15 +194,21 @@ class Cron:
                 f"{expression!r}: give five fields (minute hour day month weekday); "
                 "seconds are not supported."
             )
+        self.expression = expression
+        # R drawn by croniter on each iterator (each run); H is the same draw for a hash_id
+        self.schedule = _RANDOM_FIELD.sub("H", expression)
+        self.hash_id = (seed if seed is not None else expression).encode()
         try:  # valid to croniter, yet it may match no date at all (30 February)
-            croniter(expression, datetime(2000, 1, 1)).get_next(datetime)
+            self._times(datetime(2000, 1, 1)).get_next(datetime)
         except CroniterBadDateError as exc:
             raise InvalidArgument(f"{expression!r} never runs: it matches no date.") from exc
-        self.expression = expression
         self.zone = _zone(zone)
 
     def __repr__(self) -> str:
         return f"Cron({self.expression!r}, {str(self.zone)!r})"
+
+    def _times(self, start: datetime) -> croniter:
+        return croniter(self.schedule, start, hash_id=self.hash_id)
 
     def next_after(self, instant: datetime) -> datetime:
         """The first run strictly after ``instant`` (an aware datetime), as an aware datetime
@@ -202,11 +216,47 @@ class Cron:
         # compare in UTC: aware datetimes sharing a tzinfo compare by wall time, ignoring fold
         after = instant.astimezone(dt_timezone.utc)
         wall = instant.astimezone(self.zone).replace(tzinfo=None)
-        times = croniter(self.expression, wall - timedelta(hours=3))
+        times = self._times(wall - timedelta(hours=3))
+        best: datetime | None = None
         while True:
-            candidate = self._instant(times.get_next(datetime))
-            if candidate.astimezone(dt_timezone.utc) > after:
-                return candidate
+            candidates = self._instants(times.get_next(datetime))
+            later = [c for c in candidates if c.astimezone(dt_timezone.utc) > after]
+            if later:
+                first = min(later, key=lambda c: c.astimezone(dt_timezone.utc))
+                if best is None or first.astimezone(dt_timezone.utc) < best.astimezone(
+                    dt_timezone.utc
+                ):
+                    best = first
+            # a later wall time's instants are at most the fold's shift (< 3 h) earlier
+            if best is not None and candidates[0].astimezone(dt_timezone.utc) - timedelta(
+                hours=3
+            ) > best.astimezone(dt_timezone.utc):
+                return best
+
+    def _instants(self, wall: datetime) -> list[datetime]:
+        """The instants of a local wall time: where the clock skips it, the end of the gap;
+        where the clock repeats it, its first occurrence, and its second too unless it is the
+        schedule's only time in the repeated span."""
+        first = self._instant(wall)
+        second = wall.replace(tzinfo=self.zone, fold=1)
+        if second.utcoffset() == first.utcoffset() or self._once_in_repeat(wall):
+            return [first]
+        return [first, second]
+
+    def _once_in_repeat(self, wall: datetime) -> bool:
+        """Whether ``wall``, a repeated wall time, is this schedule's only time in the span the
+        clock repeats."""
+        start = wall.replace(second=0, microsecond=0)
+        while _repeated(start - timedelta(minutes=1), self.zone):
+            start -= timedelta(minutes=1)
+        times = self._times(start - timedelta(seconds=1))
+        count = 0
+        while count < 2:
+            at = times.get_next(datetime)
+            if not _repeated(at, self.zone):
+                break
+            count += 1
+        return count < 2
 
     def _instant(self, wall: datetime) -> datetime:
         """The instant of a local wall time: its first occurrence when the clock repeats it,
@@ -219,6 +269,17 @@ class Cron:
             later += timedelta(minutes=1)
         later = later.replace(second=0, microsecond=0)
         return later.replace(tzinfo=self.zone, fold=0)
+
+
+#: croniter's random field, ``R`` or ``R(a-b)`` (not the R of a month or day name)
+_RANDOM_FIELD = re.compile(r"(?<![A-Za-z])R(?![A-Za-z])")
+
+
+def _repeated(wall: datetime, zone: tzinfo) -> bool:
+    """Whether a local wall time happens twice (the clock falls back over it)."""
+    return wall.replace(tzinfo=zone, fold=0).utcoffset() != wall.replace(
+        tzinfo=zone, fold=1
+    ).utcoffset() and _exists(wall.replace(tzinfo=zone))
 
 
 def _exists(aware: datetime) -> bool:
@@ -349,11 +410,12 @@ def periodic(
         raise InvalidArgument("every must be positive.")
     if timezone is not None and cron is None:
         raise InvalidArgument("timezone= goes with cron=.")
+    identity = (str(queue), repr(sorted(dict(key).items())))
     schedule = Schedule(
         queue=queue,
         key=dict(key),
         every=every,
-        cron=Cron(cron, timezone) if cron is not None else None,
+        cron=Cron(cron, timezone, seed=repr(identity)) if cron is not None else None,
         payload=payload,
     )
 
@@ -365,7 +427,6 @@ def periodic(
         run_periodic.__module__ = func.__module__
         run_periodic.__qualname__ = f"{func.__qualname__}[periodic]"
         receiver(queue, atomic=atomic, match=dict(key), registry=registry)(run_periodic)
-        identity = (str(queue), repr(sorted(dict(key).items())))
         (registry if registry is not None else receivers).schedules[identity] = schedule
         return func
 

@@ -39,7 +39,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
+
+from django.db import transaction
 
 from spanner_queues import instrumentation
 from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError
@@ -296,6 +299,7 @@ class MessageContext:
 
     __slots__ = (
         "_acked",
+        "_committed",
         "_freeze",
         "_keys",
         "_peek",
@@ -333,6 +337,8 @@ class MessageContext:
         self._freeze = freeze
         self._stopping = stopping
         self._acked: set[tuple[str, tuple]] = set()
+        #: the messages whose ack by the receiver's code committed (on the database's commit)
+        self._committed: set[tuple[str, tuple]] = set()
 
     def __repr__(self) -> str:
         state = "active" if self.active else "over"
@@ -393,9 +399,17 @@ class MessageContext:
             return self._freeze(message).lease_token
         return message.lease_token
 
-    def _record_ack(self, message: Message) -> None:
+    def committed(self, message: Message) -> bool:
+        """Whether an ack of ``message`` by the receiver's code committed (its own transaction,
+        or no transaction): the message is done whatever the run does next."""
+        return (message.queue, message.key) in self._committed
+
+    def _record_ack(self, message: Message, using: str | None = None) -> None:
         if self.handles(message):
-            self._acked.add((message.queue, message.key))
+            key = (message.queue, message.key)
+            self._acked.add(key)
+            if using is not None:  # (at once outside a transaction)
+                transaction.on_commit(partial(self._committed.add, key), using=using)
 
     def _restart(self) -> None:
         """A retried transaction: the acks of the attempt before rolled back."""
@@ -437,12 +451,13 @@ def held_lease_token(message: Message) -> str | None:
     return message.lease_token if context is None else context._held_token(message)
 
 
-def mark_acked(message: Message) -> None:
+def mark_acked(message: Message, using: str | None = None) -> None:
     """Record that the running receiver acked ``message`` itself (the verbs and pattern
-    helpers call this), so that the worker does not ack it a second time."""
+    helpers call this), so that the worker does not ack it a second time; with ``using``, the
+    database of the ack, also when that ack commits (``MessageContext.committed``)."""
     context = _running.get()
     if context is not None:
-        context._record_ack(message)
+        context._record_ack(message, using)
 
 
 def handled_by_running_receiver(message: Message) -> bool:

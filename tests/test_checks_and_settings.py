@@ -410,6 +410,10 @@ def test_dead_letter_queue_must_take_the_payloads(
         ({"rate_limit": 0}, "rate_limit must be a positive number"),
         ({"rate_limit": "10"}, "rate_limit must be a positive number"),
         ({"rate_limit": float("nan")}, "rate_limit must be a positive number"),
+        # one start in 3 years (the check let it pass; the bucket then held the queue to 2030)
+        ({"rate_limit": 1e-8}, "at least one a day"),
+        ({"rate_limit": 1 / 86400}, None),
+        ({"rate_limit": 1e6}, "rate_limit must be a positive number"),
     ],
 )
 def test_queue_limits_are_validated_by_a_check(options: dict, reason: str | None) -> None:

@@ -19,11 +19,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.db import DatabaseError
@@ -371,6 +373,7 @@ class QueuesAdmin(admin.ModelAdmin):
                 reason = request.POST.get("reason", "").strip() or f"paused by {request.user}"
                 done = controls.pause(model, reason=reason)
                 text = f"Paused {label} for every worker" if done else f"{label} was paused"
+                history = f"Paused for every worker: {reason}."
             elif op == "resume":
                 done = controls.resume(model)
                 text = (
@@ -378,14 +381,30 @@ class QueuesAdmin(admin.ModelAdmin):
                     if done
                     else (f"{label} was not paused")
                 )
+                history = "Resumed: workers receive from it again."
             else:
                 messages.warning(request, "Nothing was changed.")
                 return back
+            if done:
+                self._log_control(request, model, history)
         except (DatabaseError, QueueError) as exc:
             messages.error(request, f"Nothing was changed: {exc}")
             return back
         messages.success(request, f"{text}.")
         return back
+
+    def _log_control(self, request: HttpRequest, model: type[Queue], change: str) -> None:
+        """An entry in the admin history (``LogEntry``, in the queue's database like the
+        actions' entries) for a pause or resume: on ``Queues``, object id the queue's label."""
+        db = engine_for(model).database
+        LogEntry.objects.using(db).create(
+            user_id=cast(Any, request.user.pk),
+            content_type_id=ContentType.objects.db_manager(db).get_for_model(self.model).pk,
+            object_id=model._meta.label,
+            object_repr=model._meta.label,
+            action_flag=CHANGE,
+            change_message=change[:1000],
+        )
 
     # --- one queue --------------------------------------------------------------------------
     def messages_view(self, request: HttpRequest, queue: str) -> HttpResponse:

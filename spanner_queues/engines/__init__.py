@@ -10,7 +10,7 @@ from django.utils.connection import BaseConnectionHandler
 from django.utils.module_loading import import_string
 
 from spanner_queues.conf import DEFAULT_SETTING, parse_engine
-from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
+from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats, SpannerSQL
 from spanner_queues.exceptions import InvalidQueueEngine
 from spanner_queues.options import queue_options
 
@@ -69,3 +69,16 @@ def engine_for(model: type[Model]) -> BaseQueueEngine:
     if engine is None:
         engine = cache[alias] = engines[alias]
     return engine
+
+
+#: where the SQL text of Spanner's dialects lives (the native engine's; loaded by name, as the
+#: handler loads an engine)
+SPANNER_SQL = "spanner_queues.engines.native.ddl.dialect"
+
+
+def spanner_sql(dialect: str) -> SpannerSQL:
+    """The names Spanner's ``dialect`` (``"googlesql"`` or ``"postgresql"``) gives a queue's
+    objects, for callers that print SQL (``queuegrants``) without reaching into an engine:
+    ``quote(name)``, ``receive_function(queue)``, ``renew_function(queue)``.
+    ``QueueConfigurationError`` for another dialect."""
+    return cast("SpannerSQL", import_string(SPANNER_SQL)(dialect))

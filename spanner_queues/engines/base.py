@@ -13,7 +13,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from django.core import checks
 
@@ -267,3 +267,15 @@ class BaseQueueEngine(ABC):
         keeps them out of Django's table listings here; ``queue_tables()`` gives the
         lower-cased table names of the queues declared on it. Nothing by default."""
         return None
+
+
+class SpannerSQL(Protocol):
+    """The names a Spanner dialect gives a queue's objects (``engines.spanner_sql``)."""
+
+    name: str
+
+    def quote(self, name: str) -> str: ...
+
+    def receive_function(self, queue: str) -> str: ...
+
+    def renew_function(self, queue: str) -> str: ...

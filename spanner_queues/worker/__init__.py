@@ -567,8 +567,8 @@ class Worker:
             if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
                 wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
             bucket_wait = self.queue_limits.next_free()  # a rate-limited queue waits its bucket
-            if bucket_wait is not None:
-                wait = max(wait, min(bucket_wait, 0.2))
+            if bucket_wait is not None:  # ... no longer than until it has a start again
+                wait = min(wait, bucket_wait)
             self._idle_wait(wait)
             recycle_connections()
 
@@ -998,7 +998,8 @@ class Worker:
         except Retry as exc:
             self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
         except TimeLimitExceeded as exc:
-            self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
+            if not any(d.stuck for d in deliveries):  # (a stuck run failed when given up on)
+                self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
             # the interrupt may have landed anywhere in the receiver's database code: start
             # this thread's next message on fresh connections
             connections.close_all()
@@ -1008,7 +1009,9 @@ class Worker:
             self.outcomes.already_acked(deliveries, exc, spec, time.monotonic() - started)
         except Exception as exc:
             duration = time.monotonic() - started
-            if isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
+            if any(d.stuck for d in deliveries):
+                pass  # its failure was counted when the worker gave up on it
+            elif isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
                 self.outcomes.failed(deliveries, exc.error, spec, duration, acked=True)
             else:
                 self.outcomes.failed(deliveries, exc, spec, duration)
@@ -1033,13 +1036,16 @@ class Worker:
     ) -> list[Delivery]:
         """A non-atomic receiver raised after acking some of its messages itself (those acks
         committed): they are done (processed, ``acked`` events); the rest are returned, for the
-        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails."""
-        done = [d for d in deliveries if context.acked(d.message)]
+        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails. An
+        ack counts once it committed (``context.committed``): a time limit's interrupt inside
+        the receiver's own transaction rolls its ack back, one after the commit finds the
+        message done (it was counted failed, and "given back", though it no longer existed)."""
+        done = [d for d in deliveries if context.committed(d.message)]
         if done:
             self.count("processed", len(done))
             for d in done:
                 self.emit("acked", message=d.message, receiver=spec.name)
-        return [d for d in deliveries if not context.acked(d.message)]
+        return [d for d in deliveries if d not in done]
 
     def _ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
         """Ack in the current transaction (``DeliveryPolicy.ack``), unless a lease was lost

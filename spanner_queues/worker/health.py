@@ -13,8 +13,9 @@
   ``db_check_seconds``, on a connection of the probe's thread, closed after).
 
 Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server
-(a daemon thread; one thread per request) and can hand every other path to another WSGI app
-(the Prometheus exposition: one port for metrics and probes).
+(a daemon thread; one thread per connection, at most ``MAX_CONNECTIONS``, each closed after
+``READ_TIMEOUT_SECONDS`` without a request) and can hand ``/metrics`` to another WSGI app (the
+Prometheus exposition: one port for metrics and probes); every other path is 404.
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class WorkerHealth:
 
     # --- WSGI -------------------------------------------------------------------------------
     def wsgi(self, fallback: WSGIApp | None = None) -> WSGIApp:
-        """A WSGI app: ``/livez``, ``/readyz``; other paths go to ``fallback`` (else 404)."""
+        """A WSGI app: ``/livez``, ``/readyz``, and ``/metrics`` from ``fallback`` when given;
+        every other path is 404 (a probe on a mistyped path never reads as healthy)."""
 
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
             path = environ.get("PATH_INFO", "")
@@ -204,33 +206,77 @@ class WorkerHealth:
                     ],
                 )
                 return [body]
-            if fallback is not None:
+            if fallback is not None and path == "/metrics":
                 return fallback(environ, start_response)
-            start_response("404 Not Found", [("Content-Type", "text/plain; charset=utf-8")])
-            return [b"not found: /livez, /readyz\n"]
+            body = b"not found: /livez, /readyz" + (b", /metrics" if fallback else b"") + b"\n"
+            start_response(
+                "404 Not Found",
+                [
+                    ("Content-Type", "text/plain; charset=utf-8"),
+                    ("Content-Length", str(len(body))),
+                ],
+            )
+            return [body]
 
         return app
+
+
+#: seconds a connection may take to send its request (an idle one is closed after)
+READ_TIMEOUT_SECONDS = 10.0
+#: connections served at once (one thread each); a connection beyond them is closed at once
+MAX_CONNECTIONS = 16
 
 
 class _Server(socketserver.ThreadingMixIn, WSGIServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # the listen backlog: connections wait there, not in threads
+    slots: threading.BoundedSemaphore
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.slots.acquire(blocking=False):  # at the cap: no thread, no wait
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.slots.release()
 
 
 class _QuietHandler(WSGIRequestHandler):
+    timeout = READ_TIMEOUT_SECONDS  # the socket's timeout: an idle connection ends after it
+
     def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds
         pass
 
 
 def serve(
-    port: int, addr: str, health: WorkerHealth, fallback: WSGIApp | None = None
+    port: int,
+    addr: str,
+    health: WorkerHealth,
+    fallback: WSGIApp | None = None,
+    *,
+    read_timeout: float = READ_TIMEOUT_SECONDS,
+    max_connections: int = MAX_CONNECTIONS,
 ) -> tuple[WSGIServer, int]:
-    """Serve ``health``'s probes (and ``fallback`` on other paths) at ``addr:port`` from a
-    daemon thread; port 0 picks a free one. Returns the server and its port; ``OSError`` when
-    the port is taken."""
+    """Serve ``health``'s probes (and ``fallback`` on ``/metrics``) at ``addr:port`` from a
+    daemon thread; port 0 picks a free one. At most ``max_connections`` are served at once
+    (one thread each; a connection beyond them is closed unanswered), and a connection that
+    sends no complete request within ``read_timeout`` seconds is closed. Returns the server
+    and its port; ``OSError`` when the port is taken."""
+    handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout})
     server = make_server(
-        addr, port, health.wsgi(fallback), server_class=_Server, handler_class=_QuietHandler
+        addr, port, health.wsgi(fallback), server_class=_Server, handler_class=handler
     )
+    assert isinstance(server, _Server)
+    server.slots = threading.BoundedSemaphore(max_connections)
     thread = threading.Thread(target=server.serve_forever, name="sq-health", daemon=True)
     thread.start()
     return server, server.server_port

@@ -35,7 +35,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from spanner_queues import clock, controls
-from spanner_queues.exceptions import TimeLimitExceeded
+from spanner_queues.exceptions import TimeLimitExceeded, WorkerStuck
 from spanner_queues.options import queue_options
 
 if TYPE_CHECKING:
@@ -47,6 +47,8 @@ logger = logging.getLogger("spanner_queues.worker")
 STUCK_GRACE_SECONDS = 10.0
 #: how often the watchdog looks when a limit is running (seconds)
 TICK = 0.1
+#: seconds the watchdog waits for the failure of a stuck run to be recorded (``give_up``)
+STUCK_RECORD_SECONDS = 10.0
 
 
 def time_limit_exceeded(
@@ -188,6 +190,33 @@ class TimeLimits:
         with self.worker.cond:
             self.worker.stuck_units += 1
         self.worker.stop()
+        # The run counts as a failed attempt (recorded, with the message named in the error):
+        # given back due after its back-off, or dead-lettered on its last attempt. Else the
+        # message came back first on every restart and stopped each worker, for ever. (``run``
+        # joins this thread before it raises WorkerStuck.) On a thread of its own, waited for
+        # STUCK_RECORD_SECONDS at most: on a single-writer database (SQLite) a stuck atomic
+        # receiver holds the process's write lock; the message then comes back after its lease.
+        took = self.ran(deliveries)
+
+        def record() -> None:
+            for d in deliveries:
+                error = WorkerStuck(
+                    f"{d.message} attempt {d.message.attempt}: the receiver was still running "
+                    f"{self.grace:g} s after its time limit and could not be interrupted; the "
+                    "worker stopped"
+                )
+                self.worker.outcomes.failed([d], error, None, took)
+
+        recorder = threading.Thread(target=record, name="sq-stuck-failure", daemon=True)
+        recorder.start()
+        recorder.join(STUCK_RECORD_SECONDS)
+        if recorder.is_alive():
+            logger.error(
+                "the failure of the stuck run of %s was not recorded within %g s (its receiver "
+                "holds the database's write lock?); it comes back after its lease",
+                ", ".join(str(d.message) for d in deliveries),
+                STUCK_RECORD_SECONDS,
+            )
 
     def ran(self, deliveries: list[Delivery]) -> float | None:
         """Seconds since the receiver call of ``deliveries`` started (None: it left it)."""
@@ -241,6 +270,8 @@ class QueueLimits:
             if credit < want:
                 wait = (free_at - clock.now()).total_seconds()
                 self.empty_until[label] = now + max(wait, 0.0)
+            else:
+                self.empty_until.pop(label, None)
         self.credit[label] = (credit, lapses)
         return min(want, credit)
 
@@ -251,7 +282,10 @@ class QueueLimits:
             self.credit[plan.label] = (max(credit - count, 0), lapses)
 
     def next_free(self) -> float | None:
-        """Seconds until a rate-limited queue may have a start again (None: none is waiting)."""
+        """Seconds until a rate-limited queue that wanted more starts than it got may have one
+        again, 0 when it may now (None: none is waiting). (A queue whose wait had passed once
+        read as not waiting: the worker then slept its poll interval, and 20 starts/s came at
+        11.5/s with ``--poll-interval 2``.)"""
         now = time.monotonic()
-        waits = [t - now for t in self.empty_until.values() if t > now]
+        waits = [max(t - now, 0.0) for t in self.empty_until.values()]
         return min(waits) if waits else None

@@ -31,8 +31,10 @@ from __future__ import annotations
 import enum
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from functools import partial
@@ -64,6 +66,8 @@ PARKED_UNTIL = datetime(8999, 1, 1, tzinfo=dt_timezone.utc)
 
 #: at most this many (queue, kind of miss) pairs are remembered for the once-only warning
 MISMATCHES_REMEMBERED = 1000
+#: at most this many unmatched messages' miss counts are remembered (their back-off grows)
+MISSES_REMEMBERED = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +229,8 @@ class Outcomes:
         self.worker = worker
         #: (queue, kind of miss) pairs already warned of (``unmatched``)
         self.mismatches: set[tuple[str, str]] = set()
+        #: (queue, key) -> times no receiver of this worker matched it, least recent first
+        self.misses: OrderedDict[tuple[str, tuple[Any, ...]], int] = OrderedDict()
         self._mismatch_lock = threading.Lock()
 
     def return_unstarted(self, unit: list[Delivery]) -> list[Delivery]:
@@ -521,15 +527,32 @@ class Outcomes:
                 )
                 self.release(d, deliver_time=PARKED_UNTIL)
 
+    def missed(self, message: Message) -> int:
+        """Count one more miss of ``message`` (no receiver matched it); return its misses in
+        this worker. At most ``MISSES_REMEMBERED`` messages are remembered, the least recently
+        missed forgotten first (its back-off starts again)."""
+        key = (message.queue, message.key)
+        with self._mismatch_lock:
+            misses = self.misses.pop(key, 0) + 1
+            self.misses[key] = misses
+            while len(self.misses) > MISSES_REMEMBERED:
+                self.misses.popitem(last=False)
+        return misses
+
     def unmatched(
         self, deliveries: list[Delivery], exc: NoReceiver, specs: Sequence[ReceiverSpec]
     ) -> None:
         """No receiver in ``specs`` (this worker's, for the deliveries' queue) matches these
-        messages: give them back due after their back-off without spending an attempt, in
-        one transaction (``DeliveryPolicy.retry``: acked and sent again under their keys;
-        attempts and recorded failures start again), and warn once per (queue, kind of
-        miss)."""
-        mine = self._resend(deliveries, exc, after=None, not_done="given back")
+        messages: give them back without spending an attempt (``DeliveryPolicy.retry``: acked
+        and sent again under their keys; attempts and recorded failures start again), due
+        after a back-off that grows with each miss of the message in this worker (as it does
+        with failed attempts; ``MISSES_REMEMBERED`` messages are remembered), and warn once
+        per (queue, kind of miss)."""
+        mine: list[Delivery] = []
+        for d in deliveries:
+            misses = self.missed(d.message)
+            after = self.policy(d.model).backoff(dataclass_replace(d.message, attempt=misses))
+            mine += self._resend([d], exc, after=after, not_done="given back")
         if not mine:
             return
         self.worker.count("unmatched", len(mine))

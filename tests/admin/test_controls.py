@@ -8,9 +8,12 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.test import Client
 
 from spanner_queues import api, patterns
+from spanner_queues.engines import engine_for
+from spanner_queues.models import Queues
 from tests.admin.conftest import OVERVIEW, queue_url
 from tests.workerapp.models import Ticks, WorkItems
 
@@ -32,6 +35,23 @@ def test_an_operator_pauses_and_resumes_a_queue_from_the_overview(
     done = client.post(f"{queue_url('workerapp.WorkItems')}pause/", {"op": "resume"}, follow=True)
     assert "Resumed workerapp.WorkItems: workers receive" in done.content.decode()
     assert not api.is_paused(WorkItems)
+
+
+def test_pause_and_resume_are_in_the_admin_history(
+    make_user: Callable[..., Any], login: Callable[[Any], Client]
+) -> None:
+    user = make_user("view_queues", "pause_queue")
+    client = login(user)
+    url = f"{queue_url('workerapp.WorkItems')}pause/"
+    client.post(url, {"op": "pause", "reason": "carrier down"})
+    client.post(url, {"op": "pause"})  # already paused: nothing changed, nothing logged
+    client.post(url, {"op": "resume"})
+    entries = LogEntry.objects.using(engine_for(WorkItems).database).order_by("action_time")
+    assert [(e.user_id, e.action_flag, e.object_id, e.change_message) for e in entries] == [
+        (user.pk, CHANGE, "workerapp.WorkItems", "Paused for every worker: carrier down."),
+        (user.pk, CHANGE, "workerapp.WorkItems", "Resumed: workers receive from it again."),
+    ]
+    assert {e.content_type.model_class() for e in entries} == {Queues}
 
 
 def test_pausing_needs_its_own_permission(viewer_client: Client) -> None:

@@ -84,6 +84,7 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
         "acked": value(outcome, queue=Q, outcome="acked"),
         "failed": value(outcome, queue=Q, outcome="failed"),
         "dead_lettered": value(outcome, queue=Q, outcome="dead_lettered"),
+        "unmatched": value(outcome, queue=Q, outcome="unmatched"),
         "ack": value("spanner_queues_message_ack_count_total", queue=Q),
         "runs": value(
             "spanner_queues_worker_receiver_duration_seconds_count", queue=Q, receiver="r"
@@ -108,10 +109,13 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     emit("dead_lettered", b)  # after its last failed run: in flight only once
     emit("renewal_failed", c)
     emit("lease_lost", c)  # the same lost lease: counted once
+    emit("received", a)
+    emit("unmatched", a)  # no receiver of this worker matched it: given back, not in flight
     assert value(in_flight, queue=Q) == base
     assert value(outcome, queue=Q, outcome="acked") == names["acked"] + 1
     assert value(outcome, queue=Q, outcome="failed") == names["failed"] + 1
     assert value(outcome, queue=Q, outcome="dead_lettered") == names["dead_lettered"] + 1
+    assert value(outcome, queue=Q, outcome="unmatched") == names["unmatched"] + 1
     assert value("spanner_queues_message_ack_count_total", queue=Q) == names["ack"] + 1
     assert (
         value("spanner_queues_worker_receiver_duration_seconds_count", queue=Q, receiver="r")

@@ -82,6 +82,11 @@ def declared(monkeypatch: Any, model: Any, **options: Any) -> None:
         ),
         (OrderEvents, {"pubsub_subscription": "s"}, "exactly one key field"),
         (BillingInbox, {"pubsub_ordering_key": ()}, "needs pubsub_topic"),
+        (
+            BillingInbox,
+            {"pubsub_subscription": "s", "envelope": "cloudevents"},
+            "would wrap it a second time",
+        ),
     ],
 )
 def test_a_queue_the_app_cannot_run_is_e302(monkeypatch, model, options, says) -> None:

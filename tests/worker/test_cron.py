@@ -6,6 +6,7 @@ of March and fall back 03:00 CEST -> 02:00 CET on the last Sunday of October.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta, timezone
 from zoneinfo import ZoneInfo
 
@@ -145,3 +146,31 @@ def test_a_cron_schedule_runs_across_both_daylight_saving_changes() -> None:
         assert len(drain(Ticks, registry=registry).acked) == 1
         assert queued() == paris(2027, 11, 1, 2, 30)  # not the repeated 02:30 an hour later
     assert len(ran) == 2
+
+
+@pytest.mark.engine_independent
+def test_a_schedule_that_fires_several_times_in_the_repeated_hour_runs_both_passes() -> None:
+    # (the fall-back rule once dropped the second pass: 02:00 to 03:00 CET had no run at all)
+    cron = Cron("*/15 * * * *", "Europe/Paris")
+    got = runs(cron, paris(2027, 10, 31, 1, 50), 11)
+    assert [t.astimezone(UTC).strftime("%H:%M") for t in got] == [
+        "00:00", "00:15", "00:30", "00:45",  # 02:00-02:45 CEST
+        "01:00", "01:15", "01:30", "01:45",  # 02:00-02:45 CET, the second pass
+        "02:00", "02:15", "02:30",  # 03:00 CET on
+    ]  # fmt: skip
+    utc = [t.astimezone(UTC) for t in got]
+    assert all(b - a == timedelta(minutes=15) for a, b in itertools.pairwise(utc))
+
+
+@pytest.mark.engine_independent
+def test_a_random_field_is_drawn_once_per_schedule() -> None:
+    # (croniter drew R again on every run: a "daily" job ran three times in a day)
+    daily = Cron("R R * * *", "Europe/Paris", seed="nightly")
+    day = runs(daily, paris(2027, 6, 1, 0, 0), 5)
+    assert all(b - a == timedelta(days=1) for a, b in itertools.pairwise(day))
+    again = Cron("R R * * *", "Europe/Paris", seed="nightly")
+    assert again.next_after(paris(2027, 6, 1, 0, 0)) == day[0]  # every worker, every restart
+    ranged = Cron("R(0-4) 3 * * *", "Europe/Paris", seed="x")
+    first = ranged.next_after(paris(2027, 6, 1, 0, 0))
+    assert first.hour == 3 and first.minute <= 4
+    assert ranged.next_after(first) == first + timedelta(days=1)

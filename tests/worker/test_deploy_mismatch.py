@@ -5,12 +5,15 @@ logged once as a WARNING (not an ERROR per delivery)."""
 
 from __future__ import annotations
 
+import itertools
 import logging
+import time
 
 import pytest
 
 from spanner_queues.engines import engines
-from spanner_queues.worker import WorkerEvents
+from spanner_queues.message import Message
+from spanner_queues.worker import WorkerEvent, WorkerEvents, outcomes
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Jobs, WorkLog
@@ -72,3 +75,40 @@ def test_each_kind_of_miss_is_logged_once_per_queue(
     )
     assert kinds == ["'invoice'", "'refund'"]
     assert Jobs.objects.count() == 3
+
+
+def test_the_back_off_of_a_message_no_receiver_matches_grows(
+    make_worker, events: WorkerEvents
+) -> None:
+    # (it came back at the first back-off, 0.2 s here, for ever: its attempts start again at
+    # each give-back; now each miss of it in this worker doubles the wait, as failures do)
+    Jobs.send(kind="refund", id="r2")
+    times: list[float] = []
+
+    def on_event(event: WorkerEvent) -> None:
+        if event.name == "received" and event.message and event.message.key == ("refund", "r2"):
+            times.append(time.monotonic())
+
+    with running(make_worker(Jobs, listeners=[on_event])):
+        wait_until(lambda: len(times) >= 5, timeout=60)
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # back-off 0.2 s doubling (tests/settings.py), jittered down by at most 20 %
+    assert gaps[3] > 2.5 * gaps[0], gaps
+    assert all(b > a for a, b in itertools.pairwise(gaps)), gaps
+    assert events.counts["failed"] == 0 and events.counts["discarded"] == 0
+    assert Jobs.objects.filter(id="r2").exists()  # nothing burns: still in its queue
+
+
+@pytest.mark.engine_independent
+def test_the_miss_counts_stay_bounded(make_worker, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(outcomes, "MISSES_REMEMBERED", 3)
+    counts = make_worker(Jobs).outcomes
+
+    def miss(n: int) -> int:
+        return counts.missed(
+            Message(queue="q", key=(n,), key_names=("id",), payload=b"", deliver_time=None)
+        )
+
+    assert [miss(1), miss(1), miss(2), miss(3), miss(1)] == [1, 2, 1, 1, 3]
+    assert miss(4) == 1 and len(counts.misses) == 3  # 2, the least recent, forgotten
+    assert miss(2) == 1

@@ -5,15 +5,21 @@ interrupted stops the worker with ``WorkerStuck``."""
 
 from __future__ import annotations
 
+import dataclasses
+import threading
+from datetime import timedelta
+
 import pytest
 
 from spanner_queues import receiver
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidArgument, TimeLimitExceeded, WorkerStuck
+from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverConfigurationError, ReceiverRegistry
-from spanner_queues.worker import WorkerEvents
+from spanner_queues.worker import WorkerEvents, outcomes
 from tests.conftest import wait_until
 from tests.worker.conftest import running
-from tests.workerapp.models import WorkItems, WorkLog
+from tests.workerapp.models import WorkItems, WorkItemsDead, WorkLog
 from tests.workerapp.receivers import HANGS
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -115,3 +121,93 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
 def test_the_interrupt_itself_says_what_happened() -> None:
     # raised as a bare class in the receiver's thread: a receiver that catches it reads this
     assert str(TimeLimitExceeded()) == "the receiver ran past its time limit and was interrupted"
+
+
+def test_a_run_that_stopped_its_worker_counts_as_a_failed_attempt(
+    make_worker, events: WorkerEvents
+) -> None:
+    # (before: nothing was counted; the message came back first on every restart, stopped
+    # that worker too, for ever, and the messages behind it never ran)
+    HANGS["stuck-once"] = hang = threading.Event()
+    # (not atomic: on SQLite a stuck atomic receiver holds the process's write lock, and the
+    # failure is recorded only if it lets go within STUCK_RECORD_SECONDS)
+    sent = WorkItems.send(id="stuck-once", payload={"hang": "stuck-once", "mode": "external"})
+    worker = make_worker(WorkItems, timeout=0.3)
+    worker.time_limits.grace = 0.5
+    try:
+        with pytest.raises(WorkerStuck):
+            worker.run()
+        [failure] = [e for e in events.history if e.name == "failed"]
+        assert failure.message is not None and failure.message.key == ("stuck-once",)
+        assert isinstance(failure.error, WorkerStuck)
+        assert "stuck-once" in str(failure.error)  # which message it was
+        [row] = WorkItems.objects.filter(id="stuck-once")
+        if engine_for(WorkItems).features.supports_release:
+            # given back due after its back-off from the stop: the messages behind it run first
+            assert sent.deliver_time is not None and row.deliver_time is not None
+            assert row.deliver_time > sent.deliver_time + timedelta(seconds=0.8)
+        if not engine_for(WorkItems).features.supports_attempt_count:  # the failure ledger
+            [recorded] = FailedDelivery.objects.filter(queue="workerapp.WorkItems")
+            assert recorded.failures == 1 and "WorkerStuck" in recorded.last_error
+    finally:
+        hang.set()
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+    assert events.counts["failed"] == 1  # the stuck thread's return is not a second failure
+
+
+def test_a_run_that_stopped_its_worker_on_its_last_attempt_is_dead_lettered(
+    make_worker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = outcomes.queue_options
+    monkeypatch.setattr(
+        outcomes,
+        "queue_options",
+        lambda m: dataclasses.replace(real(m), max_attempts=1) if m is WorkItems else real(m),
+    )
+    HANGS["stuck-last"] = hang = threading.Event()
+    WorkItems.send(id="stuck-last", payload={"hang": "stuck-last", "mode": "external"})
+    worker = make_worker(WorkItems, timeout=0.3)
+    worker.time_limits.grace = 0.5
+    try:
+        with pytest.raises(WorkerStuck):
+            worker.run()
+        assert events.counts["dead_lettered"] == 1
+        assert WorkItemsDead.objects.filter(id="stuck-last").exists()
+        assert not WorkItems.objects.filter(id="stuck-last").exists()
+    finally:
+        hang.set()
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+
+
+def test_an_interrupt_inside_a_receivers_own_transaction_rolls_it_back_and_runs_again(
+    make_worker, events: WorkerEvents
+) -> None:
+    # the receiver wrote and acked in its own transaction, which the interrupt rolls back:
+    # the message goes back (one failed attempt) and the second attempt does the work, once
+    WorkItems.send(
+        id="inside", payload={"mode": "external", "own_transaction": True, "spin_inside_below": 2}
+    )
+    with running(make_worker(WorkItems, timeout=0.5)):
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["timed_out"] == 1 and events.counts["failed"] == 1
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [("inside", 2)]
+    assert not WorkItems.objects.exists()
+
+
+def test_an_interrupt_after_a_receiver_acked_itself_is_no_failure(
+    make_worker, events: WorkerEvents
+) -> None:
+    # the receiver's own transaction (its work and its ack) committed before the limit: the
+    # message is done. It ran past its limit (timed_out, logged) but is not "given back", not
+    # counted as failed, and no failure is recorded of a message that no longer exists.
+    WorkItems.send(
+        id="after", payload={"mode": "external", "own_transaction": True, "spin_after_below": 2}
+    )
+    with running(make_worker(WorkItems, timeout=0.5)) as worker:
+        assert events.wait_for("timed_out", timeout=60)
+        assert events.wait_for("acked", timeout=60)
+    assert events.counts["failed"] == 0 and worker.stats.failed == 0
+    assert not events.messages("lease_lost") and not events.messages("already_acked")
+    assert list(WorkLog.objects.values_list("key", "attempt")) == [("after", 1)]
+    assert not WorkItems.objects.exists()
+    assert not FailedDelivery.objects.exists()

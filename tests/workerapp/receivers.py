@@ -10,7 +10,9 @@
 - ``exit``: raise ``SystemExit(exit)`` (a ``BaseException``, as ``sys.exit()`` in user code);
 - ``ack_itself``: ``api.ack`` the message in the receiver's code;
 - ``own_transaction`` (with ``"mode": "external"``): write the ``WorkLog`` row, sleep ``pause``
-  seconds and ``api.ack`` the message in one ``transaction.atomic()`` block of its own;
+  seconds and ``api.ack`` the message in one ``transaction.atomic()`` block of its own; then,
+  while attempt < ``spin_inside_below``, loop in Python inside that block (after the ack),
+  and while attempt < ``spin_after_below``, after it committed;
 - ``spin_below``: loop in Python (interruptible) while attempt < this;
 - ``swallow_below``: while attempt < this, loop in Python catching every ``Exception`` (the
   worker's interrupt too), then return as if all went well;
@@ -103,6 +105,10 @@ def _obey(message: Message, note: str) -> None:
             WorkLog.objects.create(key=message.key[0], attempt=message.attempt, note=note)
             time.sleep(spec.get("pause", 0))
             api.ack(message)
+            while message.attempt < spec.get("spin_inside_below", 0):
+                time.sleep(0.01)
+        while message.attempt < spec.get("spin_after_below", 0):
+            time.sleep(0.01)
         return
     if "trace" in spec:
         _trace(spec["trace"], message)

@@ -106,7 +106,15 @@ METRIC_NAMES = frozenset(
 )
 
 #: worker events counted in ``spanner_queues_worker_messages_total{outcome=...}``
-OUTCOMES = ("acked", "retried", "failed", "dead_lettered", "discarded", "timed_out")
+OUTCOMES = (
+    "acked",
+    "retried",
+    "failed",
+    "dead_lettered",
+    "discarded",
+    "timed_out",
+    "unmatched",
+)
 #: events after which a started message is no longer in flight (a timed-out receiver may
 #: still be running: it is counted once it fails)
 _FINISHED = frozenset(

@@ -223,4 +223,12 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     "CharField: each message is keyed by its event id.",
                     "e.g. event_id = models.CharField(max_length=128, primary_key=True)",
                 )
+            if options.envelope is not None:
+                error(
+                    model,
+                    "An inbox queue stores each Pub/Sub message's data as it came (an envelope "
+                    "queue's relay publishes its whole CloudEvent); QueueMeta.envelope would "
+                    "wrap it a second time.",
+                    "Remove QueueMeta.envelope from the inbox queue.",
+                )
     return problems

@@ -76,14 +76,18 @@ class PublishFailed(QueueError):
 
 
 def event_id(message: Message) -> str:
-    """The event id of a sent message: the same on every publish of it (a digest of its queue,
-    key and payload, which no receive, renewal or release changes)."""
+    """The event id of a sent message: the same on every publish of it. On an envelope queue it
+    is the CloudEvent's own ``id`` (new for every send); elsewhere a digest of the queue, the
+    key and the stored payload, which no receive, renewal or release changes."""
+    event = message.event
+    if event is not None and event.get("id"):
+        return str(event["id"])
     digest = hashlib.sha256()
     digest.update(message.queue.encode())
     digest.update(b"\0")
     digest.update(json.dumps(list(message.key), default=str, separators=(",", ":")).encode())
     digest.update(b"\0")
-    digest.update(message.payload)
+    digest.update(message.stored_payload)
     return digest.hexdigest()[:32]
 
 
@@ -142,7 +146,7 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
             # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
             future: Any = client.publish(
                 topic,
-                m.payload,
+                m.stored_payload,  # on an envelope queue the whole event, traceparent included
                 ordering_key=key,
                 retry=None,
                 timeout=params.publish_timeout,

@@ -14,7 +14,8 @@ Google's documented spelling (docs/howto/cloud-spanner.md#fine-grained-access-co
   samples, the paused queues (workers read them, the admin writes them), the rate-limit buckets
   when a queue has ``rate_limit``, and (with ``spanner_queues.contrib.tasks`` installed) the
   task results when a queue of a ``QueueBackend`` (``TaskMessage`` or one of its
-  ``QUEUE_MODELS``) is among the queues.
+  ``QUEUE_MODELS``) is among the queues (the worker may delete them when a backend sets
+  ``RESULT_RETENTION_SECONDS``).
 
 Your receivers' own tables are not known here: grant them to the worker role yourself.
 """
@@ -31,8 +32,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from spanner_queues import options as queue_settings
 from spanner_queues.controls import PausedQueue, QueueRate
-from spanner_queues.engines import engine_for
-from spanner_queues.engines.native.ddl import dialect as native_dialect
+from spanner_queues.engines import engine_for, spanner_sql
 from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample
@@ -137,7 +137,7 @@ class Command(BaseCommand):
                 if (dialect := getattr(engine_for(m), "dialect", None)) is not None
             }
             chosen = names.pop() if len(names) == 1 else GOOGLESQL
-        dialect = native_dialect(chosen)
+        dialect = spanner_sql(chosen)
 
         lines: list[str] = [
             f"-- spanner_queues: fine-grained access control for {len(models)} queue(s), "
