@@ -27,7 +27,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from concurrent.futures import Future
+from queue import SimpleQueue
+from typing import Any, Protocol, TypeVar
 
 from django.db import connections, transaction
 
@@ -90,6 +92,79 @@ def forget_lost_connection(exc: BaseException, using: str) -> bool:
         with contextlib.suppress(Exception):
             connections[using].connection = None
         return True
+
+
+def recycle_connections() -> None:
+    """Between messages: Django's ``close_old_connections()`` (close connections that are
+    broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
+    ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
+    thread's life: a message is not a request, and reconnecting per message costs a new
+    client per message (on Spanner a new client, session and maintenance thread each time).
+    A connection found lost (``transactions.forget_lost_connection``) is closed."""
+    close_lost_connections()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
+            close_at, conn.close_at = conn.close_at, None
+            try:
+                conn.close_if_unusable_or_obsolete()
+            finally:
+                if conn.connection is not None:
+                    conn.close_at = close_at
+        else:
+            conn.close_if_unusable_or_obsolete()
+
+
+class ConnectionThread:
+    """One long-lived daemon thread that runs the calls given to it one at a time, in order,
+    on Django connections it keeps between them (``recycle_connections`` after each call:
+    only a lost, broken or expired one is closed). For background reads that would otherwise
+    open and close a connection each time (the stats cache, the ``/readyz`` database check):
+    on Spanner every connection closed leaves its client's session-maintenance thread alive
+    for good, so these reads cost one thread and one connection per database alias however
+    often they run. The thread starts on the first call and lives as long as the process."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._pending = 0
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the thread after the calls before it; its result or error in the
+        returned ``Future``."""
+        future: Future[T] = Future()
+        with self._lock:
+            self._pending += 1
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+        self._calls.put((fn, future))
+        return future
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every call given so far has run; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+    def _run(self) -> None:
+        while True:
+            fn, future = self._calls.get()
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # the caller's to handle
+                        future.set_exception(exc)
+                try:
+                    recycle_connections()
+                except Exception:  # closing a broken connection may fail: it is dropped
+                    logger.debug("recycling %s's connections failed", self.name, exc_info=True)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
 
 
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:

@@ -1,0 +1,69 @@
+"""What a worker that runs for days meets on the wire: a commit during an outage gives up after
+``COMMIT_DEADLINE_SECONDS`` (the client's default retries it for an hour), and a closed
+connection stops its client's session-maintenance thread (which it otherwise keeps for good)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import grpc
+import pytest
+from django.db import connections, transaction
+from google.api_core.exceptions import RetryError, ServiceUnavailable
+
+from spanner_queues import api
+from spanner_queues.engines.native import client
+from tests.testapp.models import UserTasks
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def test_a_commit_during_an_outage_gives_up_after_the_commit_deadline(
+    front, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(client, "COMMIT_DEADLINE_SECONDS", 2.0)
+    connections["default"].close()  # a connection made with the deadline above
+    front.fail("Commit", grpc.StatusCode.UNAVAILABLE, "outage", times=1000)
+    failures: list[BaseException] = []
+    done = threading.Event()
+
+    def send() -> None:
+        try:
+            with transaction.atomic():
+                api.send(UserTasks, user_id=1, message_id="m", payload=b"x")
+        except BaseException as exc:
+            failures.append(exc)
+        finally:
+            connections.close_all()
+            done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=send, daemon=True).start()
+    try:
+        assert done.wait(30), "the commit is still being retried"
+    finally:
+        front.clear()
+    assert time.monotonic() - started < 15
+    [failure] = failures
+    # the client's own error: its retries ran out on the front's UNAVAILABLE
+    assert isinstance(failure, RetryError), repr(failure)
+    assert isinstance(failure.cause, ServiceUnavailable), repr(failure.cause)
+
+
+def test_a_closed_connection_stops_its_session_maintenance_thread() -> None:
+    managers = []
+
+    def use_and_close() -> None:
+        with connections["default"].cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchall()
+        managers.append(connections["default"].connection.database._sessions_manager)
+        connections["default"].close()
+
+    thread = threading.Thread(target=use_and_close)
+    thread.start()
+    thread.join(60)
+    [manager] = managers
+    assert manager._multiplexed_session_thread is not None  # the client started one
+    assert manager._multiplexed_session_terminate_event.is_set()
