@@ -4,6 +4,7 @@ connection stops its client's session-maintenance thread (which it otherwise kee
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -67,3 +68,32 @@ def test_a_closed_connection_stops_its_session_maintenance_thread() -> None:
     [manager] = managers
     assert manager._multiplexed_session_thread is not None  # the client started one
     assert manager._multiplexed_session_terminate_event.is_set()
+
+
+def test_a_restarting_receive_stream_warns_once_then_logs_at_debug_and_says_it_recovered(
+    front, caplog: pytest.LogCaptureFixture
+) -> None:
+    from tests.conftest import wait_until
+    from tests.testapp.models import Jobs
+
+    caplog.set_level(logging.DEBUG, logger="spanner_queues.engines")
+    front.fail(
+        "ExecuteStreamingSql",
+        grpc.StatusCode.UNAVAILABLE,
+        "outage",
+        sql_contains="RECEIVE_",
+        times=4,
+    )
+    Jobs.send(payload="a")
+    assert wait_until(lambda: api.receive(Jobs), timeout=60)[0].payload == b"a"
+    failed = [
+        r for r in caplog.records if "RECEIVE stream for testapp.Jobs failed" in r.getMessage()
+    ]
+    assert [r.levelno for r in failed] == [logging.WARNING] + [logging.DEBUG] * 3, [
+        (r.levelname, r.getMessage()) for r in failed
+    ]
+    assert "further failures" in failed[0].getMessage()
+    assert wait_until(
+        lambda: [r for r in caplog.records if "recovered after 4 failed calls" in r.getMessage()],
+        timeout=30,
+    )
