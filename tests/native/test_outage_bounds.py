@@ -97,3 +97,22 @@ def test_a_restarting_receive_stream_warns_once_then_logs_at_debug_and_says_it_r
         lambda: [r for r in caplog.records if "recovered after 4 failed calls" in r.getMessage()],
         timeout=30,
     )
+
+
+def test_a_worker_is_unready_at_once_while_its_database_does_not_answer(front) -> None:
+    from spanner_queues.worker import Worker, WorkerEvent
+    from spanner_queues.worker.health import WorkerHealth
+    from tests.workerapp.models import WorkItems
+    from tests.conftest import wait_until
+
+    health = WorkerHealth(db_check_seconds=0, db_check_timeout=1.0)
+    health.attach(Worker([WorkItems], install_signal_handlers=False))
+    health(WorkerEvent(name="worker_started", worker_id="w"))
+    assert wait_until(lambda: health.readiness() == [], timeout=30)
+    front.fail("ExecuteStreamingSql", grpc.StatusCode.UNAVAILABLE, "outage", times=10**6)
+    started = time.monotonic()
+    [problem] = health.readiness()
+    assert time.monotonic() - started < 5  # the probe answers; the client retries 30 s
+    assert problem == "the databases did not answer within 1 s"
+    front.clear()
+    assert wait_until(lambda: health.readiness() == [], timeout=60)
