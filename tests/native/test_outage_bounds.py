@@ -1,6 +1,8 @@
 """What a worker that runs for days meets on the wire: a commit during an outage gives up after
-``COMMIT_DEADLINE_SECONDS`` (the client's default retries it for an hour), and a closed
-connection stops its client's session-maintenance thread (which it otherwise keeps for good)."""
+``COMMIT_DEADLINE_SECONDS`` (the client's default retries it for an hour); the worker is
+unready within ``db_check_timeout`` while its database does not answer; a restarting
+``RECEIVE`` stream warns once per episode; and a closed connection stops its client's
+session-maintenance thread (which it otherwise keeps for good)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from google.api_core.exceptions import RetryError, ServiceUnavailable
 
 from spanner_queues import api
 from spanner_queues.engines.native import client
-from tests.testapp.models import UserTasks
+from spanner_queues.worker import Worker, WorkerEvent
+from spanner_queues.worker.health import WorkerHealth
+from tests.conftest import wait_until
+from tests.testapp.models import Jobs, UserTasks
+from tests.workerapp.models import WorkItems
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -73,9 +79,6 @@ def test_a_closed_connection_stops_its_session_maintenance_thread() -> None:
 def test_a_restarting_receive_stream_warns_once_then_logs_at_debug_and_says_it_recovered(
     front, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from tests.conftest import wait_until
-    from tests.testapp.models import Jobs
-
     caplog.set_level(logging.DEBUG, logger="spanner_queues.engines")
     front.fail(
         "ExecuteStreamingSql",
@@ -100,10 +103,6 @@ def test_a_restarting_receive_stream_warns_once_then_logs_at_debug_and_says_it_r
 
 
 def test_a_worker_is_unready_at_once_while_its_database_does_not_answer(front) -> None:
-    from spanner_queues.worker import Worker, WorkerEvent
-    from spanner_queues.worker.health import WorkerHealth
-    from tests.workerapp.models import WorkItems
-    from tests.conftest import wait_until
 
     health = WorkerHealth(db_check_seconds=0, db_check_timeout=1.0)
     health.attach(Worker([WorkItems], install_signal_handlers=False))
