@@ -115,31 +115,38 @@ def recycle_connections() -> None:
 
 
 class ConnectionThread:
-    """One long-lived daemon thread that runs the calls given to it one at a time, in order,
-    on Django connections it keeps between them (``recycle_connections`` after each call:
-    only a lost, broken or expired one is closed). For background reads that would otherwise
-    open and close a connection each time (the stats cache, the ``/readyz`` database check):
-    on Spanner every connection closed leaves its client's session-maintenance thread alive
-    for good, so these reads cost one thread and one connection per database alias however
-    often they run. The thread starts on the first call and lives as long as the process."""
+    """Long-lived daemon threads (at most ``size``) that run the calls given to them, in order
+    of submission, each thread one at a time, on Django connections it keeps between them
+    (``recycle_connections`` after each call: only a lost, broken or expired one is closed).
+    For background reads that would otherwise open and close a connection each time (the stats
+    cache, the ``/readyz`` database check): on Spanner every connection closed leaves its
+    client's session-maintenance thread alive for good, so these reads cost at most ``size``
+    threads and ``size`` connections per database alias however often they run. A thread
+    starts when a call finds none free (up to ``size``) and lives as long as the process."""
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, size: int = 1) -> None:
         self.name = name
+        self.size = max(1, size)
         self._lock = threading.Lock()
         self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
-        self._thread: threading.Thread | None = None
-        self._pending = 0
+        self._threads: list[threading.Thread] = []
+        self._free = 0  # threads waiting for a call
+        self._pending = 0  # calls given and not yet over
         self._idle = threading.Condition(self._lock)
 
     def submit(self, fn: Callable[[], T]) -> Future[T]:
-        """Run ``fn`` on the thread after the calls before it; its result or error in the
-        returned ``Future``."""
+        """Run ``fn`` on one of the threads after the calls before it have started; its result
+        or error in the returned ``Future``."""
         future: Future[T] = Future()
         with self._lock:
             self._pending += 1
-            if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
-                self._thread.start()
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if self._free < self._pending and len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._run, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
         self._calls.put((fn, future))
         return future
 
@@ -150,7 +157,11 @@ class ConnectionThread:
 
     def _run(self) -> None:
         while True:
+            with self._lock:
+                self._free += 1
             fn, future = self._calls.get()
+            with self._lock:
+                self._free -= 1
             try:
                 if future.set_running_or_notify_cancel():
                     try:

@@ -14,9 +14,9 @@ intake thread uses it, so a database that does not answer never holds up a recei
 worker's last summary line). ``get`` blocks for a read when the cached one is too old (bounded
 by the engine's own deadline).
 
-Background reads run one after the other on the process's one stats thread
-(``transactions.ConnectionThread``), which keeps its connections: a thread or a connection per
-read would leave, on Spanner, a client's session-maintenance thread behind each time.
+Background reads run side by side on at most ``STATS_READ_THREADS`` long-lived threads
+(``transactions.ConnectionThread``), which keep their connections: a thread or a connection
+per read would leave, on Spanner, a client's session-maintenance thread behind each time.
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 logger = logging.getLogger("spanner_queues.engines")
+
+#: most background reads of stats at once in a process: each a thread and a connection, kept
+STATS_READ_THREADS = 4
 
 #: most age, in seconds, of the stats the worker's summary line shows (at least its interval)
 STATS_MAX_AGE_SECONDS = 30.0
@@ -61,8 +64,8 @@ class StatsCache:
         #: reads waiting or running in the background (``peek``, ``refresh``), each set once
         #: it is over
         self._background: dict[tuple[str, str], threading.Event] = {}
-        #: the one thread those reads run on, one after the other, on connections it keeps
-        self._thread = ConnectionThread("spanner_queues-stats")
+        #: the threads those reads run on, side by side, on connections they keep
+        self._thread = ConnectionThread("spanner_queues-stats", size=STATS_READ_THREADS)
         #: reads made (``engine.stats()`` calls) in this process: tests pin the bound with it
         self.reads = 0
 
@@ -91,7 +94,7 @@ class StatsCache:
 
     def peek(self, model: type[Queue], *, max_age: float) -> Reading | None:
         """The latest reading of ``model`` (None: never read), at once; when it is older than
-        ``max_age`` seconds, one read is made on the stats thread (unless one is waiting or
+        ``max_age`` seconds, one read is made on a stats thread (unless one is waiting or
         running)."""
         key = self._key(model)
         with self._lock:
@@ -101,9 +104,9 @@ class StatsCache:
         return reading
 
     def refresh(self, models: list[type[Queue]], *, wait: float) -> None:
-        """Read each of ``models`` again on the stats thread (joining a read under way), and
-        return once they are over or after ``wait`` seconds in all, whichever comes first;
-        ``latest`` then has what they read."""
+        """Read each of ``models`` again on the stats threads, side by side (joining a read
+        under way), and return once they are over or after ``wait`` seconds in all, whichever
+        comes first; ``latest`` then has what they read."""
         with self._lock:
             done = [self._start(model, self._key(model)) for model in models]
         deadline = time.monotonic() + wait

@@ -453,7 +453,7 @@ class Command(BaseCommand):
         rate = (stats.processed - before) / max(now - since, 1e-9)
         interval = self._worker.summary_interval or 0.0
         final = self._worker.stopping
-        if final:  # one read per queue after the work, waited for (bounded)
+        if final:  # one read per queue after the work, side by side, waited for (bounded)
             try:
                 models = [plan.model for plan in self._worker.plans]
                 stats_cache.refresh(models, wait=FINAL_DEPTH_WAIT_SECONDS)
