@@ -27,7 +27,9 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Protocol, TypeVar
+from concurrent.futures import Future
+from queue import SimpleQueue
+from typing import Any, Protocol, TypeVar
 
 from django.db import connections, transaction
 
@@ -90,6 +92,90 @@ def forget_lost_connection(exc: BaseException, using: str) -> bool:
         with contextlib.suppress(Exception):
             connections[using].connection = None
         return True
+
+
+def recycle_connections() -> None:
+    """Between messages: Django's ``close_old_connections()`` (close connections that are
+    broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
+    ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
+    thread's life: a message is not a request, and reconnecting per message costs a new
+    client per message (on Spanner a new client, session and maintenance thread each time).
+    A connection found lost (``transactions.forget_lost_connection``) is closed."""
+    close_lost_connections()
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
+            close_at, conn.close_at = conn.close_at, None
+            try:
+                conn.close_if_unusable_or_obsolete()
+            finally:
+                if conn.connection is not None:
+                    conn.close_at = close_at
+        else:
+            conn.close_if_unusable_or_obsolete()
+
+
+class ConnectionThread:
+    """Long-lived daemon threads (at most ``size``) that run the calls given to them, in order
+    of submission, each thread one at a time, on Django connections it keeps between them
+    (``recycle_connections`` after each call: only a lost, broken or expired one is closed).
+    For background reads that would otherwise open and close a connection each time (the stats
+    cache, the ``/readyz`` database check): on Spanner every connection closed leaves its
+    client's session-maintenance thread alive for good, so these reads cost at most ``size``
+    threads and ``size`` connections per database alias however often they run. A thread
+    starts when a call finds none free (up to ``size``) and lives as long as the process."""
+
+    def __init__(self, name: str, size: int = 1) -> None:
+        self.name = name
+        self.size = max(1, size)
+        self._lock = threading.Lock()
+        self._calls: SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._free = 0  # threads waiting for a call
+        self._pending = 0  # calls given and not yet over
+        self._idle = threading.Condition(self._lock)
+
+    def submit(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on one of the threads after the calls before it have started; its result
+        or error in the returned ``Future``."""
+        future: Future[T] = Future()
+        with self._lock:
+            self._pending += 1
+            self._threads = [t for t in self._threads if t.is_alive()]
+            if self._free < self._pending and len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._run, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+        self._calls.put((fn, future))
+        return future
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until every call given so far has run; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._pending == 0, timeout=timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                self._free += 1
+            fn, future = self._calls.get()
+            with self._lock:
+                self._free -= 1
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn())
+                    except BaseException as exc:  # the caller's to handle
+                        future.set_exception(exc)
+                try:
+                    recycle_connections()
+                except Exception:  # closing a broken connection may fail: it is dropped
+                    logger.debug("recycling %s's connections failed", self.name, exc_info=True)
+            finally:
+                with self._idle:
+                    self._pending -= 1
+                    self._idle.notify_all()
 
 
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:

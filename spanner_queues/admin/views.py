@@ -67,6 +67,7 @@ from spanner_queues.admin.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
 from spanner_queues.engines import engine_for
+from spanner_queues.engines.stats import stats_cache
 from spanner_queues.exceptions import InvalidMessage, QueueError, UnknownQueue
 from spanner_queues.keys import key_names, row_to_message
 from spanner_queues.options import queue_options
@@ -306,9 +307,13 @@ class QueuesAdmin(admin.ModelAdmin):
         models = queue_models()
         measured: dict[str, QueueStats] = {}
         errors: dict[str, str] = {}
+        # The page's own refreshes (overview.js, per open tab) share the process's stats cache:
+        # each queue is scanned at most once per refresh interval; a page load reads now.
+        refresh = request.headers.get("X-Requested-With") == "XMLHttpRequest"
+        max_age = OVERVIEW_REFRESH_SECONDS if refresh else None
         for model in models:
             try:
-                measured[model._meta.label] = engine_for(model).stats(model)
+                measured[model._meta.label] = stats_cache.get(model, max_age=max_age)
             except (DatabaseError, QueueError) as exc:
                 errors[model._meta.label] = f"{type(exc).__name__}: {exc}"
         # A GET writes nothing: depth samples are recorded by a worker or a cron job

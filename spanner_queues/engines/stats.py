@@ -8,11 +8,15 @@ seconds, whoever asks (``STATS_MAX_AGE_SECONDS`` for the summary line; the metri
 minute per process, whatever the number of threads, summary lines or scrapes.
 
 ``peek`` never blocks: it returns the latest stats known and, when they are older than
-``max_age``, starts one read in a daemon thread (never two for one queue). The worker's intake
-thread uses it, so a database that does not answer never holds up a receive. ``refresh`` reads
-queues again side by side in such threads and waits for them at most ``wait`` seconds in all
-(the worker's last summary line). ``get`` blocks for a read when the cached one is too old
-(bounded by the engine's own deadline).
+``max_age``, has one read made in the background (never two for one queue). The worker's
+intake thread uses it, so a database that does not answer never holds up a receive.
+``refresh`` reads queues again and waits for them at most ``wait`` seconds in all (the
+worker's last summary line). ``get`` blocks for a read when the cached one is too old (bounded
+by the engine's own deadline).
+
+Background reads run side by side on at most ``STATS_READ_THREADS`` long-lived threads
+(``transactions.ConnectionThread``), which keep their connections: a thread or a connection
+per read would leave, on Spanner, a client's session-maintenance thread behind each time.
 """
 
 from __future__ import annotations
@@ -23,16 +27,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from django.db import connections
-
 from spanner_queues.engines import engine_for
-from spanner_queues.transactions import forget_lost_connection
+from spanner_queues.transactions import ConnectionThread, forget_lost_connection
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
     from spanner_queues.models import Queue
 
 logger = logging.getLogger("spanner_queues.engines")
+
+#: most background reads of stats at once in a process: each a thread and a connection, kept
+STATS_READ_THREADS = 4
 
 #: most age, in seconds, of the stats the worker's summary line shows (at least its interval)
 STATS_MAX_AGE_SECONDS = 30.0
@@ -56,8 +61,11 @@ class StatsCache:
         self._readings: dict[tuple[str, str], Reading] = {}
         #: one lock per queue, held by whoever reads it (a second reader waits, then reuses)
         self._reading: dict[tuple[str, str], threading.Lock] = {}
-        #: reads running in the background (``peek``), each set once it is over
+        #: reads waiting or running in the background (``peek``, ``refresh``), each set once
+        #: it is over
         self._background: dict[tuple[str, str], threading.Event] = {}
+        #: the threads those reads run on, side by side, on connections they keep
+        self._thread = ConnectionThread("spanner_queues-stats", size=STATS_READ_THREADS)
         #: reads made (``engine.stats()`` calls) in this process: tests pin the bound with it
         self.reads = 0
 
@@ -86,7 +94,8 @@ class StatsCache:
 
     def peek(self, model: type[Queue], *, max_age: float) -> Reading | None:
         """The latest reading of ``model`` (None: never read), at once; when it is older than
-        ``max_age`` seconds, one read starts in a daemon thread (unless one is running)."""
+        ``max_age`` seconds, one read is made on a stats thread (unless one is waiting or
+        running)."""
         key = self._key(model)
         with self._lock:
             reading = self._readings.get(key)
@@ -95,15 +104,19 @@ class StatsCache:
         return reading
 
     def refresh(self, models: list[type[Queue]], *, wait: float) -> None:
-        """Read each of ``models`` again, in daemon threads side by side (joining a read under
-        way), and return once they are over or after ``wait`` seconds in all, whichever comes
-        first; ``latest`` then has what they read."""
+        """Read each of ``models`` again on the stats threads, side by side (joining a read
+        under way), and return once they are over or after ``wait`` seconds in all, whichever
+        comes first; ``latest`` then has what they read."""
         with self._lock:
             done = [self._start(model, self._key(model)) for model in models]
         deadline = time.monotonic() + wait
         for event in done:
             if not event.wait(max(0.0, deadline - time.monotonic())):
                 return
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the background reads asked for so far are made; False on timeout."""
+        return self._thread.wait_idle(timeout)
 
     def clear(self) -> None:
         """Forget every reading (tests)."""
@@ -126,12 +139,7 @@ class StatsCache:
         done = self._background.get(key)
         if done is None:
             done = self._background[key] = threading.Event()
-            threading.Thread(
-                target=self._read_in_background,
-                args=(model, key, done),
-                name=f"spanner_queues-stats-{key[1]}",
-                daemon=True,
-            ).start()
+            self._thread.submit(lambda: self._read_in_background(model, key, done))
         return done
 
     def _read(self, model: type[Queue], key: tuple[str, str]) -> Reading:
@@ -161,7 +169,6 @@ class StatsCache:
             with self._lock:
                 self._background.pop(key, None)
             done.set()
-            connections.close_all()  # this thread's own connections
 
 
 #: the process's cache

@@ -110,9 +110,9 @@ from spanner_queues.receivers import (
     running,
 )
 from spanner_queues.transactions import (
-    close_lost_connections,
     forget_lost_connection,
     holding,
+    recycle_connections,
     run_in_transaction,
 )
 from spanner_queues.worker.events import (
@@ -1222,23 +1222,3 @@ def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def recycle_connections() -> None:
-    """Between messages: Django's ``close_old_connections()`` (close connections that are
-    broken, left in a bad state, or older than ``CONN_MAX_AGE``), except that
-    ``CONN_MAX_AGE = 0`` ("close after each request") keeps a healthy connection for the
-    thread's life: a message is not a request, and reconnecting per message costs a new
-    client per message (on Spanner a new client, session and maintenance thread each time).
-    A connection found lost (``transactions.forget_lost_connection``) is closed."""
-    close_lost_connections()
-    for conn in connections.all(initialized_only=True):
-        if conn.connection is not None and conn.settings_dict.get("CONN_MAX_AGE") == 0:
-            close_at, conn.close_at = conn.close_at, None
-            try:
-                conn.close_if_unusable_or_obsolete()
-            finally:
-                if conn.connection is not None:
-                    conn.close_at = close_at
-        else:
-            conn.close_if_unusable_or_obsolete()

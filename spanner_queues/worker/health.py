@@ -9,8 +9,12 @@
   ``timeout``, else the worker's, else ``max_run_seconds``; no limit when none is set).
   Starting and stopping are live: a worker that drains is not to be restarted.
 - **ready** (``/readyz`` 200) only while the worker has started, is not stopping, its loops
-  are live and every database its queues use answers ``SELECT 1`` (checked at most every
-  ``db_check_seconds``, on a connection of the probe's thread, closed after).
+  are live and every database its queues use answers ``SELECT 1`` within
+  ``db_check_timeout`` seconds (checked at most every ``db_check_seconds``, never two checks
+  at once, on the process's one readiness thread, whose connections are kept: a connection
+  opened and closed per probe leaves, on Spanner, a client's session-maintenance thread
+  behind each time). While a database does not answer (an outage: the check waits on the
+  client's bounded retries) the worker is not ready.
 
 Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server
 (a daemon thread; one thread per connection, at most ``MAX_CONNECTIONS``, each closed after
@@ -25,12 +29,15 @@ import socketserver
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.db import connections
 
 from spanner_queues import clock
+from spanner_queues.transactions import ConnectionThread, forget_lost_connection
 from spanner_queues.worker.events import FINAL_EVENTS, WorkerEvent
 
 if TYPE_CHECKING:
@@ -45,6 +52,11 @@ DEFAULT_STALL_SECONDS = 60.0
 #: events the receive loop emits as it turns
 _LOOP_EVENTS = frozenset({"worker_started", "received", "idle", "summary"})
 
+#: seconds a readiness probe waits for the databases to answer before it says "not ready"
+DEFAULT_DB_CHECK_TIMEOUT = 5.0
+#: the thread the database checks of every ``WorkerHealth`` of the process run on
+_db_checks = ConnectionThread("spanner_queues-readiness")
+
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
@@ -57,11 +69,13 @@ class WorkerHealth:
         stall_seconds: float = DEFAULT_STALL_SECONDS,
         max_run_seconds: float | None = None,
         db_check_seconds: float = 2.0,
+        db_check_timeout: float = DEFAULT_DB_CHECK_TIMEOUT,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self.stall_seconds = stall_seconds
         self.max_run_seconds = max_run_seconds
         self.db_check_seconds = db_check_seconds
+        self.db_check_timeout = db_check_timeout
         self._monotonic = monotonic
         self._lock = threading.Lock()
         self._worker: Worker | None = None
@@ -73,6 +87,8 @@ class WorkerHealth:
         self._db_lock = threading.Lock()
         self._db_checked_at: float | None = None
         self._db_problems: list[str] = []
+        #: the check on its way (one at a time, whatever the probes' rate)
+        self._db_check: Future[list[str]] | None = None
 
     def attach(self, worker: Worker) -> None:
         """The worker whose state (held leases, queues' databases) is read."""
@@ -169,19 +185,19 @@ class WorkerHealth:
                 self.db_check_seconds
             ):
                 return list(self._db_problems)
-            aliases = sorted({worker.cached(plan.model)[0] for plan in worker.plans})
-            problems = []
-            for alias in aliases:
-                try:
-                    with connections[alias].cursor() as cursor:
-                        cursor.execute("SELECT 1")
-                        cursor.fetchall()
-                except Exception as exc:  # any failure means: not ready
-                    problems.append(f"database {alias!r} does not answer: {exc}")
-                finally:
-                    connections[alias].close()
-            self._db_problems, self._db_checked_at = problems, self._monotonic()
-            return list(problems)
+            if self._db_check is None:
+                aliases = sorted({worker.cached(plan.model)[0] for plan in worker.plans})
+                self._db_check = _db_checks.submit(lambda: _check_databases(aliases))
+            check = self._db_check
+        try:
+            problems = check.result(timeout=self.db_check_timeout)
+        except FutureTimeout:
+            return [f"the databases did not answer within {self.db_check_timeout:g} s"]
+        with self._db_lock:
+            if self._db_check is check:
+                self._db_check = None
+                self._db_problems, self._db_checked_at = problems, self._monotonic()
+        return list(problems)
 
     # --- WSGI -------------------------------------------------------------------------------
     def wsgi(self, fallback: WSGIApp | None = None) -> WSGIApp:
@@ -219,6 +235,21 @@ class WorkerHealth:
             return [body]
 
         return app
+
+
+def _check_databases(aliases: list[str]) -> list[str]:
+    """Why each of ``aliases`` is not ready: ``SELECT 1`` on this thread's connection, which is
+    kept (a lost one is closed: the next check reconnects)."""
+    problems = []
+    for alias in aliases:
+        try:
+            with connections[alias].cursor() as cursor:
+                cursor.execute("SELECT 1")
+                cursor.fetchall()
+        except Exception as exc:  # any failure means: not ready
+            forget_lost_connection(exc, alias)
+            problems.append(f"database {alias!r} does not answer: {exc}")
+    return problems
 
 
 #: seconds a connection may take to send its request (an idle one is closed after)

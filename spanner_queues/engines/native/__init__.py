@@ -955,12 +955,15 @@ class NativeQueueEngine(BaseQueueEngine):
         queues on this database), or when ``information_schema.tables`` gives it a type other
         than ``BASE TABLE`` or ``VIEW`` (the value Spanner uses for queues is not
         documented). The client's streaming reads (the cursor's queries) would retry
-        UNAVAILABLE for ever: ``client.bound_streaming_reads``."""
+        UNAVAILABLE for ever, its commits for an hour: ``client.bound_streaming_reads``. A
+        closed connection stops its session-maintenance thread
+        (``client.stop_sessions_on_close``)."""
         if self._no_queues_reason(connection.alias) is not None:
             return
         database = getattr(connection.connection, "database", None)
         if database is not None:
             client.bound_streaming_reads(database)
+            client.stop_sessions_on_close(connection.connection)
         introspection: Any = connection.introspection
         if getattr(introspection, "_spanner_queues_wrapped", False):
             return

@@ -196,6 +196,12 @@ def query(
 #: retrying UNAVAILABLE before it fails (``bound_streaming_reads``)
 STREAM_RETRY_DEADLINE_SECONDS = 30.0
 
+#: seconds one ``Commit`` may take, its retries of UNAVAILABLE and RESOURCE_EXHAUSTED included
+#: (``bound_streaming_reads``; the client's default is 3,600): past it the commit's outcome is
+#: unknown (``CommitOutcomeUnknown`` from the engine's mutations; the database error from the
+#: Django cursor's commit). Read when each commit is made.
+COMMIT_DEADLINE_SECONDS = 30.0
+
 
 class _TrackedCall:
     """A streaming call whose UNAVAILABLE is recorded for the retry that follows."""
@@ -225,7 +231,8 @@ class _BoundedStreamingReads:
     ``deadline`` seconds in all: the client's ``_restart_on_unavailable`` calls it again at
     once, with the same request, for ever (a thread at 100 % CPU, a stop that never
     completes). Past the deadline the repeat raises ``DeadlineExceeded``, which that loop does
-    not catch. Everything else is the client's own API."""
+    not catch. ``commit`` gets a deadline of ``COMMIT_DEADLINE_SECONDS`` (retries included)
+    instead of the client's hour. Everything else is the client's own API."""
 
     def __init__(self, api: Any, deadline: float) -> None:
         self._api = api
@@ -236,6 +243,12 @@ class _BoundedStreamingReads:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._api, name)
+
+    def commit(self, *args: Any, **kwargs: Any) -> Any:
+        deadline = COMMIT_DEADLINE_SECONDS
+        kwargs.setdefault("retry", bounded_retry(deadline))
+        kwargs.setdefault("timeout", deadline)
+        return self._api.commit(*args, **kwargs)
 
     def execute_streaming_sql(self, request: Any = None, **kwargs: Any) -> Any:
 
@@ -273,8 +286,9 @@ class _BoundedStreamingReads:
 
 def bound_streaming_reads(database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS) -> Any:
     """Give ``database`` (a ``Database``, e.g. a Django connection's) streaming reads that
-    retry UNAVAILABLE with back-off for at most ``deadline`` seconds
-    (``_BoundedStreamingReads``); idempotent. Returns ``database``."""
+    retry UNAVAILABLE with back-off for at most ``deadline`` seconds, and commits that give up
+    after ``COMMIT_DEADLINE_SECONDS`` (``_BoundedStreamingReads``); idempotent. Returns
+    ``database``."""
     api = database.spanner_api
     if not isinstance(api, _BoundedStreamingReads):
         database._spanner_api = _BoundedStreamingReads(api, deadline)
@@ -295,6 +309,30 @@ class RenewalOutcomeUnknown(Exception):
         super().__init__(f"RENEWLEASE of {len(tokens)} token(s) sent, its answer lost: {cause}")
         self.tokens = list(tokens)
         self.renewed = dict(renewed or {})
+
+
+def stop_sessions_on_close(dbapi_connection: Any) -> None:
+    """Have ``dbapi_connection`` (django_spanner's DB-API connection) stop its ``Database``'s
+    session maintenance when it is closed: google-cloud-spanner starts one
+    ``maintenance-multiplexed-session`` thread per ``Database`` (one per Django connection),
+    which ``Connection.close()`` never stops and which holds its client for good. Once told
+    (its terminate event), the thread exits at its next wake-up, within ten minutes (it sleeps
+    uninterruptibly). Idempotent."""
+    if getattr(dbapi_connection, "_spanner_queues_stops_sessions", False):
+        return
+    close = dbapi_connection.close
+
+    def close_and_stop() -> None:
+        try:
+            close()
+        finally:
+            manager = getattr(dbapi_connection.database, "_sessions_manager", None)
+            event = getattr(manager, "_multiplexed_session_terminate_event", None)
+            if event is not None:
+                event.set()
+
+    dbapi_connection.close = close_and_stop
+    dbapi_connection._spanner_queues_stops_sessions = True
 
 
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:

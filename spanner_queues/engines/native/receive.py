@@ -374,6 +374,10 @@ class Receiver:
                         break
                 else:
                     ended = not self._ending and not self._stop.is_set()
+                if failures:
+                    logger.info(
+                        "RECEIVE stream for %s recovered after %d failed calls", self.name, failures
+                    )
                 failures = 0  # max_duration elapsed (or held enough): call RECEIVE again
             except Exception as exc:  # UNAVAILABLE, RESOURCE_EXHAUSTED, a dropped queue...
                 if self._stop.is_set():  # cancelled by stop()
@@ -404,12 +408,23 @@ class Receiver:
                 delay = min(
                     self._restart_delay * (2 ** min(failures - 1, 8)), self._max_restart_delay
                 )
-                logger.warning(
-                    "RECEIVE stream for %s failed (%s); restarting in %.1f s",
-                    self.name,
-                    exc,
-                    delay,
-                )
+                if failures == 1:  # the first of an episode; the rest at debug level
+                    logger.warning(
+                        "RECEIVE stream for %s failed (%s); restarting in %.1f s; further "
+                        "failures are logged at debug level until it recovers",
+                        self.name,
+                        exc,
+                        delay,
+                    )
+                else:
+                    logger.debug(
+                        "RECEIVE stream for %s failed again (%d in a row: %s); restarting in "
+                        "%.1f s",
+                        self.name,
+                        failures,
+                        exc,
+                        delay,
+                    )
                 with self._cond:  # the call is over: a settle need not wait out the back-off
                     self._calling = False
                     self._cond.notify_all()
