@@ -10,7 +10,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 stamp=.venv/.installed-$(cat pyproject.toml emulator/pyproject.toml | sha1sum | cut -c1-12)
 if [ ! -f "$stamp" ]; then
-  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test]' -e ./emulator 2>&1 \
+  .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[test,spanner,postgres]' -e ./emulator 2>&1 \
     | grep -v "^WARNING: Location" || true
   .venv/bin/python -c "import django, django_spanner, environ, pytest_django, spanner_queues_emulator"
   rm -f .venv/.installed-* && touch "$stamp"

@@ -11,6 +11,8 @@ E010 a queue's field name clashes with a column or method Queue needs (a key fie
 E011 payload, deliver_time or a bookkeeping field redeclared with another type
 E012 payload_type is not "bytes", "string" or "json", or disagrees with the payload field
 E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField key>, "days": n}
+E014 a Spanner database or the native engine is configured, but the Spanner driver (the
+     `spanner` extra: django-google-spanner, google-cloud-spanner) is not installed
 E020 concurrency_limit is not a positive int, or rate_limit not a positive number
 
 E104 TASKS names spanner_queues' QueueBackend but spanner_queues.contrib.tasks is not installed
@@ -40,6 +42,8 @@ from django.utils.module_loading import import_string
 
 from spanner_queues import queues
 from spanner_queues.autodetector import SCHEMA_OPTIONS, declared_schema_options
+from spanner_queues.conf import ENGINE_SHORTCUTS, NATIVE_ENGINE
+from spanner_queues.drivers import SPANNER_BACKEND, SPANNER_EXTRA, missing_spanner_packages
 from spanner_queues.engines import engines
 from spanner_queues.exceptions import QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields, key_names
@@ -66,8 +70,11 @@ from spanner_queues.payload import (
 def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
 
     problems: list[checks.CheckMessage] = []
+    _e014, unloadable_databases, unloadable_engines = _check_spanner_packages()  # reported below
     usable: dict[str, Any] = {}
     for alias in engines.settings:
+        if alias in unloadable_engines:
+            continue
         try:
             engine = engines[alias]
         except QueueConfigurationError as exc:
@@ -84,7 +91,8 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
             continue
         usable[alias] = engine
     for engine in usable.values():
-        problems.extend(engine.check())
+        if engine.database not in unloadable_databases:
+            problems.extend(engine.check())
 
     if not settings.USE_TZ:
         problems.append(
@@ -114,6 +122,77 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
         problems.extend(_check_queue_model(model, usable, engines.settings))
         problems.extend(_check_schema_options(model, recorded))
     return problems
+
+
+@checks.register(checks.Tags.models)
+def check_spanner_packages(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """E014, with the ``models`` tag only: ``manage.py check`` and ``runserver`` run it (the
+    ``database``-tagged checks run only with ``--database``, and at ``migrate``); it reads
+    settings and opens no database."""
+    return _check_spanner_packages()[0]
+
+
+def _check_spanner_packages() -> tuple[list[checks.CheckMessage], set[str], set[str]]:
+    """E014: the problems, and the DATABASES and SPANNER_QUEUES aliases that cannot load
+    without the Spanner driver. A project on no Spanner database looks for nothing."""
+    databases = {
+        alias for alias, db in settings.DATABASES.items() if db.get("ENGINE") == SPANNER_BACKEND
+    }
+    native = set()
+    for alias, raw in engines.settings.items():
+        engine = raw.get("ENGINE") if isinstance(raw, dict) else None
+        if isinstance(engine, str) and ENGINE_SHORTCUTS.get(engine, engine) == NATIVE_ENGINE:
+            native.add(alias)
+    problems: list[checks.CheckMessage] = []
+    if not (databases or native):
+        return problems, set(), set()
+    hint = f"pip install '{SPANNER_EXTRA}' (django-google-spanner and google-cloud-spanner)."
+    missing = missing_spanner_packages(native=False)
+    if missing:
+        for alias in sorted(databases):
+            problems.append(
+                checks.Error(
+                    f"DATABASES[{alias!r}]['ENGINE'] = {SPANNER_BACKEND!r}, but "
+                    f"{_not_installed(missing)}.",
+                    hint=hint,
+                    id="spanner_queues.E014",
+                )
+            )
+    else:
+        databases = set()
+    missing = missing_spanner_packages(native=True) if native else []
+    if missing:
+        for alias in sorted(native):
+            problems.append(
+                checks.Error(
+                    f"SPANNER_QUEUES[{alias!r}] uses the native engine (Spanner queues), but "
+                    f"{_not_installed(missing)}.",
+                    hint=hint,
+                    id="spanner_queues.E014",
+                )
+            )
+    else:
+        native = set()
+    return problems, databases, native
+
+
+def unloadable_spanner_databases() -> str | None:
+    """E014's message when a database is on Spanner (``django_spanner``) without the driver;
+    raised by the app before any model is built: Django's own model checks open every
+    database's backend, and would stop at "isn't an available database backend" first."""
+    aliases = [a for a, db in settings.DATABASES.items() if db.get("ENGINE") == SPANNER_BACKEND]
+    missing = missing_spanner_packages(native=False) if aliases else []
+    if not missing:
+        return None
+    return (
+        f"DATABASES[{aliases[0]!r}]['ENGINE'] = {SPANNER_BACKEND!r}, but "
+        f"{_not_installed(missing)}: pip install '{SPANNER_EXTRA}'."
+    )
+
+
+def _not_installed(distributions: list[str]) -> str:
+    verb = "is" if len(distributions) == 1 else "are"
+    return f"{' and '.join(distributions)} {verb} not installed"
 
 
 def _recorded_schema_options() -> dict[tuple[str, str], dict[str, Any]]:

@@ -7,6 +7,7 @@ retry, what the database must be configured with, and how to emit vendor DDL cla
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import platform
 import re
@@ -313,6 +314,30 @@ _DRIVERS: dict[str, type[Driver]] = {
     "spanner": SpannerDriver,
     "postgresql": PostgreSQLDriver,
 }
+
+
+#: the Django database backend on Cloud Spanner (django-google-spanner)
+SPANNER_BACKEND = "django_spanner"
+#: what a Spanner project installs, beyond the app itself (the ``spanner`` extra)
+SPANNER_EXTRA = "spanner-queues[spanner]"
+
+
+def missing_spanner_packages(native: bool) -> list[str]:
+    """The distributions of the ``spanner`` extra that cannot be imported: django-google-spanner
+    (the ``django_spanner`` backend) and, for the native engine (``native``), Google's client
+    google-cloud-spanner. Finds them without importing them."""
+    missing = []
+    wanted = [(SPANNER_BACKEND, "django-google-spanner")]
+    if native:
+        wanted.append(("google.cloud.spanner_v1", "google-cloud-spanner"))
+    for module, distribution in wanted:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ImportError:  # a parent package (google, google.cloud) is missing
+            found = False
+        if not found:
+            missing.append(distribution)
+    return missing
 
 
 def driver_for(alias: str) -> Driver:
