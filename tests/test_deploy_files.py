@@ -144,5 +144,12 @@ def test_the_worker_deployment_drains_gracefully_with_probes_and_resources() -> 
 
 def test_the_image_installs_the_readme_install_line() -> None:
     readme = (ROOT / "README.md").read_text()
-    assert 'python -m pip install --find-links dist "spanner-queues[metrics]"' in readme
-    assert '--find-links /tmp/dist "spanner-queues[metrics]"' in _stage("base")
+    assert 'python -m pip install --find-links ~/wheels "spanner-queues[spanner,metrics]"' in readme
+    base = _stage("base")
+    # the wheelhouse is a build context of its own (--build-context wheels=...), not the
+    # project's directory: the image builds from wherever the wheels were built
+    assert "RUN --mount=type=bind,from=wheels,target=/tmp/wheels" in base
+    assert '--find-links /tmp/wheels \\\n        "spanner-queues[spanner,metrics]"' in base
+    assert "COPY dist" not in base
+    deploy_readme = (DEPLOY / "README.md").read_text()
+    assert deploy_readme.count("--build-context wheels=$HOME/wheels") == 2
