@@ -83,10 +83,11 @@ def test_with_the_driver_installed_there_is_no_e014() -> None:
 
 
 def test_a_project_on_sqlite_imports_nothing_of_the_spanner_driver() -> None:
-    """Every module of the package but the native engine's, the testing side and the drill
-    (whose Google import is guarded), and `manage.py check`: no Google, gRPC or django_spanner
-    module is loaded (so the `spanner` extra need not be installed)."""
-    skip = ("engines/native/", "testing/", "contrib/drill/")
+    """Every module of the package but the native engine's, the testing side, the drill
+    (whose Google import is guarded) and the Pub/Sub app (Google's Pub/Sub client, the `pubsub`
+    extra), and `manage.py check`: no Google, gRPC or django_spanner module is loaded (so the
+    `spanner` extra need not be installed)."""
+    skip = ("engines/native/", "testing/", "contrib/drill/", "contrib/pubsub/")
     modules = sorted(
         "spanner_queues." + ".".join(p.relative_to(PACKAGE).with_suffix("").parts)
         for p in PACKAGE.rglob("*.py")
