@@ -25,5 +25,10 @@ args=(-e ".[$EXTRAS]" "$DJANGO")
 [ -z "$FRONT" ] || args+=(-e ./emulator)
 "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "${args[@]}" 2>&1 \
   | grep -v "^WARNING: Location" || true
+# Django 6 has django.tasks: the line runs without the django-tasks backport (the test extra's,
+# for Django 5.2), as a Django 6 project does (tests/tasks checks it is absent)
+if "$VENV/bin/python" -c 'import sys, django; sys.exit(django.VERSION < (6,))'; then
+  "$VENV/bin/python" -m pip uninstall --quiet --yes django-tasks 2>&1 | grep -v "^WARNING" || true
+fi
 "$VENV/bin/python" -c 'import django, pytest_django, spanner_queues; print("Django", django.get_version())'
 rm -f "$VENV"/.installed-* && touch "$stamp"
