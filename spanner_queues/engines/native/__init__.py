@@ -807,8 +807,16 @@ class NativeQueueEngine(BaseQueueEngine):
         conn = connections[using]
         tokens = lease_tokens if lease_tokens is not None else [None] * len(keys)
         clean = _first_deliveries.take(tokens)
-        # the failure records of the acked messages go with them (none for a first delivery)
-        recorded = [k for k, first in zip(keys, clean, strict=True) if not first]
+        # the failure records of the received messages acked go with them (none for a first
+        # delivery). An ack by key alone (no lease) deletes none: one round trip per ack, as
+        # before; a record it leaves is not the next message's under the key (its lease began
+        # before that message's DeliverTime: ignored) and is pruned with the records of
+        # messages that are gone.
+        recorded = [
+            k
+            for k, token, first in zip(keys, tokens, clean, strict=True)
+            if token is not None and not first
+        ]
         with transaction.atomic(using=using), conn.cursor() as cursor:
             for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
                 params = [v for key in chunk for v in client.prep_key(model, key, conn)]
