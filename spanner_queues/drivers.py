@@ -275,9 +275,8 @@ class PostgreSQLDriver(Driver):
     vendor = "postgresql"
 
     def versions(self) -> tuple[str, str]:
-        database = _dbapi(self.connection)
-        driver = f"{database.__name__} {getattr(database, '__version__', '')}".strip()
-        implementation = getattr(getattr(database, "pq", None), "__impl__", None)
+        driver, _ = super().versions()
+        implementation = getattr(getattr(_dbapi(self.connection), "pq", None), "__impl__", None)
         if implementation:  # psycopg 3: "python", "c" or "binary"
             driver += f" ({implementation} implementation)"
         with self.connection.cursor() as cursor:

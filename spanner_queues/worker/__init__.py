@@ -34,7 +34,8 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
   the queue's dead-letter queue, or is dropped (logged) with ``discard_after_max_attempts``.
 - A non-atomic receiver that acked some of its messages itself (``api.ack``, ``requeue``,
   ``dead_letter``) and then raised: those acks stand and count as processed; the outcome of
-  the error is the other messages' (the Pub/Sub relay's partial publish failures).
+  the error is the other messages' (the Pub/Sub relay's partial publish failures); when it
+  acked them all, the error is logged (ERROR, ``action: error``) and nothing fails.
   ``AckedFailure`` keeps its meaning: acked by the receiver, reported failed (the Tasks runner).
 - Leases are renewed in the background halfway through each lease. If a renewal loses a lease,
   the worker no longer treats the message as its own: it does not ack, retry or release it.
@@ -989,7 +990,12 @@ class Worker:
                         raise  # acked and failed, as the receiver says (the Tasks runner)
                     except Exception:
                         deliveries = self._not_acked_by_receiver(spec, deliveries, context)
-                        if not deliveries:
+                        if not deliveries:  # no message to fail: the error is only logged
+                            logger.exception(
+                                "%s raised after acking all its messages itself; the acks stand",
+                                spec.name,
+                                extra={"action": "error", "queue": model._meta.label},
+                            )
                             return
                         raise  # the outcome below is the others'
                     run_in_transaction(

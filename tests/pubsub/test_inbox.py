@@ -18,7 +18,7 @@ from spanner_queues.contrib.pubsub.models import SeenEvent, seen_id
 from spanner_queues.signals import inbox_duplicates_dropped
 from spanner_queues.worker import Worker
 from tests.conftest import wait_until
-from tests.pubsubapp.models import BillingInbox, Charge
+from tests.pubsubapp.models import BillingInbox, Charge, WideKeyQueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -95,6 +95,26 @@ def test_data_the_inbox_cannot_hold_is_not_acked_and_the_rest_is_taken_in(pubsub
     pull_until(inbox, subscriber, lambda: inbox.taken_in == 1)
     assert list(BillingInbox.objects.values_list("event_id", flat=True)) == ["good"]
     assert not SeenEvent.objects.filter(event_id="bad").exists()
+
+
+def test_an_event_id_longer_than_a_seen_id_holds_is_not_acked_and_the_rest_is_taken_in() -> None:
+    """The queue's key holds 512 characters, ``SeenEvent.event_id`` 255: a longer id is
+    refused (not acked) as an id longer than the key is, and the pull's other events are
+    taken in (before: the pull's transaction failed on the seen row, on Spanner, every time)."""
+    inbox = InboxPuller(WideKeyQueue)
+    long_id = "e" * 300
+    received = [
+        pubsub_v1.types.ReceivedMessage(
+            ack_id=f"ack-{eid[:5]}",
+            message=pubsub_v1.types.PubsubMessage(
+                data=b"{}", attributes={"event_id": eid}, message_id=f"m-{eid[:5]}"
+            ),
+        )
+        for eid in (long_id, "short")
+    ]
+    assert inbox.take_in(received) == ["ack-short"]
+    assert list(WideKeyQueue.objects.values_list("event_id", flat=True)) == ["short"]
+    assert list(SeenEvent.objects.values_list("event_id", flat=True)) == ["short"]
 
 
 def test_seen_ids_older_than_the_window_are_pruned(pubsub) -> None:

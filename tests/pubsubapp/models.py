@@ -39,6 +39,14 @@ class BillingInbox(Queue):
         pubsub_subscription = "orders-billing"
 
 
+class WideKeyQueue(Queue):
+    """A queue keyed by a string wider than ``SeenEvent.event_id`` (255): an inbox puller
+    on it must refuse longer event ids itself (tests/pubsub/test_inbox.py)."""
+
+    event_id = models.CharField(max_length=512, primary_key=True)
+    payload = JSONPayloadField()
+
+
 class Charge(models.Model):
     order_pk = models.BigIntegerField()
     event_id = models.CharField(max_length=128)

@@ -44,6 +44,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spanner_queues.pubsub")
 
+#: the longest event id a seen row holds (``SeenEvent.event_id``)
+SEEN_ID_LENGTH = SeenEvent._meta.get_field("event_id").max_length or 255
 #: seconds between two prunes of the seen ids by one puller
 PRUNE_EVERY_SECONDS = 3600.0
 #: most seen ids one prune statement deletes (a prune is a loop of such deletes)
@@ -67,7 +69,8 @@ class InboxPuller:
         self.database = engine.database
         self.retries = engine.params.transaction_retries
         self.key_field = key_fields(model)[0]
-        self.max_id_length = self.key_field.max_length or 255
+        #: the longest event id taken in: what both the key and ``SeenEvent.event_id`` hold
+        self.max_id_length = min(self.key_field.max_length or SEEN_ID_LENGTH, SEEN_ID_LENGTH)
         self.label = model._meta.label
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -148,7 +151,7 @@ class InboxPuller:
             if not eid or len(eid) > self.max_id_length:
                 logger.error(
                     "inbox %s: Pub/Sub message %s has an event id of %d characters (the key "
-                    "holds %d); not acked",
+                    "and the seen ids hold %d); not acked",
                     self.label,
                     message.message_id,
                     len(eid or ""),

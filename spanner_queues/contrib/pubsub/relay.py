@@ -85,7 +85,7 @@ def event_id(message: Message) -> str:
     digest = hashlib.sha256()
     digest.update(message.queue.encode())
     digest.update(b"\0")
-    digest.update(json.dumps(list(message.key), default=str, separators=(",", ":")).encode())
+    digest.update(key_text(message).encode())
     digest.update(b"\0")
     digest.update(message.stored_payload)
     return digest.hexdigest()[:32]

@@ -664,7 +664,6 @@ class NativeQueueEngine(BaseQueueEngine):
         for row in query.only(*[f.name for f in fields], "deliver_time"):
             present[failures.key_text(tuple(getattr(row, n) for n in names))] = row.deliver_time
         return failures.prune([r for r in records if r.message_key in wanted], present, using=using)
-        return failures.prune(records, present, using=using)
 
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
