@@ -155,13 +155,15 @@ def clear_failures(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> 
         FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=texts).delete()
 
 
-def stale_records(queue: str, *, using: str, before: datetime, limit: int) -> list[FailedDelivery]:
-    """Up to ``limit`` records of ``queue`` not updated since ``before`` (prune candidates)."""
-    return list(
-        FailedDelivery.objects.using(using)
-        .filter(queue=queue, updated_at__lt=before)
-        .order_by("updated_at")[:limit]
-    )
+def stale_records(
+    queue: str, *, using: str, before: datetime, limit: int, after: datetime | None = None
+) -> list[FailedDelivery]:
+    """Up to ``limit`` records of ``queue`` not updated since ``before`` (prune candidates),
+    oldest first, those updated after ``after`` only when it is given."""
+    found = FailedDelivery.objects.using(using).filter(queue=queue, updated_at__lt=before)
+    if after is not None:
+        found = found.filter(updated_at__gt=after)
+    return list(found.order_by("updated_at")[:limit])
 
 
 def prune(

@@ -113,3 +113,35 @@ def test_prune_deletes_the_records_of_messages_that_are_gone_and_keeps_the_other
         key_text(("live",)),
         key_text(("recent",)),
     ]
+
+
+def test_prune_goes_on_past_records_of_queued_messages(monkeypatch) -> None:
+    """Each prune looks at the next records: records of messages still queued, the oldest,
+    never stall it before the records of messages that are gone."""
+    from spanner_queues.engines import native
+
+    monkeypatch.setattr(native, "PRUNE_BATCH", 2)
+    monkeypatch.setattr(native, "_prune_from", {})
+    engine = engines["default"]
+    base = clock.now() - timedelta(hours=3)
+    for i, key in enumerate(["queued-1", "queued-2", "gone"]):
+        if key.startswith("queued"):
+            Jobs.send(id=key, payload=b"x")
+        FailedDelivery.objects.create(
+            queue=Jobs._meta.label,
+            message_key=key_text((key,)),
+            failures=1,
+            updated_at=base + timedelta(minutes=i),  # the queued ones oldest
+            leased_at=clock.now() + timedelta(hours=1),  # theirs (after their DeliverTime)
+        )
+    with transaction.atomic():
+        assert engine.prune_failures(Jobs, using="default") == 0  # the two queued ones
+    with transaction.atomic():
+        assert engine.prune_failures(Jobs, using="default") == 1  # then the gone one
+    assert sorted(FailedDelivery.objects.values_list("message_key", flat=True)) == [
+        key_text(("queued-1",)),
+        key_text(("queued-2",)),
+    ]
+    with transaction.atomic():  # back to the start: the queued ones again, kept
+        assert engine.prune_failures(Jobs, using="default") == 0
+    assert FailedDelivery.objects.count() == 2

@@ -167,6 +167,10 @@ class FirstDeliveries:
 _first_deliveries = FirstDeliveries()
 #: when (monotonic) a failure last pruned the ledger of a queue, by (alias, label)
 _pruned: dict[tuple[str, str], float] = {}
+#: where the next prune of a queue's ledger goes on from (the last record it looked at, by
+#: ``updated_at``), by (alias, label): each prune looks at the next records, not the same oldest
+#: ones again (records of queued messages would stall it); back to the start after the last
+_prune_from: dict[tuple[str, str], datetime] = {}
 
 
 def stop_all_streams(wait: float | None = 5.0) -> None:
@@ -639,12 +643,22 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> int:
         """Delete, in the caller's transaction, the failure records of ``model`` not updated
         for ``older_than`` whose message is gone (deleted where nothing of ours ran: a
-        cascade, TTL, another program), up to ``PRUNE_BATCH`` of them: one read of the ledger,
-        one of the queue by key, one delete. Returns how many were deleted."""
+        cascade, TTL, another program), up to ``PRUNE_BATCH`` of them, going on from where the
+        last prune of the queue in this process stopped: one read of the ledger, one of the
+        queue by key, one delete. Returns how many were deleted."""
         limit = min(PRUNE_BATCH, MAX_QUERY_PARAMETERS // max(1, len(key_names(model))))
+        position = (self.alias, model._meta.label)
         records = failures.stale_records(
-            model._meta.label, using=using, before=clock.now() - older_than, limit=limit
+            model._meta.label,
+            using=using,
+            before=clock.now() - older_than,
+            after=_prune_from.get(position),
+            limit=limit,
         )
+        if len(records) < limit:  # the end of the ledger: the next prune starts again
+            _prune_from.pop(position, None)
+        else:
+            _prune_from[position] = records[-1].updated_at
         if not records:
             return 0
         fields = key_fields(model)
