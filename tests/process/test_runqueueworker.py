@@ -36,6 +36,12 @@ STORM = int(
 )
 
 
+def _started(path: Path) -> bool:
+    """A receiver's start line is in ``path``: the file exists as soon as the receiver opens it,
+    before the line is written (a SIGKILL then left an empty trace)."""
+    return path.exists() and path.read_text().endswith("\n")
+
+
 def _lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
@@ -59,7 +65,7 @@ def test_sigterm_finishes_in_flight_work_and_exits_0(children: Start, tmp_path: 
     # wait for SQLite's write lock, which the atomic receiver holds.)
     WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace), "then_send": "b"})
     child = children("workerapp.WorkItems", "--concurrency", "1", "-v2")
-    wait_until(trace.exists, timeout=TIMEOUT)  # "a" is in flight
+    wait_until(lambda: _started(trace), timeout=TIMEOUT)  # "a" is in flight
     child.proc.send_signal(signal.SIGTERM)
     wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
     go.touch()
@@ -72,7 +78,7 @@ def test_second_signal_exits_at_once_non_zero(children: Start, tmp_path: Path) -
     go, trace = tmp_path / "go", tmp_path / "trace"
     WorkItems.send(id="a", payload={"block": str(go), "trace": str(trace)})
     child = children("workerapp.WorkItems", "-v1")
-    wait_until(trace.exists, timeout=TIMEOUT)
+    wait_until(lambda: _started(trace), timeout=TIMEOUT)
     child.proc.send_signal(signal.SIGINT)
     wait_until(lambda: "stopping" in child.output(), timeout=TIMEOUT)
     child.proc.send_signal(signal.SIGTERM)
@@ -87,7 +93,7 @@ def test_sigkill_during_a_receiver_redelivers_after_the_lease(
     go, trace = tmp_path / "go", tmp_path / "trace"
     sent = WorkItems.send(payload={"block": str(go), "trace": str(trace)})
     first = children("workerapp.WorkItems", "--lease", "1", name="first")
-    wait_until(trace.exists, timeout=TIMEOUT)
+    wait_until(lambda: _started(trace), timeout=TIMEOUT)
     first.proc.kill()
     first.wait()
     go.touch()
@@ -197,7 +203,7 @@ def test_a_receiver_past_its_lease_keeps_it_by_renewal(children: Start, tmp_path
     trace = tmp_path / "trace"
     WorkItems.send(payload={"outlive_lease": 1.5, "mode": "external", "trace": str(trace)})
     child = children("workerapp.WorkItems", "--lease", "1", "--max-messages", "1")
-    wait_until(trace.exists, timeout=TIMEOUT)  # the child's receiver is running
+    wait_until(lambda: _started(trace), timeout=TIMEOUT)  # the child's receiver is running
     seen: list = []
 
     def done() -> bool:
