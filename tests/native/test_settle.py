@@ -142,6 +142,58 @@ def test_a_brief_call_is_read_to_its_end_past_the_buffer_instead_of_cancelled(
         receiver.stop(timeout=5)
 
 
+def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
+    calls: Calls,
+) -> None:
+    """A held row whose lease nears its end is dropped unread; it is still leased (invisible)
+    until then, so a look in between finds nothing and proves nothing: two burst workers
+    each saw the other's rows leased and both exited with five messages left (CI, stop 27).
+    The stream stays unsettled until a look opened after the lease ended."""
+    leases: list[Any] = []
+
+    def parse(row: str) -> Delivery:
+        leases.append(timezone.now() + timedelta(seconds=3))
+        return Delivery(
+            key=(row,),
+            payload=b"",
+            deliver_time=None,
+            lease_token=f"t-{row}",
+            lease_expires_at=leases[-1],
+            last_in_batch=True,
+        )
+
+    # a margin past the lease: the row is dropped on the first look at the buffer
+    receiver = Receiver(
+        "q",
+        calls.open,
+        parse,
+        cancel=calls.cancel,
+        brief=True,
+        stall_seconds=0,
+        lease_margin=timedelta(seconds=5),
+    )
+    try:
+        receiver.start()
+        receiver.take(1, wait=0)
+        wait_until(calls.open_now.is_set)
+        calls.rows.put("a")  # leased to this stream, never handed out
+        calls.rows.put(END)
+        wait_until(lambda: not calls.open_now.is_set() and receiver.held == 1)
+        with ThreadPoolExecutor(1) as pool:
+            settled = pool.submit(receiver.settle, 0.5)
+            assert settled.result(timeout=60) is False  # "a" is dropped, still leased
+        assert receiver.held == 0 and receiver.lease_expiration_count == 1
+        assert len(calls.opened) == 1  # no look opens while "a" is leased: it would see nothing
+        with ThreadPoolExecutor(1) as pool:
+            settled = pool.submit(receiver.settle, 60)
+            wait_until(lambda: len(calls.opened) == 2 and calls.open_now.is_set(), timeout=60)
+            assert timezone.now() >= leases[0]  # the look opened after the lease ended
+            calls.rows.put(END)  # it finds nothing: now that proves "a" gone
+            assert settled.result(timeout=60) is True
+    finally:
+        receiver.stop(timeout=5)
+
+
 # --- on the wire (the front Spanner) --------------------------------------------------------
 
 

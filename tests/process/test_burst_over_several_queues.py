@@ -51,8 +51,9 @@ def test_two_burst_workers_over_several_queues_drain_a_backlog_between_them(
     for child in workers:
         assert child.wait() == 0, child.output()
     committed = Counter(WorkLog.objects.values_list("key", flat=True))
-    assert sorted(committed) == sorted(m.key[-1] for m in sent)
-    assert set(committed.values()) == {1}
+    outputs = "\n".join(child.output() for child in workers)
+    assert sorted(committed) == sorted(m.key[-1] for m in sent), outputs
+    assert set(committed.values()) == {1}, outputs
     assert not WorkItems.objects.exists() and not Tasks.objects.exists()
 
 

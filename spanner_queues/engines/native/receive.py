@@ -217,6 +217,12 @@ class Receiver:
         #: open. ``_since``: keys the calls after it brought (None: more than ``SINCE_KEPT``).
         self._looked: list[tuple[Any, ...]] | None = None
         self._since: list[tuple[Any, ...]] | None = []
+        #: when the last look opened (``clock.now()``, the scale of lease expiries).
+        self._looked_at: datetime | None = None
+        #: the latest lease end of rows dropped unread (expired or renewal lost): until
+        #: then they are leased and invisible, so only a look opened after it proves them
+        #: gone (``_nothing_new``).
+        self._reappear_at: datetime | None = None
         #: a RECEIVE call is open (set and cleared under ``_cond``).
         self._calling = False
         #: when the RECEIVE call now open was started (monotonic); None between calls.
@@ -324,6 +330,7 @@ class Receiver:
             full = False  # the last batch read was full: more may be due
             ended = False  # the call ran to its end (its max_duration), not cancelled or broken
             refused = False  # a probe refused: asked again at once in a long call
+            opened_at = clock.now()  # (a look proves nothing about rows leased before)
             try:
                 self.streams_started += 1
                 opened = self._open_since = time.monotonic()
@@ -438,6 +445,7 @@ class Receiver:
                     self._probe_next = full if probe else True
                     if ended and not probe:
                         self._looked, self._since = keys, []
+                        self._looked_at = opened_at
                     elif self._since is not None and keys:
                         self._since.extend(keys)
                         if len(self._since) > SINCE_KEPT:
@@ -459,9 +467,21 @@ class Receiver:
     # --- consumers -----------------------------------------------------------------------
     def _drop_expired(self) -> None:
         limit = clock.now() + self._margin
-        kept = [d for d in self._buffer if d.lease_expires_at > limit]
-        self.lease_expiration_count += len(self._buffer) - len(kept)
+        kept = []
+        for d in self._buffer:
+            if d.lease_expires_at > limit:
+                kept.append(d)
+            else:
+                self._forget(d)
         self._buffer = collections.deque(kept)
+
+    def _forget(self, delivery: Delivery) -> None:
+        """A held row is dropped unread: count it, and remember when its lease ends at the
+        latest (``_reappear_at``), when it is due again (``_cond``)."""
+        self.lease_expiration_count += 1
+        ends = delivery.lease_expires_at
+        if ends is not None and (self._reappear_at is None or ends > self._reappear_at):
+            self._reappear_at = ends
 
     def settle(self, wait: float, ignore: Collection[tuple[Any, ...]] = ()) -> bool:
         """For a caller about to stop because nothing is due: make calls brief (from the
@@ -485,6 +505,7 @@ class Receiver:
                 self._drop_expired()
                 if any(d.key not in ignore for d in self._buffer):
                     return False
+                pause = remaining = deadline - time.monotonic()
                 if not self._calling and not self._confirm:
                     if self._nothing_new(ignore):
                         # Rows held are the caller's ignored ones (no receiver of its
@@ -492,12 +513,17 @@ class Receiver:
                         self.lease_expiration_count += len(self._buffer)
                         self._buffer.clear()
                         return True
-                    self._confirm = True  # look once more, in a brief call
+                    # Rows dropped unread are due again once their lease ends: a look opened
+                    # before then would find nothing and prove nothing; wait for it.
+                    reappear = self._reappear_in()
+                    if reappear > 0:
+                        pause = min(remaining, reappear)
+                    else:
+                        self._confirm = True  # look once more, in a brief call
                 self._cond.notify_all()
-                remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._cond.wait(remaining)
+                self._cond.wait(pause)
             # stopped (by ``stop`` or a permanent error): no call is open any more
             return not self._buffer
 
@@ -505,7 +531,17 @@ class Receiver:
         """The last look, and every call since, brought no row but ``ignore``'s (``_cond``)."""
         if self._looked is None or self._since is None:
             return False
+        if self._reappear_at is not None and (
+            self._looked_at is None or self._looked_at <= self._reappear_at
+        ):
+            return False  # rows dropped unread were still leased when it looked
         return all(k in ignore for k in self._looked) and all(k in ignore for k in self._since)
+
+    def _reappear_in(self) -> float:
+        """Seconds until the rows dropped unread are due again (0: they are) (``_cond``)."""
+        if self._reappear_at is None:
+            return 0.0
+        return max(0.0, (self._reappear_at - clock.now()).total_seconds())
 
     @property
     def calling(self) -> bool:
@@ -564,7 +600,7 @@ class Receiver:
                 elif new:
                     kept.append(replace(d, lease_token=new, lease_expires_at=expires))
                 else:
-                    self.lease_expiration_count += 1
+                    self._forget(d)
             self._buffer = kept
             self._renewing.difference_update(asked)
             self._cond.notify_all()
