@@ -1,5 +1,6 @@
 """A child process of the concurrency tests: claim messages until the queue is empty, print
-keys. Uses the parent test's database and engine (``child_env``).
+each one's key, lease token and lease expiry. Uses the parent test's database and engine
+(``child_env``).
 
     python -m spanner_queues.testing.conformance.claimer spanner_queues_conformance.Jobs 30 [go]
 
@@ -43,7 +44,17 @@ def main() -> None:
             continue
         empty = 0
         for message in got:
-            print(json.dumps({"key": list(message.key), "token": message.lease_token}), flush=True)
+            expires = message.lease_expires_at
+            print(
+                json.dumps(
+                    {
+                        "key": list(message.key),
+                        "token": message.lease_token,
+                        "expires": expires.isoformat() if expires else None,
+                    }
+                ),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
