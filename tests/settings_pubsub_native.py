@@ -8,7 +8,11 @@ import os
 from tests.settings_spanner_native import *  # noqa: F403
 from tests.settings_spanner_native import INSTALLED_APPS
 
-INSTALLED_APPS = [*INSTALLED_APPS, "tests.pubsubapp"]
+INSTALLED_APPS = [
+    *INSTALLED_APPS,
+    "tests.pubsubapp",
+    "spanner_queues.contrib.drill.pubsub",  # queuedrill --pubsub (tests/pubsub)
+]
 SPANNER_QUEUES_PUBSUB = {
     "PROJECT": os.environ.get("SQ_PUBSUB_PROJECT", "sq-test"),
     "PULL_WAIT_SECONDS": 1.0,

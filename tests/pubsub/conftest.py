@@ -88,6 +88,8 @@ def pubsub(pubsub_emulator: Any, settings: Any) -> PubSubProject:
         "createpubsubresources",
         "--topic",
         "orders-billing=orders",
+        "--topic",
+        "sq-drill-inbox=sq-drill-events",  # the fault drill's (queuedrill --pubsub)
         "--ack-deadline",
         "10",
         stdout=open(os.devnull, "w"),

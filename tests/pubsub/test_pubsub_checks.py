@@ -24,6 +24,8 @@ def test_without_the_app_check_reports_the_declared_queues_and_the_setting() -> 
         "from django.core.management import call_command\n"
         "own = {k: getattr(base, k) for k in dir(base) if k.isupper()}\n"
         "own['INSTALLED_APPS'].remove('spanner_queues.contrib.pubsub')\n"
+        # the drill's Pub/Sub queues would be reported too: this test counts pubsubapp's
+        "own['INSTALLED_APPS'].remove('spanner_queues.contrib.drill.pubsub')\n"
         "settings.configure(**own)\n"
         "django.setup()\n"
         "try:\n"

@@ -14,7 +14,7 @@ from spanner_queues.contrib.drill.runner import DrillResult
 
 #: listed in the report at most (the JSON file has them all)
 SHOWN_KEYS = 20
-MARKS = {"kill": "#c0392b", "abort": "#e67e22", "exit": "#7f8c8d"}
+MARKS = {"kill": "#c0392b", "term": "#8e44ad", "abort": "#e67e22", "exit": "#7f8c8d"}
 ENVIRONMENT_NAMES = {
     "spanner_queues": "spanner_queues",
     "django": "Django",
@@ -23,12 +23,15 @@ ENVIRONMENT_NAMES = {
     "python": "Python",
     "host": "host",
     "platform": "platform",
+    "pubsub_client": "google-cloud-pubsub",
+    "pubsub_server": "Pub/Sub",
 }
 
 
 def depth_svg(result: DrillResult, *, width: int = 720, height: int = 260) -> str:
-    """An SVG document: the drill queue's depth (total) over the run, a vertical line per kill
-    (red), abort (orange) and unexpected worker exit (grey)."""
+    """An SVG document: the drill queue's depth (total; the Pub/Sub mode: both queues') over
+    the run, a vertical line per kill (red), SIGTERM (purple), abort (orange) and unexpected
+    worker exit (grey)."""
     left, right, top, bottom = 56, 16, 28, 36
     inner_w, inner_h = width - left - right, height - top - bottom
     chart = depth_chart(result.samples, width=inner_w, height=inner_h)
@@ -101,8 +104,14 @@ def markdown(result: DrillResult, command: list[str]) -> str:
     redelivered = "n/a (the engine counts no deliveries)"
     if result.redelivered is not None:
         redelivered = str(result.redelivered)
+    pubsub = result.mode == "pubsub"
+    workers = (
+        f"{o.workers} relay and {o.workers} inbox processes x {o.concurrency} threads"
+        if pubsub
+        else f"{o.workers} processes x {o.concurrency} threads"
+    )
     lines = [
-        f"# Queue fault drill: {verdict}",
+        f"# Queue fault drill: {verdict}" + (" (Pub/Sub: relay and inbox)" if pubsub else ""),
         "",
         f"Run `{result.run}`, started {result.started_at:%Y-%m-%d %H:%M:%S} UTC, on database "
         f"`{result.database}` (`{result.database_engine}`) with queue engine "
@@ -111,9 +120,9 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         "| figure | value |",
         "|---|---|",
         f"| messages sent | {result.sent} (in {result.send_seconds:.2f} s) |",
-        f"| workers | {o.workers} processes x {o.concurrency} threads "
-        f"(`runqueueworker`), {o.work_ms:g} ms of work per message |",
+        f"| workers | {workers} (`runqueueworker`), {o.work_ms:g} ms of work per message |",
         f"| kills (SIGKILL) | {result.kills} |",
+        *([f"| stops (SIGTERM) | {result.terms} |"] if o.signal != "kill" else []),
         f"| aborts injected | {result.aborts} ({abort_how}) |",
         f"| aborted transactions run again in the workers (seen) | {result.retries_seen} |",
         f"| unexpected worker exits | {result.unexpected_exits} |",
@@ -125,6 +134,20 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         f"| drained | {'yes' if result.drained else 'NO'} |",
         f"| time to drain (from the first send) | {result.drain_seconds:.2f} s |",
         f"| left in the queue after the drill | {result.left_in_queue} |",
+        *(
+            [
+                f"| published by the relay (confirmed; more than sent: published again) | "
+                f"{result.published} |",
+                f"| duplicates dropped by the inbox | {result.duplicates_dropped} |",
+                f"| **left in Pub/Sub** (taken in by the closing pull) | "
+                f"**{result.left_on_subscription}** |",
+                f"| **dead-lettered** (refused by Pub/Sub) | **{result.dead_lettered}** |",
+                f"| topic, subscription | `{result.pubsub.get('topic')}`, "
+                f"`{result.pubsub.get('subscription')}` |",
+            ]
+            if pubsub
+            else []
+        ),
         "",
         "![queue depth over time](depth.svg)",
         "",
@@ -148,11 +171,25 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         ]
     lines += ["## Timeline", "", "| t (s) | event | detail |", "|---:|---|---|"]
     lines += [f"| {e.elapsed:.2f} | {e.kind} | {e.detail} |" for e in result.events]
+    how = (
+        "Service A's relay workers publish each event of `DrillEvent` to the topic and ack it "
+        "once Pub/Sub confirmed the publish; service B's inbox workers pull the subscription, "
+        "take each event id in once (`SeenEvent`, the dedup window) into `DrillInbox`, whose "
+        "receiver writes the effect row. Relay and inbox workers were killed alike. After the "
+        "drain the workers ran on until the subscription's ack deadline had passed since the "
+        "last inbox stop, then stopped; the drill then pulled the subscription itself until a "
+        "pull was empty (an event it took in was left in Pub/Sub). Published and duplicates "
+        "dropped are counted by the workers as they happen (a count of a worker SIGKILLed just "
+        "after can be missing): at least these. "
+        if pubsub
+        else ""
+    )
     lines += [
         "",
         "## How it was measured",
         "",
-        "Each message's receiver writes one row to `sq_drill_effects` in its own transaction, "
+        how + "Each message's receiver writes one row to `sq_drill_effects` in its own "
+        "transaction, "
         "the one that also acks the message. After the queue is empty the drill counts rows per "
         "message key: no row is a lost message, more than one row is a message whose work "
         "committed twice. "
@@ -162,7 +199,12 @@ def markdown(result: DrillResult, command: list[str]) -> str:
             if o.kills
             else ""
         )
-        + "The verdict is PASS when the queue drained with 0 lost and 0 handled twice.",
+        + (
+            "The verdict is PASS when both queues drained with 0 lost and 0 handled twice, and "
+            "nothing was left in a queue, in Pub/Sub or dead-lettered."
+            if pubsub
+            else "The verdict is PASS when the queue drained with 0 lost and 0 handled twice."
+        ),
         "",
         "## Command",
         "",
@@ -186,6 +228,7 @@ def as_json(result: DrillResult) -> dict:
         "database_engine": result.database_engine,
         "engine": result.engine,
         "queue": result.queue,
+        "mode": result.mode,
         "options": {
             "messages": o.messages,
             "workers": o.workers,
@@ -200,10 +243,13 @@ def as_json(result: DrillResult) -> dict:
             "seed": o.seed,
             "worker_args": list(o.worker_args),
             "allow_shared_database": o.allow_shared_database,
+            "pubsub": o.pubsub,
+            "signal": o.signal,
         },
         "environment": result.environment,
         "sent": result.sent,
         "kills": result.kills,
+        "terms": result.terms,
         "aborts": result.aborts,
         "retries_seen": result.retries_seen,
         "unexpected_exits": result.unexpected_exits,
@@ -215,6 +261,11 @@ def as_json(result: DrillResult) -> dict:
         "drained": result.drained,
         "drain_seconds": round(result.drain_seconds, 3),
         "left_in_queue": result.left_in_queue,
+        "pubsub": result.pubsub or None,
+        "published": result.published,
+        "duplicates_dropped": result.duplicates_dropped,
+        "left_on_subscription": result.left_on_subscription,
+        "dead_lettered": result.dead_lettered,
         "lost_keys": result.lost_keys,
         "twice_keys": result.twice_keys,
         "events": [

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import django
 from django.apps import apps
@@ -56,8 +56,11 @@ from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import QueueStats
+    from spanner_queues.models import Queue
 
 ABORT_METHODS = ("none", "pg-terminate", "command")
+#: how a worker is stopped at a kill point: SIGKILL, SIGTERM (it drains first), either at random
+SIGNALS = ("kill", "term", "mixed")
 #: messages per send transaction (far below Spanner's mutations-per-commit limit)
 SEND_BATCH = 200
 #: seconds after its start from which a worker is preferred as a kill's victim
@@ -89,13 +92,16 @@ class DrillOptions:
     seed: int | None = None
     worker_args: tuple[str, ...] = ()
     allow_shared_database: bool = False
+    #: the Pub/Sub mode (``contrib/drill/pubsub``): relay and inbox workers, two services
+    pubsub: bool = False
+    signal: str = "kill"
 
 
 @dataclass(frozen=True, slots=True)
 class DrillEvent:
     at: datetime
     elapsed: float
-    kind: str  # "kill", "abort", "exit", "start", "drained", "timeout"
+    kind: str  # "kill", "term", "abort", "exit", "start", "drained", "settled", "timeout"
     detail: str
 
 
@@ -111,9 +117,13 @@ class DrillResult:
     #: versions and host: ``spanner_queues``, ``django``, ``driver``, ``database_server``,
     #: ``python``, ``host``, ``platform``
     environment: dict[str, str] = field(default_factory=dict)
+    #: "queue" (one queue, its workers) or "pubsub" (relay, Pub/Sub, inbox)
+    mode: str = "queue"
     sent: int = 0
     send_seconds: float = 0.0
     kills: int = 0
+    #: workers sent SIGTERM at a kill point (``--signal term`` or ``mixed``)
+    terms: int = 0
     aborts: int = 0
     retries_seen: int = 0
     unexpected_exits: int = 0
@@ -129,6 +139,15 @@ class DrillResult:
     samples: list[QueueDepthSample] = field(default_factory=list)
     events: list[DrillEvent] = field(default_factory=list)
     worker_logs: list[Path] = field(default_factory=list)
+    #: the Pub/Sub mode's figures (None in the queue mode): topic and subscription paths and
+    #: where Pub/Sub is; publishes the relay confirmed (more than ``sent``: published again);
+    #: copies the inbox dropped as already taken in; events taken in only by the drill's
+    #: closing pull (left on the subscription); events moved to the dead-letter queue
+    pubsub: dict[str, str] = field(default_factory=dict)
+    published: int | None = None
+    duplicates_dropped: int | None = None
+    left_on_subscription: int | None = None
+    dead_lettered: int | None = None
 
     @property
     def lost(self) -> int:
@@ -140,14 +159,20 @@ class DrillResult:
 
     @property
     def passed(self) -> bool:
-        return self.drained and self.lost == 0 and self.twice == 0
+        ok = self.drained and self.lost == 0 and self.twice == 0
+        if self.mode == "pubsub":  # nothing left anywhere: both queues, Pub/Sub, dead letters
+            ok = ok and self.left_in_queue == 0
+            ok = ok and not self.left_on_subscription and not self.dead_lettered
+        return ok
 
 
 class _Worker:
-    """One ``runqueueworker`` child on the drill queue, its output in a log file."""
+    """One ``runqueueworker`` child on the drill queue, its output in a log file; ``role``
+    names what it runs ("worker"; "relay" or "inbox" in the Pub/Sub mode)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], log: Path, role: str) -> None:
         self.log = log
+        self.role = role
         self.started = time.monotonic()
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
@@ -265,6 +290,9 @@ def worker_command() -> list[str]:
 class Drill:
     """One run of the drill (``run()`` once)."""
 
+    #: the queue the drill sends to
+    queue: ClassVar[type[Queue]] = DrillMessage
+
     def __init__(
         self,
         options: DrillOptions,
@@ -278,6 +306,8 @@ class Drill:
             raise DrillError("--abort-method command needs --abort-command")
         if options.abort_every > 0 and options.abort_method == "none":
             raise DrillError("--abort-every needs --abort-method pg-terminate or command")
+        if options.signal not in SIGNALS:
+            raise DrillError(f"signal must be one of {', '.join(SIGNALS)}")
         if options.messages < 1 or options.workers < 1:
             raise DrillError("the drill needs at least one message and one worker")
         if options.seed is None:  # drawn here, so that the report can say it
@@ -287,9 +317,13 @@ class Drill:
         self.log = log
         self.random = random.Random(options.seed)
         self.run_id = uuid.uuid4().hex[:12]
-        self.engine = engine_for(DrillMessage)
+        self.engine = engine_for(self.queue)
         self.alias = self.engine.database
         self.workers: list[_Worker] = []
+        #: workers sent SIGTERM at a kill point, still draining (waited for at the end)
+        self.stopping: list[_Worker] = []
+        #: role -> when a worker of it was last killed, stopped or found exited (monotonic)
+        self.disrupted: dict[str, float] = {}
         self._started = 0.0
         self._spawned = 0
         self._handled_before = 0
@@ -299,7 +333,7 @@ class Drill:
             run=self.run_id,
             options=options,
             started_at=clock.now(),
-            queue=DrillMessage._meta.label,
+            queue=self.queue._meta.label,
             engine=f"{type(self.engine).__module__}.{type(self.engine).__name__}",
             database=self.alias,
             database_engine=str(settings.get("ENGINE", "")),
@@ -309,11 +343,11 @@ class Drill:
     def run(self) -> DrillResult:
         result = self.result
         try:
-            result.leftovers_at_start = self.engine.stats(DrillMessage).total
+            result.leftovers_at_start = self._depth_now()
         except Exception as exc:
             raise DrillError(
                 f"cannot read the drill queue ({type(exc).__name__}: {exc}); is it migrated? "
-                "python manage.py migrate spanner_queues_drill"
+                f"python manage.py migrate {self.queue._meta.app_label}"
             ) from exc
         if not self.options.allow_shared_database:
             self._refuse_other_data()
@@ -322,18 +356,49 @@ class Drill:
         (self.report_dir / "workers").mkdir(exist_ok=True)
         self._started = time.monotonic()
         result.started_at = clock.now()
+        self._prepare()
         try:
             self._send()
-            for _ in range(self.options.workers):
-                self._spawn()
+            for role in self._roles():
+                for _ in range(self.options.workers):
+                    self._spawn(role)
             self._drive()
+            if result.drained:
+                self._settle()
         finally:
             self._stop_workers()
         self._sample()
+        self._after_workers()
         self._count()
         if not self.options.keep_effects:
             self._delete_effects()
         return result
+
+    # --- the hooks of a mode (the Pub/Sub mode overrides them) ---------------------------------
+    def _depth_now(self) -> int:
+        """Messages in the drill's queues now."""
+        return self.engine.stats(self.queue).total
+
+    def _prepare(self) -> None:
+        """Make ready what the workers need beside the database (nothing here)."""
+
+    def _roles(self) -> tuple[str, ...]:
+        """The kinds of worker started, ``options.workers`` of each."""
+        return ("worker",)
+
+    def _queue_args(self, role: str) -> list[str]:
+        """The queue names a worker of ``role`` serves."""
+        return [self.queue._meta.label]
+
+    def _drained(self, stats: QueueStats | None) -> bool:
+        """Whether the drill's work is done (the queue is empty)."""
+        return stats is not None and stats.total == 0
+
+    def _settle(self) -> None:
+        """After the drain, before the workers stop (nothing here)."""
+
+    def _after_workers(self) -> None:
+        """After the workers stopped, before the count (nothing here)."""
 
     def _refuse_other_data(self) -> None:
         found = other_data(self.alias)
@@ -360,12 +425,13 @@ class Drill:
         payload = {"run": self.run_id, "work_ms": self.options.work_ms}
         began = time.monotonic()
         for first in range(0, self.options.messages, SEND_BATCH):
-            batch = [
-                {"id": f"{self.run_id}-{n:07d}", "payload": payload}
+            keys = [
+                f"{self.run_id}-{n:07d}"
                 for n in range(first, min(first + SEND_BATCH, self.options.messages))
             ]
+            batch = [{"id": key, "payload": {**payload, "key": key}} for key in keys]
             run_in_transaction(
-                partial(DrillMessage.send_many, batch, using=self.alias), using=self.alias
+                partial(self.queue.send_many, batch, using=self.alias), using=self.alias
             )
             self.result.sent += len(batch)
         self.result.send_seconds = time.monotonic() - began
@@ -382,12 +448,12 @@ class Drill:
     def _app_name(self) -> str:
         return f"queuedrill-{self.run_id}"
 
-    def _spawn(self) -> None:
+    def _spawn(self, role: str) -> None:
         self._spawned += 1
         argv = [
             *worker_command(),
             "runqueueworker",
-            DrillMessage._meta.label,
+            *self._queue_args(role),
             "--concurrency",
             str(self.options.concurrency),
             "--worker-id",
@@ -397,11 +463,11 @@ class Drill:
         if self.options.lease and self.engine.features.supports_custom_lease:
             argv += ["--lease", str(self.options.lease)]
         argv += list(self.options.worker_args)
-        log = self.report_dir / "workers" / f"worker-{self._spawned}.log"
-        worker = _Worker(argv, self._worker_env(), log)
+        log = self.report_dir / "workers" / f"{role}-{self._spawned}.log"
+        worker = _Worker(argv, self._worker_env(), log, role)
         self.workers.append(worker)
         self.result.worker_logs.append(log)
-        self._event("start", f"worker {self._spawned} (pid {worker.pid})")
+        self._event("start", f"{role} {self._spawned} (pid {worker.pid})")
 
     def _drive(self) -> None:
         """Sample, kill, abort and restart until the queue is empty or the time is up."""
@@ -426,7 +492,7 @@ class Drill:
             if next_abort is not None and time.monotonic() >= next_abort:
                 self._abort()
                 next_abort = self._next_abort()
-            if stats is not None and stats.total == 0:
+            if self._drained(stats):
                 result.drained = True
                 result.drain_seconds = self._elapsed()
                 self._event("drained", f"queue empty; {handled} effect rows")
@@ -444,7 +510,7 @@ class Drill:
 
     def _sample(self) -> QueueStats | None:
         with self._db():
-            stats = self.engine.stats(DrillMessage)
+            stats = self.engine.stats(self.queue)
             self.result.samples.append(QueueDepthSample.from_stats(stats))
             return stats
         return None
@@ -476,9 +542,10 @@ class Drill:
                     self._event("gave-up", f"workers keep exiting: see {worker.log.name}")
                     return False
                 self.workers.remove(worker)
+                self.disrupted[worker.role] = time.monotonic()
                 self.result.unexpected_exits += 1
                 self._event("exit", f"pid {worker.pid} exited with {worker.proc.returncode}")
-                self._spawn()
+                self._spawn(worker.role)
         return True
 
     def _kill(self) -> None:
@@ -488,11 +555,21 @@ class Drill:
         # rather a worker that has had time to start receiving than one still starting
         settled = [w for w in alive if time.monotonic() - w.started > SETTLED_SECONDS]
         victim = self.random.choice(settled or alive)
-        victim.kill()
+        how = self.options.signal
+        if how == "mixed":
+            how = self.random.choice(("kill", "term"))
         self.workers.remove(victim)
-        self.result.kills += 1
-        self._event("kill", f"SIGKILL pid {victim.pid}")
-        self._spawn()
+        self.disrupted[victim.role] = time.monotonic()
+        if how == "kill":
+            victim.kill()
+            self.result.kills += 1
+            self._event("kill", f"SIGKILL {victim.role} pid {victim.pid}")
+        else:  # it drains its in-flight messages and exits; its successor starts meanwhile
+            victim.proc.send_signal(signal.SIGTERM)
+            self.stopping.append(victim)
+            self.result.terms += 1
+            self._event("term", f"SIGTERM {victim.role} pid {victim.pid}")
+        self._spawn(victim.role)
 
     def _abort(self) -> None:
         method = self.options.abort_method
@@ -524,9 +601,10 @@ class Drill:
         for worker in self.workers:
             if worker.alive():
                 worker.proc.send_signal(signal.SIGTERM)
-        for worker in self.workers:
+        for worker in [*self.workers, *self.stopping]:
             worker.stop(grace=30.0)
         self.workers.clear()
+        self.stopping.clear()
 
     # --- counting -----------------------------------------------------------------------------
     def _count(self) -> None:
@@ -543,7 +621,7 @@ class Drill:
         )
         if self.engine.features.supports_attempt_count:
             result.redelivered = rows.filter(attempt__gt=1).count()
-        result.left_in_queue = self.engine.stats(DrillMessage).total
+        result.left_in_queue = self._depth_now()
 
     def _delete_effects(self) -> None:
         rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)

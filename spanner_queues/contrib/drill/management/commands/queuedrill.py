@@ -1,6 +1,8 @@
 """``manage.py queuedrill``: the fault drill on this project's database (app
-``spanner_queues.contrib.drill``). Writes ``report.md``, ``depth.svg`` and ``report.json`` and
-exits 1 when a message was lost, handled twice, or the queue did not drain."""
+``spanner_queues.contrib.drill``; ``--pubsub``: relay and inbox workers of two services through
+Pub/Sub, app ``spanner_queues.contrib.drill.pubsub``). Writes ``report.md``, ``depth.svg`` and
+``report.json`` and exits 1 when a message was lost, handled twice, or the queue did not drain
+(``--pubsub``: or was left in a queue, in Pub/Sub or dead-lettered)."""
 
 from __future__ import annotations
 
@@ -10,16 +12,27 @@ from argparse import ArgumentParser, ArgumentTypeError
 from pathlib import Path
 from typing import Any
 
+from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
 
 from spanner_queues import clock
 from spanner_queues.contrib.drill.report import write_report
-from spanner_queues.contrib.drill.runner import ABORT_METHODS, Drill, DrillError, DrillOptions
+from spanner_queues.contrib.drill.runner import (
+    ABORT_METHODS,
+    SIGNALS,
+    Drill,
+    DrillError,
+    DrillOptions,
+)
+from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.management.commands.runqueueworker import (
     non_negative_seconds,
     positive_int,
     positive_seconds,
 )
+
+#: the apps ``--pubsub`` needs beside the drill
+PUBSUB_APPS = ("spanner_queues.contrib.pubsub", "spanner_queues.contrib.drill.pubsub")
 
 
 def count(value: str) -> int:
@@ -123,6 +136,21 @@ class Command(BaseCommand):
             "drill loads the database, and on SQLite it stalls every other writer)",
         )
         parser.add_argument(
+            "--pubsub",
+            action="store_true",
+            help="two services through Pub/Sub: relay workers publish service A's events, inbox "
+            "workers pull them into service B, where each writes its effect; --workers of each, "
+            "killed alike. Needs the Pub/Sub emulator (PUBSUB_EMULATOR_HOST) or real Pub/Sub, "
+            "and the apps " + " and ".join(PUBSUB_APPS),
+        )
+        parser.add_argument(
+            "--signal",
+            choices=SIGNALS,
+            default="kill",
+            help="what a kill point sends its worker: kill (SIGKILL), term (SIGTERM: it drains "
+            "and exits) or mixed (either, by the seed) (%(default)s)",
+        )
+        parser.add_argument(
             "--worker-arg",
             action="append",
             default=[],
@@ -149,6 +177,8 @@ class Command(BaseCommand):
             seed=options["seed"],
             worker_args=tuple(options["worker_arg"]),
             allow_shared_database=options["allow_shared_database"],
+            pubsub=options["pubsub"],
+            signal=options["signal"],
         )
         verbose = options["verbosity"] >= 1
 
@@ -158,18 +188,44 @@ class Command(BaseCommand):
                 sys.stdout.flush()
 
         try:
-            result = Drill(drill_options, report_dir, log=log).run()
+            drill = _pubsub_drill() if drill_options.pubsub else Drill
+            result = drill(drill_options, report_dir, log=log).run()
         except DrillError as exc:
             raise CommandError(str(exc)) from exc
         path = write_report(result, report_dir, ["manage.py", "queuedrill", *_argv(result.options)])
         self.stdout.write(
             f"{'PASS' if result.passed else 'FAIL'}: sent={result.sent} kills={result.kills} "
             f"aborts={result.aborts} handled={result.handled} lost={result.lost} "
-            f"twice={result.twice} drain={result.drain_seconds:.2f}s report={path}"
+            f"twice={result.twice} drain={result.drain_seconds:.2f}s"
+            + (
+                f" published={result.published} duplicates_dropped={result.duplicates_dropped}"
+                f" left={result.left_in_queue + (result.left_on_subscription or 0)}"
+                if result.mode == "pubsub"
+                else ""
+            )
+            + f" report={path}"
         )
         if not result.passed:
             why = "did not drain" if not result.drained else "lost or handled twice"
+            if result.drained and not (result.lost or result.twice):
+                why = "a message was left in a queue, in Pub/Sub or dead-lettered"
             raise CommandError(f"fault drill failed ({why}): see {path}")
+
+
+def _pubsub_drill() -> type[Drill]:
+    """The Pub/Sub mode's drill; ``DrillError`` naming what to install when it cannot run."""
+    missing = [app for app in PUBSUB_APPS if not apps.is_installed(app)]
+    if missing:
+        raise DrillError(
+            f"--pubsub needs {' and '.join(missing)} in INSTALLED_APPS (then manage.py migrate "
+            "spanner_queues_drill_pubsub); see docs/howto/fault-drill.md"
+        )
+    try:
+        # the optional app's runner needs google-cloud-pubsub (the `pubsub` extra)
+        from spanner_queues.contrib.drill.pubsub.runner import PubSubDrill
+    except (ImportError, QueueConfigurationError) as exc:
+        raise DrillError(f"--pubsub needs pip install 'spanner-queues[pubsub]' ({exc})") from exc
+    return PubSubDrill
 
 
 def _argv(o: DrillOptions) -> list[str]:
@@ -186,6 +242,10 @@ def _argv(o: DrillOptions) -> list[str]:
         argv += [f"--abort-method={o.abort_method}", f"--abort-every={o.abort_every:g}"]
     if o.abort_command:
         argv.append(f"--abort-command={o.abort_command}")
+    if o.pubsub:
+        argv.append("--pubsub")
+    if o.signal != "kill":
+        argv.append(f"--signal={o.signal}")
     argv += [f"--timeout={o.timeout:g}"]
     if o.seed is not None:
         argv.append(f"--seed={o.seed}")
