@@ -7,12 +7,34 @@ engine (``CREATE QUEUE``, ``RECEIVE``, ``RENEWLEASE``); ``DEMO_DATABASE=spanner`
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from pathlib import Path
 
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
+
+
+def _pubsub_at_hand() -> bool:
+    """google-cloud-pubsub is installed, and Pub/Sub's emulator too or PUBSUB_EMULATOR_HOST set."""
+    try:
+        if importlib.util.find_spec("google.cloud.pubsub_v1") is None:
+            return False
+    except ModuleNotFoundError:  # no google.cloud at all
+        return False
+    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+        return True
+    from spanner_queues.testing.pubsub import PubSubEmulatorNotFound, find_pubsub_emulator
+
+    try:
+        find_pubsub_emulator()
+    except PubSubEmulatorNotFound:
+        return False
+    return True
+
+
 VAR = Path(env.str("DEMO_VAR_DIR", default=str(BASE_DIR / "var")))
 VAR.mkdir(parents=True, exist_ok=True)
 
@@ -130,6 +152,18 @@ if SPANNER_QUEUES["default"]["ENGINE"] == "native":
     SPANNER_QUEUES["default"]["OPTIONS"]["RECEIVE_WAIT_SECONDS"] = env.float(
         "DEMO_RECEIVE_WAIT_SECONDS", default=0.05
     )
+
+# Two services through Pub/Sub (demo_project.shipping): the shop relays each placed order's
+# event to the topic "orders", the shipping service's inbox takes it in. On when Google's
+# Pub/Sub emulator is installed (bin/demo starts it on a free loopback port and stops it) or
+# PUBSUB_EMULATOR_HOST names one already running; DEMO_PUBSUB=0 turns it off.
+DEMO_PUBSUB = env.bool("DEMO_PUBSUB", default=_pubsub_at_hand())
+if DEMO_PUBSUB:
+    INSTALLED_APPS += ["spanner_queues.contrib.pubsub", "demo_project.shipping"]
+    SPANNER_QUEUES_PUBSUB = {
+        "PROJECT": env.str("DEMO_PUBSUB_PROJECT", default="demo-project"),
+        "PULL_WAIT_SECONDS": 1.0,
+    }
 
 #: simulated cost of one row of the sales export (reports app): 300 rows outlive a lease
 DEMO_REPORT_ROW_SECONDS = env.float("DEMO_REPORT_ROW_SECONDS", default=0.05)

@@ -69,6 +69,9 @@ PUBLIC: dict[str, set[str]] = {
         "ensure_instance", "find_emulator", "free_port", "start_emulator",
         "start_queue_emulator",
     },
+    "spanner_queues.testing.pubsub": {
+        "PubSubEmulator", "PubSubEmulatorNotFound", "find_pubsub_emulator",
+    },
     "spanner_queues.signals": {
         "inbox_duplicates_dropped", "messages_acked", "messages_published", "messages_sent",
         "publish_failed",

@@ -14,11 +14,21 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
 from tests.conftest import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.process, pytest.mark.slow]
+
+
+def _packing_slips(var: Path) -> int:
+    """Packing slips the shipping service prepared from Pub/Sub (0 before its table exists)."""
+    try:
+        with sqlite3.connect(var / "demo-project.sqlite3") as db:
+            return db.execute("SELECT COUNT(*) FROM shipping_packingslip").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
 
 
 def _alive(pid: int) -> bool:
@@ -34,7 +44,11 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_demo_serves_the_admin_and_stops_cleanly(tmp_path: Path, signum: int) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "SQ_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DJANGO_", "SQ_", "PUBSUB_EMULATOR_HOST"))
+    }
     env.update(DEMO_DATABASE="sqlite", DEMO_VAR_DIR=str(tmp_path), DEMO_REPORT_ROW_SECONDS="0.005")
     proc = subprocess.Popen(
         [str(ROOT / "bin" / "demo"), "--port", "0", "--rate", "20"],
@@ -61,9 +75,12 @@ def test_demo_serves_the_admin_and_stops_cleanly(tmp_path: Path, signum: int) ->
         with urllib.request.urlopen(f"{url}/admin/login/", timeout=30) as response:
             assert response.status == 200 and b"Django" in response.read()
         pids = [int(p) for p in re.findall(r"pid (\d+)", "".join(lines))]
-        assert len(pids) == 2  # web server, worker
+        # web server, worker, and the Pub/Sub emulator the demo started when it is installed
+        assert len(pids) == 2 + settings.DEMO_PUBSUB
         # The worker processes messages: the admin's welcome email is written to var/.
         wait_until(lambda: any((tmp_path / "sent-emails").glob("*.log")), timeout=60)
+        if settings.DEMO_PUBSUB:  # two services: an order's event came through Pub/Sub
+            wait_until(lambda: _packing_slips(tmp_path) > 0, timeout=60)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signum)
@@ -72,6 +89,8 @@ def test_demo_serves_the_admin_and_stops_cleanly(tmp_path: Path, signum: int) ->
     output = "".join(lines)
     assert proc.returncode == 0, output
     assert "Stopped (web server exit 0, worker exit 0)" in output
+    if settings.DEMO_PUBSUB:
+        assert f"Stopped the Pub/Sub emulator (pid {pids[2]})" in output
     wait_until(lambda: not any(_alive(pid) for pid in pids), timeout=30)
     with sqlite3.connect(tmp_path / "demo-project.sqlite3") as db:
         live = db.execute(

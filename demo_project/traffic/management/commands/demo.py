@@ -1,6 +1,12 @@
 """``manage.py demo`` (what ``bin/demo`` runs): migrate, create an admin login, start the web
 server and a queue worker, generate traffic, and stop everything cleanly on Ctrl-C/SIGTERM.
 
+With Pub/Sub at hand (``settings.DEMO_PUBSUB``) it also shows two services connected through
+it: unless ``PUBSUB_EMULATOR_HOST`` names one already running, it starts Google's Pub/Sub
+emulator on a free loopback port (in its own process group) and creates the topic ``orders``
+and the subscription ``orders-shipping``; the worker relays the shop's order events and pulls
+them into the shipping service's inbox. The emulator is stopped after the children, at exit.
+
 The web server and the worker are child processes, each in its own process group: a Ctrl-C in
 the terminal reaches this process only, which stops the traffic and then sends each child one
 SIGTERM (the worker finishes its in-flight messages, acks them and deletes its heartbeat). A
@@ -33,6 +39,10 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, transaction
 
 from demo_project.traffic.generator import TrafficGenerator
+from spanner_queues.testing.pubsub import PubSubEmulator
+
+#: the subscription of the shipping service's inbox, on the orders service's topic
+PUBSUB_RESOURCES = "orders-shipping=orders"
 
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
@@ -96,12 +106,34 @@ class Command(BaseCommand):
         self.signals = 0
         self.children: dict[str, subprocess.Popen[bytes]] = {}
         self.traffic: threading.Thread | None = None
+        self.pubsub: PubSubEmulator | None = None
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._run(options)
         finally:
-            for signum, handler in previous.items():
-                signal.signal(signum, handler)
+            try:
+                self._stop_pubsub()
+            finally:
+                for signum, handler in previous.items():
+                    signal.signal(signum, handler)
+
+    # --- Pub/Sub ---------------------------------------------------------------------------
+    def _start_pubsub(self) -> str:
+        """Where Pub/Sub is: the running emulator ``PUBSUB_EMULATOR_HOST`` names, else one
+        started here; the topic and subscription are created there if missing."""
+        host = os.environ.get("PUBSUB_EMULATOR_HOST")
+        if not host:
+            self.pubsub = PubSubEmulator()
+            host = os.environ["PUBSUB_EMULATOR_HOST"] = self.pubsub.host
+        call_command("createpubsubresources", "--topic", PUBSUB_RESOURCES, verbosity=0)
+        return host
+
+    def _stop_pubsub(self) -> None:
+        if self.pubsub is not None:
+            self.pubsub.stop()
+            os.environ.pop("PUBSUB_EMULATOR_HOST", None)
+            self.stdout.write(f"Stopped the Pub/Sub emulator (pid {self.pubsub.proc.pid}).")
+            self.pubsub = None
 
     def _run(self, options: dict[str, Any]) -> None:
         database = settings.DATABASES["default"]
@@ -112,6 +144,7 @@ class Command(BaseCommand):
         )
         self.stdout.write(f"Database: {settings.DEMO_DATABASE} ({where}). Migrating...")
         call_command("migrate", interactive=False, verbosity=0)
+        pubsub_host = self._start_pubsub() if settings.DEMO_PUBSUB else None
         username, password = self._admin_login()
         port = choose_port(options["port"])
         logs = Path(settings.VAR) / "logs"
@@ -137,7 +170,7 @@ class Command(BaseCommand):
         url = f"http://127.0.0.1:{port}"
         try:
             if self._wait_for_web(url, logs / "runserver.log"):
-                self._banner(url, username, password, logs)
+                self._banner(url, username, password, logs, pubsub_host)
                 self._serve(options)
         finally:
             self._shutdown(options["stop_timeout"])
@@ -168,16 +201,25 @@ class Command(BaseCommand):
             self.stop.wait(0.2)
         return False
 
-    def _banner(self, url: str, username: str, password: str, logs: Path) -> None:
+    def _banner(
+        self, url: str, username: str, password: str, logs: Path, pubsub_host: str | None
+    ) -> None:
         pids = ", ".join(f"{name} pid {proc.pid}" for name, proc in self.children.items())
+        pubsub = ""
+        if pubsub_host is not None:
+            started = f", pid {self.pubsub.proc.pid}" if self.pubsub is not None else ""
+            pubsub = (
+                f"  Pub/Sub:  emulator at {pubsub_host}{started}: the shop relays each placed "
+                "order's event to the topic 'orders', the shipping service's inbox takes it in "
+                f"once ({url}/admin/shipping/packingslip/)\n"
+            )
         self.stdout.write(
             self.style.SUCCESS(
                 f"\nThe demo is running: open {url}/admin/spanner_queues/queues/\n"
                 f"  login:    {username}\n  password: {password}\n"
             )
             + f"  ({pids}; web log {logs / 'runserver.log'})\n"
-            f"  emails:   {settings.EMAIL_FILE_PATH}\n"
-            "Ctrl-C stops everything.\n"
+            f"  emails:   {settings.EMAIL_FILE_PATH}\n" + pubsub + "Ctrl-C stops everything.\n"
         )
         self.stdout.flush()
 
