@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 #: how much of a failure's text is kept.
 ERROR_LIMIT = 1000
+#: key texts one DELETE of the ledger binds (Spanner binds at most 950 parameters a statement)
+CLEAR_BATCH = 900
 
 
 class FailedDelivery(models.Model):
@@ -166,10 +168,12 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
 
 
 def clear_failures(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> None:
-    """Forget the failures of ``keys`` in the caller's transaction (one DELETE)."""
+    """Forget the failures of ``keys`` in the caller's transaction (one DELETE per
+    ``CLEAR_BATCH`` keys)."""
     texts = [key_text(k) for k in keys]
-    if texts:
-        FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=texts).delete()
+    manager = FailedDelivery.objects.using(using)
+    for start in range(0, len(texts), CLEAR_BATCH):
+        manager.filter(queue=queue, message_key__in=texts[start : start + CLEAR_BATCH]).delete()
 
 
 def stale_records(

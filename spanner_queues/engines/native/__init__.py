@@ -870,12 +870,21 @@ class NativeQueueEngine(BaseQueueEngine):
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
     ) -> None:
-        """Delete by key, held or not, with the failure records of the messages."""
-        with transaction.atomic(using=using):
-            for key in keys:
-                rows(model, using).filter(key_filter(model, key)).delete()
-            if keys:
-                failures.clear_failures(model._meta.label, keys, using=using)
+        """Delete by key, held or not, with the failure records of the messages, in one
+        transaction (the caller's, when there is one): one ``DELETE ... WHERE <key> IN (...)``
+        per ``MAX_QUERY_PARAMETERS`` key values (missing messages skipped), then one of the
+        ledger."""
+        self._require_googlesql("Deleting with DML")
+        if not keys:
+            return
+        width = max(1, len(key_names(model)))
+        decl = self.declaration(model)
+        conn = connections[using]
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // width):
+                params = [v for key in chunk for v in client.prep_key(model, key, conn)]
+                cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
+            failures.clear_failures(model._meta.label, keys, using=using)
 
     def ack_mutations(
         self,
