@@ -15,7 +15,6 @@ from django.db import connection
 from django.test.utils import override_settings
 
 
-
 def test_plain_check_runs_the_queue_checks() -> None:
     call_command("check")
     with override_settings(USE_TZ=False), pytest.raises(SystemCheckError, match="E009"):
