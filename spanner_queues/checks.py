@@ -126,9 +126,10 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
 
 @checks.register(checks.Tags.models)
 def check_spanner_packages(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    """E014, with the ``models`` tag only: ``manage.py check`` and ``runserver`` run it (the
-    ``database``-tagged checks run only with ``--database``, and at ``migrate``); it reads
-    settings and opens no database."""
+    """E014, reported here rather than by ``check_queues``, which leaves out the aliases the
+    driver is missing for; it reads settings and opens no database. (Both run under a plain
+    ``manage.py check`` and ``runserver``: Django 5.2 and 6.0 run a ``database``-tagged check
+    there too, with ``databases=None``; ``tests/test_checks_without_database.py``.)"""
     return _check_spanner_packages()[0]
 
 

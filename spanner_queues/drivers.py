@@ -53,6 +53,8 @@ class Driver:
     no_native_queues_reason = "only Cloud Spanner has queues."
     #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
     supports_interleave = False
+    #: whether a table can have a row deletion policy (Spanner's TTL: ``ROW DELETION POLICY``)
+    supports_row_deletion_policy = False
     #: whether the DB-API replays an aborted transaction's statements by itself, checking only
     #: what was fetched (django_spanner): a DML row count checked in Python is then not
     #: re-checked, so a statement whose outcome matters must be preceded by a read of it.
@@ -208,6 +210,7 @@ class SQLiteDriver(Driver):
 class SpannerDriver(Driver):
     vendor = "spanner"
     supports_interleave = True
+    supports_row_deletion_policy = True
     replays_aborted_transactions = True
     claim_window = 8
     #: (but Google's emulator has no queues: the native engine asks the emulator it is on)

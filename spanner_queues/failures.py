@@ -29,7 +29,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, time
 from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -43,6 +43,8 @@ if TYPE_CHECKING:
 
 #: how much of a failure's text is kept.
 ERROR_LIMIT = 1000
+#: key texts one DELETE of the ledger binds (Spanner binds at most 950 parameters a statement)
+CLEAR_BATCH = 900
 
 
 class FailedDelivery(models.Model):
@@ -69,12 +71,29 @@ class FailedDelivery(models.Model):
         return f"{self.queue}{self.message_key}: {self.failures} failed"
 
 
+class _KeyEncoder(DjangoJSONEncoder):
+    """Django's JSON, but a time with sub-millisecond digits keeps all six of them (Django's
+    keeps three, so two keys that differ in microseconds would share one text). A time whose
+    microseconds are whole milliseconds keeps Django's text: records written before stay
+    the records of their keys."""
+
+    def default(self, o: Any) -> Any:
+        if isinstance(o, (datetime, time)) and o.microsecond % 1000:
+            text = o.isoformat()  # (a time key is naive: Django refuses aware ones)
+            return text.removesuffix("+00:00") + "Z" if text.endswith("+00:00") else text
+        return super().default(o)
+
+
 def key_text(key: Sequence[Any]) -> str:
-    """One stable text per key (bytes as base64; UUIDs, dates and decimals as Django's JSON)."""
+    """One text per key, distinct for distinct keys (bytes as base64; UUIDs, dates and
+    decimals as Django's JSON, datetimes to the microsecond). A key whose datetimes have whole
+    milliseconds has the text it had before microseconds were kept; a record of a key with
+    finer digits written before (shared by the keys equal to the millisecond) is read as no
+    key's record, and pruned once no message is under its text's key."""
     values = [
         base64.b64encode(v).decode() if isinstance(v, (bytes, memoryview)) else v for v in key
     ]
-    return json.dumps(values, cls=DjangoJSONEncoder, separators=(",", ":"))
+    return json.dumps(values, cls=_KeyEncoder, separators=(",", ":"))
 
 
 def lease_start(message: Message) -> datetime | None:
@@ -149,10 +168,12 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
 
 
 def clear_failures(queue: str, keys: Iterable[Sequence[Any]], *, using: str) -> None:
-    """Forget the failures of ``keys`` in the caller's transaction (one DELETE)."""
+    """Forget the failures of ``keys`` in the caller's transaction (one DELETE per
+    ``CLEAR_BATCH`` keys)."""
     texts = [key_text(k) for k in keys]
-    if texts:
-        FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=texts).delete()
+    manager = FailedDelivery.objects.using(using)
+    for start in range(0, len(texts), CLEAR_BATCH):
+        manager.filter(queue=queue, message_key__in=texts[start : start + CLEAR_BATCH]).delete()
 
 
 def stale_records(

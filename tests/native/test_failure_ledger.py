@@ -5,6 +5,7 @@ gone is not the next message's, is started again by its first failure, and is pr
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
 
 import pytest
@@ -20,6 +21,8 @@ from tests.testapp.models import Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LEDGER = FailedDelivery._meta.db_table
+#: the prune's read of the ledger (`failures.stale_records`)
+STALE = "updated_at < @"
 
 
 def _receive(count: int) -> list[Message]:
@@ -145,3 +148,24 @@ def test_prune_goes_on_past_records_of_queued_messages(monkeypatch) -> None:
     with transaction.atomic():  # back to the start: the queued ones again, kept
         assert engine.prune_failures(Jobs, using="default") == 0
     assert FailedDelivery.objects.count() == 2
+
+
+def test_a_prune_that_fails_never_costs_the_failure_record(front, monkeypatch, caplog) -> None:
+    """The prune a failure's record brings along (once an hour per queue) runs once the
+    record committed, in a transaction of its own: when it fails the record stays."""
+    from spanner_queues.engines import native
+
+    monkeypatch.setattr(native, "_pruned", {})  # (the next failure of the queue prunes)
+    Jobs.send(id="kept", payload=b"x")
+    try:
+        [message] = _receive(1)
+        # (twice: the client sends a transaction's failed first statement again, after an
+        # explicit BeginTransaction)
+        front.fail("ExecuteStreamingSql", "INVALID_ARGUMENT", "prune", sql_contains=STALE, times=2)
+        with contextlib.suppress(Exception), transaction.atomic():
+            engines["default"].record_failure(Jobs, message, RuntimeError("no"), using="default")
+        assert FailedDelivery.objects.get(message_key=key_text(("kept",))).failures == 1
+        assert front.sql(STALE)  # the prune ran, and failed
+        assert "pruning the failure ledger of testapp.Jobs failed" in caplog.text
+    finally:
+        api.stop_receiving(Jobs, wait=10)

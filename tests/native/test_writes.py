@@ -182,3 +182,23 @@ def test_an_ack_mutation_buffered_in_the_dbapi_transaction_is_lost_when_it_repla
         api.ack_many(UserTasks, [(1, "b")])
     assert Account.objects.count() == 2
     assert not UserTasks.objects.filter(message_id="b").exists()  # the DELETE was replayed
+
+
+# --- delete_any (api.replace): one DELETE statement for all its keys ----------------------
+def test_delete_any_is_one_statement_for_every_key_missing_ones_skipped(front) -> None:
+    """Composite keys past one statement's 950 parameters: one DELETE per 475 keys, in the
+    caller's transaction (rolled back with it); a key with no message is no error."""
+    keys = [(7, f"d{i}") for i in range(1000)]
+    with transaction.atomic():
+        engine().send_many(UserTasks, [out(*k) for k in keys[:400]], using="default")
+    table = UserTasks._meta.db_table
+    front.clear()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        engine().delete_any(UserTasks, keys, using="default")
+        raise RuntimeError("roll back")
+    assert UserTasks.objects.count() == 400
+    front.clear()
+    with transaction.atomic():
+        engine().delete_any(UserTasks, keys, using="default")
+    assert len(front.sql(f"DELETE FROM {table}")) == 3  # 475 + 475 + 50 keys
+    assert not UserTasks.objects.exists()

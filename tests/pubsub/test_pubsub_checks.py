@@ -100,3 +100,26 @@ def test_a_queue_the_app_cannot_run_is_e302(monkeypatch, model, options, says) -
 
 def test_the_test_apps_declarations_pass() -> None:
     assert check_queues() == [] and check_setting() == []
+
+
+def test_a_window_longer_than_spanners_row_deletion_policy_is_w304(
+    settings: Any, monkeypatch: Any
+) -> None:
+    """On Spanner the SeenEvent rows expire 7 days after ``seen_at`` (the app's migration),
+    whatever the window: a longer one is a warning naming the policy and how to lengthen it;
+    where no policy expires them (the pullers prune to the window) any window is fine."""
+    from spanner_queues.contrib.pubsub.conf import check_dedup_window
+    from spanner_queues.drivers import driver_for
+    from spanner_queues.engines import engine_for
+
+    driver = type(driver_for(engine_for(BillingInbox).database))
+    monkeypatch.setattr(driver, "supports_row_deletion_policy", True)
+    settings.SPANNER_QUEUES_PUBSUB = {"DEDUP_WINDOW_DAYS": 7}
+    assert check_dedup_window() == []
+    settings.SPANNER_QUEUES_PUBSUB = {"DEDUP_WINDOW_DAYS": 30}
+    [warning] = check_dedup_window()
+    assert warning.id == "spanner_queues.W301" and warning.obj is BillingInbox
+    assert "30" in warning.msg and "7 days" in warning.msg
+    assert "REPLACE ROW DELETION POLICY (OLDER_THAN(seen_at, INTERVAL 30 DAY))" in warning.hint
+    monkeypatch.setattr(driver, "supports_row_deletion_policy", False)
+    assert check_dedup_window() == []

@@ -341,3 +341,44 @@ def test_admin_lists_results_read_only_with_filters(client, django_user_model) -
     assert client.get(url + "add/").status_code == 403
     detail = client.get(f"{url}{result.id}/change/")
     assert detail.status_code == 200 and b"Save" not in detail.content
+
+
+def _reads(work) -> int:
+    from django.db import connections
+    from django.test.utils import CaptureQueriesContext
+
+    from spanner_queues.engines import engine_for
+
+    with CaptureQueriesContext(connections[engine_for(TaskMessage).database]) as queries:
+        work()
+    return len(queries)
+
+
+def test_get_result_of_an_unknown_id_reads_the_result_rows_alone() -> None:
+    """Not every queue model of the backend (two here): a new id names its queue."""
+    from spanner_queues.contrib.tasks.backend import queue_tag
+
+    def unknown(result_id: str):
+        def read() -> None:
+            with pytest.raises(TaskResultDoesNotExist):
+                default_task_backend.get_result(result_id)
+
+        return read
+
+    assert len(default_task_backend.all_queue_models()) == 2
+    assert _reads(unknown("nope")) == 1
+    assert _reads(unknown(f"{'x' * 32}-{queue_tag(EmailTasks)}")) == 3  # its queue, twice its row
+    result = tasks.add.enqueue(1, 2)
+    assert result.id.endswith(f"-{queue_tag(TaskMessage)}")
+    assert _reads(lambda: default_task_backend.get_result(result.id)) == 2  # row, then queue
+
+
+def test_a_task_enqueued_by_release_0_1_0_is_found_in_its_queue(monkeypatch) -> None:
+    """Its id names no queue (the framework's 32 characters): every queue is read."""
+    from spanner_queues.contrib.tasks import backend
+    from spanner_queues.contrib.tasks.framework import get_random_id
+
+    monkeypatch.setattr(backend, "new_result_id", lambda model: get_random_id())
+    result = tasks.add.enqueue(1, 2)
+    assert len(result.id) == 32
+    assert default_task_backend.get_result(result.id).status == TaskResultStatus.READY

@@ -5,7 +5,12 @@ from typing import TYPE_CHECKING, Any
 from django.apps import AppConfig
 from django.core import checks
 
-from spanner_queues.contrib.pubsub.conf import check_queues, check_setting, relayed_queues
+from spanner_queues.contrib.pubsub.conf import (
+    check_dedup_window,
+    check_queues,
+    check_setting,
+    relayed_queues,
+)
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.options import queue_options
 from spanner_queues.receivers import receivers
@@ -27,6 +32,7 @@ class PubSubConfig(AppConfig):
     def ready(self) -> None:
         checks.register(check_setting)
         checks.register(check_queues)
+        checks.register(check_dedup_window)
         relayed = relayed_queues()
         if not relayed:
             return  # nothing to relay: google-cloud-pubsub is not even imported

@@ -1,5 +1,5 @@
 """The ``SPANNER_QUEUES_PUBSUB`` setting, parsed into a frozen ``PubSubParams``; Pub/Sub paths
-of the queues' topics and subscriptions; the app's system checks (E301, E302)."""
+of the queues' topics and subscriptions; the app's system checks (E301, E302, W301)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from django.apps import apps
 from django.conf import settings
 from django.core import checks
 
+from spanner_queues.drivers import driver_for
+from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidQueueEngine, QueueConfigurationError
 from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
@@ -38,6 +41,9 @@ PUBSUB_KEYS = frozenset(
 )
 #: Pub/Sub's longest message retention: a copy can come back this long after the first
 DEFAULT_WINDOW_DAYS = 7
+#: the row deletion policy the app's migration (0001) gives ``SeenEvent`` on Spanner: its rows
+#: expire this many days after ``seen_at``, whatever ``DEDUP_WINDOW_DAYS`` says (W301)
+POLICY_DAYS = 7
 #: Pub/Sub's limits (https://cloud.google.com/pubsub/quotas#resource_limits)
 MAX_PULL_MESSAGES = 1000
 MAX_ORDERING_KEY_BYTES = 1024
@@ -231,4 +237,43 @@ def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMes
                     "wrap it a second time.",
                     "Remove QueueMeta.envelope from the inbox queue.",
                 )
+    return problems
+
+
+def check_dedup_window(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W301: ``DEDUP_WINDOW_DAYS`` is longer than the row deletion policy that expires the
+    ``SeenEvent`` rows on the Spanner database of an inbox queue: there the window is
+    ``POLICY_DAYS`` unless the policy was lengthened. (The policy is schema, written once by
+    the migration; a setting read at ``migrate`` would not follow later changes of it.)"""
+    try:
+        days = pubsub_params().dedup_window_days
+    except QueueConfigurationError:
+        return []  # E301's
+    if days <= POLICY_DAYS:
+        return []
+    table = apps.get_model("spanner_queues_pubsub", "SeenEvent")._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    for model in inbox_queues():
+        try:
+            database = engine_for(model).database
+        except QueueConfigurationError:
+            continue  # the core's E001/E002
+        if database not in settings.DATABASES:
+            continue  # the core's E006
+        if not driver_for(database).supports_row_deletion_policy:
+            continue  # no policy there: the pullers prune to the window
+        problems.append(
+            checks.Warning(
+                f"SPANNER_QUEUES_PUBSUB['DEDUP_WINDOW_DAYS'] = {days}, but on Spanner (database "
+                f"{database!r}) the row deletion policy of {table} deletes the seen ids "
+                f"{POLICY_DAYS} days after they were taken in: a copy older than {POLICY_DAYS} "
+                "days is taken in again.",
+                hint=f"Set DEDUP_WINDOW_DAYS to {POLICY_DAYS} or less, or lengthen the policy "
+                f"in a migration of your own (RunSQL on that database: ALTER TABLE {table} "
+                f"REPLACE ROW DELETION POLICY (OLDER_THAN(seen_at, INTERVAL {days} DAY))) and "
+                "silence spanner_queues.W301. See docs/howto/pubsub.md.",
+                obj=model,
+                id="spanner_queues.W301",
+            )
+        )
     return problems

@@ -34,7 +34,9 @@ Guarantees:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import re
 from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any, ParamSpec, TypeVar
@@ -78,6 +80,8 @@ P = ParamSpec("P")
 
 #: the app of this backend (its queue, results and task receiver)
 APP = "spanner_queues.contrib.tasks"
+#: a result id of release 0.1.0: the framework's 32 random characters, no queue named in it
+LEGACY_RESULT_ID = re.compile(r"[A-Za-z0-9]{32}")
 DEFAULT_QUEUE_MODEL = "spanner_queues_tasks.TaskMessage"
 #: the keys of a ``QueueBackend``'s ``OPTIONS``
 OPTIONS = frozenset({"QUEUE_MODELS", "ATOMIC_TASKS", "RESULT_RETENTION_SECONDS"})
@@ -219,6 +223,14 @@ class QueueBackend(BaseTaskBackend):
                     raise
         return out
 
+    def queues_of(self, result_id: str) -> list[Any]:
+        """The queue models a task of ``result_id`` can be in: the one its id names
+        (``new_result_id``), every one for an id of release 0.1.0 (which names none), else none."""
+        if LEGACY_RESULT_ID.fullmatch(result_id):
+            return self.all_queue_models()
+        tag = result_id.rpartition("-")[2]
+        return [m for m in self.all_queue_models() if queue_tag(m) == tag][:1]
+
     def databases(self) -> list[str]:
         """The databases of this backend's queues (its result rows live beside them)."""
         seen: list[str] = []
@@ -303,7 +315,7 @@ class QueueBackend(BaseTaskBackend):
         now = clock.now()
         result: TaskResult[T] = TaskResult(
             task=task,
-            id=get_random_id(),
+            id=new_result_id(model),
             status=TaskResultStatus.READY,
             enqueued_at=now,
             started_at=None,
@@ -341,12 +353,16 @@ class QueueBackend(BaseTaskBackend):
         """The result of task ``result_id``, as stored now: its result row once it finished
         (or, on native queues, started), else its message: ``RUNNING`` while a worker holds
         its lease, ``READY`` before."""
-        for db in self.databases():
+        # the id names its queue model (``new_result_id``): one read of the result rows beside
+        # it, one of its queue; an id naming none of this backend's: the result rows alone
+        candidates = self.queues_of(result_id)
+        databases = list(dict.fromkeys(engine_for(m).database for m in candidates))
+        for db in databases or self.databases():
             record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
             if record is not None:
                 return result_from_record(record)
         now = clock.now()
-        for model in self.all_queue_models():
+        for model in candidates:
             engine = engine_for(model)
             if not engine.features.supports_listing:
                 continue
@@ -363,7 +379,7 @@ class QueueBackend(BaseTaskBackend):
                     record.worker_ids_json = dumps(workers)
                     record.attempts = len(workers)
                     return result_from_record(record)
-        for db in self.databases():  # (it finished between the two reads: its row is there)
+        for db in databases:  # (it finished between the two reads: its row is there)
             record = TaskResultRecord.objects.using(db).filter(id=result_id).first()
             if record is not None:
                 return result_from_record(record)
@@ -382,6 +398,18 @@ class QueueBackend(BaseTaskBackend):
                 .delete()[0]
             )
         return deleted
+
+
+def queue_tag(model: Any) -> str:
+    """Eight hex digits naming the queue model labelled as ``model`` in its tasks' ids."""
+    return hashlib.sha256(model._meta.label.encode()).hexdigest()[:8]
+
+
+def new_result_id(model: Any) -> str:
+    """A new task's result id: the framework's 32 random characters, ``-``, and the tag of
+    its queue model (``queue_tag``), so ``get_result`` reads that queue alone (41 characters:
+    a task queue's key holds 64)."""
+    return f"{get_random_id()}-{queue_tag(model)}"
 
 
 def _is_positive_number(value: Any) -> bool:

@@ -627,16 +627,28 @@ class NativeQueueEngine(BaseQueueEngine):
         """Spanner counts no deliveries: the failed run goes to the failure ledger
         (``spanner_queues.failures``) in the caller's transaction, on every queue, so the next
         delivery's ``attempt`` is one more (the record is of this sent message only). At most
-        once an hour per queue and process, the same transaction prunes the records of
-        messages that are gone (``prune_failures``)."""
+        once an hour per queue and process, once that transaction has committed, a
+        transaction of its own prunes the records of messages that are gone
+        (``prune_failures``): a prune that fails is logged and never costs the record."""
         _first_deliveries.discard([message.lease_token])
         count = failures.record_failure(message, error, using=using)
         key = (self.alias, model._meta.label)
         last = _pruned.get(key)
         if last is None or time.monotonic() - last > PRUNE_INTERVAL_SECONDS:
             _pruned[key] = time.monotonic()
-            self.prune_failures(model, using=using)
+            transaction.on_commit(functools.partial(self._prune_apart, model, using), using=using)
         return count
+
+    def _prune_apart(self, model: type[Queue], using: str) -> None:
+        """``prune_failures`` in a transaction of its own; a failure is logged (the next
+        prune of the queue, an hour later, looks again)."""
+        try:
+            with transaction.atomic(using=using):
+                self.prune_failures(model, using=using)
+        except Exception:
+            logger.warning(
+                "pruning the failure ledger of %s failed", model._meta.label, exc_info=True
+            )
 
     def prune_failures(
         self, model: type[Queue], *, using: str, older_than: timedelta = PRUNE_AGE
@@ -858,12 +870,21 @@ class NativeQueueEngine(BaseQueueEngine):
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
     ) -> None:
-        """Delete by key, held or not, with the failure records of the messages."""
-        with transaction.atomic(using=using):
-            for key in keys:
-                rows(model, using).filter(key_filter(model, key)).delete()
-            if keys:
-                failures.clear_failures(model._meta.label, keys, using=using)
+        """Delete by key, held or not, with the failure records of the messages, in one
+        transaction (the caller's, when there is one): one ``DELETE ... WHERE <key> IN (...)``
+        per ``MAX_QUERY_PARAMETERS`` key values (missing messages skipped), then one of the
+        ledger."""
+        self._require_googlesql("Deleting with DML")
+        if not keys:
+            return
+        width = max(1, len(key_names(model)))
+        decl = self.declaration(model)
+        conn = connections[using]
+        with transaction.atomic(using=using), conn.cursor() as cursor:
+            for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // width):
+                params = [v for key in chunk for v in client.prep_key(model, key, conn)]
+                cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
+            failures.clear_failures(model._meta.label, keys, using=using)
 
     def ack_mutations(
         self,
