@@ -55,12 +55,19 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
   worker stops as on ``stop()`` and ``run()`` raises ``WorkerCrashed`` from it; the message is
   left leased (not released, not acked) and is delivered again after its lease.
 
-Locking: ``cond`` (and ``renew_cond``, on the same lock) guard the counters, ``deliveries`` and
-``stopping``. The slot accounting (``in_flight``, ``waiting``, ``by_queue``, ``deliveries``,
-``unit_seconds``) changes in three methods only: ``_hold`` (the intake's claim), ``_take`` and
-``_done`` (an executor's). ``renew_lock`` is held by a renewal, and by whoever reads a
-delivery's lease token to ack, retry, release or dead-letter it (``freeze``), so the token
-acked with is the row's until the ack commits.
+How one message goes: the intake receives it into a slot (``slots.Slots.hold``) as a
+``Delivery`` of its queue's ``Plan`` (database, engine, options, delivery policy); an executor
+takes it (``Slots.take``), runs its receiver (``_run``: in the receiver's transaction with its
+ack when ``atomic``), which returns one ``outcomes.Outcome`` per message (acked, retry, failed,
+timed out, lease lost, already acked; before a run: unmatched, exhausted, lease lost); one
+function, ``Outcomes.settle``, applies the delivery policy to them; the slot is freed
+(``Slots.done``). The parts beside the worker hold narrow handles, never the ``Worker``: a
+``Reporter`` (events, counters, log fields), the ``Slots``, the ``Leases``, the plans.
+
+Locking: ``Slots.cond`` (and ``renew_cond``, on the same lock) guard the slot accounting, which
+changes in ``Slots``'s own methods only (see ``slots``). ``Leases.lock`` is held by a renewal,
+and by whoever reads a delivery's lease token to ack, retry, release or dead-letter it
+(``Leases.freeze``), so the token acked with is the row's until the ack commits.
 """
 
 from __future__ import annotations
@@ -75,12 +82,12 @@ import sys
 import threading
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import timedelta
+from functools import partial
 from queue import SimpleQueue
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 
@@ -90,9 +97,7 @@ from spanner_queues.exceptions import (
     AckedFailure,
     InvalidArgument,
     LeaseLost,
-    MessageAlreadyAcked,
     QueueConfigurationError,
-    Retry,
     TimeLimitExceeded,
     WorkerCrashed,
     WorkerStuck,
@@ -112,29 +117,35 @@ from spanner_queues.receivers import (
 )
 from spanner_queues.transactions import (
     forget_lost_connection,
-    holding,
     recycle_connections,
     run_in_transaction,
 )
 from spanner_queues.worker.events import (
     FINAL_EVENTS,
+    Reporter,
     WorkerEvent,
     WorkerEvents,
     WorkerStats,
-    log_extra,
 )
-from spanner_queues.worker.leases import Renewer, renew_at
+from spanner_queues.worker.leases import Leases, Renewer, renew_at
 from spanner_queues.worker.limits import (
     STUCK_GRACE_SECONDS,
     QueueLimits,
     TimeLimits,
     time_limit_exceeded,
 )
-from spanner_queues.worker.outcomes import PARKED_UNTIL, DeliveryPolicy, Outcomes
+from spanner_queues.worker.outcomes import (
+    PARKED_UNTIL,
+    DeliveryPolicy,
+    Kind,
+    Outcome,
+    Outcomes,
+    outcomes_of,
+)
+from spanner_queues.worker.slots import Delivery, Plan, Slots, Unit
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
-    from spanner_queues.options import QueueOptions
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -153,8 +164,6 @@ __all__ = [
     "recycle_connections",
 ]
 
-T = TypeVar("T")
-
 #: most receiver threads one worker process runs (each is a thread and a database connection)
 MAX_CONCURRENCY = 1024
 #: most units each thread may hold (prefetch)
@@ -163,8 +172,6 @@ MAX_PREFETCH = 1000
 AHEAD_SECONDS = 0.25
 #: adaptive prefetch: most units one thread holds
 AUTO_PREFETCH_MAX = 100
-#: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
-EWMA_WEIGHT = 0.2
 #: a failing queue is asked again after max(poll_interval, MIN) x 2^failures seconds, at
 #: most MAX (jittered down by a quarter)
 QUEUE_BACKOFF_MIN = 0.1
@@ -174,49 +181,6 @@ SIGNAL_SLICE = 0.2
 #: burst: most keys of messages given back unmatched that a worker remembers (past it, such a
 #: message found again counts as work, and the burst goes on while it keeps falling due)
 BURST_UNMATCHED_KEPT = 10_000
-
-
-@dataclass(eq=False, slots=True)
-class Delivery:
-    """A message this worker holds, with its current (possibly renewed) lease."""
-
-    message: Message
-    model: type[Queue]
-    renew_at: datetime | None
-    lease_lost: bool = False
-    done: bool = False
-    #: set (under the renew lock) once an ack, retry or dead letter read this delivery's lease
-    #: token: the renewer no longer rotates it, so the token acked with is the row's until the
-    #: ack commits (a rotation in between would make the ack stale, and on Spanner a replayed
-    #: ack transaction could then commit without its DELETE)
-    acking: bool = False
-    #: claimed ahead of a free thread (prefetch): given back, not run, if the worker stops
-    #: before it starts
-    ahead: bool = False
-    #: monotonic time past which its receiver is interrupted (``limits``; None: no limit)
-    deadline: float | None = None
-    #: its receiver ran past the time limit: not renewed, not acked
-    timed_out: bool = False
-    #: its receiver could not be interrupted within the grace: the worker gave up on it
-    stuck: bool = False
-
-
-#: a unit: one message, or the messages of one batch; None tells an executor to end
-Unit = list[Delivery]
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """One queue this worker runs: its receivers, and how many messages make a unit."""
-
-    model: type[Queue]
-    specs: tuple[ReceiverSpec, ...]
-    batch: bool
-    batch_size: int
-
-    @property
-    def label(self) -> str:
-        return self.model._meta.label
 
 
 @dataclass(slots=True)
@@ -283,24 +247,17 @@ class Worker:
         stuck_grace: float = STUCK_GRACE_SECONDS,
         abort: Callable[[], None] = abort_process,
     ) -> None:
-        _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
-        if prefetch is not None:
-            _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
-        _require_int("batch_size", batch_size, 1, None)
-        if max_messages is not None:
-            _require_int("max_messages", max_messages, 1, None)
-        if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
-            raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
-        if not isinstance(poll_interval, (int, float)) or not poll_interval >= 0:
-            raise InvalidArgument(f"poll_interval must be >= 0, not {poll_interval!r}.")
-        if reseed_interval is not None and (
-            not isinstance(reseed_interval, (int, float)) or not reseed_interval > 0
-        ):
-            raise InvalidArgument(f"reseed_interval must be > 0, not {reseed_interval!r}.")
-        if timeout is not None and not _positive_seconds(timeout):
-            raise InvalidArgument(f"timeout must be a positive number of seconds, not {timeout!r}.")
-        if not _positive_seconds(stuck_grace):
-            raise InvalidArgument(f"stuck_grace must be a positive number, not {stuck_grace!r}.")
+        _check_arguments(
+            concurrency=concurrency,
+            prefetch=prefetch,
+            batch_size=batch_size,
+            max_messages=max_messages,
+            lease=lease,
+            poll_interval=poll_interval,
+            reseed_interval=reseed_interval,
+            timeout=timeout,
+            stuck_grace=stuck_grace,
+        )
         self.concurrency = concurrency
         #: units each thread may hold (None: adaptive)
         self.prefetch = prefetch
@@ -317,36 +274,39 @@ class Worker:
         self.reseed_interval = reseed_interval
         #: time limit in seconds of receivers that set none (None: no limit)
         self.timeout = timeout
-        self.plans: list[Plan] = plan_queues(queues, self.registry, batch_size)
-        self.listeners = list(listeners)
-        #: counters since the worker started (live; ``copy()`` for a snapshot)
-        self.stats = WorkerStats()
+        self.plans: list[Plan] = plan_queues(queues, self.registry, batch_size, timeout)
+        self._init_intake()
+        self._init_parts(listeners, stuck_grace)
+        self._abort = abort
+        #: a first signal came (its stop may still be on its way)
+        self._signalled = False
 
-        # What it holds (see the module docstring for the locking).
-        lock = threading.RLock()
-        self.cond = threading.Condition(lock)
-        #: the renewer's own wake-ups (new deliveries, stop), not one per finished message
-        self.renew_cond = threading.Condition(lock)
-        self.renew_lock = threading.RLock()
-        self.stopping = False
-        self.in_flight = 0  # units (slots) taken, running or waiting
-        self.waiting = 0  # units received and not yet taken by an executor
-        #: moving average of the seconds one unit takes to run and ack (None: none ran yet)
-        self.unit_seconds: float | None = None
-        self.deliveries: set[Delivery] = set()  # held: running or waiting
-        #: messages held (running or waiting) by queue label, for ``QueueMeta.concurrency_limit``
-        self.by_queue: Counter[str] = Counter()
+    def _init_parts(
+        self, listeners: Sequence[Callable[[WorkerEvent], None]], stuck_grace: float
+    ) -> None:
+        """What it holds and the parts beside it, each with the narrow handles it needs."""
+        #: what it holds (``slots``: see its module for the locking)
+        self.slots = Slots(self.concurrency, self.prefetch)
+        noted = self._noted if self.burst else None
+        self.reporter = Reporter(self.worker_id, listeners, noted=noted)
+        self.listeners = self.reporter.listeners
+        #: counters since the worker started (live; ``copy()`` for a snapshot)
+        self.stats = self.reporter.stats
+        self.leases = Leases()
         self.units: SimpleQueue[Unit | None] = SimpleQueue()
         #: the first BaseException (not an Exception) a receiver raised; run() re-raises it
         self.crashed: BaseException | None = None
-        #: units whose receiver could not be interrupted past its time limit (``limits``):
-        #: the worker stops without waiting for them
-        self.stuck_units = 0
-        self._per_queue: dict[type[Queue], tuple[str, Any, QueueOptions]] = {}
+        self.outcomes = Outcomes(self.reporter, self.leases, gone=self._reseed_soon)
+        self.time_limits = TimeLimits(
+            self.slots, self.reporter, settle=self.outcomes.settle, grace=stuck_grace
+        )
+        self.queue_limits = QueueLimits(self.plans, self.slots)
+        self.renewer = Renewer(self.slots, self.leases, self.reporter)
 
-        # The intake's own (its thread's) state.
+    def _init_intake(self) -> None:
+        """The intake's own (its thread's) state."""
         #: units each thread may hold now (adaptive: see ``_adapt``)
-        self.depth = 1 if prefetch is None else prefetch
+        self.depth = 1 if self.prefetch is None else self.prefetch
         #: the lease the last receive got, in seconds (None: the engine gives none)
         self.lease_seconds: float | None = None
         #: labels of this worker's queues paused by an operator (``controls``): read before the
@@ -362,18 +322,16 @@ class Worker:
         #: are no work of this worker's, and the burst may end with them in the queue
         self.unmatched_keys: dict[str, set[tuple[Any, ...]]] = {p.label: set() for p in self.plans}
         self._unmatched_kept = 0
-
-        self.outcomes = Outcomes(self)
-        self.time_limits = TimeLimits(self, grace=stuck_grace)
-        self.queue_limits = QueueLimits(self)
-        self.renewer = Renewer(self)
-        self._abort = abort
-        #: a first signal came (its stop may still be on its way)
-        self._signalled = False
+        self._next_summary: float | None = None
 
     @property
     def queue_labels(self) -> list[str]:
         return [p.label for p in self.plans]
+
+    @property
+    def stopping(self) -> bool:
+        """``stop()`` was called (or a signal came): nothing more is received."""
+        return self.slots.stopping
 
     def queue_health(self) -> dict[str, QueueHealth]:
         """Receive failures per queue (label): a queue whose receives fail (dropped, missing
@@ -384,10 +342,7 @@ class Worker:
     # --- run and stop -----------------------------------------------------------------------
     def stop(self) -> None:
         """Stop receiving; in-flight messages are finished and acked; ``run()`` returns."""
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
-            self.renew_cond.notify_all()
+        self.slots.stop()
 
     def run(self) -> WorkerStats:
         """Run until stopped (or, with ``burst``, until nothing is due; or after
@@ -396,16 +351,7 @@ class Worker:
             self.install_signal_handlers and threading.current_thread() is threading.main_thread()
         )
         with on_stop(self._on_signal) if use_signals else contextlib.nullcontext():
-            executors = [
-                threading.Thread(target=self._execute_units, name=f"sq-worker-{i}", daemon=True)
-                for i in range(self.concurrency)
-            ]
-            renewer = threading.Thread(target=self.renewer.run, name="sq-renewer", daemon=True)
-            watchdog = threading.Thread(
-                target=self.time_limits.run, name="sq-watchdog", daemon=True
-            )
-            for thread in (*executors, renewer, watchdog):
-                thread.start()
+            threads = self._start_threads()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
                 self.worker_id,
@@ -413,38 +359,65 @@ class Worker:
                 self.concurrency,
                 extra={"action": "started"},
             )
-            self.emit("worker_started")
+            self.reporter.emit("worker_started")
             try:
                 self._seed()
                 self._receive_loop()
                 # Ended by burst or max_messages: finish what is held, prefetched included
                 # (a stop() meanwhile releases the messages not yet started).
-                self._wait(lambda: self.stopping or self.in_flight == 0)
+                self._wait(lambda: self.slots.stopping or self.slots.in_flight == 0)
             finally:
-                self.stop()
-                for label in self.queue_labels:  # no background RECEIVE stream outlives it
-                    try:
-                        api.stop_receiving(label, wait=5)
-                    except Exception:
-                        logger.exception("stopping the receive stream of %s failed", label)
-                # (a stuck receiver is not waited for: see limits)
-                self._wait(lambda: self.drained)
-                for _ in executors:
-                    self.units.put(None)
-                for thread in executors:
-                    if thread.ident not in self.time_limits.stuck_threads:
-                        thread.join()
-                with self.cond:
-                    self.renew_cond.notify_all()
-                renewer.join()
-                self.time_limits.wake.set()
-                watchdog.join()
-            self.emit("summary", stats=self.stats.copy())
-            self.emit("stopped", stats=self.stats.copy())
+                self._shut_down(*threads)
+            self.reporter.emit("summary", stats=self.stats.copy())
+            self.reporter.emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})
-        if self.stuck_units:
+        self._raise_if_ended_badly()
+        return self.stats.copy()
+
+    def _start_threads(self) -> tuple[list[threading.Thread], threading.Thread, threading.Thread]:
+        """Start the executor threads, the renewer and the watchdog."""
+        executors = [
+            threading.Thread(target=self._execute_units, name=f"sq-worker-{i}", daemon=True)
+            for i in range(self.concurrency)
+        ]
+        renewer = threading.Thread(target=self.renewer.run, name="sq-renewer", daemon=True)
+        watchdog = threading.Thread(target=self.time_limits.run, name="sq-watchdog", daemon=True)
+        for thread in (*executors, renewer, watchdog):
+            thread.start()
+        return executors, renewer, watchdog
+
+    def _shut_down(
+        self,
+        executors: list[threading.Thread],
+        renewer: threading.Thread,
+        watchdog: threading.Thread,
+    ) -> None:
+        """Stop; end the receive streams; wait until drained; end and join the threads (a
+        stuck receiver's is not waited for: see ``limits``)."""
+        self.stop()
+        for label in self.queue_labels:  # no background RECEIVE stream outlives it
+            try:
+                api.stop_receiving(label, wait=5)
+            except Exception:
+                logger.exception("stopping the receive stream of %s failed", label)
+        self._wait(lambda: self.slots.drained)
+        for _ in executors:
+            self.units.put(None)
+        for thread in executors:
+            if thread.ident not in self.time_limits.stuck_threads:
+                thread.join()
+        with self.slots.cond:
+            self.slots.renew_cond.notify_all()
+        renewer.join()
+        self.time_limits.wake.set()
+        watchdog.join()
+
+    def _raise_if_ended_badly(self) -> None:
+        """``WorkerStuck`` when a receiver could not be interrupted, ``WorkerCrashed`` when one
+        raised a ``BaseException``."""
+        if self.slots.stuck_units:
             raise WorkerStuck(
-                f"worker {self.worker_id} stopped: {self.stuck_units} receiver(s) still "
+                f"worker {self.worker_id} stopped: {self.slots.stuck_units} receiver(s) still "
                 f"running {self.time_limits.grace:g} s past their time limit could not be "
                 "interrupted; restart the process"
             )
@@ -453,21 +426,14 @@ class Worker:
                 f"worker {self.worker_id} stopped: a receiver raised "
                 f"{type(self.crashed).__name__}: {self.crashed}"
             ) from self.crashed
-        return self.stats.copy()
-
-    @property
-    def drained(self) -> bool:
-        """Stopping, and holding nothing but the units of stuck receivers (read under
-        ``cond``): the renewer, the watchdog and ``run()`` end."""
-        return self.stopping and self.in_flight <= self.stuck_units
 
     def _wait(self, done: Callable[[], bool]) -> None:
         """Wait until ``done()`` (checked under ``cond``), in ``SIGNAL_SLICE`` slices: CPython
         runs a signal handler only on the main thread, and a SIGTERM the kernel gave another
         thread does not wake a wait with no timeout (the stop waited for the running receiver,
         120 s)."""
-        with self.cond:
-            while not self.cond.wait_for(done, timeout=SIGNAL_SLICE):
+        with self.slots.cond:
+            while not self.slots.cond.wait_for(done, timeout=SIGNAL_SLICE):
                 pass
 
     # --- the intake (the thread that called run) --------------------------------------------
@@ -481,113 +447,132 @@ class Worker:
         rounds it re-seeds the periodic schedules and emits summaries. A queue whose receive
         raises fails alone (``_queue_failed``): it backs off, the others go on. A queue at
         its limit (``limits.QueueLimits``) is skipped."""
+        slots = self.slots
         start = 0
-        next_summary = time.monotonic() + self.summary_interval if self.summary_interval else None
+        if self.summary_interval:
+            self._next_summary = time.monotonic() + self.summary_interval
         if self.burst:
             self._settled(wait=0)  # from now on, streams receive in calls that end on their own
         self._check_paused()  # a worker started while a queue is paused never receives from it
         threading.Thread(target=self._watch_pauses, name="sq-pauses", daemon=True).start()
         while True:
-            with self.cond:
-                self._wait(lambda: self.stopping or self._wants_more())
-                if self.stopping:
+            with slots.cond:
+                self._wait(lambda: slots.stopping or self._wants_more())
+                if slots.stopping:
                     return
-                idle_before = self.in_flight == 0
-            if self.reseed_interval is not None and time.monotonic() >= self.next_seed:
-                self._seed()
-            if next_summary is not None and time.monotonic() >= next_summary:
-                self.emit("summary", stats=self.stats.copy())
-                next_summary = time.monotonic() + (self.summary_interval or 0)
-            got = 0
-            for offset in range(len(self.plans)):
-                plan = self.plans[(start + offset) % len(self.plans)]
-                if plan.label in self.paused:
-                    continue
-                health = self._health[plan.label]
-                if health.failing and time.monotonic() < health.retry_at:
-                    continue  # backing off: the other queues go on
-                with self.cond:
-                    free = self._free_slots()
-                if free <= 0 or self.stopping:
-                    break
-                if plan.batch:
-                    want = plan.batch_size
-                elif self.depth == 1:
-                    want = min(free, self.batch_size)
-                else:
-                    want = free
-                if self.max_messages is not None:
-                    want = min(want, self.max_messages - self.stats.received)
-                if want <= 0:
-                    break
-                try:
-                    want = self.queue_limits.admit(plan, want)
-                    if want <= 0:
-                        continue  # this queue is at its limit: the others may go on
-                    n = self._receive(plan, want)
-                except Exception as exc:
-                    self._queue_failed(health, exc)
-                    continue
-                self.queue_limits.received(plan, n)
-                if health.failing:
-                    self._queue_recovered(health)
-                got += n
-                if self.prefetch is None:
-                    self._adapt(full=n >= want)
+                idle_before = slots.in_flight == 0
+            self._between_rounds()
+            got = self._round(start)
             start += 1
             if self.max_messages is not None and self.stats.received >= self.max_messages:
                 return
-            if got:
+            if not got and self._nothing_came(idle_before):
+                return
+
+    def _between_rounds(self) -> None:
+        """Re-seed the periodic schedules and emit a summary, when each is due."""
+        if self.reseed_interval is not None and time.monotonic() >= self.next_seed:
+            self._seed()
+        if self._next_summary is not None and time.monotonic() >= self._next_summary:
+            self.reporter.emit("summary", stats=self.stats.copy())
+            self._next_summary = time.monotonic() + (self.summary_interval or 0)
+
+    def _round(self, start: int) -> int:
+        """One round over the queues, from the ``start``-th: receive from each that is not
+        paused, backing off or at its limit while slots are free. Returns how many came."""
+        got = 0
+        for offset in range(len(self.plans)):
+            plan = self.plans[(start + offset) % len(self.plans)]
+            health = self._health[plan.label]
+            if plan.label in self.paused or (health.failing and time.monotonic() < health.retry_at):
+                continue  # paused, or backing off: the other queues go on
+            with self.slots.cond:
+                free = self.slots.free(self.depth)
+            if free <= 0 or self.slots.stopping:
+                break
+            want = self._want(plan, free)
+            if want <= 0:
+                break
+            try:
+                want = self.queue_limits.admit(plan, want)
+                if want <= 0:
+                    continue  # this queue is at its limit: the others may go on
+                n = self._receive(plan, want)
+            except Exception as exc:
+                self._queue_failed(health, exc)
                 continue
-            failing = [h for h in self._health.values() if h.failing]
-            if self.burst and not failing:
-                bucket_wait = self.queue_limits.next_free()
-                if bucket_wait is not None:  # a rate-limited queue waits for its bucket
-                    self._idle_wait(min(bucket_wait, 0.2))
-                    continue
-                if idle_before:
-                    # A whole round found nothing while nothing was in flight: stop once no
-                    # row is leased to this process and unread, and each engine's last look
-                    # found nothing due but what this worker gave back unmatched.
-                    if self._settled():
-                        self._burst_ended()
-                        return
-                    continue
-                with self.cond:  # wait for in-flight work to finish, then look again
-                    # (none in flight: all finished during this round's receive; look again
-                    # at once, not after the timeout)
-                    floor = max(self.in_flight, 1)
+            self.queue_limits.received(plan, n)
+            if health.failing:
+                self._queue_recovered(health)
+            got += n
+            if self.prefetch is None:
+                self._adapt(full=n >= want)
+        return got
 
-                    def finished(floor: int = floor) -> bool:
-                        return self.stopping or self.in_flight < floor
+    def _want(self, plan: Plan, free: int) -> int:
+        """How many messages of ``plan`` to ask for with ``free`` slots."""
+        if plan.batch:
+            want = plan.batch_size
+        elif self.depth == 1:
+            want = min(free, self.batch_size)
+        else:
+            want = free
+        if self.max_messages is not None:
+            want = min(want, self.max_messages - self.stats.received)
+        return want
 
-                    self.cond.wait_for(finished, timeout=1.0)
-                continue
-            self.emit("idle")
-            wait = self.poll_interval * random.uniform(0.5, 1.0)
-            if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
-                wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
-            bucket_wait = self.queue_limits.next_free()  # a rate-limited queue waits its bucket
-            if bucket_wait is not None:  # ... no longer than until it has a start again
-                wait = min(wait, bucket_wait)
-            self._idle_wait(wait)
-            recycle_connections()
+    def _nothing_came(self, idle_before: bool) -> bool:
+        """A round received nothing: wait before the next (a poll interval, a failing queue's
+        retry, a rate-limited queue's bucket). True: the burst is over."""
+        failing = [h for h in self._health.values() if h.failing]
+        if self.burst and not failing:
+            return self._burst_idle(idle_before)
+        self.reporter.emit("idle")
+        wait = self.poll_interval * random.uniform(0.5, 1.0)
+        if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
+            wait = max(wait, min(h.retry_at for h in failing) - time.monotonic())
+        bucket_wait = self.queue_limits.next_free()  # a rate-limited queue waits its bucket
+        if bucket_wait is not None:  # ... no longer than until it has a start again
+            wait = min(wait, bucket_wait)
+        self._idle_wait(wait)
+        recycle_connections()
+        return False
 
-    def _free_slots(self) -> int:
-        return self.concurrency * self.depth - self.in_flight
+    def _burst_idle(self, idle_before: bool) -> bool:
+        """Burst, and a round found nothing: True (over) when nothing was in flight and every
+        queue is settled; else wait for a bucket or for in-flight work to finish."""
+        bucket_wait = self.queue_limits.next_free()
+        if bucket_wait is not None:  # a rate-limited queue waits for its bucket
+            self._idle_wait(min(bucket_wait, 0.2))
+            return False
+        if idle_before:
+            # A whole round found nothing while nothing was in flight: stop once no row is
+            # leased to this process and unread, and each engine's last look found nothing
+            # due but what this worker gave back unmatched.
+            if self._settled():
+                self._burst_ended()
+                return True
+            return False
+        slots = self.slots
+        with slots.cond:  # wait for in-flight work to finish, then look again (none in
+            # flight: all finished during this round's receive; look again at once)
+            floor = max(slots.in_flight, 1)
+            slots.cond.wait_for(lambda: slots.stopping or slots.in_flight < floor, timeout=1.0)
+        return False
 
     def _wants_more(self) -> bool:
         # depth 1: a free thread. Otherwise also fewer units waiting than threads, so that
         # a claim takes many messages at once rather than one each time one finishes.
-        return self._free_slots() > 0 and self.waiting < self.concurrency
+        return self.slots.free(self.depth) > 0 and self.slots.waiting < self.concurrency
 
     def _idle_wait(self, seconds: float) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.stopping, timeout=seconds)
+        with self.slots.cond:
+            self.slots.cond.wait_for(lambda: self.slots.stopping, timeout=seconds)
 
     def _receive(self, plan: Plan, want: int) -> int:
-        """Receive up to ``want`` messages of ``plan``'s queue into slots (``_hold``) and onto
-        ``units``; messages whose lease already expired are skipped. Returns how many came."""
+        """Receive up to ``want`` messages of ``plan``'s queue into slots (``Slots.hold``) and
+        onto ``units``; messages whose lease already expired are skipped. Returns how many
+        came."""
         # Serving several queues, a receive takes what a queue's stream holds now: waiting on
         # one queue's stream (native queues) held up every other, and a round over N idle
         # queues took N waits (30 queues: 15 s before a task was run). The streams go on
@@ -607,15 +592,14 @@ class Worker:
                 plan.label,
                 extra={"action": "lease_expired", "queue": plan.label, "worker_id": self.worker_id},
             )
-        deliveries = [
-            Delivery(message=m, model=plan.model, renew_at=renew_at(m, now)) for m in fresh
-        ]
+        deliveries = [Delivery(m, plan, renew_at(m, now)) for m in fresh]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         units = [u for u in units if u]
-        self._hold(plan.label, units, received=len(messages))
+        self.reporter.count("received", len(messages))
+        self.slots.hold(plan.label, units)
         for unit in units:
             for d in unit:
-                self.emit("received", message=d.message)
+                self.reporter.emit("received", message=d.message)
             self.units.put(unit)
         return len(messages)
 
@@ -625,7 +609,7 @@ class Worker:
         ``AUTO_PREFETCH_MAX``), so that what a thread holds starts well before its lease ends:
         doubling towards it after a receive that came back ``full`` (a backlog), at once down
         to it when receivers slow down. Nothing timed yet: one per free thread."""
-        took = self.unit_seconds
+        took = self.slots.unit_seconds
         if took is None:
             return
         budget = (
@@ -657,9 +641,9 @@ class Worker:
         worker stops."""
         try:
             while True:
-                with self.cond:
-                    if self.cond.wait_for(
-                        lambda: self.stopping, timeout=controls.PAUSE_CHECK_SECONDS
+                with self.slots.cond:
+                    if self.slots.cond.wait_for(
+                        lambda: self.slots.stopping, timeout=controls.PAUSE_CHECK_SECONDS
                     ):
                         return
                 self._check_paused()
@@ -694,8 +678,8 @@ class Worker:
         doubling per failure in a row). Logged once per episode (a warning with the
         traceback); later failures of the episode at debug level. A lost database connection
         is closed, so the next receive reconnects."""
-        model = next(p.model for p in self.plans if p.label == health.label)
-        forget_lost_connection(exc, self.cached(model)[0])
+        plan = next(p for p in self.plans if p.label == health.label)
+        forget_lost_connection(exc, plan.db)
         now = time.monotonic()
         health.failures += 1
         health.error = exc
@@ -704,7 +688,7 @@ class Worker:
         # (the exponent is capped: a float times 2**1024 overflows, after ~75 min of failures)
         doubled = max(self.poll_interval, QUEUE_BACKOFF_MIN) * 2 ** min(health.failures, 64)
         health.retry_at = now + min(QUEUE_BACKOFF_MAX, doubled) * random.uniform(0.75, 1.0)
-        self.count("receive_errors")
+        self.reporter.count("receive_errors")
         if health.failures == 1:
             logger.warning(
                 "receive from %s failed (%s: %s); backing off, the worker's other queues go "
@@ -725,7 +709,7 @@ class Worker:
                 exc,
                 extra={"action": "queue_failing", "queue": health.label},
             )
-        self.emit("receive_failed", queue=health.label, error=exc)
+        self.reporter.emit("receive_failed", queue=health.label, error=exc)
 
     def _queue_recovered(self, health: QueueHealth) -> None:
         """A receive of a failing queue succeeded: the episode ends (logged once)."""
@@ -741,7 +725,7 @@ class Worker:
         health.since = None
         health.error = None
         health.retry_at = 0.0
-        self.emit("queue_recovered", queue=health.label)
+        self.reporter.emit("queue_recovered", queue=health.label)
 
     def _settled(self, wait: float | None = None) -> bool:
         """No queue of this worker has rows leased to this process and unread, and each
@@ -780,59 +764,6 @@ class Worker:
             extra={"action": "burst_ended"},
         )
 
-    # --- slots: the only writes of in_flight, waiting, by_queue, deliveries, unit_seconds ---
-    def _hold(self, label: str, units: list[Unit], *, received: int) -> None:
-        """Intake: the units of one receive of queue ``label`` (``received`` messages) are this
-        worker's, each in a slot, waiting for an executor (the caller then puts them on
-        ``units``); those beyond the threads free now wait ahead (given back if the worker
-        stops first). Wakes the renewer."""
-        with self.cond:
-            self.stats.received += received
-            for unit in units[max(0, self.concurrency - self.in_flight) :]:
-                for d in unit:
-                    d.ahead = True
-            for unit in units:
-                self.deliveries.update(unit)
-                self.by_queue[label] += len(unit)
-            self.in_flight += len(units)
-            self.waiting += len(units)
-            self.renew_cond.notify_all()
-
-    def _take(self, unit: Unit) -> bool:
-        """An executor took ``unit``: it no longer waits. Returns whether it is to be given
-        back unstarted (the worker stops, and it was claimed ahead of a free thread, or every
-        unit waits with a fixed prefetch > 1). Below the low-water mark the intake is woken."""
-        prefetch = self.prefetch
-        with self.cond:
-            self.waiting -= 1
-            fixed = prefetch is not None and prefetch > 1
-            unstarted = self.stopping and (fixed or unit[0].ahead)
-            ahead = prefetch is None or prefetch > 1  # units may wait for a thread
-            if ahead and self.waiting == self.concurrency - 1:
-                self.cond.notify_all()  # below the low-water mark: claim more
-            return unstarted
-
-    def _done(self, unit: Unit, took: float | None) -> None:
-        """An executor is done with ``unit`` (``took`` seconds to run and ack; None: it did not
-        run): its slot is free, its time goes into ``unit_seconds``."""
-        with self.cond:
-            for d in unit:
-                d.done = True
-            self.deliveries.difference_update(unit)
-            self.by_queue[unit[0].model._meta.label] -= len(unit)
-            self.in_flight -= 1
-            if took is not None:  # for the adaptive prefetch
-                avg = self.unit_seconds
-                self.unit_seconds = took if avg is None else avg + (took - avg) * EWMA_WEIGHT
-            # A slot is free: wake the intake only if it may claim now (it waits for fewer
-            # waiting units than threads, or, with prefetch 1, for a free thread) and whoever
-            # waits for the slots to empty or for a stop. With units still waiting nobody is
-            # woken for nothing once per message.
-            if self.waiting < self.concurrency or self.stopping:
-                self.cond.notify_all()
-            if self.stopping and self.in_flight == 0:
-                self.renew_cond.notify_all()
-
     # --- the executor threads ---------------------------------------------------------------
     def _execute_units(self) -> None:
         """An executor thread: take units from ``units`` and run them until told to end
@@ -842,26 +773,25 @@ class Worker:
                 unit = self.units.get()
                 if unit is None:
                     return
-                unstarted = self._take(unit)
+                unstarted = self.slots.take(unit)
                 started = 0.0
                 try:
-                    plan = next(p for p in self.plans if p.model is unit[0].model)
                     if unstarted:
                         run_now = self.outcomes.return_unstarted(unit)
                         if run_now:
-                            self._run_unit(plan, run_now)
+                            self._run_unit(unit[0].plan, run_now)
                     else:
                         started = time.monotonic()
-                        self._run_unit(plan, unit)
+                        self._run_unit(unit[0].plan, unit)
                 except Exception:
                     logger.exception(
                         "worker error; message(s) left to lease expiry",
-                        extra=self.log_extra("error", unit[0].message),
+                        extra=self.reporter.log_extra("error", unit[0].message),
                     )
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
                     self._crash(unit, exc)
                 finally:
-                    self._done(unit, time.monotonic() - started if started else None)
+                    self.slots.done(unit, time.monotonic() - started if started else None)
                     recycle_connections()
         finally:
             connections.close_all()
@@ -880,180 +810,166 @@ class Worker:
                 type(exc).__name__,
                 exc,
                 exc_info=exc,
-                extra=self.log_extra("crashed", d.message),
+                extra=self.reporter.log_extra("crashed", d.message),
             )
-            self.emit("crashed", message=d.message, error=exc)
-        with self.cond:
+            self.reporter.emit("crashed", message=d.message, error=exc)
+        with self.slots.cond:
             if self.crashed is None:
                 self.crashed = exc
         self.stop()
 
     def _run_unit(self, plan: Plan, unit: Unit) -> None:
         """Run one unit: the deliveries whose lease is still held, not exhausted
-        (``max_attempts``: given up on) and routed to a receiver (``NoReceiver``: given back,
-        ``outcomes.unmatched``); a batch in groups per receiver of at most its batch size."""
+        (``max_attempts``: given up on) and routed to a receiver (``NoReceiver``: given back);
+        a batch in groups per receiver of at most its batch size. Each run's outcomes are
+        settled (``Outcomes.settle``) once it returns."""
+        before, groups = self._route(plan, unit)
+        self.outcomes.settle(before)
+        for spec, group in groups:
+            size = (spec.max_batch_size or self.batch_size) if plan.batch else 1
+            for i in range(0, len(group), size):
+                self.outcomes.settle(self._run(plan, spec, group[i : i + size]))
+
+    def _route(
+        self, plan: Plan, unit: Unit
+    ) -> tuple[list[Outcome], list[tuple[ReceiverSpec, list[Delivery]]]]:
+        """The outcomes of the deliveries of ``unit`` that are not to run (lease lost or
+        expired, exhausted, unmatched), and the others by receiver."""
         now = clock.now()
-        mine, lost = [], []
+        before: list[Outcome] = []
+        groups: dict[str, tuple[ReceiverSpec, list[Delivery]]] = {}
+        lost_before = LeaseLost("lease lost or expired before the receiver ran")
         for d in unit:
             expires = d.message.lease_expires_at
             if d.lease_lost or (expires is not None and expires <= now):
-                lost.append(d)  # lost by renewal, or expired waiting in the prefetch buffer
-            else:
-                mine.append(d)
-        if lost:
-            lost_before = LeaseLost("lease lost or expired before the receiver ran")
-            self.outcomes.lease_lost(lost, lost_before)
-        groups: dict[str, tuple[ReceiverSpec, list[Delivery]]] = {}
-        unmatched: list[Delivery] = []
-        miss: NoReceiver | None = None
-        for d in mine:
-            if DeliveryPolicy.exhausted(d.model, d.message):
-                self.outcomes.give_up([d], None)
+                # lost by renewal, or expired waiting in the prefetch buffer
+                before.append(Outcome(Kind.LEASE_LOST, d, error=lost_before))
+                continue
+            if DeliveryPolicy.exhausted(plan.model, d.message):
+                before.append(Outcome(Kind.EXHAUSTED, d))
                 continue
             try:
                 spec = self.registry.route(plan.specs, d.message)
             except NoReceiver as exc:  # another release's receiver: give it back
-                unmatched.append(d)
-                miss = exc
+                before.append(Outcome(Kind.UNMATCHED, d, error=exc))
                 continue
-            if plan.batch:
-                groups.setdefault(spec.name, (spec, []))[1].append(d)
-            else:
-                self._execute(spec, [d])
-        if miss is not None:
-            self.outcomes.unmatched(unmatched, miss, plan.specs)
-        for spec, group in groups.values():
-            size = spec.max_batch_size or self.batch_size
-            for i in range(0, len(group), size):
-                self._execute(spec, group[i : i + size])
+            groups.setdefault(spec.name, (spec, []))[1].append(d)
+        return before, list(groups.values())
 
-    def _execute(self, spec: ReceiverSpec, deliveries: list[Delivery]) -> None:
+    def _run(self, plan: Plan, spec: ReceiverSpec, deliveries: list[Delivery]) -> list[Outcome]:
         """Run ``spec``'s receiver on ``deliveries`` and ack them, in its transaction when it is
-        ``atomic``; what follows a failure, ``Retry`` or a lost lease is ``outcomes``'s."""
-        model = deliveries[0].model
-        db, engine, _ = self.cached(model)
-        retries = engine.params.transaction_retries
-        limit = spec.timeout if spec.timeout is not None else self.timeout  # (None: no limit)
+        ``atomic`` (the ack commits with the receiver's writes, or neither does). Returns one
+        outcome per delivery (``outcomes_of`` an error); ``Outcomes.settle`` acts on them. A
+        ``BaseException`` that is not an ``Exception`` goes up (``_crash``)."""
+        limit = spec.timeout if spec.timeout is not None else plan.timeout  # (None: no limit)
         if spec.timeout_of is not None and len(deliveries) == 1:
             limit = spec.timeout_of(deliveries[0].message) or limit
         started = time.monotonic()
         for d in deliveries:
-            self.emit("started", message=d.message, receiver=spec.name)
+            self.reporter.emit("started", message=d.message, receiver=spec.name)
+        context = self._context(spec, deliveries, started, limit)
+        own: list[Outcome] = []  # acked by the receiver's own code before it raised
+        try:
+            with running(context):
+                if spec.atomic:
+                    run_in_transaction(
+                        lambda: self._call(plan, spec, deliveries, context, limit),
+                        using=plan.db,
+                        retries=plan.retries,
+                    )
+                else:
+                    try:
+                        self._call(plan, spec, deliveries, context, limit)
+                    except AckedFailure:
+                        raise  # acked and failed, as the receiver says (the Tasks runner)
+                    except Exception:
+                        own, deliveries = self._own_acks(spec, deliveries, context)
+                        if not deliveries:  # no message to fail: the error is only logged
+                            logger.exception(
+                                "%s raised after acking all its messages itself; the acks stand",
+                                spec.name,
+                                extra={"action": "error", "queue": plan.label},
+                            )
+                            return own
+                        raise  # the outcome below is the others'
+                    ack = partial(self._ack, plan, deliveries, context)
+                    run_in_transaction(ack, using=plan.db, retries=plan.retries)
+        except Exception as exc:
+            if isinstance(exc, TimeLimitExceeded):
+                # the interrupt may have landed anywhere in the receiver's database code:
+                # start this thread's next message on fresh connections
+                connections.close_all()
+            duration = time.monotonic() - started
+            return own + outcomes_of(exc, deliveries, spec.name, duration, atomic=spec.atomic)
+        duration = time.monotonic() - started
+        return [Outcome(Kind.ACKED, d, spec.name, duration) for d in deliveries]
 
+    def _context(
+        self, spec: ReceiverSpec, deliveries: list[Delivery], started: float, limit: float | None
+    ) -> MessageContext:
+        """The receiver's ``MessageContext``: the leases held now, and an ack by its own code
+        freezes the lease it acks with."""
         by_key = {(d.message.queue, d.message.key): d for d in deliveries}
+        leases = self.leases
 
         def lease(message: Message) -> Message:
             """The lease held now (renewed), for the receiver's code (``context.lease``)."""
-            with self.renew_lock:
-                return by_key[(message.queue, message.key)].message
+            return leases.current(by_key[(message.queue, message.key)])
 
         def freeze(message: Message) -> Message:
             """The lease held now, for an ack by the receiver's code: no longer renewed."""
-            return self.freeze([by_key[(message.queue, message.key)]])[0]
+            return leases.freeze([by_key[(message.queue, message.key)]])[0]
 
-        context = MessageContext(
+        return MessageContext(
             spec,
             [d.message for d in deliveries],
             worker_id=self.worker_id,
             deadline=started + limit if limit is not None else None,
             lease=lease,
             freeze=freeze,
-            stopping=lambda: self.stopping,
+            stopping=lambda: self.slots.stopping,
         )
 
-        def body() -> None:
-            with self.renew_lock:  # (again on a retried transaction: renew while it runs)
-                for d in deliveries:
-                    d.acking = False
-            context._restart()  # (again on a retried transaction: its acks rolled back)
-            with self.time_limits.running(deliveries, limit):
-                try:
-                    call(spec, context)
-                except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
-                    if exc.args != (TimeLimitExceeded.INTERRUPTED,):
-                        raise
-                    error = time_limit_exceeded(spec.name, deliveries, limit)
-                    raise error.with_traceback(exc.__traceback__) from None
-            if any(d.timed_out for d in deliveries):  # returned late: never acked
-                raise time_limit_exceeded(spec.name, deliveries, limit)
-            if spec.atomic:
-                self._ack(deliveries, db, context)
+    def _call(
+        self,
+        plan: Plan,
+        spec: ReceiverSpec,
+        deliveries: list[Delivery],
+        context: MessageContext,
+        limit: float | None,
+    ) -> None:
+        """Call the receiver under its time limit (again on a retried transaction: renewed
+        while it runs, its own acks rolled back); an atomic receiver's messages are acked in
+        its transaction."""
+        self.leases.thaw(deliveries)
+        context._restart()
+        with self.time_limits.running(deliveries, limit):
+            try:
+                call(spec, context)
+            except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
+                if exc.args != (TimeLimitExceeded.INTERRUPTED,):
+                    raise
+                error = time_limit_exceeded(spec.name, deliveries, limit)
+                raise error.with_traceback(exc.__traceback__) from None
+        if any(d.timed_out for d in deliveries):  # returned late: never acked
+            raise time_limit_exceeded(spec.name, deliveries, limit)
+        if spec.atomic:
+            self._ack(plan, deliveries, context)
 
-        try:
-            with running(context):
-                if spec.atomic:
-                    run_in_transaction(body, using=db, retries=retries)
-                else:
-                    try:
-                        body()  # outside any transaction: external side effects, then ack
-                    except AckedFailure:
-                        raise  # acked and failed, as the receiver says (the Tasks runner)
-                    except Exception:
-                        deliveries = self._not_acked_by_receiver(spec, deliveries, context)
-                        if not deliveries:  # no message to fail: the error is only logged
-                            logger.exception(
-                                "%s raised after acking all its messages itself; the acks stand",
-                                spec.name,
-                                extra={"action": "error", "queue": model._meta.label},
-                            )
-                            return
-                        raise  # the outcome below is the others'
-                    run_in_transaction(
-                        lambda: self._ack(deliveries, db, context), using=db, retries=retries
-                    )
-        except Retry as exc:
-            self.outcomes.retry(deliveries, exc, spec, time.monotonic() - started)
-        except TimeLimitExceeded as exc:
-            if not any(d.stuck for d in deliveries):  # (a stuck run failed when given up on)
-                self.outcomes.failed(deliveries, exc, spec, time.monotonic() - started)
-            # the interrupt may have landed anywhere in the receiver's database code: start
-            # this thread's next message on fresh connections
-            connections.close_all()
-        except LeaseLost as exc:
-            self.outcomes.lease_lost(deliveries, exc, time.monotonic() - started)
-        except MessageAlreadyAcked as exc:
-            self.outcomes.already_acked(deliveries, exc, spec, time.monotonic() - started)
-        except Exception as exc:
-            duration = time.monotonic() - started
-            if any(d.stuck for d in deliveries):
-                pass  # its failure was counted when the worker gave up on it
-            elif isinstance(exc, AckedFailure) and not spec.atomic:  # failure recorded, acked
-                self.outcomes.failed(deliveries, exc.error, spec, duration, acked=True)
-            else:
-                self.outcomes.failed(deliveries, exc, spec, duration)
-        else:
-            duration = time.monotonic() - started
-            self.count("processed", len(deliveries))
-            debug = logger.isEnabledFor(logging.DEBUG)  # no log record built per message else
-            for d in deliveries:
-                if debug:
-                    logger.debug(
-                        "%s attempt %d acked (%s, %.3f s)",
-                        d.message,
-                        d.message.attempt,
-                        spec.name,
-                        duration,
-                        extra=self.log_extra("acked", d.message, duration),
-                    )
-                self.emit("acked", message=d.message, receiver=spec.name, duration=duration)
-
-    def _not_acked_by_receiver(
-        self, spec: ReceiverSpec, deliveries: list[Delivery], context: MessageContext
-    ) -> list[Delivery]:
+    @staticmethod
+    def _own_acks(
+        spec: ReceiverSpec, deliveries: list[Delivery], context: MessageContext
+    ) -> tuple[list[Outcome], list[Delivery]]:
         """A non-atomic receiver raised after acking some of its messages itself (those acks
-        committed): they are done (processed, ``acked`` events); the rest are returned, for the
-        outcome of the error. The Pub/Sub relay acks what Pub/Sub confirmed, then fails. An
-        ack counts once it committed (``context.committed``): a time limit's interrupt inside
-        the receiver's own transaction rolls its ack back, one after the commit finds the
-        message done (it was counted failed, and "given back", though it no longer existed)."""
+        committed): they are ``ACKED``; the rest are returned, for the outcome of the error.
+        The Pub/Sub relay acks what Pub/Sub confirmed, then fails. An ack counts once it
+        committed (``context.committed``): a time limit's interrupt inside the receiver's own
+        transaction rolls its ack back, one after the commit finds the message done."""
         done = [d for d in deliveries if context.committed(d.message)]
-        if done:
-            self.count("processed", len(done))
-            for d in done:
-                self.emit("acked", message=d.message, receiver=spec.name)
-        return [d for d in deliveries if d not in done]
+        rest = [d for d in deliveries if d not in done]
+        return [Outcome(Kind.ACKED, d, spec.name) for d in done], rest
 
-    def _ack(self, deliveries: list[Delivery], db: str, context: MessageContext) -> None:
+    def _ack(self, plan: Plan, deliveries: list[Delivery], context: MessageContext) -> None:
         """Ack in the current transaction (``DeliveryPolicy.ack``), unless a lease was lost
         (then raise LeaseLost); the messages the receiver's code acked itself
         (``context.acked``) are done."""
@@ -1061,61 +977,15 @@ class Worker:
         if lost:
             raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
         # the lease held now (renewed)
-        pending = [m for m in self.freeze(deliveries) if not context.acked(m)]
-        model = deliveries[0].model
-        DeliveryPolicy(self.cached(model)[1]).ack(model, pending, using=db)
-
-    # --- leases, as an ack, a retry, a release or the renewer reads them --------------------
-    def freeze(self, deliveries: list[Delivery]) -> list[Message]:
-        """The deliveries' messages with the lease held now; no renewal rotates their tokens
-        from here on (``acking``)."""
-        with self.renew_lock:
-            for d in deliveries:
-                d.acking = True
-            return [d.message for d in deliveries]
-
-    @contextlib.contextmanager
-    def lease_write(
-        self, model: type[Queue], write: Callable[[], T], *, wait: float | None = None
-    ) -> Iterator[tuple[bool, T | None]]:
-        """Run ``write()`` (a renewal, release or give-back of ``model``'s leases) holding
-        ``renew_lock``, and keep holding it for the ``with`` block, which yields ``(True,
-        write's result)`` and records the new leases: an ack reads no token in between. An
-        ack takes ``renew_lock`` inside its transaction; ``transactions.holding`` orders this
-        write the same way where the database has a single write lock. ``wait``: give up
-        (``(False, None)``, nothing written) when this process's write lock stays busy that
-        long (an atomic receiver of this process holds it while it runs). Errors of
-        ``write()`` and of its transaction are raised by the ``with`` statement."""
-        db, engine, _ = self.cached(model)
-        retries = engine.params.transaction_retries
-        with holding(self.renew_lock, write, using=db, retries=retries, wait=wait) as result:
-            yield result
-
-    def cached(self, model: type[Queue]) -> tuple[str, Any, QueueOptions]:
-        """(database alias, engine, QueueOptions) of a queue, looked up once per worker."""
-        cached = self._per_queue.get(model)
-        if cached is None:
-            cached = (api._database(model, None), engine_for(model), queue_options(model))
-            self._per_queue[model] = cached
-        return cached
+        pending = [m for m in self.leases.freeze(deliveries) if not context.acked(m)]
+        plan.policy.ack(plan.model, pending, using=plan.db)
 
     # --- events -----------------------------------------------------------------------------
-    def emit(self, name: str, **info: Any) -> None:
-        """Call the listeners with a ``WorkerEvent``; one that raises is logged. A burst
-        worker remembers the messages given back unmatched (``unmatched_keys``)."""
-        if name == "unmatched" and self.burst:
-            self._note_unmatched(info["message"])
-        if not self.listeners:
+    def _noted(self, name: str, message: Message) -> None:
+        """A burst worker remembers the messages given back unmatched (``unmatched_keys``)."""
+        if name != "unmatched":
             return
-        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
-        for listener in self.listeners:
-            try:
-                listener(event)
-            except Exception:
-                logger.exception("worker event listener failed on %s", name)
-
-    def _note_unmatched(self, message: Message) -> None:
-        with self.cond:
+        with self.slots.cond:
             keys = self.unmatched_keys.get(message.queue)
             if keys is None or message.key in keys:
                 return
@@ -1123,23 +993,17 @@ class Worker:
                 keys.add(message.key)
                 self._unmatched_kept += 1
 
-    def count(self, name: str, n: int = 1) -> None:
-        """Add ``n`` to the counter ``name`` of ``stats``."""
-        with self.cond:
-            setattr(self.stats, name, getattr(self.stats, name) + n)
-
-    def log_extra(
-        self, action: str, message: Message, duration: float | None = None, **more: Any
-    ) -> dict[str, Any]:
-        """``events.log_extra`` with this worker's id."""
-        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
+    def _reseed_soon(self) -> None:
+        """A message left its queue for good (dead-lettered, discarded): re-seed the periodic
+        schedules at the next round."""
+        self.next_seed = 0.0
 
     # --- signals ----------------------------------------------------------------------------
     def _on_signal(self, signum: int) -> None:
         """SIGTERM/SIGINT (``on_stop``): the first stops the worker, a second one (even before
         the first stop has run) ends the process (``abort``)."""
         name = signal.Signals(signum).name
-        if not (self._signalled or self.stopping):
+        if not (self._signalled or self.slots.stopping):
             self._signalled = True
             logger.warning(
                 "%s received: finishing in-flight messages, then exiting (send it again to "
@@ -1162,15 +1026,19 @@ class Worker:
             self._abort()
 
     def _stop_on_signal(self) -> None:
-        self.emit("stopping")
+        self.reporter.emit("stopping")
         self.stop()
 
 
 def plan_queues(
-    queues: Sequence[str | type[Queue]] | None, registry: ReceiverRegistry, batch_size: int
+    queues: Sequence[str | type[Queue]] | None,
+    registry: ReceiverRegistry,
+    batch_size: int,
+    timeout: float | None = None,
 ) -> list[Plan]:
-    """One ``Plan`` per queue to run (default: every queue that has receivers);
-    ``QueueConfigurationError`` for an unknown queue or one without receivers."""
+    """One ``Plan`` per queue to run (default: every queue that has receivers), with its
+    database, engine, options and delivery policy; ``QueueConfigurationError`` for an unknown
+    queue or one without receivers. ``timeout``: the time limit of receivers that set none."""
     by_queue = registry.by_queue()  # raises for receivers of undeclared queues
     if not by_queue:
         raise QueueConfigurationError(
@@ -1195,8 +1063,55 @@ def plan_queues(
         specs = tuple(by_queue[label])
         batch = specs[0].batch
         size = max((s.max_batch_size or batch_size) for s in specs) if batch else 1
-        plans.append(Plan(get_queue(label), specs, batch, size))
+        model = get_queue(label)
+        engine = engine_for(model)
+        plans.append(
+            Plan(
+                model,
+                specs,
+                batch,
+                size,
+                db=api._database(model, None),
+                engine=engine,
+                options=queue_options(model),
+                policy=DeliveryPolicy(engine),
+                timeout=timeout,
+            )
+        )
     return plans
+
+
+def _check_arguments(
+    *,
+    concurrency: int,
+    prefetch: int | None,
+    batch_size: int,
+    max_messages: int | None,
+    lease: timedelta | None,
+    poll_interval: float,
+    reseed_interval: float | None,
+    timeout: float | None,
+    stuck_grace: float,
+) -> None:
+    """``InvalidArgument`` for a ``Worker`` argument out of its range."""
+    _require_int("concurrency", concurrency, 1, MAX_CONCURRENCY)
+    if prefetch is not None:
+        _require_int("prefetch", prefetch, 1, MAX_PREFETCH)
+    _require_int("batch_size", batch_size, 1, None)
+    if max_messages is not None:
+        _require_int("max_messages", max_messages, 1, None)
+    if lease is not None and (not isinstance(lease, timedelta) or lease <= timedelta(0)):
+        raise InvalidArgument(f"lease must be a positive timedelta, not {lease!r}.")
+    if not isinstance(poll_interval, (int, float)) or not poll_interval >= 0:
+        raise InvalidArgument(f"poll_interval must be >= 0, not {poll_interval!r}.")
+    if reseed_interval is not None and (
+        not isinstance(reseed_interval, (int, float)) or not reseed_interval > 0
+    ):
+        raise InvalidArgument(f"reseed_interval must be > 0, not {reseed_interval!r}.")
+    if timeout is not None and not _positive_seconds(timeout):
+        raise InvalidArgument(f"timeout must be a positive number of seconds, not {timeout!r}.")
+    if not _positive_seconds(stuck_grace):
+        raise InvalidArgument(f"stuck_grace must be a positive number, not {stuck_grace!r}.")
 
 
 def _require_int(name: str, value: Any, low: int, high: int | None) -> None:

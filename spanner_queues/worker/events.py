@@ -1,6 +1,7 @@
 """What the worker tells its listeners: ``WorkerEvent`` (one per thing it did, from
-``Worker.emit``), ``WorkerStats`` (counters), ``WorkerEvents`` (a listener that records them and
-lets tests wait), and ``log_extra`` (the fields of its log records).
+``Reporter.emit``), ``WorkerStats`` (counters), ``Reporter`` (the handle the worker's parts
+report through: events, counters, log fields), ``WorkerEvents`` (a listener that records them
+and lets tests wait), and ``log_extra`` (the fields of its log records).
 
 A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
@@ -22,6 +23,7 @@ import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +90,51 @@ class WorkerStats:
 
     def copy(self) -> WorkerStats:
         return WorkerStats(**{name: getattr(self, name) for name in self.__slots__})
+
+
+class Reporter:
+    """How the worker's parts report (events to the listeners, counters, log fields): the
+    only handle they hold for it. Thread-safe; a listener that raises is logged."""
+
+    def __init__(
+        self,
+        worker_id: str,
+        listeners: Sequence[Callable[[WorkerEvent], None]] = (),
+        *,
+        noted: Callable[[str, Message], None] | None = None,
+    ) -> None:
+        self.worker_id = worker_id
+        self.listeners = list(listeners)
+        #: counters since the worker started (live; ``copy()`` for a snapshot)
+        self.stats = WorkerStats()
+        self._lock = threading.Lock()
+        #: told of every per-message event before the listeners (the burst's unmatched keys)
+        self._noted = noted
+
+    def emit(self, name: str, **info: Any) -> None:
+        """Call the listeners with a ``WorkerEvent``; one that raises is logged."""
+        noted, message = self._noted, info.get("message")
+        if noted is not None and message is not None:
+            noted(name, message)
+        if not self.listeners:
+            return
+        event = WorkerEvent(name=name, worker_id=self.worker_id, **info)
+        for listener in self.listeners:
+            try:
+                listener(event)
+            except Exception:
+                logger.exception("worker event listener failed on %s", name)
+
+    def count(self, name: str, n: int = 1) -> None:
+        """Add ``n`` to the counter ``name`` of ``stats``."""
+        with self._lock:
+            setattr(self.stats, name, getattr(self.stats, name) + n)
+
+    def log_extra(
+        self, action: str, message: Message, duration: float | None = None, **more: Any
+    ) -> dict[str, Any]:
+        """``log_extra`` with this worker's id."""
+        return log_extra(action, message, worker_id=self.worker_id, duration=duration, **more)
 
 
 class WorkerEvents:

@@ -1,6 +1,7 @@
 """Health of one worker process for container probes: ``/livez`` and ``/readyz`` over HTTP.
 
-``WorkerHealth`` is a ``Worker`` listener that also reads the worker's shared state:
+``WorkerHealth`` is a ``Worker`` listener that also reads what the worker holds (its
+``slots`` and ``plans``, once attached):
 
 - **live** (``/livez`` 200) unless a loop stopped turning or a receiver is past its limit:
   the receive loop reported nothing (a receive, an idle poll, a summary) for ``stall_seconds``
@@ -42,6 +43,7 @@ from spanner_queues.worker.events import FINAL_EVENTS, WorkerEvent
 
 if TYPE_CHECKING:
     from spanner_queues.worker import Worker
+    from spanner_queues.worker.slots import Plan, Slots
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -78,7 +80,8 @@ class WorkerHealth:
         self.db_check_timeout = db_check_timeout
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._worker: Worker | None = None
+        self._slots: Slots | None = None
+        self._plans: list[Plan] = []
         self._started = False
         self._stopping = False
         self._loop_at = monotonic()
@@ -91,8 +94,9 @@ class WorkerHealth:
         self._db_check: Future[list[str]] | None = None
 
     def attach(self, worker: Worker) -> None:
-        """The worker whose state (held leases, queues' databases) is read."""
-        self._worker = worker
+        """The worker whose slots (held leases, stuck receivers, stopping) and plans (queues'
+        databases, time limits) are read."""
+        self._slots, self._plans = worker.slots, list(worker.plans)
 
     # --- the listener ---------------------------------------------------------------------
     def __call__(self, event: WorkerEvent) -> None:
@@ -114,14 +118,12 @@ class WorkerHealth:
     # --- the checks -----------------------------------------------------------------------
     def _limit(self, receiver: str) -> float | None:
         """A receiver's time limit: its own ``timeout``, the worker's, or ``max_run_seconds``."""
-        worker = self._worker
-        if worker is not None:
-            for plan in worker.plans:
-                for spec in plan.specs:
-                    if spec.name == receiver and spec.timeout is not None:
-                        return spec.timeout
-            if worker.timeout is not None:
-                return worker.timeout
+        for plan in self._plans:
+            for spec in plan.specs:
+                if spec.name == receiver:
+                    limit = spec.timeout if spec.timeout is not None else plan.timeout
+                    if limit is not None:
+                        return limit
         return self.max_run_seconds
 
     def liveness(self) -> list[str]:
@@ -143,22 +145,20 @@ class WorkerHealth:
                 f"the receive loop has not turned for {loop_idle:.1f} s "
                 f"(limit {self.stall_seconds:g} s)"
             )
-        worker = self._worker
-        if worker is not None:
-            if worker.stuck_units:
+        slots = self._slots
+        if slots is not None:
+            if slots.stuck_units:
                 problems.append(
-                    f"{worker.stuck_units} receiver(s) could not be interrupted past their "
+                    f"{slots.stuck_units} receiver(s) could not be interrupted past their "
                     "time limit: the worker is stopping to be restarted"
                 )
             wall = clock.now()
-            with worker.cond:
-                overdue = [
-                    (wall - d.renew_at).total_seconds()
-                    for d in worker.deliveries
-                    if d.renew_at is not None
-                    and not (d.done or d.lease_lost or d.acking or d.timed_out)
-                    and (wall - d.renew_at).total_seconds() > self.stall_seconds
-                ]
+            overdue = [
+                (wall - d.renew_at).total_seconds()
+                for d in slots.renewable()
+                if d.renew_at is not None
+                and (wall - d.renew_at).total_seconds() > self.stall_seconds
+            ]
             if overdue:
                 problems.append(
                     f"the lease renewer is {max(overdue):.1f} s late on {len(overdue)} lease(s)"
@@ -167,18 +167,18 @@ class WorkerHealth:
 
     def readiness(self) -> list[str]:
         """Why the worker should receive no traffic; empty when it is ready."""
-        worker = self._worker
+        slots = self._slots
         with self._lock:
             started, stopping = self._started, self._stopping
-        if worker is not None and worker.stopping:
+        if slots is not None and slots.stopping:
             stopping = True
         if stopping:
             return ["stopping: receiving has ended, in-flight messages are finishing"]
-        if worker is None or not started:
+        if slots is None or not started:
             return ["starting: the worker is not receiving yet"]
-        return self.liveness() + self._databases(worker)
+        return self.liveness() + self._databases()
 
-    def _databases(self, worker: Worker) -> list[str]:
+    def _databases(self) -> list[str]:
         with self._db_lock:
             now = self._monotonic()
             if self._db_checked_at is not None and now - self._db_checked_at < (
@@ -186,7 +186,7 @@ class WorkerHealth:
             ):
                 return list(self._db_problems)
             if self._db_check is None:
-                aliases = sorted({worker.cached(plan.model)[0] for plan in worker.plans})
+                aliases = sorted({plan.db for plan in self._plans})
                 self._db_check = _db_checks.submit(lambda: _check_databases(aliases))
             check = self._db_check
         try:

@@ -1,109 +1,157 @@
-"""Leases: one renewer thread renews the leases of every message the worker holds (running
-or waiting in the prefetch buffer), halfway through each lease. A renewal that loses a lease
-marks the delivery lost: the worker then no longer acks, retries or releases it. A delivery
-whose token an ack has read (``acking``) is left alone until the ack commits. Engines that
-cannot renew (``NotSupportedByEngine``) keep the lease they gave."""
+"""Leases: ``Leases`` (the lease held now of each delivery, as an ack, a retry, a release or a
+renewal reads and writes it) and ``Renewer`` (one thread that renews the leases of every
+message the worker holds, running or waiting in the prefetch buffer, halfway through each
+lease). A renewal that loses a lease marks the delivery lost: the worker then no longer acks,
+retries or releases it. A delivery whose token an ack has read (``acking``) is left alone until
+the ack commits. Engines that cannot renew (``NotSupportedByEngine``) keep the lease they
+gave."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
 from spanner_queues import api, clock
 from spanner_queues.exceptions import NotSupportedByEngine
 from spanner_queues.message import Message
-from spanner_queues.transactions import forget_lost_connection
+from spanner_queues.transactions import forget_lost_connection, holding
 
 if TYPE_CHECKING:
-    from spanner_queues.worker import Delivery, Worker
+    from spanner_queues.worker.events import Reporter
+    from spanner_queues.worker.slots import Delivery, Plan, Slots
 
 logger = logging.getLogger("spanner_queues.worker")
+
+T = TypeVar("T")
 
 #: how long a renewal waits for the database's write lock held elsewhere in this process
 #: before it tries again later (seconds).
 LOCK_WAIT = 0.25
 
 
-class Renewer:
-    """Renews the leases of ``worker.deliveries`` (see the module docstring)."""
+class Leases:
+    """The leases the worker holds. ``lock`` is held by a renewal, and by whoever reads a
+    delivery's lease token to ack, retry, release or dead-letter it (``freeze``), so the token
+    acked with is the row's until the ack commits."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    def __init__(self) -> None:
+        self.lock = threading.RLock()
+
+    def current(self, d: Delivery) -> Message:
+        """``d``'s message with the lease held now (renewals rotate it)."""
+        with self.lock:
+            return d.message
+
+    def freeze(self, deliveries: Sequence[Delivery]) -> list[Message]:
+        """The deliveries' messages with the lease held now; no renewal rotates their tokens
+        from here on (``acking``)."""
+        with self.lock:
+            for d in deliveries:
+                d.acking = True
+            return [d.message for d in deliveries]
+
+    def thaw(self, deliveries: Sequence[Delivery]) -> None:
+        """Renew the deliveries again (a run's transaction starts, or starts again)."""
+        with self.lock:
+            for d in deliveries:
+                d.acking = False
+
+    @contextlib.contextmanager
+    def write(
+        self, plan: Plan, write: Callable[[], T], *, wait: float | None = None
+    ) -> Iterator[tuple[bool, T | None]]:
+        """Run ``write()`` (a renewal, release or give-back of ``plan``'s leases) holding
+        ``lock``, and keep holding it for the ``with`` block, which yields ``(True, write's
+        result)`` and records the new leases: an ack reads no token in between. An ack takes
+        ``lock`` inside its transaction; ``transactions.holding`` orders this write the same
+        way where the database has a single write lock. ``wait``: give up (``(False, None)``,
+        nothing written) when this process's write lock stays busy that long (an atomic
+        receiver of this process holds it while it runs). Errors of ``write()`` and of its
+        transaction are raised by the ``with`` statement."""
+        with holding(self.lock, write, using=plan.db, retries=plan.retries, wait=wait) as result:
+            yield result
+
+
+class Renewer:
+    """Renews the leases of the deliveries in ``slots`` (see the module docstring)."""
+
+    def __init__(self, slots: Slots, leases: Leases, reporter: Reporter) -> None:
+        self.slots = slots
+        self.leases = leases
+        self.reporter = reporter
 
     def run(self) -> None:
         """The renewer thread: until the worker stops and holds nothing."""
+        slots = self.slots
         try:
             while True:
-                with self.worker.cond:
-                    if self.worker.drained:
+                with slots.cond:
+                    if slots.drained:
                         return
                     now = clock.now()
-                    live = [
-                        d
-                        for d in self.worker.deliveries
-                        if not d.done and not d.lease_lost and not d.acking and not d.timed_out
-                    ]
+                    live = slots.renewable()
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     if not due:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
-                        self.worker.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
+                        slots.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
                         continue
                 self.renew(due)
         finally:
             connections.close_all()
 
     def renew(self, due: list[Delivery]) -> None:
-        by_model: dict[Any, list[Delivery]] = {}
+        by_plan: dict[str, list[Delivery]] = {}
         for d in due:
-            by_model.setdefault(d.model, []).append(d)
-        for model, group in by_model.items():
+            by_plan.setdefault(d.plan.label, []).append(d)
+        for group in by_plan.values():
+            self._renew(group[0].plan, group)
 
-            def renewal(group: list[Delivery] = group) -> tuple[list[Delivery], list[Any]]:
-                live = [
-                    d
-                    for d in group
-                    if not d.done and not d.lease_lost and not d.acking and not d.timed_out
-                ]
-                return live, (api.renew_many([d.message for d in live]) if live else [])
+    def _renew(self, plan: Plan, group: list[Delivery]) -> None:
+        def renewal() -> tuple[list[Delivery], list[Any]]:
+            live = [d for d in group if d.renewable]
+            return live, (api.renew_many([d.message for d in live]) if live else [])
 
-            try:
-                with self.worker.lease_write(model, renewal, wait=LOCK_WAIT) as (got, result):
-                    if not got or result is None:
-                        # The database's write lock is busy in this process (SQLite: an
-                        # atomic receiver holds it while it runs; nobody can claim its rows
-                        # meanwhile): try again shortly, holding nothing an ack needs.
-                        later = clock.now() + timedelta(seconds=LOCK_WAIT)
-                        for d in group:
-                            d.renew_at = later
-                        continue
-                    live, renewed = result
-                    by_key = {m.key: m for m in renewed}
-                    now = clock.now()
-                    for d in live:
-                        new = by_key.get(d.message.key)
-                        if new is None:
-                            self.mark_lost(d)
-                        else:
-                            d.message = new
-                            d.renew_at = renew_at(new, now)
-                            self.worker.emit("renewed", message=new)
-            except NotSupportedByEngine:  # the lease is what it is: no renewal
-                for d in group:
-                    d.renew_at = None
-            except Exception as exc:
-                forget_lost_connection(exc, self.worker.cached(model)[0])  # reconnect next time
-                logger.exception("lease renewal failed; trying again")
+        try:
+            with self.leases.write(plan, renewal, wait=LOCK_WAIT) as (got, result):
+                if not got or result is None:
+                    # The database's write lock is busy in this process (SQLite: an atomic
+                    # receiver holds it while it runs; nobody can claim its rows meanwhile):
+                    # try again shortly, holding nothing an ack needs.
+                    later = clock.now() + timedelta(seconds=LOCK_WAIT)
+                    for d in group:
+                        d.renew_at = later
+                    return
+                live, renewed = result
+                by_key = {m.key: m for m in renewed}
                 now = clock.now()
-                for d in group:
-                    expires = d.message.lease_expires_at
-                    if expires is not None and expires <= now:
+                for d in live:
+                    new = by_key.get(d.message.key)
+                    if new is None:
                         self.mark_lost(d)
                     else:
-                        d.renew_at = now + timedelta(milliseconds=200)
+                        d.message = new
+                        d.renew_at = renew_at(new, now)
+                        self.reporter.emit("renewed", message=new)
+        except NotSupportedByEngine:  # the lease is what it is: no renewal
+            for d in group:
+                d.renew_at = None
+        except Exception as exc:
+            forget_lost_connection(exc, plan.db)  # reconnect next time
+            logger.exception("lease renewal failed; trying again")
+            now = clock.now()
+            for d in group:
+                expires = d.message.lease_expires_at
+                if expires is not None and expires <= now:
+                    self.mark_lost(d)
+                else:
+                    d.renew_at = now + timedelta(milliseconds=200)
 
     def mark_lost(self, d: Delivery) -> None:
         d.lease_lost = True
@@ -111,9 +159,9 @@ class Renewer:
             "%s attempt %d: lease renewal failed; the message is no longer this worker's",
             d.message,
             d.message.attempt,
-            extra=self.worker.log_extra("lease_lost", d.message),
+            extra=self.reporter.log_extra("lease_lost", d.message),
         )
-        self.worker.emit("renewal_failed", message=d.message)
+        self.reporter.emit("renewal_failed", message=d.message)
 
 
 def renew_at(message: Message, now: datetime) -> datetime | None:

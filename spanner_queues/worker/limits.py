@@ -31,15 +31,16 @@ import ctypes
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from spanner_queues import clock, controls
 from spanner_queues.exceptions import TimeLimitExceeded, WorkerStuck
-from spanner_queues.options import queue_options
+from spanner_queues.worker.outcomes import Kind, Outcome
 
 if TYPE_CHECKING:
-    from spanner_queues.worker import Delivery, Plan, Worker
+    from spanner_queues.worker.events import Reporter
+    from spanner_queues.worker.slots import Delivery, Plan, Slots
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -75,8 +76,18 @@ def _set_async_exc(thread_id: int, exc: type[BaseException] | None) -> None:
 class TimeLimits:
     """The watchdog of receivers' time limits (see the module docstring)."""
 
-    def __init__(self, worker: Worker, *, grace: float = STUCK_GRACE_SECONDS) -> None:
-        self.worker = worker
+    def __init__(
+        self,
+        slots: Slots,
+        reporter: Reporter,
+        *,
+        settle: Callable[[list[Outcome]], None],
+        grace: float = STUCK_GRACE_SECONDS,
+    ) -> None:
+        self.slots = slots
+        self.reporter = reporter
+        #: settles the failure of a stuck run (``Outcomes.settle``)
+        self.settle = settle
         #: seconds a receiver may stay busy past its limit before the worker gives up on it
         self.grace = grace
         #: receiver threads by ident -> monotonic time their call started (for the logs)
@@ -124,10 +135,10 @@ class TimeLimits:
 
     def run(self) -> None:
         """The watchdog thread: until the worker stops and holds nothing."""
-        worker = self.worker
+        slots = self.slots
         while True:
-            with worker.cond:
-                if worker.drained:
+            with slots.cond:
+                if slots.drained:
                     return
             with self.lock:
                 watched = list(self.running_now.items())
@@ -165,19 +176,19 @@ class TimeLimits:
                 "message goes back to the queue)",
                 d.message,
                 d.message.attempt,
-                extra=self.worker.log_extra(
+                extra=self.reporter.log_extra(
                     "timed_out", d.message, took, late_seconds=round(late, 3)
                 ),
             )
-            self.worker.emit("timed_out", message=d.message)
-        self.worker.count("timed_out", len(deliveries))
+            self.reporter.emit("timed_out", message=d.message)
+        self.reporter.count("timed_out", len(deliveries))
 
     def give_up(self, ident: int, deliveries: list[Delivery]) -> None:
         """A receiver did not leave its call within the grace after its limit: stop the worker
         and have ``run()`` raise ``WorkerStuck``."""
         self.stuck_threads.add(ident)
+        self.slots.stuck(deliveries)
         for d in deliveries:
-            d.stuck = True
             logger.critical(
                 "%s attempt %d: the receiver is still running %.0f s after its time limit and "
                 "cannot be interrupted (blocked outside Python); stopping the worker so that "
@@ -185,11 +196,9 @@ class TimeLimits:
                 d.message,
                 d.message.attempt,
                 self.grace,
-                extra=self.worker.log_extra("stuck", d.message, self.ran(deliveries)),
+                extra=self.reporter.log_extra("stuck", d.message, self.ran(deliveries)),
             )
-        with self.worker.cond:
-            self.worker.stuck_units += 1
-        self.worker.stop()
+        self.slots.stop()
         # The run counts as a failed attempt (recorded, with the message named in the error):
         # given back due after its back-off, or dead-lettered on its last attempt. Else the
         # message came back first on every restart and stopped each worker, for ever. (``run``
@@ -205,7 +214,7 @@ class TimeLimits:
                     f"{self.grace:g} s after its time limit and could not be interrupted; the "
                     "worker stopped"
                 )
-                self.worker.outcomes.failed([d], error, None, took)
+                self.settle([Outcome(Kind.STUCK, d, None, took, error)])
 
         recorder = threading.Thread(target=record, name="sq-stuck-failure", daemon=True)
         recorder.start()
@@ -231,9 +240,9 @@ class TimeLimits:
 class QueueLimits:
     """A worker's per-queue limits (see the module docstring); used by the intake thread only."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        options = {p.label: queue_options(p.model) for p in worker.plans}
+    def __init__(self, plans: Sequence[Plan], slots: Slots) -> None:
+        self.slots = slots
+        options = {p.label: p.options for p in plans}
         #: label -> concurrency_limit, for the queues that have one
         self.concurrency = {
             label: o.concurrency_limit for label, o in options.items() if o.concurrency_limit
@@ -250,8 +259,7 @@ class QueueLimits:
         label = plan.label
         limit = self.concurrency.get(label)
         if limit is not None:
-            with self.worker.cond:
-                want = min(want, limit - self.worker.by_queue[label])
+            want = min(want, limit - self.slots.held(label))
         rate = self.rates.get(label)
         if want <= 0 or rate is None:
             return max(want, 0)

@@ -2,7 +2,12 @@
 
 One place for it, built on the engine's storage verbs (``engines/base.py``): the engine stores,
 leases and deletes; ``DeliveryPolicy`` decides back-off, attempts, giving back, retry and
-discard; ``Outcomes`` acts on a run's outcome for the worker (logs, events, dead letters).
+discard. A run returns an ``Outcome`` per message (its ``Kind``: acked, retry, failed, timed
+out, lease lost, already acked; before a run: unmatched, exhausted; ``outcomes_of`` an error),
+and one function, ``Outcomes.settle``, applies the policy to outcomes (logs, events, dead
+letters) — Oban's executor and procrastinate's ``RetryDecision`` are the models. An ack decided
+inside the receiver's transaction is made there (the worker's ``_run``): ``ACKED`` only
+reports it.
 
 - ``raise Retry(after=...)``: the message is acked and sent again under the same key, due
   ``after`` later (default: the back-off), in one transaction (``DeliveryPolicy.retry``).
@@ -32,7 +37,7 @@ import enum
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
@@ -43,11 +48,13 @@ from typing import TYPE_CHECKING, Any
 from spanner_queues import clock
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.exceptions import (
+    AckedFailure,
     InvalidMessage,
     LeaseLost,
     MessageAlreadyAcked,
     MessageAlreadyExists,
     Retry,
+    TimeLimitExceeded,
 )
 from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
 from spanner_queues.options import queue_options
@@ -57,7 +64,9 @@ from spanner_queues.transactions import run_in_transaction
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
-    from spanner_queues.worker import Delivery, Worker
+    from spanner_queues.worker.events import Reporter
+    from spanner_queues.worker.leases import Leases
+    from spanner_queues.worker.slots import Delivery, Plan
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -222,57 +231,212 @@ def _tokens(messages: Sequence[Message]) -> list[str | None]:
     return [m.lease_token for m in messages]
 
 
-class Outcomes:
-    """Acts on a run's outcome for the worker (see the module docstring)."""
+class Kind(enum.Enum):
+    """How one delivery's run (or its try to run) ended: what ``Outcomes.settle`` acts on."""
 
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
+    #: the message is acked (by the worker in the run's transaction, or by the receiver)
+    ACKED = "acked"
+    #: ``raise Retry``: ack and send again under its key, due ``after`` later
+    RETRY = "retried"
+    #: the receiver raised: count the failure, give it back or give up on it
+    FAILED = "failed"
+    #: the receiver ran past its time limit: settled as ``FAILED``
+    TIMED_OUT = "timed_out"
+    #: the receiver could not be interrupted: the watchdog settles it as ``FAILED`` (the
+    #: run's own ``FAILED``/``TIMED_OUT`` of a stuck delivery is then nothing more)
+    STUCK = "stuck"
+    #: the lease was lost (renewal, expiry, a stale ack): nothing is done to the message
+    LEASE_LOST = "lease_lost"
+    #: someone else acked the message while the receiver ran: reported
+    ALREADY_ACKED = "already_acked"
+    #: no receiver of this worker matches it: given back without spending an attempt
+    UNMATCHED = "unmatched"
+    #: delivered more often than ``max_attempts`` allows: not run, given up on
+    EXHAUSTED = "exhausted"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The outcome of one delivery: a run returns one per message (a batch, one per message
+    of the batch), and ``Outcomes.settle`` applies the delivery policy to it."""
+
+    kind: Kind
+    delivery: Delivery
+    #: the receiver that ran (None: none ran)
+    receiver: str | None = None
+    #: seconds the receiver ran (None: it did not run, or the receiver acked it itself)
+    duration: float | None = None
+    #: what the run raised (``Retry``, the failure, ``LeaseLost``, ``NoReceiver``...)
+    error: BaseException | None = None
+    #: ``RETRY``: due this long from now (None: after the back-off)
+    after: timedelta | None = None
+    #: ``FAILED``: the receiver acked the message itself (``AckedFailure``): nothing is done
+    acked: bool = False
+
+
+def outcomes_of(
+    error: Exception,
+    deliveries: Sequence[Delivery],
+    receiver: str,
+    duration: float,
+    *,
+    atomic: bool,
+) -> list[Outcome]:
+    """The outcome of each of ``deliveries`` whose run raised ``error`` (procrastinate's
+    ``get_retry_decision``): ``Retry``, a time limit, a lost lease (``StaleAck`` too), an ack
+    by someone else, ``AckedFailure`` of a non-atomic receiver, any other failure."""
+    after: timedelta | None = None
+    acked = False
+    if isinstance(error, Retry):
+        kind, after = Kind.RETRY, error.after
+    elif isinstance(error, TimeLimitExceeded):
+        kind = Kind.TIMED_OUT
+    elif isinstance(error, LeaseLost):
+        kind = Kind.LEASE_LOST
+    elif isinstance(error, MessageAlreadyAcked):
+        kind = Kind.ALREADY_ACKED
+    elif isinstance(error, AckedFailure) and not atomic:  # failure recorded, acked
+        kind, error, acked = Kind.FAILED, error.error, True  # type: ignore[assignment]
+    else:
+        kind = Kind.FAILED
+    return [Outcome(kind, d, receiver, duration, error, after, acked) for d in deliveries]
+
+
+class Outcomes:
+    """Settles outcomes with the delivery policy (``settle``), reporting through a
+    ``Reporter`` and writing leases through ``Leases``; also gives back at stop what was never
+    started (``return_unstarted``). ``gone`` is called when a message left its queue for good
+    (dead-lettered, discarded: a periodic schedule may need its seed again)."""
+
+    def __init__(self, reporter: Reporter, leases: Leases, *, gone: Callable[[], None]) -> None:
+        self.reporter = reporter
+        self.leases = leases
+        self._gone = gone
         #: (queue, kind of miss) pairs already warned of (``unmatched``)
         self.mismatches: set[tuple[str, str]] = set()
         #: (queue, key) -> times no receiver of this worker matched it, least recent first
         self.misses: OrderedDict[tuple[str, tuple[Any, ...]], int] = OrderedDict()
         self._mismatch_lock = threading.Lock()
 
+    # --- the one entry: settle outcomes ----------------------------------------------------
+    def settle(self, outcomes: Sequence[Outcome]) -> None:
+        """Apply the delivery policy to ``outcomes``: those of one kind and queue (and, for
+        ``RETRY``, one ``after``) together, kinds in the order they first came. A ``RETRY``
+        group is acked and sent again in one transaction. ``ACKED`` outcomes were acked
+        already (in the run's transaction, which is how an ack stays atomic with the
+        receiver's writes): they are counted and reported."""
+        groups: dict[tuple[Kind, str, timedelta | None], list[Outcome]] = {}
+        for o in outcomes:
+            key = (o.kind, o.delivery.plan.label, o.after)
+            groups.setdefault(key, []).append(o)
+        for (kind, _, _), group in groups.items():
+            if kind is Kind.ACKED:
+                self._acked(group)
+            elif kind is Kind.RETRY:
+                self._retry(group)
+            elif kind in (Kind.FAILED, Kind.TIMED_OUT, Kind.STUCK):
+                # a stuck run was settled when the worker gave up on it (Kind.STUCK)
+                self.failed([o for o in group if kind is Kind.STUCK or not o.delivery.stuck])
+            elif kind is Kind.LEASE_LOST:
+                for o in group:
+                    self.lease_lost([o.delivery], o.error or LeaseLost(), o.duration)
+            elif kind is Kind.ALREADY_ACKED:
+                self._already_acked(group)
+            elif kind is Kind.UNMATCHED:
+                error = group[0].error
+                assert isinstance(error, NoReceiver)
+                self._unmatched([o.delivery for o in group], error)
+            else:  # EXHAUSTED
+                self.give_up([o.delivery for o in group], None)
+
+    def _acked(self, group: list[Outcome]) -> None:
+        reporter = self.reporter
+        reporter.count("processed", len(group))
+        debug = logger.isEnabledFor(logging.DEBUG)  # no log record built per message else
+        for o in group:
+            m = o.delivery.message
+            if debug:
+                logger.debug(
+                    "%s attempt %d acked (%s)",
+                    m,
+                    m.attempt,
+                    o.receiver,
+                    extra=reporter.log_extra("acked", m, o.duration),
+                )
+            reporter.emit("acked", message=m, receiver=o.receiver, duration=o.duration)
+
+    def _retry(self, group: list[Outcome]) -> None:
+        first = group[0]
+        exc, duration = first.error, first.duration
+        assert isinstance(exc, Retry)
+        by_delivery = {id(o.delivery): o for o in group}
+        deliveries = [o.delivery for o in group]
+        mine = self._resend(deliveries, exc, after=exc.after, not_done="retried", duration=duration)
+        if not mine:
+            return
+        self.reporter.count("retried", len(mine))
+        for d in mine:
+            o = by_delivery[id(d)]
+            logger.info(
+                "%s attempt %d: retry after %s%s",
+                d.message,
+                d.message.attempt,
+                exc.after,
+                f" ({exc.reason})" if exc.reason else "",
+                extra=self.reporter.log_extra("retried", d.message, o.duration),
+            )
+            self.reporter.emit(
+                "retried", message=d.message, receiver=o.receiver, duration=o.duration
+            )
+
+    def _already_acked(self, group: list[Outcome]) -> None:
+        """Someone else acked the messages while the receiver ran (their lease had expired):
+        the run's transaction rolled back; reported, nothing else is done."""
+        self.reporter.count("already_acked", len(group))
+        for o in group:
+            m = o.delivery.message
+            logger.warning(
+                "%s: already acked by someone else (its lease had expired); this "
+                "delivery's transaction was rolled back",
+                m,
+                extra=self.reporter.log_extra("already_acked", m, o.duration),
+            )
+            self.reporter.emit(
+                "already_acked", message=m, receiver=o.receiver, duration=o.duration, error=o.error
+            )
+
+    # --- at stop: what was never started ---------------------------------------------------
     def return_unstarted(self, unit: list[Delivery]) -> list[Delivery]:
         """At stop: give back prefetched messages that were not started, due now, without
-        spending one of their attempts (the claim counted one; a release would keep it, and
-        enough graceful stops would then dead-letter a message that never ran):
-
-        - first delivery (attempt 1): ack and send it again under its key in one transaction,
-          as if it had never been received (attempts back to 0; its send time restarts);
-        - a later delivery (it failed before): run it now, like in-flight work, so that its
-          attempt is one that ran;
-        - engines that count no attempts: release it where the engine can release, else leave
-          it to its lease expiry.
-
-        Returns the deliveries to run now (their lease lost: to be reported by the run).
-        """
+        spending one of their attempts (``DeliveryPolicy.return_unstarted``: the claim counted
+        one; a release would keep it, and enough graceful stops would then dead-letter a
+        message that never ran). Returns the deliveries to run now (a later delivery, which
+        failed before, so that its attempt is one that ran; and those whose lease was lost: to
+        be reported by the run)."""
         run_now = []
         for d in unit:
-            db, policy = self.worker.cached(d.model)[0], self.policy(d.model)
+            plan = d.plan
 
-            def give_back(
-                d: Delivery = d, policy: DeliveryPolicy = policy, db: str = db
-            ) -> Unstarted | None:
+            def give_back(d: Delivery = d, plan: Plan = plan) -> Unstarted | None:
                 if d.lease_lost:
                     return None
-                return policy.return_unstarted(d.model, d.message, using=db)
+                return plan.policy.return_unstarted(plan.model, d.message, using=plan.db)
 
             try:
-                with self.worker.lease_write(d.model, give_back) as (_, done):
+                with self.leases.write(plan, give_back) as (_, done):
                     pass
             except (LeaseLost, MessageAlreadyAcked):
                 logger.warning(
                     "%s: lease lost before it was given back",
                     d.message,
-                    extra=self.worker.log_extra("lease_lost", d.message),
+                    extra=self.reporter.log_extra("lease_lost", d.message),
                 )
                 continue
             except Exception:
                 logger.exception(
                     "%s: giving it back failed; left to lease expiry",
                     d.message,
-                    extra=self.worker.log_extra("error", d.message),
+                    extra=self.reporter.log_extra("error", d.message),
                 )
                 continue
             # None: the lease was lost, reported (and not run) by the run below
@@ -281,19 +445,16 @@ class Outcomes:
                 continue
             if done is Unstarted.KEPT:
                 continue  # left to its lease expiry
-            self.worker.count("returned")
+            self.reporter.count("returned")
             logger.debug(
                 "%s: prefetched, not started; given back at stop",
                 d.message,
-                extra=self.worker.log_extra("returned", d.message),
+                extra=self.reporter.log_extra("returned", d.message),
             )
-            self.worker.emit("returned", message=d.message)
+            self.reporter.emit("returned", message=d.message)
         return run_now
 
-    def policy(self, model: type[Queue]) -> DeliveryPolicy:
-        """The delivery policy of ``model``'s engine."""
-        return DeliveryPolicy(self.worker.cached(model)[1])
-
+    # --- the policy's steps ------------------------------------------------------------------
     def _resend(
         self,
         deliveries: list[Delivery],
@@ -305,156 +466,110 @@ class Outcomes:
     ) -> list[Delivery]:
         """Ack and send again, under their keys, the deliveries whose lease is still held
         (``DeliveryPolicy.retry``, one transaction; due ``after`` from now, or after the
-        back-off).
-        Returns those moved; lost leases and messages acked meanwhile are reported (``not
-        done``: what the log says was not done to them)."""
-        self.worker.freeze(deliveries)
+        back-off). Returns those moved; lost leases and messages acked meanwhile are reported
+        (``not_done``: what the log says was not done to them)."""
+        self.leases.freeze(deliveries)
         mine = [d for d in deliveries if not d.lease_lost]
         if len(mine) < len(deliveries):
             self.lease_lost([d for d in deliveries if d.lease_lost], exc, duration)
         if not mine:
             return []
-        model = mine[0].model
-        db, engine, _ = self.worker.cached(model)
+        plan = mine[0].plan
 
         def move() -> None:
-            self.policy(model).retry(model, [d.message for d in mine], after=after, using=db)
+            plan.policy.retry(plan.model, [d.message for d in mine], after=after, using=plan.db)
 
         try:
-            run_in_transaction(move, using=db, retries=engine.params.transaction_retries)
+            run_in_transaction(move, using=plan.db, retries=plan.retries)
         except MessageAlreadyAcked as err:
             for d in mine:
                 logger.warning(
                     "%s: already acked; not %s",
                     d.message,
                     not_done,
-                    extra=self.worker.log_extra("already_acked", d.message, duration),
+                    extra=self.reporter.log_extra("already_acked", d.message, duration),
                 )
-                self.worker.emit("already_acked", message=d.message, error=err)
+                self.reporter.emit("already_acked", message=d.message, error=err)
             return []
         except LeaseLost as err:  # StaleAck: delivered again or replaced meanwhile
             self.lease_lost(mine, err, duration)
             return []
         return mine
 
-    def retry(
-        self, deliveries: list[Delivery], exc: Retry, spec: ReceiverSpec, duration: float
-    ) -> None:
-        mine = self._resend(deliveries, exc, after=exc.after, not_done="retried", duration=duration)
-        if not mine:
-            return
-        self.worker.count("retried", len(mine))
-        for d in mine:
-            logger.info(
-                "%s attempt %d: retry after %s%s",
-                d.message,
-                d.message.attempt,
-                exc.after,
-                f" ({exc.reason})" if exc.reason else "",
-                extra=self.worker.log_extra("retried", d.message, duration),
-            )
-            self.worker.emit("retried", message=d.message, receiver=spec.name, duration=duration)
-
     def lease_lost(
         self, deliveries: list[Delivery], exc: BaseException, duration: float | None = None
     ) -> None:
-        self.worker.count("lease_lost", len(deliveries))
+        self.reporter.count("lease_lost", len(deliveries))
         for d in deliveries:
             logger.warning(
                 "%s attempt %d: lease lost; not acked (it will be delivered again)",
                 d.message,
                 d.message.attempt,
-                extra=self.worker.log_extra("lease_lost", d.message, duration),
+                extra=self.reporter.log_extra("lease_lost", d.message, duration),
             )
-            self.worker.emit("lease_lost", message=d.message, error=exc)
+            self.reporter.emit("lease_lost", message=d.message, error=exc)
 
-    def already_acked(
-        self,
-        deliveries: list[Delivery],
-        exc: MessageAlreadyAcked,
-        spec: ReceiverSpec,
-        duration: float,
-    ) -> None:
-        """Someone else acked the messages while the receiver ran (their lease had expired):
-        the run's transaction rolled back; reported, nothing else is done."""
-        self.worker.count("already_acked", len(deliveries))
-        for d in deliveries:
-            logger.warning(
-                "%s: already acked by someone else (its lease had expired); this "
-                "delivery's transaction was rolled back",
-                d.message,
-                extra=self.worker.log_extra("already_acked", d.message, duration),
-            )
-            self.worker.emit(
-                "already_acked", message=d.message, receiver=spec.name, duration=duration, error=exc
-            )
-
-    def failed(
-        self,
-        deliveries: list[Delivery],
-        exc: BaseException,
-        spec: ReceiverSpec | None,
-        duration: float | None = None,
-        *,
-        acked: bool = False,
-    ) -> None:
-        """Count, log (with ``exc``'s traceback) and report a failed run; unless the receiver
-        acked the messages itself (``acked``), count the delivery failure and give them back
-        or give up on them."""
-        self.worker.count("failed", len(deliveries))
-        for d in deliveries:
-            m = d.message
+    def failed(self, group: list[Outcome]) -> None:
+        """Count, log (with the error's traceback) and report failed runs; unless the
+        receiver acked a message itself (``acked``) or its lease was lost, count the delivery
+        failure and give it back or give up on it."""
+        if not group:
+            return
+        reporter = self.reporter
+        reporter.count("failed", len(group))
+        for o in group:
+            d, m, exc = o.delivery, o.delivery.message, o.error
             logger.error(
                 "%s attempt %d failed in %s: %s: %s",
                 m,
                 m.attempt,
-                spec.name if spec else "(no receiver)",
+                o.receiver or "(no receiver)",
                 type(exc).__name__,
                 exc,
                 exc_info=exc,
-                extra=self.worker.log_extra("failed", m, duration),
+                extra=reporter.log_extra("failed", m, o.duration),
             )
-            self.worker.emit(
+            reporter.emit(
                 "failed",
                 message=m,
-                receiver=spec.name if spec else None,
-                duration=duration,
+                receiver=o.receiver,
+                duration=o.duration,
                 error=exc,
-                acked=acked,
+                acked=o.acked,
             )
-            if d.lease_lost or acked:
+            if d.lease_lost or o.acked:
                 continue
-            db = self.worker.cached(d.model)[0]
-            if self.policy(d.model).fail(d.model, m, exc, using=db).exhausted:
-                self.give_up([d], exc, duration)
+            plan = d.plan
+            if plan.policy.fail(plan.model, m, exc, using=plan.db).exhausted:
+                self.give_up([d], exc, o.duration)
             else:
                 self.release(d)
 
     def release(self, d: Delivery, *, deliver_time: datetime | None = None) -> None:
         """Give ``d`` back due at ``deliver_time`` (default: after its back-off), where the
         engine can; else it comes back after its lease."""
-        policy = self.policy(d.model)
+        plan = d.plan
 
         def give_back() -> bool:
             if d.lease_lost:
                 return False
-            return policy.give_back(d.model, d.message, deliver_time=deliver_time)
+            return plan.policy.give_back(plan.model, d.message, deliver_time=deliver_time)
 
         try:
-            with self.worker.lease_write(d.model, give_back) as (_, given):
+            with self.leases.write(plan, give_back) as (_, given):
                 if given:
-                    self.worker.emit("released", message=d.message)
+                    self.reporter.emit("released", message=d.message)
         except LeaseLost:
             logger.warning(
                 "%s: lease lost before release",
                 d.message,
-                extra=self.worker.log_extra("lease_lost", d.message),
+                extra=self.reporter.log_extra("lease_lost", d.message),
             )
         except Exception:
             logger.exception(
                 "%s: release failed; left to lease expiry",
                 d.message,
-                extra=self.worker.log_extra("error", d.message),
+                extra=self.reporter.log_extra("error", d.message),
             )
 
     def give_up(
@@ -464,38 +579,12 @@ class Outcomes:
         duration: float | None = None,
     ) -> None:
         """Past ``max_attempts``: dead-letter, discard or (neither configured) release."""
-        extra = self.worker.log_extra
+        extra = self.reporter.log_extra
         for d in deliveries:
-            m = self.worker.freeze([d])[0]
-            options = self.worker.cached(d.model)[2]
+            m = self.leases.freeze([d])[0]
+            options = d.plan.options
             try:
-                if options.dead_letter_queue:
-                    dead_letter(m)
-                    self.worker.count("dead_lettered")
-                    logger.error(
-                        "%s: %d attempts, moved to dead-letter queue %s",
-                        m,
-                        m.attempt,
-                        options.dead_letter_queue,
-                        extra=extra("dead_lettered", m, duration),
-                    )
-                    self.worker.emit("dead_lettered", message=m, error=exc)
-                    self.worker.next_seed = 0.0  # a periodic message may have gone: re-seed
-                elif options.discard_after_max_attempts:
-                    db, discard = self.worker.cached(d.model)[0], self.policy(d.model).discard
-                    run_in_transaction(partial(discard, d.model, [m], using=db), using=db)
-                    self.worker.count("discarded")
-                    logger.error(  # (no payload bytes: they may hold personal data)
-                        "%s: %d attempts, discarded (discard_after_max_attempts); payload of "
-                        "%d bytes",
-                        m,
-                        m.attempt,
-                        len(m.payload),
-                        extra=extra("discarded", m, duration),
-                    )
-                    self.worker.emit("discarded", message=m, error=exc)
-                    self.worker.next_seed = 0.0
-                else:
+                if not self._remove(d, m, exc, duration):
                     self.release(d)
             except MessageAlreadyAcked:
                 logger.warning(
@@ -527,6 +616,41 @@ class Outcomes:
                 )
                 self.release(d, deliver_time=PARKED_UNTIL)
 
+    def _remove(
+        self, d: Delivery, m: Message, exc: BaseException | None, duration: float | None
+    ) -> bool:
+        """Dead-letter ``m`` (the frozen message of ``d``) or discard it, as its queue says;
+        False when it says neither."""
+        plan, reporter = d.plan, self.reporter
+        options = plan.options
+        if options.dead_letter_queue:
+            dead_letter(m)
+            reporter.count("dead_lettered")
+            logger.error(
+                "%s: %d attempts, moved to dead-letter queue %s",
+                m,
+                m.attempt,
+                options.dead_letter_queue,
+                extra=reporter.log_extra("dead_lettered", m, duration),
+            )
+            reporter.emit("dead_lettered", message=m, error=exc)
+        elif options.discard_after_max_attempts:
+            discard = partial(plan.policy.discard, plan.model, [m], using=plan.db)
+            run_in_transaction(discard, using=plan.db)
+            reporter.count("discarded")
+            logger.error(  # (no payload bytes: they may hold personal data)
+                "%s: %d attempts, discarded (discard_after_max_attempts); payload of %d bytes",
+                m,
+                m.attempt,
+                len(m.payload),
+                extra=reporter.log_extra("discarded", m, duration),
+            )
+            reporter.emit("discarded", message=m, error=exc)
+        else:
+            return False
+        self._gone()  # a periodic message may have gone: re-seed
+        return True
+
     def missed(self, message: Message) -> int:
         """Count one more miss of ``message`` (no receiver matched it); return its misses in
         this worker. At most ``MISSES_REMEMBERED`` messages are remembered, the least recently
@@ -539,26 +663,24 @@ class Outcomes:
                 self.misses.popitem(last=False)
         return misses
 
-    def unmatched(
-        self, deliveries: list[Delivery], exc: NoReceiver, specs: Sequence[ReceiverSpec]
-    ) -> None:
-        """No receiver in ``specs`` (this worker's, for the deliveries' queue) matches these
-        messages: give them back without spending an attempt (``DeliveryPolicy.retry``: acked
-        and sent again under their keys; attempts and recorded failures start again), due
-        after a back-off that grows with each miss of the message in this worker (as it does
-        with failed attempts; ``MISSES_REMEMBERED`` messages are remembered), and warn once
-        per (queue, kind of miss)."""
+    def _unmatched(self, deliveries: list[Delivery], exc: NoReceiver) -> None:
+        """No receiver of this worker (its plan's) matches these messages: give them back
+        without spending an attempt (``DeliveryPolicy.retry``: acked and sent again under their
+        keys; attempts and recorded failures start again), due after a back-off that grows
+        with each miss of the message in this worker (as it does with failed attempts;
+        ``MISSES_REMEMBERED`` messages are remembered), and warn once per (queue, kind of
+        miss)."""
         mine: list[Delivery] = []
         for d in deliveries:
             misses = self.missed(d.message)
-            after = self.policy(d.model).backoff(dataclass_replace(d.message, attempt=misses))
+            after = d.plan.policy.backoff(dataclass_replace(d.message, attempt=misses))
             mine += self._resend([d], exc, after=after, not_done="given back")
         if not mine:
             return
-        self.worker.count("unmatched", len(mine))
+        self.reporter.count("unmatched", len(mine))
         for d in mine:
             m = d.message
-            miss = miss_kind(specs, m)
+            miss = miss_kind(d.plan.specs, m)
             with self._mismatch_lock:
                 first = (m.queue, miss) not in self.mismatches
                 if first and len(self.mismatches) < MISMATCHES_REMEMBERED:
@@ -571,16 +693,16 @@ class Outcomes:
                     "has it. Logged once per queue and kind.",
                     m,
                     miss,
-                    extra=self.worker.log_extra("unmatched", m, miss=miss),
+                    extra=self.reporter.log_extra("unmatched", m, miss=miss),
                 )
             elif logger.isEnabledFor(logging.DEBUG):
                 logger.debug(
                     "%s: no receiver of this worker matches %s; given back",
                     m,
                     miss,
-                    extra=self.worker.log_extra("unmatched", m, miss=miss),
+                    extra=self.reporter.log_extra("unmatched", m, miss=miss),
                 )
-            self.worker.emit("unmatched", message=m, error=exc)
+            self.reporter.emit("unmatched", message=m, error=exc)
 
 
 def miss_kind(specs: Sequence[ReceiverSpec], message: Message) -> str:

@@ -79,7 +79,7 @@ def test_a_slow_receiver_holds_nothing_waiting(
         WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(6)])
         assert events.wait_for("started", 6)
         assert events.counts["received"] == 6  # one running, none claimed ahead
-        assert len(worker.deliveries) == 1
+        assert len(worker.slots.deliveries) == 1
         go.touch()
         assert events.wait_for("acked", 11)
     assert not WorkItems.objects.exists()
@@ -91,7 +91,7 @@ def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units
     take.lease_seconds = 10.0
     take._adapt(full=True)
     assert take.depth == 1  # nothing timed yet
-    worker.unit_seconds = 0.001  # quick: 0.25 s holds 250, capped
+    worker.slots.unit_seconds = 0.001  # quick: 0.25 s holds 250, capped
     depths = []
     for _ in range(9):
         take._adapt(full=True)
@@ -102,7 +102,7 @@ def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units
     take.lease_seconds = 0.02  # a short lease: what is held must start within half of it
     take._adapt(full=True)
     assert take.depth == 10
-    worker.unit_seconds = 0.2  # slow receivers: one each
+    worker.slots.unit_seconds = 0.2  # slow receivers: one each
     take._adapt(full=True)
     assert take.depth == 1
 

@@ -3,8 +3,6 @@ limit, and readiness before the worker started."""
 
 from __future__ import annotations
 
-import threading
-
 import pytest
 
 from spanner_queues.message import Message
@@ -82,16 +80,14 @@ def test_a_lease_the_renewer_left_overdue_is_not_live() -> None:
     from types import SimpleNamespace
 
     from spanner_queues import clock as sq_clock
-    from spanner_queues.worker import Delivery
+    from spanner_queues.worker.slots import Delivery, Slots
 
-    held = SimpleNamespace(
-        plans=[], cond=threading.Condition(), deliveries=set(), stuck_units=0, stopping=False
-    )
+    held = SimpleNamespace(plans=[], slots=Slots(1, None))
     health = WorkerHealth(stall_seconds=60, monotonic=Clock())
     health.attach(held)  # type: ignore[arg-type]
     now = sq_clock.now()
-    late = Delivery(message=message(), model=object, renew_at=now - timedelta(seconds=61))
-    held.deliveries.add(late)
+    late = Delivery(message(), plan=None, renew_at=now - timedelta(seconds=61))  # type: ignore[arg-type]
+    held.slots.deliveries.add(late)
     [problem] = health.liveness()
     assert problem.startswith("the lease renewer is 61.") and "on 1 lease(s)" in problem
     late.acking = True  # an ack holds the token: the renewer leaves it alone, rightly

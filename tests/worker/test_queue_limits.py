@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from django.db import connections
 
+import spanner_queues.worker as sq_worker
 from spanner_queues import clock, controls
 from spanner_queues.engines import engine_for
-from spanner_queues.worker import WorkerEvent, WorkerEvents, limits
+from spanner_queues.worker import WorkerEvent, WorkerEvents
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Events, WorkItems, WorkLog
@@ -27,9 +28,9 @@ def limit(monkeypatch: pytest.MonkeyPatch):
     """Give WorkItems QueueMeta options for the test (read when a worker is made)."""
 
     def set_options(**changes: object) -> None:
-        real = limits.queue_options
+        real = sq_worker.queue_options  # (plan_queues reads them)
         monkeypatch.setattr(
-            limits,
+            sq_worker,
             "queue_options",
             lambda m: dataclasses.replace(real(m), **changes) if m is WorkItems else real(m),
         )

@@ -60,9 +60,9 @@ def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
     WorkItems.send(id="r", payload={})
     worker = make_worker(WorkItems)
     assert worker._receive(worker.plans[0], 1) == 1
-    [delivery] = list(worker.deliveries)
+    [delivery] = list(worker.slots.deliveries)
     token = delivery.message.lease_token
-    [frozen] = worker.freeze([delivery])
+    [frozen] = worker.leases.freeze([delivery])
     assert frozen.lease_token == token
     worker.renewer.renew([delivery])  # what the renewer thread would do now
     assert WorkItems.objects.get(pk="r").lease_token == token

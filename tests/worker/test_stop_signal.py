@@ -74,7 +74,7 @@ def test_a_sigterm_the_kernel_gives_another_thread_stops_the_worker_at_once() ->
 
     def elsewhere() -> None:
         try:
-            wait_until(lambda: worker.in_flight > 0, timeout=30)
+            wait_until(lambda: worker.slots.in_flight > 0, timeout=30)
             signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread
             try:
                 wait_until(lambda: worker.stopping, timeout=5)

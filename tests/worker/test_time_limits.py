@@ -82,7 +82,7 @@ def test_a_receiver_that_cannot_be_interrupted_stops_the_worker(
         assert worker.stats.timed_out == 1
     finally:
         hang.set()  # let the thread go: it rolls back and its message stays queued
-    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.slots.deliveries))
     assert WorkItems.objects.filter(id="stuck").exists()
     assert not WorkLog.objects.exists()
 
@@ -106,7 +106,7 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
 
     worker = make_worker(WorkItems, timeout=0.1)
     worker.time_limits.grace = 0.1
-    stale = Delivery(message=None, model=WorkItems, renew_at=None)  # type: ignore[arg-type]
+    stale = Delivery(message=None, plan=worker.plans[0], renew_at=None)  # type: ignore[arg-type]
     stale.deadline, stale.timed_out, stale.done = time.monotonic() - 5, True, True
     worker.time_limits.running_now[12345] = [stale]
     watchdog = threading.Thread(target=worker.time_limits.run, daemon=True)
@@ -114,7 +114,7 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
     wait_until(lambda: 12345 not in worker.time_limits.running_now)
     worker.stop()
     watchdog.join(5)
-    assert worker.stuck_units == 0 and not stale.stuck
+    assert worker.slots.stuck_units == 0 and not stale.stuck
 
 
 @pytest.mark.engine_independent
@@ -151,7 +151,7 @@ def test_a_run_that_stopped_its_worker_counts_as_a_failed_attempt(
             assert recorded.failures == 1 and "WorkerStuck" in recorded.last_error
     finally:
         hang.set()
-    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.slots.deliveries))
     assert events.counts["failed"] == 1  # the stuck thread's return is not a second failure
 
 
@@ -176,7 +176,7 @@ def test_a_run_that_stopped_its_worker_on_its_last_attempt_is_dead_lettered(
         assert not WorkItems.objects.filter(id="stuck-last").exists()
     finally:
         hang.set()
-    wait_until(lambda: not any(d.stuck and not d.done for d in worker.deliveries))
+    wait_until(lambda: not any(d.stuck and not d.done for d in worker.slots.deliveries))
 
 
 def test_an_interrupt_inside_a_receivers_own_transaction_rolls_it_back_and_runs_again(
