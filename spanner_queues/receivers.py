@@ -462,6 +462,6 @@ def mark_acked(message: Message, using: str | None = None) -> None:
 
 def handled_by_running_receiver(message: Message) -> bool:
     """Whether ``message`` is one the running receiver (in this context) was handed by the
-    worker (which then reports it acked, or not, itself)."""
+    worker."""
     context = _running.get()
     return context is not None and context.handles(message)

@@ -9,10 +9,13 @@ counts them) and your own code. Connect a receiver as to any Django signal::
 
 - ``messages_sent``: ``sender`` is the queue model, ``messages`` the sent ``Message`` list.
   Sent by ``send``, ``send_many``, ``replace``, the outbox, ``requeue`` (a dead letter, a
-  replay), not by the worker's own re-send of a ``Retry`` (its events say so).
+  replay), and the worker's re-sends (a ``Retry``; a message no receiver of it matches, or
+  prefetched and not started at a stop, given back).
 - ``messages_acked``: ``sender`` is the queue model, ``messages`` what the verb was given
-  (``Message``, key mappings or key tuples). Sent by ``ack``, ``ack_many`` and ``requeue``, not
-  by the worker's acks of finished messages.
+  (``Message``, key mappings or key tuples). Sent by ``ack``, ``ack_many`` and ``requeue``, and
+  by the worker's acks (a finished message, a ``Retry``'s or a give-back's ack-and-send, a
+  discard): every committed ack once, whoever made it (a receiver's own ack is not made again
+  by the worker). The one channel acks are counted on: the worker's events count none.
 
 The app ``spanner_queues.contrib.pubsub`` sends three more (the metrics app counts them), from
 the thread that did the work, once it is done (not on a commit):

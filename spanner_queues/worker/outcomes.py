@@ -59,6 +59,7 @@ from spanner_queues.exceptions import (
 from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage, may_have_failed
 from spanner_queues.options import queue_options
 from spanner_queues.receivers import NoReceiver, ReceiverSpec
+from spanner_queues.signals import messages_acked, messages_sent, send_on_commit
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -103,7 +104,9 @@ class Unstarted(enum.Enum):
 class DeliveryPolicy:
     """Back-off, attempts, giving back, retry and discard for the queues of one engine, on the
     engine's storage verbs (``ack_many``, ``requeue``, ``release``, ``record_failure``).
-    Cheap to make: it holds the engine and nothing else."""
+    Cheap to make: it holds the engine and nothing else. Its acks and re-sends send the verbs'
+    signals on commit (``messages_acked``, ``messages_sent``), as the verbs' do: an ack is
+    counted on that one channel, whoever made it."""
 
     __slots__ = ("engine",)
 
@@ -134,6 +137,7 @@ class DeliveryPolicy:
         self.engine.ack_many(
             model, [m.key for m in messages], using=using, lease_tokens=_tokens(messages)
         )
+        send_on_commit(messages_acked, model, messages, using)
 
     def fail(
         self, model: type[Queue], message: Message, error: BaseException | None, *, using: str
@@ -189,11 +193,26 @@ class DeliveryPolicy:
             return Unstarted.RUN
         again = OutgoingMessage(key=message.key_dict, payload=message.stored_payload)
         run_in_transaction(
-            lambda: engine.requeue(model, [message], [again], using=using),
+            lambda: self._requeue(model, [message], [again], using=using),
             using=using,
             retries=engine.params.transaction_retries,
         )
         return Unstarted.RETURNED
+
+    def _requeue(
+        self,
+        model: type[Queue],
+        messages: Sequence[Message],
+        again: Sequence[OutgoingMessage],
+        *,
+        using: str,
+    ) -> list[Message]:
+        """Ack ``messages`` and send ``again`` in the caller's transaction (``requeue``), with
+        the verbs' signals on commit."""
+        sent = self.engine.requeue(model, messages, again, using=using)
+        send_on_commit(messages_sent, model, sent, using)
+        send_on_commit(messages_acked, model, messages, using)
+        return sent
 
     def retry(
         self,
@@ -218,7 +237,7 @@ class DeliveryPolicy:
             again.append(
                 OutgoingMessage(key=m.key_dict, payload=m.stored_payload, deliver_time=due)
             )
-        return self.engine.requeue(model, messages, again, using=using)
+        return self._requeue(model, messages, again, using=using)
 
     def discard(self, model: type[Queue], messages: Sequence[Message], *, using: str) -> None:
         """Drop messages whose attempts are exhausted (``discard_after_max_attempts``) in the

@@ -116,7 +116,8 @@ def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     assert value(outcome, queue=Q, outcome="failed") == names["failed"] + 1
     assert value(outcome, queue=Q, outcome="dead_lettered") == names["dead_lettered"] + 1
     assert value(outcome, queue=Q, outcome="unmatched") == names["unmatched"] + 1
-    assert value("spanner_queues_message_ack_count_total", queue=Q) == names["ack"] + 1
+    # acks are counted on the verbs' signal alone (the worker's acks send it): not from events
+    assert value("spanner_queues_message_ack_count_total", queue=Q) == names["ack"]
     assert (
         value("spanner_queues_worker_receiver_duration_seconds_count", queue=Q, receiver="r")
         == names["runs"] + 2
@@ -151,6 +152,35 @@ def test_a_receiver_acking_its_own_message_is_counted_once() -> None:
     ).run()
     assert not WorkItems.objects.exists()
     assert value(name, queue=queue) == before + 3
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_workers_own_acks_are_counted_on_the_verbs_signal_without_a_listener(
+    tmp_path: Path,
+) -> None:
+    """An ack is counted on one channel, the verbs' ``messages_acked``, whoever made it: the
+    worker's ack of a finished message and a ``Retry``'s ack-and-send count with no
+    ``WorkerMetrics`` listener (they were counted from its events only, so not at all)."""
+    from spanner_queues.worker import Worker
+    from tests.workerapp.models import WorkItems
+
+    queue = WorkItems._meta.label
+    acks, sends = (
+        "spanner_queues_message_ack_count_total",
+        "spanner_queues_message_send_count_total",
+    )
+    WorkItems.send_many(
+        [
+            {"id": "done", "payload": {}},
+            {"id": "again", "payload": {"retry_after": 0, "trace": str(tmp_path / "trace")}},
+        ]
+    )
+    before = {name: value(name, queue=queue) for name in (acks, sends)}
+    Worker([WorkItems], burst=True, install_signal_handlers=False).run()
+    assert not WorkItems.objects.exists()
+    # "done", the Retry's ack of "again", then "again" acked at its second run
+    assert value(acks, queue=queue) == before[acks] + 3
+    assert value(sends, queue=queue) == before[sends] + 1  # the Retry's re-send
 
 
 def test_a_failing_queue_is_counted_and_shown_failing_until_it_recovers() -> None:

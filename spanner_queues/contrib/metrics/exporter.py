@@ -10,10 +10,10 @@ register no commit hook.
 Where each metric is counted (every process exports its own counts; Prometheus adds them up):
 
 - ``spanner_queues_message_send_count_total``: by the process that sends (``send``,
-  ``send_many``, ``replace``, the outbox, a retry's re-send, a dead letter), when its
-  transaction commits;
+  ``send_many``, ``replace``, the outbox, a retry's or a give-back's re-send, a dead letter),
+  when its transaction commits;
 - ``spanner_queues_message_ack_count_total``: by the process that acks, when its transaction
-  commits (the worker's acks of finished messages when it reports them acked);
+  commits (the verbs' ``messages_acked``, the one channel: the worker's own acks send it too);
 - ``spanner_queues_lease_expiration_count_total``: by the engine in this process
   (``BaseQueueEngine.lease_expirations``);
 - ``spanner_queues_buffered_ready_messages``, ``spanner_queues_oldest_unacked_message_age_seconds``
@@ -44,7 +44,6 @@ from spanner_queues.engines.stats import stats_cache
 from spanner_queues.exceptions import QueueError, QueueUnavailable
 from spanner_queues.message import Message
 from spanner_queues.queues import queue_models
-from spanner_queues.receivers import handled_by_running_receiver
 from spanner_queues.signals import (
     inbox_duplicates_dropped,
     messages_acked,
@@ -255,12 +254,10 @@ def _count_sent(sender: type[Queue], messages: Sequence[Message], **kwargs: Any)
 
 
 def _count_acked(sender: type[Queue], messages: Sequence[Any], **kwargs: Any) -> None:
-    """Messages a worker's running receiver acks itself are left out: the worker counts them
-    when it reports them acked (``WorkerMetrics``). The signal is sent in the thread that
-    committed, so the receiver's run is still the running one."""
-    n = sum(1 for x in messages if not (isinstance(x, Message) and handled_by_running_receiver(x)))
-    if n:
-        _get().ack_count.labels(sender._meta.label).inc(n)
+    """Every committed ack, whoever made it: a verb, a receiver's own code, the worker's ack of
+    a finished message, a ``Retry``'s or a give-back's ack-and-send, a discard (the worker's
+    delivery policy sends the signal too); the worker's events count no ack."""
+    _get().ack_count.labels(sender._meta.label).inc(len(messages))
 
 
 # --- counted by the Pub/Sub app (its signals, sent once the work is done) ---------------------
@@ -289,9 +286,8 @@ def _count_duplicates(sender: type[Queue], count: int, **kwargs: Any) -> None:
 class WorkerMetrics:
     """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
     messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, failed
-    receives per queue and whether a queue is failing now, and
-    the acks of finished messages (``message_ack_count``) and the ack and send of each
-    ``Retry`` (``message_send_count``)."""
+    receives per queue and whether a queue is failing now. Acks and sends are not counted from
+    events: the verbs' signals count them, the worker's included (one channel)."""
 
     def __init__(self) -> None:
         self._m = _get()
@@ -325,11 +321,6 @@ class WorkerMetrics:
             m.leases_lost.labels(queue).inc()
         if name in OUTCOMES:
             m.outcomes.labels(queue, name).inc()
-        if name == "acked" or (name == "failed" and event.acked):  # (a task FAILED, acked)
-            m.ack_count.labels(queue).inc()
-        elif name == "retried":  # Retry: the engine acked and re-sent it in one transaction
-            m.ack_count.labels(queue).inc()
-            m.send_count.labels(queue).inc()
         if event.duration is not None and event.receiver and name in ("acked", "retried", "failed"):
             m.duration.labels(queue, event.receiver).observe(event.duration)
         if name in _FINISHED:
