@@ -151,8 +151,9 @@ def test_prune_goes_on_past_records_of_queued_messages(monkeypatch) -> None:
 
 
 def test_a_prune_that_fails_never_costs_the_failure_record(front, monkeypatch, caplog) -> None:
-    """The prune a failure's record brings along (once an hour per queue) runs once the
-    record committed, in a transaction of its own: when it fails the record stays."""
+    """The prune a failure's record makes due (once an hour per queue) runs in the queue's
+    next receive outside a transaction, in a transaction of its own, never in the record's
+    (nor past its commit): when it fails the record stays."""
     from spanner_queues.engines import native
 
     monkeypatch.setattr(native, "_pruned", {})  # (the next failure of the queue prunes)
@@ -164,8 +165,12 @@ def test_a_prune_that_fails_never_costs_the_failure_record(front, monkeypatch, c
         front.fail("ExecuteStreamingSql", "INVALID_ARGUMENT", "prune", sql_contains=STALE, times=2)
         with contextlib.suppress(Exception), transaction.atomic():
             engines["default"].record_failure(Jobs, message, RuntimeError("no"), using="default")
+            api.receive(Jobs, wait=0)  # (in a transaction: the prune waits)
+        assert not front.sql(STALE)
         assert FailedDelivery.objects.get(message_key=key_text(("kept",))).failures == 1
+        api.receive(Jobs, wait=0)
         assert front.sql(STALE)  # the prune ran, and failed
+        assert FailedDelivery.objects.get(message_key=key_text(("kept",))).failures == 1
         assert "pruning the failure ledger of testapp.Jobs failed" in caplog.text
     finally:
         api.stop_receiving(Jobs, wait=10)

@@ -167,6 +167,9 @@ class FirstDeliveries:
 _first_deliveries = FirstDeliveries()
 #: when (monotonic) a failure last pruned the ledger of a queue, by (alias, label)
 _pruned: dict[tuple[str, str], float] = {}
+#: queues whose failure ledger is due a prune, and the database: the queue's next ``receive``
+#: outside a transaction runs it, in a transaction of its own (``record_failure``)
+_prune_due: dict[tuple[str, str], str] = {}
 #: where the next prune of a queue's ledger goes on from (the last record it looked at, by
 #: ``updated_at``), by (alias, label): each prune looks at the next records, not the same oldest
 #: ones again (records of queued messages would stall it); back to the start after the last
@@ -492,6 +495,7 @@ class NativeQueueEngine(BaseQueueEngine):
         wait: float | None = None,
     ) -> list[Message]:
         # ``lease`` cannot be honoured: Spanner leases for 10 s and renews by 10 s.
+        self._prune_if_due(model)
         names = key_names(model)
         label = model._meta.label
         taken = self._stream(model, max_messages).take(
@@ -627,17 +631,28 @@ class NativeQueueEngine(BaseQueueEngine):
         """Spanner counts no deliveries: the failed run goes to the failure ledger
         (``spanner_queues.failures``) in the caller's transaction, on every queue, so the next
         delivery's ``attempt`` is one more (the record is of this sent message only). At most
-        once an hour per queue and process, once that transaction has committed, a
-        transaction of its own prunes the records of messages that are gone
-        (``prune_failures``): a prune that fails is logged and never costs the record."""
+        once an hour per queue and process the records of messages that are gone are pruned
+        (``prune_failures``), not in this transaction but by the queue's next ``receive``
+        outside one, in a transaction of its own: a prune that fails is logged and never
+        costs the record."""
         _first_deliveries.discard([message.lease_token])
         count = failures.record_failure(message, error, using=using)
         key = (self.alias, model._meta.label)
         last = _pruned.get(key)
         if last is None or time.monotonic() - last > PRUNE_INTERVAL_SECONDS:
             _pruned[key] = time.monotonic()
-            transaction.on_commit(functools.partial(self._prune_apart, model, using), using=using)
+            _prune_due[key] = using
         return count
+
+    def _prune_if_due(self, model: type[Queue]) -> None:
+        """Run the prune ``record_failure`` found due, unless the caller is in a transaction
+        (the next ``receive`` outside one runs it)."""
+        key = (self.alias, model._meta.label)
+        using = _prune_due.get(key)
+        if using is None or connections[using].in_atomic_block:
+            return
+        _prune_due.pop(key, None)
+        self._prune_apart(model, using)
 
     def _prune_apart(self, model: type[Queue], using: str) -> None:
         """``prune_failures`` in a transaction of its own; a failure is logged (the next
