@@ -93,6 +93,7 @@ def _demo_grants(tmp_path: Path, *args: str) -> str:
         "DEMO_DATABASE": "spanner",
         "SPANNER_QUEUES_ENGINE": "native",
         "DEMO_VAR_DIR": str(tmp_path),
+        "DEMO_PUBSUB": "0",  # the shop alone, as the page says
     }
     env.pop("SPANNER_EMULATOR_HOST", None)
     done = subprocess.run(
