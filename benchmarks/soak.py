@@ -6,7 +6,8 @@ the end, each worker's threads, RSS, open sockets and fds, the database's Spanne
 (native), Spanner calls per minute while idle (the front's request record) and send-to-ack
 latency p50/p99; writes the time series to a JSON file; checks nothing was lost or doubled
 (one ``SoakEffect`` row per send). With ``--check`` it exits 1 when a worker's threads or RSS
-grew beyond the tolerance (``THREAD_SLACK``, ``RSS_TOLERANCE``) or a message was lost or
+grew beyond the tolerance (``THREAD_SLACK``, ``RSS_TOLERANCE``), a worker took longer than
+``EXIT_LIMIT`` to exit after the final SIGTERM, or a message was lost or
 doubled.
 
     .venv/bin/python benchmarks/soak.py --engine native --minutes 60
@@ -41,6 +42,10 @@ THREAD_SLACK = 3
 #: a worker's RSS at the end may exceed that at the start by this fraction (allocator noise
 #: after the warm-up), no more
 RSS_TOLERANCE = 0.10
+#: a worker SIGTERMed at the end must exit within this many seconds (its receivers take
+#: milliseconds; the rest is closing streams and sessions), and is killed after ``EXIT_WAIT``
+EXIT_LIMIT = 30.0
+EXIT_WAIT = 120.0
 QUEUES = ("soakapp.SoakA", "soakapp.SoakB", "soakapp.SoakC")
 
 
@@ -387,6 +392,7 @@ class Soak:
         lost, doubled, unknown, details = self.drain()
         if end["latency"]["n"] < 2:  # their effects may have committed only now
             end["latency"] = self.latencies(begun, time.time())
+        exit_seconds = self.stop_workers()
         result = {
             "engine": self.engine,
             "minutes": args.minutes,
@@ -403,9 +409,25 @@ class Soak:
             "outage_window": self.outage_window,
             "lost_and_doubled": details,
             "series": self.series,
+            "exit_seconds": exit_seconds,
         }
         Path(args.json).write_text(json.dumps(result, indent=1))
         return self.report(result)
+
+    def stop_workers(self) -> list[float | None]:
+        """SIGTERM every worker at once, as an orchestrator stops a pod: each one's seconds
+        to exit (None: still running after ``EXIT_WAIT``; killed by ``run``'s cleanup)."""
+        for proc, _, _ in self.workers:
+            proc.terminate()
+        sent = time.monotonic()
+        seconds: list[float | None] = []
+        for proc, _, _ in self.workers:
+            try:
+                proc.wait(max(0.0, sent + EXIT_WAIT - time.monotonic()))
+                seconds.append(round(time.monotonic() - sent, 1))
+            except subprocess.TimeoutExpired:
+                seconds.append(None)
+        return seconds
 
     def wait_for_effects(self, seconds: float) -> None:
         """Wait (at most ``seconds``) until every send so far has its effect."""
@@ -532,8 +554,12 @@ class Soak:
                 failures.append(f"worker {i}: RSS {a['rss_mib']} -> {b['rss_mib']} MiB")
         if result["lost"] or result["doubled"]:
             failures.append(f"lost {result['lost']}, doubled {result['doubled']}")
+        print(f"  exit after SIGTERM: {result['exit_seconds']} s")
+        for i, took in enumerate(result["exit_seconds"]):
+            if took is None or took > EXIT_LIMIT:
+                failures.append(f"worker {i}: exit after SIGTERM took {took or '> 120'} s")
         for failure in failures:
-            print(f"  GROWTH/LOSS: {failure}")
+            print(f"  GROWTH/LOSS/EXIT: {failure}")
         return 1 if failures and self.args.check else 0
 
 
