@@ -5,6 +5,7 @@ failing Pub/Sub gives the messages back, and they are published once it works ag
 
 from __future__ import annotations
 
+import itertools
 import json
 from datetime import timedelta
 from typing import Any
@@ -14,6 +15,7 @@ from django.db import transaction
 from google.cloud import pubsub_v1
 
 from spanner_queues import api
+from spanner_queues.contrib.pubsub import relay as relay_module
 from spanner_queues.contrib.pubsub.relay import PublishFailed, event_id
 from spanner_queues.signals import messages_published, publish_failed
 from spanner_queues.worker import Worker, WorkerEvents
@@ -83,6 +85,35 @@ def test_the_event_id_is_the_same_on_every_delivery_of_one_sent_message(pubsub) 
     api.ack(again)
     other = OrderEvents.send(order=1, message_id="m2", payload={"n": 1})
     assert event_id(other) != event_id(first)
+
+
+def test_one_relay_run_publishes_each_ordering_keys_messages_together_in_their_order(
+    pubsub, monkeypatch
+) -> None:
+    """Messages of several ordering keys come interleaved from a claim; the relay publishes
+    each key's together (in their order), so the client fills one batch per key per run
+    instead of a publish request every few messages (``benchmarks/pubsub_relay.py``)."""
+    client = relay_module.publisher()
+    published: list[tuple[str, str]] = []
+    real = client.publish
+
+    def recording(topic: str, data: bytes, ordering_key: str = "", **kwargs: Any) -> Any:
+        published.append((ordering_key, json.loads(kwargs["key"])[1]))
+        return real(topic, data, ordering_key=ordering_key, **kwargs)
+
+    monkeypatch.setattr(client, "publish", recording)
+    for i in range(12):  # one by one: each later than the last, claimed in this order
+        OrderEvents.send(order=i % 3, message_id=f"m{i:02d}", payload={"n": i})
+    assert relay_burst().processed == 12
+    keys = [key for key, _ in published]
+    assert sorted(set(keys)) == ["0", "1", "2"]
+    assert sum(a != b for a, b in itertools.pairwise(keys)) == 2  # each key's together
+    for key in "012":
+        ids = [m for k, m in published if k == key]
+        assert ids == sorted(ids) and len(ids) == 4  # in their order
+    got: list[Any] = []
+    assert wait_until(lambda: got.extend(pubsub.pull()) or len(got) >= 12, 30)
+    assert len(got) == 12
 
 
 def test_a_message_pubsub_refuses_is_dead_lettered_and_the_others_published(pubsub) -> None:
