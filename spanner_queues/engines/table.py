@@ -759,7 +759,7 @@ class RowStatements:
             cursor.execute(self.token_sql, self._key(key, connection))
             return [row[0] for row in cursor.fetchall()]
 
-    def delete_many(self, keys: Sequence[Sequence[Any]], lease_tokens: Sequence[str]) -> int:
+    def delete_many(self, keys: Sequence[Sequence[Any]], lease_tokens: Sequence[str | None]) -> int:
         """``delete(key, token)`` for each pair in one ``executemany`` (the statement converted
         and sent once, each row deleted by its own compare-and-set on the token); the summed
         row count, so ``len(keys)`` (distinct keys) only if every row was deleted. A driver

@@ -41,7 +41,8 @@ def test_a_stale_token_among_the_batch_deletes_nothing_and_is_named() -> None:
     got = api.receive(UserTasks, max_messages=5)
     db = engines["default"].database
     stale = got[2]
-    rows(UserTasks, db).filter(message_id=stale.key[1])._update_bookkeeping(lease_token="someone-else")
+    held = rows(UserTasks, db).filter(message_id=stale.key[1])
+    held._update_bookkeeping(lease_token="someone-else")  # as if leased again meanwhile
     with pytest.raises(StaleAck) as caught:
         api.ack_many(UserTasks, got)
     assert str(stale.key[1]) in str(caught.value)
