@@ -263,6 +263,7 @@ def counted_round(specs: list[dict[str, Any]], concurrency: int) -> dict[str, An
         connection_created.disconnect(on_connection)
     if spanner:
         counts.update(counter.work_calls())
+        counts.update({f"  of which {k}": v for k, v in counter.statements().items()})
     n = len(specs)
     return {name: round(v / n, 4) for name, v in sorted(counts.items())}
 
