@@ -61,7 +61,7 @@ def configure_module(module: str, batch: int) -> None:
 
     settings.SPANNER_QUEUES_PUBSUB = {"PROJECT": "sq-bench", "RELAY_BATCH_SIZE": batch}
     engine = settings.SPANNER_QUEUES["default"]
-    # 60 s leases, as on SQLite: a relay run waiting on the emulator's one writer outlived 10 s
+    # 60 s leases as on SQLite, where the engine takes a lease length (native: Spanner's 10 s)
     options = {**engine.get("OPTIONS", {}), "LEASE_SECONDS": 60}
     settings.SPANNER_QUEUES = {**settings.SPANNER_QUEUES, "default": {**engine, "OPTIONS": options}}
     import django
