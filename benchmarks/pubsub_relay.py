@@ -3,12 +3,16 @@ Pub/Sub emulator.
 
     .venv/bin/python benchmarks/pubsub_relay.py                      # 5000 messages a round
     .venv/bin/python benchmarks/pubsub_relay.py --messages 20000 --concurrency 4 --json
+    .venv/bin/python benchmarks/pubsub_relay.py --ds tests.settings_pubsub_native  # native queues
 
 Each round, alternating so that drift hits both alike:
 
-- ``client``: a ``PublisherClient`` configured as the relay's (message ordering on, no client
-  retry) publishes N messages with the relay's attributes and ordering keys (the payloads and
-  keys of the queue's messages), then waits for every confirmation: the rate the bus takes;
+- ``client``: a ``PublisherClient`` publishes N messages with the relay's attributes and
+  ordering keys (the payloads and keys of the queue's messages, built before the clock), then
+  waits for every confirmation: the rate the bus takes. Twice, and the better is the reference:
+  with the client's default batches in the queue's order (``client-default``) and with the
+  relay's (``client-relay``: ``relay.BATCH_SETTINGS``, each ordering key's messages together);
+  message ordering on in both, as it must be for ordering keys, no client retry;
 - ``relay``: the same N messages sent to ``pubsubapp.OrderEvents`` (SQLite, WAL, as in
   tests/settings.py) are relayed by a ``Worker`` in this process (``--burst``, ``--concurrency``
   threads, batches of ``RELAY_BATCH_SIZE``): receive, publish, wait, ack, from the first receive
@@ -16,6 +20,12 @@ Each round, alternating so that drift hits both alike:
 
 - ``queue``, for where the relay is bounded: the same worker with a receiver that publishes
   nothing (receive and ack alone): the queue's own ceiling on this database.
+
+After the timed rounds one more relay round is counted, not timed: publish requests (RPCs to
+Pub/Sub) and, on a SQL database, statements and commits, or on Spanner the API calls by
+method (``tests.native.grpc_calls``), per message. ``--ds`` runs the queue on a test settings
+module's database instead of SQLite (``tests.settings_pubsub_native``: native queues on the
+emulator front, which it starts).
 
 Two key shapes: ``keyed`` (50 orders, so 50 ordering keys: the default ordering key, the
 order) and ``unordered`` (``pubsub_ordering_key = ()``). The goal (issue 32): the relay at least
@@ -38,7 +48,28 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.80
+#: per relay or queue round, the deliveries whose lease ran out before their ack
+REDELIVERED: list[int] = []
 ORDERS = 50
+
+
+def configure_module(module: str, batch: int) -> None:
+    """Django from the test settings ``module``, on a fresh test database."""
+    sys.path.insert(0, str(ROOT))
+    os.environ["DJANGO_SETTINGS_MODULE"] = module
+    from django.conf import settings
+
+    settings.SPANNER_QUEUES_PUBSUB = {"PROJECT": "sq-bench", "RELAY_BATCH_SIZE": batch}
+    engine = settings.SPANNER_QUEUES["default"]
+    # 60 s leases as on SQLite, where the engine takes a lease length (native: Spanner's 10 s)
+    options = {**engine.get("OPTIONS", {}), "LEASE_SECONDS": 60}
+    settings.SPANNER_QUEUES = {**settings.SPANNER_QUEUES, "default": {**engine, "OPTIONS": options}}
+    import django
+
+    django.setup()
+    from django.db import connection
+
+    connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
 
 
 def configure(workdir: str, batch: int) -> None:
@@ -94,11 +125,15 @@ def messages(n: int) -> list[dict[str, Any]]:
     ]
 
 
-def client_round(specs: list[dict[str, Any]], topic: str, ordered: bool) -> float:
-    """Seconds Google's client takes to publish the messages and get every confirmation."""
+def client_round(
+    specs: list[dict[str, Any]], topic: str, ordered: bool, batches: str = "relay"
+) -> float:
+    """Seconds Google's client takes to publish the messages and get every confirmation, with
+    the relay's batch settings (``batches="relay"``) or the client's defaults (``"default"``)."""
     from google.cloud.pubsub_v1 import PublisherClient, types
 
     from spanner_queues import api
+    from spanner_queues.contrib.pubsub import relay
     from spanner_queues.contrib.pubsub.relay import event_id, key_text, ordering_key
     from spanner_queues.message import Message
     from tests.pubsubapp.models import OrderEvents
@@ -116,7 +151,12 @@ def client_round(specs: list[dict[str, Any]], topic: str, ordered: bool) -> floa
         )
         attrs = {"event_id": event_id(m), "queue": m.queue, "key": key_text(m)}
         rows.append((m.payload, ordering_key(OrderEvents, m) if ordered else "", attrs))
-    client = PublisherClient(publisher_options=types.PublisherOptions(enable_message_ordering=True))
+    options = types.PublisherOptions(enable_message_ordering=True)
+    if batches == "relay":  # and in the relay's order: each ordering key's messages together
+        rows.sort(key=lambda row: row[1])
+        client = PublisherClient(batch_settings=relay.BATCH_SETTINGS, publisher_options=options)
+    else:
+        client = PublisherClient(publisher_options=options)
     started = time.perf_counter()
     futures = [
         client.publish(topic, data, ordering_key=key, retry=None, timeout=60, **attrs)
@@ -159,8 +199,73 @@ def relay_round(specs: list[dict[str, Any]], concurrency: int) -> float:
     started = time.perf_counter()
     stats = worker.run()
     took = time.perf_counter() - started
-    assert stats.processed == len(specs) and not OrderEvents.objects.exists(), stats
+    # every message published and acked; a delivery whose lease ran out meanwhile (native
+    # leases are Spanner's 10 s, renewed by the worker) was published again, its ack refused
+    assert not OrderEvents.objects.exists(), stats
+    assert stats.processed + stats.already_acked == stats.received >= len(specs), stats
+    REDELIVERED.append(stats.already_acked)
     return took
+
+
+def counted_round(specs: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
+    """One relay round, counted: publish RPCs, and statements and commits (SQL) or Spanner API
+    calls by method (Spanner), per message."""
+    import collections
+    import contextlib
+    import threading
+
+    from django.db import connections
+    from django.db.backends.base.base import BaseDatabaseWrapper
+    from django.db.backends.signals import connection_created
+    from google.pubsub_v1.services.publisher import client as gapic
+
+    counts: collections.Counter[str] = collections.Counter()
+    lock = threading.Lock()
+
+    def bump(name: str) -> None:
+        with lock:
+            counts[name] += 1
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        bump(("executemany " if many else "execute ") + sql.split(None, 1)[0].upper())
+        return execute(sql, params, many, context)
+
+    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
+        connection.execute_wrappers.append(wrapper)
+
+    real_commit, real_publish = BaseDatabaseWrapper._commit, gapic.PublisherClient.publish
+
+    def commit(self: Any) -> Any:
+        bump("commit")
+        return real_commit(self)
+
+    def publish(self: Any, *args: Any, **kwargs: Any) -> Any:
+        bump("publish RPC")
+        return real_publish(self, *args, **kwargs)
+
+    spanner = connections["default"].vendor == "spanner"
+    if spanner:
+        from tests.native.grpc_calls import counting
+
+        counter_context: Any = counting()
+    else:
+        counter_context = contextlib.nullcontext()
+        connections.close_all()  # each thread's next connection is counted
+        connection_created.connect(on_connection)
+        BaseDatabaseWrapper._commit = commit  # type: ignore[method-assign]
+    gapic.PublisherClient.publish = publish  # type: ignore[method-assign]
+    try:
+        with counter_context as counter:
+            relay_round(specs, concurrency)
+    finally:
+        gapic.PublisherClient.publish = real_publish  # type: ignore[method-assign]
+        BaseDatabaseWrapper._commit = real_commit  # type: ignore[method-assign]
+        connection_created.disconnect(on_connection)
+    if spanner:
+        counts.update(counter.work_calls())
+        counts.update({f"  of which {k}": v for k, v in counter.statements().items()})
+    n = len(specs)
+    return {name: round(v / n, 4) for name, v in sorted(counts.items())}
 
 
 def main() -> None:
@@ -170,13 +275,19 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--batch", type=int, default=500, help="RELAY_BATCH_SIZE")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument(
+        "--ds", help="a test settings module for the queue's database (default: SQLite file)"
+    )
     args = parser.parse_args()
 
     from spanner_queues.testing.pubsub import PubSubEmulator
 
     with tempfile.TemporaryDirectory() as workdir, PubSubEmulator() as emulator:
         os.environ.update(emulator.env)
-        configure(workdir, args.batch)
+        if args.ds:
+            configure_module(args.ds, args.batch)
+        else:
+            configure(workdir, args.batch)
         from django.core.management import call_command
         from google.cloud.pubsub_v1 import PublisherClient
 
@@ -186,48 +297,67 @@ def main() -> None:
         topic = "projects/sq-bench/topics/orders"
         PublisherClient().create_topic(name=topic)
         results: dict[str, dict[str, list[float]]] = {}
+        counted: dict[str, dict[str, Any]] = {}
         for shape in ("keyed", "unordered"):
             ordered = shape == "keyed"
             real = relay.ordering_fields
             if not ordered:
                 relay.ordering_fields = lambda model: ()  # type: ignore[assignment]
-            rates: dict[str, list[float]] = {"client": [], "relay": [], "queue": []}
+            rates: dict[str, list[float]] = {
+                "client-default": [],
+                "client-relay": [],
+                "relay": [],
+                "queue": [],
+            }
             relay_round(messages(200), args.concurrency)  # warm: connections, channel
             client_round(messages(200), topic, ordered)
             for _ in range(args.rounds):
-                specs = messages(args.messages)
-                rates["client"].append(args.messages / client_round(specs, topic, ordered))
+                for batches in ("default", "relay"):
+                    specs = messages(args.messages)
+                    took = client_round(specs, topic, ordered, batches)
+                    rates[f"client-{batches}"].append(args.messages / took)
                 specs = messages(args.messages)
                 rates["relay"].append(args.messages / relay_round(specs, args.concurrency))
                 specs = messages(args.messages)
                 rates["queue"].append(args.messages / queue_round(specs, args.concurrency))
+            counted[shape] = counted_round(messages(args.messages), args.concurrency)
             relay.ordering_fields = real
             results[shape] = rates
-    summary = {
-        shape: {
-            "client_per_s": statistics.median(r["client"]),
-            "relay_per_s": statistics.median(r["relay"]),
-            "queue_per_s": statistics.median(r["queue"]),
-            "ratio": statistics.median(r["relay"]) / statistics.median(r["client"]),
+    summary = {}
+    for shape, r in results.items():
+        medians = {name: statistics.median(v) for name, v in r.items()}
+        client = max(medians["client-default"], medians["client-relay"])  # the better peer
+        summary[shape] = {
+            "client_per_s": client,
+            "client_default_per_s": medians["client-default"],
+            "client_relay_batches_per_s": medians["client-relay"],
+            "relay_per_s": medians["relay"],
+            "queue_per_s": medians["queue"],
+            "ratio": medians["relay"] / client,
+            "per_message": counted[shape],
+            "redelivered": sum(REDELIVERED),
             "rounds": r,
         }
-        for shape, r in results.items()
-    }
     if args.json:
         print(json.dumps(summary, indent=2))
         return
     print(
         f"{args.messages} messages a round, {args.rounds} rounds, relay --concurrency "
-        f"{args.concurrency}, RELAY_BATCH_SIZE {args.batch}; {platform.python_version()}, "
-        f"{os.cpu_count()} cores"
+        f"{args.concurrency}, RELAY_BATCH_SIZE {args.batch}, queue on {args.ds or 'SQLite'}; "
+        f"{platform.python_version()}, {os.cpu_count()} cores"
     )
     for shape, s in summary.items():
         verdict = "meets" if s["ratio"] >= GOAL else "MISSES"
         print(
-            f"{shape:<10} client {s['client_per_s']:8.0f}/s   relay {s['relay_per_s']:8.0f}/s   "
-            f"relay/client {s['ratio']:.0%} ({verdict} the {GOAL:.0%} goal); receive+ack alone "
-            f"{s['queue_per_s']:8.0f}/s (relay/that {s['relay_per_s'] / s['queue_per_s']:.0%})"
+            f"{shape:<10} client {s['client_per_s']:8.0f}/s (default batches "
+            f"{s['client_default_per_s']:.0f}/s, the relay's {s['client_relay_batches_per_s']:.0f}"
+            f"/s)   relay {s['relay_per_s']:8.0f}/s   relay/client {s['ratio']:.0%} ({verdict} "
+            f"the {GOAL:.0%} goal); receive+ack alone {s['queue_per_s']:8.0f}/s (relay/that "
+            f"{s['relay_per_s'] / s['queue_per_s']:.0%})"
         )
+        print(f"{'':<10} per message: {s['per_message']}")
+    if any(REDELIVERED):
+        print(f"deliveries whose lease ran out before their ack (published again): {REDELIVERED}")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ failing Pub/Sub gives the messages back, and they are published once it works ag
 
 from __future__ import annotations
 
+import itertools
 import json
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +16,7 @@ from django.db import transaction
 from google.cloud import pubsub_v1
 
 from spanner_queues import api
+from spanner_queues.contrib.pubsub import relay as relay_module
 from spanner_queues.contrib.pubsub.relay import PublishFailed, event_id
 from spanner_queues.signals import messages_published, publish_failed
 from spanner_queues.worker import Worker, WorkerEvents
@@ -83,6 +86,50 @@ def test_the_event_id_is_the_same_on_every_delivery_of_one_sent_message(pubsub) 
     api.ack(again)
     other = OrderEvents.send(order=1, message_id="m2", payload={"n": 1})
     assert event_id(other) != event_id(first)
+
+
+def test_one_relay_run_publishes_each_ordering_keys_messages_together_in_their_order(
+    pubsub, monkeypatch
+) -> None:
+    """Messages of several ordering keys come interleaved from a claim; the relay publishes
+    each key's together (in their order) in each run, so the client fills one batch per key
+    per run instead of a publish request every few messages (``benchmarks/pubsub_relay.py``).
+    A run ends on its thread with ``messages_published``."""
+    client = relay_module.publisher()
+    runs: dict[tuple[int, int], list[tuple[str, str]]] = {}
+    ended: dict[int, int] = {}
+    real = client.publish
+
+    def recording(topic: str, data: bytes, ordering_key: str = "", **kwargs: Any) -> Any:
+        thread = threading.get_ident()
+        run = runs.setdefault((thread, ended.get(thread, 0)), [])
+        run.append((ordering_key, json.loads(kwargs["key"])[1]))
+        return real(topic, data, ordering_key=ordering_key, **kwargs)
+
+    def run_ended(sender: Any, **kwargs: Any) -> None:
+        thread = threading.get_ident()
+        ended[thread] = ended.get(thread, 0) + 1
+
+    monkeypatch.setattr(client, "publish", recording)
+    messages_published.connect(run_ended, dispatch_uid="test-run-ended")
+    try:
+        for i in range(12):  # one by one: each later than the last, claimed in this order
+            OrderEvents.send(order=i % 3, message_id=f"m{i:02d}", payload={"n": i})
+        assert relay_burst().processed == 12
+    finally:
+        messages_published.disconnect(dispatch_uid="test-run-ended")
+    assert sum(len(run) for run in runs.values()) == 12
+    assert any(len({key for key, _ in run}) > 1 for run in runs.values())  # keys interleaved
+    for run in runs.values():
+        keys = [key for key, _ in run]
+        changes = sum(a != b for a, b in itertools.pairwise(keys))
+        assert changes == len(set(keys)) - 1, run  # each key's messages together
+        for key in set(keys):
+            ids = [m for k, m in run if k == key]
+            assert ids == sorted(ids), run  # in their order
+    got: list[Any] = []
+    assert wait_until(lambda: got.extend(pubsub.pull()) or len(got) >= 12, 30)
+    assert len(got) == 12
 
 
 def test_a_message_pubsub_refuses_is_dead_lettered_and_the_others_published(pubsub) -> None:
