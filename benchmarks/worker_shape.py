@@ -22,9 +22,9 @@ frame, the marker). The path of the message is the union of two subtrees:
 
 Calls on other threads (the renewer, the watchdog) and the worker's start and stop are not
 counted. Reported: distinct files, distinct functions (file and qualified name), total calls
-(every call, nested ones included; a generator's or a context manager's each resumption
-counts as a call, as the profiler reports it) and cross-file calls (a ``spanner_queues`` function calling
-one in another file: the back and forth between modules).
+(every call, nested ones included; each resumption of a generator or a context manager counts
+as a call, as the profiler reports it) and cross-file calls (a ``spanner_queues`` function
+calling one in another file: the back and forth between modules).
 
 **(b) Members of the Worker that other modules touch**: by AST, in every module of
 ``spanner_queues/`` but ``worker/__init__.py`` that imports the name ``Worker``, attribute

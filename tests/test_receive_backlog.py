@@ -1,10 +1,10 @@
-"""What a ``Receiver`` leases and leaves unread: a settled stream (a burst worker's) asks a
+"""What a ``ReceiveStream`` leases and leaves unread: a settled stream (a burst worker's) asks a
 backlog in probes, a brief call's rows on the wire are read within ``stall_seconds`` of its
 start, and a ``stop()`` while a call is opening cancels that call.
 
 The flaky ``tests/process/test_runqueueworker.py`` test of two burst workers: a brief call
 (2 s) on a backlog leased what the front could push through gRPC's flow-control window in its
-first second (about half the backlog), and the receiver read it at the worker's pace, one row
+first second (about half the backlog), and the stream read it at the worker's pace, one row
 per take, its stall restarting at every row: rows read past their 10 s lease were dropped as
 expired and came back after the lease and a back-off, when both workers had exited (2 of 19
 runs). No database: the stream's calls are the test's."""
@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from spanner_queues import clock
-from spanner_queues.engines.native.receive import Delivery, Receiver
+from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.engine_independent
@@ -29,9 +29,9 @@ pytestmark = pytest.mark.engine_independent
 END = object()
 
 
-def _parse(row: tuple[str, bool]) -> Delivery:
+def _parse(row: tuple[str, bool]) -> LeasedRow:
     key, last = row
-    return Delivery((key,), b"", None, f"t-{key}", clock.now() + timedelta(seconds=10), last)
+    return LeasedRow((key,), b"", None, f"t-{key}", clock.now() + timedelta(seconds=10), last)
 
 
 def _batch(keys: list[str]) -> list[tuple[str, bool]]:
@@ -53,17 +53,17 @@ def test_a_settled_stream_asks_a_backlog_in_probes() -> None:
         leased, backlog[:] = list(backlog), []
         return iter([row for i in range(0, len(leased), 10) for row in _batch(leased[i : i + 10])])
 
-    receiver = Receiver("q", open_stream, _parse, batch_size=10, linger=30.0, probe=True)
+    stream = ReceiveStream("q", open_stream, _parse, batch_size=10, linger=30.0, probe=True)
     try:
-        assert receiver.settle(0) is True  # a burst worker settles before its first receive
-        receiver.start()
-        got: list[Delivery] = []
-        wait_until(lambda: got.extend(receiver.take(10, wait=1)) or len(got) >= 30, timeout=30)
+        assert stream.settle(0) is True  # a burst worker settles before its first receive
+        stream.start()
+        got: list[LeasedRow] = []
+        wait_until(lambda: got.extend(stream.take(10, wait=1)) or len(got) >= 30, timeout=30)
         assert sorted(d.key[0] for d in got) == [f"m{i:02}" for i in range(30)]
         # the backlog went in probes of one batch each, none leased ahead of the takes
         assert opened[:3] == [(True, True)] * 3, opened
     finally:
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 def test_a_brief_call_is_read_on_within_stall_seconds_of_its_start() -> None:
@@ -79,18 +79,18 @@ def test_a_brief_call_is_read_on_within_stall_seconds_of_its_start() -> None:
         while (row := rows.get()) is not END:
             yield row
 
-    receiver = Receiver(
+    stream = ReceiveStream(
         "q", open_stream, _parse, cancel=lambda: rows.put(END), brief=True, stall_seconds=1.0
     )
     try:
-        receiver.start()
+        stream.start()
         deadline = time.monotonic() + 15
-        while receiver.held < 20 and time.monotonic() < deadline:
-            receiver.take(1, wait=1)  # a worker taking one message at a time
+        while stream.held < 20 and time.monotonic() < deadline:
+            stream.take(1, wait=1)  # a worker taking one message at a time
             time.sleep(0.05)  # (its pace)
-        assert receiver.held >= 20  # read on: the rest is held (and renewable), not on the wire
+        assert stream.held >= 20  # read on: the rest is held (and renewable), not on the wire
     finally:
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 def test_a_stop_while_a_call_opens_cancels_the_call() -> None:
@@ -116,20 +116,20 @@ def test_a_stop_while_a_call_opens_cancels_the_call() -> None:
             cancelled.set()
             calls[-1].put(END)
 
-    receiver = Receiver("q", open_stream, _parse, cancel=cancel, linger=30.0)
+    stream = ReceiveStream("q", open_stream, _parse, cancel=cancel, linger=30.0)
     try:
-        receiver.start()
-        receiver.take(1, wait=0)
+        stream.start()
+        stream.take(1, wait=0)
         assert in_gap.wait(5)
-        receiver.stop()
+        stream.stop()
         go_on.set()
         assert cancelled.wait(5)  # cancelled as soon as it existed
-        wait_until(lambda: not receiver.running, timeout=5)
+        wait_until(lambda: not stream.running, timeout=5)
     finally:
         go_on.set()
         for call in calls:
             call.put(END)
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 def test_a_backlog_is_probed_a_whole_batch_at_a_time_and_a_take_gets_all_it_asks_for() -> None:
@@ -146,14 +146,14 @@ def test_a_backlog_is_probed_a_whole_batch_at_a_time_and_a_take_gets_all_it_asks
         taken, backlog[:max_batch_size] = backlog[:max_batch_size], []
         return iter(_batch(taken))
 
-    receiver = Receiver("q", open_stream, _parse, batch_size=10, linger=30.0, probe=True)
+    stream = ReceiveStream("q", open_stream, _parse, batch_size=10, linger=30.0, probe=True)
     try:
-        receiver.start()
-        assert len(receiver.take(20, wait=5)) == 20  # two batches of 10, one take
-        singles = [receiver.take(1, wait=5) for _ in range(20)]
+        stream.start()
+        assert len(stream.take(20, wait=5)) == 20  # two batches of 10, one take
+        singles = [stream.take(1, wait=5) for _ in range(20)]
         assert all(len(s) == 1 for s in singles)
         # 1 + 1 for the first take, then whole batches for takes of one: 2 more, not 20
         assert len(asked) <= 5, asked
-        assert receiver.held <= 10  # held ahead: at most the demand and one batch
+        assert stream.held <= 10  # held ahead: at most the demand and one batch
     finally:
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)

@@ -1,4 +1,4 @@
-"""A RECEIVE stream renews the rows it holds (``Receiver``: its own thread, or the engine's
+"""A RECEIVE stream renews the rows it holds (``ReceiveStream``: its own thread, or the engine's
 ``renew_leases``) while ``take`` hands rows out. A row handed out while its renewal was on the
 wire left with the token that renewal rotated out: the worker's own renewal of that token then
 found no lease, and the work was rolled back and the message delivered again. No database: the
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from spanner_queues import clock
-from spanner_queues.engines.native.receive import Delivery, Receiver
+from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
 from tests.conftest import wait_until
 
 pytestmark = pytest.mark.engine_independent
@@ -31,8 +31,8 @@ def test_a_row_under_renewal_is_handed_out_with_its_renewed_token() -> None:
         while (row := rows.get()) is not END:
             yield row
 
-    def parse(row: str) -> Delivery:
-        return Delivery(
+    def parse(row: str) -> LeasedRow:
+        return LeasedRow(
             key=(row,),
             payload=b"",
             deliver_time=None,
@@ -47,30 +47,30 @@ def test_a_row_under_renewal_is_handed_out_with_its_renewed_token() -> None:
         assert answer.wait(10)
         return {t: (t.replace("old-", "new-"), clock.now() + timedelta(seconds=10)) for t in tokens}
 
-    receiver = Receiver(
+    stream = ReceiveStream(
         "q", open_stream, parse, cancel=lambda: rows.put(END), renew=renew, linger=30.0
     )
     try:
-        receiver.start()
-        assert receiver.take(1, wait=0.2) == []  # short: a call opens for the rest
+        stream.start()
+        assert stream.take(1, wait=0.2) == []  # short: a call opens for the rest
         rows.put("a")
-        wait_until(lambda: receiver.held == 1, timeout=10)
+        wait_until(lambda: stream.held == 1, timeout=10)
         assert renewing.wait(10)  # the renewal of old-a is on the wire
-        first = receiver.take(1, wait=0.2)  # a take meanwhile
+        first = stream.take(1, wait=0.2)  # a take meanwhile
         answer.set()
-        taken = first or receiver.take(1, wait=5)
+        taken = first or stream.take(1, wait=5)
         assert [d.lease_token for d in taken] == ["new-a"]
     finally:
         answer.set()
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 def test_a_failed_renewal_of_held_rows_leaves_them_to_take() -> None:
-    receiver = Receiver("q", lambda *a, **k: iter(()), lambda row: row, linger=30.0)
-    row = Delivery(("a",), b"", None, "t-a", clock.now() + timedelta(seconds=3), True)
-    receiver._buffer.append(row)
-    receiver.want(1)
-    tokens = receiver.held_tokens_due()
+    stream = ReceiveStream("q", lambda *a, **k: iter(()), lambda row: row, linger=30.0)
+    row = LeasedRow(("a",), b"", None, "t-a", clock.now() + timedelta(seconds=3), True)
+    stream._buffer.append(row)
+    stream.want(1)
+    tokens = stream.held_tokens_due()
     assert tokens == ["t-a"]
-    receiver.renewal_failed(tokens)
-    assert [d.lease_token for d in receiver.take(1, wait=0)] == ["t-a"]
+    stream.renewal_failed(tokens)
+    assert [d.lease_token for d in stream.take(1, wait=0)] == ["t-a"]

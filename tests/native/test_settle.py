@@ -2,7 +2,7 @@
 is let end by its ``max_duration`` (never cancelled with rows on the wire), rows it brought are
 reported and handed out, and no new call opens until the next receive.
 
-The ``Receiver`` tests drive a stream whose rows and end the test controls; the wire tests run
+The ``ReceiveStream`` tests drive a stream whose rows and end the test controls; the wire tests run
 the native engine on the queue-aware emulator front."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from spanner_queues import api
 from spanner_queues.engines import engines, native
 from spanner_queues.engines.native import client
 from spanner_queues.engines.native.ddl import duration
-from spanner_queues.engines.native.receive import Delivery, Receiver
+from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.receivers import receiver as register_receiver
@@ -57,8 +57,8 @@ class Calls:
         self.rows.put(END)
 
 
-def _parse(row: str) -> Delivery:
-    return Delivery(
+def _parse(row: str) -> LeasedRow:
+    return LeasedRow(
         key=(row,),
         payload=b"",
         deliver_time=None,
@@ -76,70 +76,70 @@ def calls() -> Iterator[Calls]:
 
 
 @pytest.fixture
-def receiver(calls: Calls) -> Iterator[Receiver]:
-    receiver = Receiver("q", calls.open, _parse, cancel=calls.cancel)
-    yield receiver
-    receiver.stop(timeout=5)
+def stream(calls: Calls) -> Iterator[ReceiveStream]:
+    stream = ReceiveStream("q", calls.open, _parse, cancel=calls.cancel)
+    yield stream
+    stream.stop(timeout=5)
 
 
 def test_settle_waits_for_the_open_call_to_end_and_reports_rows_it_brought(
-    calls: Calls, receiver: Receiver
+    calls: Calls, stream: ReceiveStream
 ) -> None:
-    assert receiver.settle(0) is True  # nothing open: settled; calls are brief from now on
-    receiver.start()
-    assert receiver.take(1, wait=0) == []
+    assert stream.settle(0) is True  # nothing open: settled; calls are brief from now on
+    stream.start()
+    assert stream.take(1, wait=0) == []
     wait_until(calls.open_now.is_set)
     assert calls.opened == [True]
     with ThreadPoolExecutor(1) as pool:
-        settled = pool.submit(receiver.settle, 60)
+        settled = pool.submit(stream.settle, 60)
         calls.rows.put("a")  # leased by the call still open, then the call ends
         calls.rows.put(END)
         assert settled.result(timeout=60) is False  # a row arrived: take it
-    assert [d.key for d in receiver.take(5, wait=0)] == [("a",)]
+    assert [d.key for d in stream.take(5, wait=0)] == [("a",)]
     # The take asked for more: a new (brief) call; it ends with nothing.
     wait_until(lambda: len(calls.opened) == 2 and calls.open_now.is_set())
     with ThreadPoolExecutor(1) as pool:
-        settled = pool.submit(receiver.settle, 60)
+        settled = pool.submit(stream.settle, 60)
         calls.rows.put(END)
         assert settled.result(timeout=60) is True
     assert calls.opened == [True, True]
     assert calls.cancelled == 0  # no call was cancelled with rows on the wire
-    assert receiver.streams_started == 2  # settled: no new call until the next take
+    assert stream.streams_started == 2  # settled: no new call until the next take
 
 
 def test_settle_reports_an_open_call_it_could_not_wait_for(
-    calls: Calls, receiver: Receiver
+    calls: Calls, stream: ReceiveStream
 ) -> None:
-    receiver.start()
-    receiver.take(1, wait=0)
+    stream.start()
+    stream.take(1, wait=0)
     wait_until(calls.open_now.is_set)
-    assert receiver.settle(0) is False  # still open: rows may yet arrive
+    assert stream.settle(0) is False  # still open: rows may yet arrive
     assert calls.cancelled == 0
     calls.rows.put(END)
-    assert receiver.settle(60) is True
+    assert stream.settle(60) is True
     assert calls.opened == [False]  # opened before the first settle: a long call
 
 
 def test_a_brief_call_is_read_to_its_end_past_the_buffer_instead_of_cancelled(
     calls: Calls,
 ) -> None:
-    receiver = Receiver(
+    stream = ReceiveStream(
         "q", calls.open, _parse, cancel=calls.cancel, buffer_size=1, stall_seconds=0, brief=True
     )
     try:
-        receiver.start()
-        receiver.take(1, wait=0)
+        stream.start()
+        stream.take(1, wait=0)
         wait_until(calls.open_now.is_set)
         for row in "abc":  # more than the buffer holds; nobody takes them
             calls.rows.put(row)
         calls.rows.put(END)
         wait_until(lambda: not calls.open_now.is_set())
         assert calls.cancelled == 0
-        assert receiver.held == 3
-        assert receiver.settle(60) is False  # rows held: take them
-        assert [d.key for d in receiver.take(5, wait=0)] == [("a",), ("b",), ("c",)]
+        assert stream.held == 3
+        assert stream.settle(60) is False  # rows held: take them
+        assert [d.key for d in stream.take(5, wait=0)] == [("a",), ("b",), ("c",)]
     finally:
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
@@ -216,10 +216,10 @@ def test_a_settled_stream_receives_in_brief_calls_that_end_by_max_duration(front
     assert wait_until(lambda: api.settle_receiving(UserTasks), timeout=60)
     wait_until(lambda: len(front.receive_ends()) == len(front.sql("RECEIVE_testapp_usertasks")))
     assert set(front.receive_ends()) == {"ended"}  # each call ended by its max_duration
-    receiver = native._streams[(engine.alias, UserTasks._meta.label)]
-    started = receiver.streams_started
+    stream = native._streams[(engine.alias, UserTasks._meta.label)]
+    started = stream.streams_started
     assert api.settle_receiving(UserTasks, wait=0) is True
-    assert receiver.streams_started == started  # settled: no call opens until a receive
+    assert stream.streams_started == started  # settled: no call opens until a receive
     assert not UserTasks.objects.exists()
 
 

@@ -5,7 +5,7 @@
   statement per 950 query parameters; ``send_mutations`` writes ``Send`` mutations for batches
   made outside the ORM, in a read-write transaction of their own (safe to retry).
 - Receive: a background ``RECEIVE_<Q>`` stream per queue and process on a strong single-use
-  snapshot, through google-cloud-spanner directly (``receive.Receiver`` runs one; this module
+  snapshot, through google-cloud-spanner directly (``receive.ReceiveStream`` runs one; this module
   keeps them). One stream per (alias, queue), shared by every thread (engines are per thread,
   like database connections; streams must not be). A stream stopped by a permanent error is
   started afresh by the next receive (the queue may have been created, or the permission
@@ -63,7 +63,7 @@ from spanner_queues.engines.native.ddl import (
     dialect,
     duration,
 )
-from spanner_queues.engines.native.receive import Delivery, Receiver
+from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
 from spanner_queues.exceptions import (
     InvalidMessage,
     InvalidQueueEngine,
@@ -88,7 +88,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spanner_queues.engines.native")
 
-#: ``max_duration`` of a probe (``Receiver``): a call that ends by itself after one batch.
+#: ``max_duration`` of a probe (``ReceiveStream``): a call that ends by itself after one batch.
 PROBE_MAX_DURATION_SECONDS = 0.001
 
 #: ``max_duration`` of a settled stream's calls (at most ``RECEIVE_MAX_DURATION_SECONDS``): a
@@ -96,7 +96,7 @@ PROBE_MAX_DURATION_SECONDS = 0.001
 BRIEF_MAX_DURATION_SECONDS = 2.0
 
 #: this process's streams by (engine alias, queue label)
-_streams: dict[tuple[str, str], Receiver] = {}
+_streams: dict[tuple[str, str], ReceiveStream] = {}
 #: streams whose calls are brief (``settle_receiving``), until stopped.
 _brief: set[tuple[str, str]] = set()
 _streams_lock = threading.Lock()
@@ -179,11 +179,11 @@ _prune_from: dict[tuple[str, str], datetime] = {}
 def stop_all_streams(wait: float | None = 5.0) -> None:
     """Stop every RECEIVE stream of this process (at exit, so none outlives the program)."""
     with _streams_lock:
-        receivers = list(_streams.values())
+        streams = list(_streams.values())
         _streams.clear()
         _brief.clear()
-    for receiver in receivers:
-        receiver.stop(wait)
+    for stream in streams:
+        stream.stop(wait)
 
 
 atexit.register(stop_all_streams)
@@ -539,25 +539,25 @@ class NativeQueueEngine(BaseQueueEngine):
         _first_deliveries.add(received)
         return received
 
-    def _stream(self, model: type[Queue], want: int = 1) -> Receiver:
+    def _stream(self, model: type[Queue], want: int = 1) -> ReceiveStream:
         """This process's running stream of ``model`` on this alias, started if need be, told
         that a caller wants ``want`` messages."""
         key = (self.alias, model._meta.label)
         with _streams_lock:
-            receiver = _streams.get(key)
-            if receiver is not None and receiver.fatal is not None:
+            stream = _streams.get(key)
+            if stream is not None and stream.fatal is not None:
                 # A permanent error stopped it (``take`` raised it): start afresh, the queue
                 # may have been created or the permission granted since.
                 del _streams[key]
-                receiver = None
-            if receiver is None:
-                receiver = _streams[key] = self._open_stream(model)
-            receiver.want(want)
-            receiver.start()
-            return receiver
+                stream = None
+            if stream is None:
+                stream = _streams[key] = self._open_stream(model)
+            stream.want(want)
+            stream.start()
+            return stream
 
-    def _open_stream(self, model: type[Queue]) -> Receiver:
-        """A ``Receiver`` whose calls are ``RECEIVE_<Q>`` on a strong single-use snapshot."""
+    def _open_stream(self, model: type[Queue]) -> ReceiveStream:
+        """A ``ReceiveStream`` whose calls are ``RECEIVE_<Q>`` on a strong single-use snapshot."""
         database = self.spanner()
         decl = self.declaration(model)
         n = len(decl.keys)
@@ -598,8 +598,8 @@ class NativeQueueEngine(BaseQueueEngine):
             if call is not None:
                 call.cancel()
 
-        def parse(row: Sequence[Any]) -> Delivery:
-            return Delivery(
+        def parse(row: Sequence[Any]) -> LeasedRow:
+            return LeasedRow(
                 key=client.key_from_row(model, row[:n]),
                 payload=client.payload_from_wire(payload_type, row[n]),
                 deliver_time=row[n + 1],
@@ -611,7 +611,7 @@ class NativeQueueEngine(BaseQueueEngine):
         def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
             return self.renew_tokens(model, tokens, database)
 
-        return Receiver(
+        return ReceiveStream(
             model._meta.label,
             open_stream,
             parse,
@@ -718,10 +718,10 @@ class NativeQueueEngine(BaseQueueEngine):
             return key[0] == self.alias and (label is None or key[1] == label)
 
         with _streams_lock:
-            receivers = [_streams.pop(k) for k in list(_streams) if chosen(k)]
+            streams = [_streams.pop(k) for k in list(_streams) if chosen(k)]
             _brief.difference_update([k for k in _brief if chosen(k)])
-        for receiver in receivers:
-            receiver.stop(wait)
+        for stream in streams:
+            stream.stop(wait)
 
     def settle_receiving(
         self,
@@ -730,7 +730,7 @@ class NativeQueueEngine(BaseQueueEngine):
         wait: float | None = None,
         ignore: Collection[tuple[Any, ...]] = (),
     ) -> bool:
-        """Let this process's RECEIVE stream of ``model`` come to rest (``Receiver.settle``):
+        """Let this process's RECEIVE stream of ``model`` come to rest (``ReceiveStream.settle``):
         its calls are brief (``brief_seconds``) until it is stopped, the open call is let end
         by its ``max_duration``, never cancelled, and, unless the last call was a look that
         found nothing (no probe, ended by its ``max_duration``, no row but keys in
@@ -742,11 +742,11 @@ class NativeQueueEngine(BaseQueueEngine):
         key = (self.alias, model._meta.label)
         with _streams_lock:
             _brief.add(key)
-            receiver = _streams.get(key)
-        if receiver is None:
+            stream = _streams.get(key)
+        if stream is None:
             return True
         wait = 2 * self.brief_seconds + 1.0 if wait is None else wait
-        return receiver.settle(wait, ignore=ignore)
+        return stream.settle(wait, ignore=ignore)
 
     # --- renewing -------------------------------------------------------------------------
     def renew_sql(self, model: type[Queue], count: int = 1) -> str:
@@ -799,19 +799,19 @@ class NativeQueueEngine(BaseQueueEngine):
         was lost are left out of the result; those whose renewal's answer was lost
         (``renew_tokens``) are returned as they were until their old expiry, then left out."""
         with _streams_lock:
-            receiver = _streams.get((self.alias, model._meta.label))
-        held = receiver.held_tokens_due() if receiver is not None else []
+            stream = _streams.get((self.alias, model._meta.label))
+        held = stream.held_tokens_due() if stream is not None else []
         tokens = list(dict.fromkeys([m.lease_token for m in messages if m.lease_token] + held))
         if not tokens:
             return []
         try:
             renewed = self.renew_tokens(model, tokens)
         except BaseException:
-            if held and receiver is not None:
-                receiver.renewal_failed(held)
+            if held and stream is not None:
+                stream.renewal_failed(held)
             raise
-        if held and receiver is not None:
-            receiver.apply_renewals(renewed, held)
+        if held and stream is not None:
+            stream.apply_renewals(renewed, held)
         _first_deliveries.renewed(renewed)
         result = []
         now = clock.now()
@@ -949,11 +949,11 @@ class NativeQueueEngine(BaseQueueEngine):
     # --- observing ------------------------------------------------------------------------
     def lease_expirations(self, model: type[Queue]) -> int:
         """Rows this process's ``RECEIVE_<Q>`` stream held whose lease ran out before they
-        were handed out (``Receiver.lease_expiration_count``). Leases that run out in a
+        were handed out (``ReceiveStream.lease_expiration_count``). Leases that run out in a
         receiver's hands are the worker's lost leases; Spanner's own metric counts both."""
         with _streams_lock:
-            receiver = _streams.get((self.alias, model._meta.label))
-        return receiver.lease_expiration_count if receiver is not None else 0
+            stream = _streams.get((self.alias, model._meta.label))
+        return stream.lease_expiration_count if stream is not None else 0
 
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight

@@ -385,7 +385,7 @@ def receive_stream(database: Any, session: Any, sql: str, timeout: float) -> Any
     ``ExecuteStreamingSql`` call on a strong single-use read-only transaction. Its
     ``_restart_on_unavailable`` would hold rows back until a PartialResultSet carries a resume
     token, retry UNAVAILABLE without back-off and resume RECEIVE with a token; here restarts are
-    the ``Receiver``'s. The call is the transport's own, wrapped only to map gRPC errors
+    the ``ReceiveStream``'s. The call is the transport's own, wrapped only to map gRPC errors
     (``GoogleAPICallError``): the client's wrapper waits for the first response before it
     returns, so a call on an idle queue could not be ``cancel()``ed until a message came."""
 

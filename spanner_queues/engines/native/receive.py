@@ -1,7 +1,7 @@
 """The ``RECEIVE_<Q>`` loop: one background stream per queue and process, feeding a buffer.
 
 ``RECEIVE_<Q>`` is a long-running streaming query on a strong single-use snapshot; rows arrive
-as messages become deliverable, each already leased to this receiver. ``Receiver.take`` hands
+as messages become deliverable, each already leased to this stream. ``ReceiveStream.take`` hands
 buffered rows to callers and drops those whose lease has (nearly) expired, since Spanner may
 deliver them to someone else.
 
@@ -27,7 +27,7 @@ Only a caller that keeps asking holds a stream: a call stays open ``linger`` sec
 last ``take`` returned (a worker asks again within moments), then it is ended, so a plain
 ``api.receive()`` leaves no call open for long and uses none of Spanner's active receive
 queries. Held rows are renewed before their lease ends (by the engine's ``renew_leases``
-together with the in-flight ones, or by the receiver's own thread) only while the stream is in
+together with the in-flight ones, or by the stream's own thread) only while the stream is in
 use (a ``take`` waiting, or one within ``linger``): a row nobody takes is left to its lease
 and goes back to the queue. A row whose renewal is on the wire is handed out only once it has
 answered, with the renewed token (the one it had is rotated out). Rows that expire while held
@@ -117,8 +117,8 @@ def permanent_error(name: str, exc: BaseException) -> QueueError | None:
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
-    """One row of ``RECEIVE_<Q>``."""
+class LeasedRow:
+    """One row of ``RECEIVE_<Q>``, leased to this process (its token and expiry)."""
 
     key: tuple[Any, ...]
     payload: bytes
@@ -129,18 +129,18 @@ class Delivery:
 
 
 class OpenStream(Protocol):
-    """Runs one ``RECEIVE_<Q>`` call and returns its rows (see ``Receiver``)."""
+    """Runs one ``RECEIVE_<Q>`` call and returns its rows (see ``ReceiveStream``)."""
 
     def __call__(self, max_batch_size: int, *, brief: bool = ..., probe: bool = ...) -> Any: ...
 
 
-class Receiver:
+class ReceiveStream:
     """A background ``RECEIVE_<Q>`` stream for one queue.
 
     ``open_stream(max_batch_size, brief=..., [probe=True])`` starts the query (``cancel``
     reaches it from its return on) and returns an iterable of its raw rows, read to its end
     (``brief``: with a short ``max_duration``, see ``settle``; ``probe``: a one-batch call,
-    passed only with ``probe``); ``parse(row)`` turns a row into a ``Delivery``. ``brief``:
+    passed only with ``probe``); ``parse(row)`` turns a row into a ``LeasedRow``. ``brief``:
     calls are brief from the start.
     """
 
@@ -148,7 +148,7 @@ class Receiver:
         self,
         name: str,
         open_stream: OpenStream,
-        parse: Callable[[Any], Delivery],
+        parse: Callable[[Any], LeasedRow],
         *,
         buffer_size: int = 100,
         lease_margin: timedelta = timedelta(seconds=0.5),
@@ -167,7 +167,7 @@ class Receiver:
         self._open_stream = open_stream
         self._parse = parse
         self._cancel = cancel
-        self._buffer: collections.deque[Delivery] = collections.deque()
+        self._buffer: collections.deque[LeasedRow] = collections.deque()
         self._buffer_size = buffer_size
         #: how many rows may be held: what the last ``take`` asked for, up to buffer_size.
         self._cap = 1
@@ -195,7 +195,7 @@ class Receiver:
         self._last_wanted = time.monotonic()
         #: until when (monotonic) the last take's unmet demand may open a new call
         self._unmet_until = 0.0
-        #: the open call is being ended by this receiver (its error is no failure)
+        #: the open call is being ended by this stream (its error is no failure)
         self._ending = False
         self._renewer: threading.Thread | None = None
         self._margin = lease_margin
@@ -491,7 +491,7 @@ class Receiver:
         but ``ignore``'s, a brief call is opened to look; no other new call opens until the
         next ``take``. True (settled): no call is open, that look found nothing due but rows
         keyed in ``ignore`` (the caller handled them: given back, no receiver of its release
-        matches them), and nothing else is held: no row is leased to this receiver and unread
+        matches them), and nothing else is held: no row is leased to this stream and unread
         but ignored ones, which are left to their lease. False: other rows are held (``take``
         them), or a call is open or still to come (ask again). A stream never asked for a row
         is settled."""
@@ -589,7 +589,7 @@ class Receiver:
         lease holds until its expiry, when ``take`` drops it)."""
         asked_set = set(asked)
         with self._cond:
-            kept: collections.deque[Delivery] = collections.deque()
+            kept: collections.deque[LeasedRow] = collections.deque()
             for d in self._buffer:
                 if d.lease_token not in asked_set:
                     kept.append(d)
@@ -629,12 +629,12 @@ class Receiver:
                 continue
             self.apply_renewals(renewed, tokens)
 
-    def _pop(self, count: int) -> list[Delivery]:
+    def _pop(self, count: int) -> list[LeasedRow]:
         """Hand out up to ``count`` held rows, oldest first, none under renewal (``_cond``)."""
         if not self._renewing:
             return [self._buffer.popleft() for _ in range(min(count, len(self._buffer)))]
-        taken: list[Delivery] = []
-        kept: collections.deque[Delivery] = collections.deque()
+        taken: list[LeasedRow] = []
+        kept: collections.deque[LeasedRow] = collections.deque()
         for d in self._buffer:
             if len(taken) < count and d.lease_token not in self._renewing:
                 taken.append(d)
@@ -650,7 +650,7 @@ class Receiver:
         *,
         last_sent: float | None = None,
         first_answer: float = 0.0,
-    ) -> list[Delivery]:
+    ) -> list[LeasedRow]:
         """Up to ``max_messages`` leased rows. Waits at most ``wait`` seconds for the first
         (only a moment when a call has been open that long and brought nothing, and this
         process sent nothing to the queue since it opened, ``last_sent`` (monotonic): nothing
