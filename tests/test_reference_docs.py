@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from django.core.management.base import BaseCommand
 
 from spanner_queues import exceptions, receivers
 from spanner_queues.conf import COMMON_OPTIONS
@@ -64,6 +65,21 @@ def test_commands_page_documents_exactly_the_runqueueworker_options() -> None:
     assert documented == ours
     synopsis = text.split("```", 2)[1]
     assert {o for o in ours if o not in synopsis} == set()
+
+
+def test_runqueueworker_help_lists_each_of_its_options_in_a_group_of_its_concern() -> None:
+    parser = Command().create_parser("manage.py", "runqueueworker")
+    djangos = {action.dest for action in BaseCommand().create_parser("m", "x")._actions}
+    ours = [
+        group.title
+        for group in parser._action_groups
+        for action in group._group_actions
+        if action.option_strings and action.dest not in djangos
+    ]
+    assert ours and "options" not in ours  # none left among Django's own options
+    help_text = parser.format_help()
+    for title in ("When to stop:", "Leases and time limits:", "Health probes (/livez, /readyz):"):
+        assert title in help_text
 
 
 def _check_ids_in_code() -> set[str]:

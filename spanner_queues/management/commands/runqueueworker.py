@@ -152,19 +152,30 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
+        """The options, in one argument group per concern (their order in ``--help``)."""
         parser.add_argument(
             "queues",
             nargs="*",
             metavar="QUEUE",
             help="Queue labels (app_label.ModelName) or names; default: all with receivers.",
         )
-        parser.add_argument(
+        self._intake_arguments(parser)
+        self._stop_arguments(parser)
+        self._lease_arguments(parser)
+        self._logging_arguments(parser)
+        self._metrics_arguments(parser)
+        self._health_arguments(parser)
+
+    @staticmethod
+    def _intake_arguments(parser: ArgumentParser) -> None:
+        receiving = parser.add_argument_group("What to receive, and how much at once")
+        receiving.add_argument(
             "--concurrency",
             type=bounded_int(MAX_CONCURRENCY),
             default=1,
             help="Receiver threads in this process (default: %(default)s).",
         )
-        parser.add_argument(
+        receiving.add_argument(
             "--prefetch",
             type=bounded_int(MAX_PREFETCH),
             default=None,
@@ -175,7 +186,7 @@ class Command(BaseCommand):
             "quick receivers allow, never more than a thread starts within 0.25 s or half "
             "the lease).",
         )
-        parser.add_argument(
+        receiving.add_argument(
             "--batch-size",
             type=positive_int,
             default=10,
@@ -183,25 +194,40 @@ class Command(BaseCommand):
             "for batch receivers, which take up to this many in one thread) "
             "(default: %(default)s).",
         )
-        parser.add_argument(
+        receiving.add_argument(
+            "--poll-interval",
+            type=non_negative_seconds,
+            default=0.05,
+            help="Seconds between receives when nothing is due, jittered down to half "
+            "(default: %(default)s).",
+        )
+
+    @staticmethod
+    def _stop_arguments(parser: ArgumentParser) -> None:
+        stopping = parser.add_argument_group("When to stop")
+        stopping.add_argument(
             "--burst",
             action="store_true",
             help="Process every message that is due now, then exit 0 (cron, tests).",
         )
-        parser.add_argument(
+        stopping.add_argument(
             "--max-messages",
             type=positive_int,
             default=None,
             help="Exit 0 after receiving this many messages (and finishing them).",
         )
-        parser.add_argument(
+
+    @staticmethod
+    def _lease_arguments(parser: ArgumentParser) -> None:
+        leases = parser.add_argument_group("Leases and time limits")
+        leases.add_argument(
             "--lease",
             type=positive_seconds,
             default=None,
             help="Lease in seconds on each received message (default: the engine's, "
             "LEASE_SECONDS). Leases are renewed in the background while receivers run.",
         )
-        parser.add_argument(
+        leases.add_argument(
             "--timeout",
             type=positive_seconds,
             default=None,
@@ -210,27 +236,36 @@ class Command(BaseCommand):
             "attempt and its message goes back to the queue. A receiver that cannot be "
             "interrupted makes the worker exit with status 3 (default: no limit).",
         )
-        parser.add_argument(
+        leases.add_argument(
             "--stuck-grace",
             type=positive_seconds,
             default=10.0,
             help="Seconds a receiver may stay busy past its time limit before the worker gives "
             "up on it and exits with status 3 (default: %(default)s).",
         )
-        parser.add_argument(
-            "--poll-interval",
-            type=non_negative_seconds,
-            default=0.05,
-            help="Seconds between receives when nothing is due, jittered down to half "
-            "(default: %(default)s).",
-        )
-        parser.add_argument(
+
+    @staticmethod
+    def _logging_arguments(parser: ArgumentParser) -> None:
+        logging = parser.add_argument_group("Logs")
+        logging.add_argument(
             "--summary-interval",
             type=positive_seconds,
             default=10.0,
             help="Seconds between summary lines at -v1 and above (default: %(default)s).",
         )
-        parser.add_argument(
+        logging.add_argument(
+            "--worker-id",
+            type=worker_id,
+            default=None,
+            help="Name of this worker in logs (default: host-pid-random).",
+        )
+
+    @staticmethod
+    def _metrics_arguments(parser: ArgumentParser) -> None:
+        metrics = parser.add_argument_group(
+            "Prometheus metrics (the app spanner_queues.contrib.metrics)"
+        )
+        metrics.add_argument(
             "--metrics-port",
             type=port_number,
             default=None,
@@ -238,20 +273,24 @@ class Command(BaseCommand):
             "app spanner_queues.contrib.metrics and the 'metrics' extra). Each worker on a host "
             "needs its own port; 0 picks a free one (printed at start).",
         )
-        parser.add_argument(
+        metrics.add_argument(
             "--metrics-addr",
             default="127.0.0.1",
             help="Address the metrics server listens on (default: %(default)s; 0.0.0.0 for "
             "every interface).",
         )
-        parser.add_argument(
+        metrics.add_argument(
             "--metrics-interval",
             type=sample_seconds,
             default=None,
             help="Seconds between reads of the queue gauges (and depth samples), at least 1 "
             "(default: SPANNER_QUEUES_METRICS['SAMPLE_INTERVAL_SECONDS'], 30).",
         )
-        parser.add_argument(
+
+    @staticmethod
+    def _health_arguments(parser: ArgumentParser) -> None:
+        health = parser.add_argument_group("Health probes (/livez, /readyz)")
+        health.add_argument(
             "--health-port",
             type=port_number,
             default=None,
@@ -259,24 +298,18 @@ class Command(BaseCommand):
             "their own (no 'metrics' extra needed); 0 picks a free one (printed at start). "
             "With --metrics-port they are served on the metrics port too.",
         )
-        parser.add_argument(
+        health.add_argument(
             "--health-addr",
             default="127.0.0.1",
             help="Address the health server listens on (default: %(default)s; 0.0.0.0 for "
             "a kubelet's probes).",
         )
-        parser.add_argument(
+        health.add_argument(
             "--health-max-run",
             type=positive_seconds,
             default=None,
             help="/livez fails while a receiver has run longer than this many seconds "
             "(default: no limit).",
-        )
-        parser.add_argument(
-            "--worker-id",
-            type=worker_id,
-            default=None,
-            help="Name of this worker in logs (default: host-pid-random).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
