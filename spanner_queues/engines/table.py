@@ -219,103 +219,121 @@ class TableQueueEngine(BaseQueueEngine):
         wait: float | None = None,
     ) -> list[Message]:
         lease = lease or self.params.lease
-        manager = rows(model, self.database)
-
-        driver = driver_for(self.database)
-        # Nothing due: answered by a read outside any write transaction, so idle receivers
-        # take no write lock (SQLite) and no read-write transaction (Spanner). Right after a
-        # claim that came back full (a backlog) the claim itself asks: one read less per
-        # claim while draining; a claim that finds fewer than it asked for ends the backlog.
+        # Right after a claim that came back full (a backlog) the claim itself asks whether
+        # anything is due: one read less per claim while draining; a claim that finds fewer
+        # than it asked for ends the backlog.
         backlog: set[type[Queue]] = self.__dict__.setdefault("_backlog", set())
-        picked = None
-        statements = row_statements(model, self.database)
-        if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
-            due_now = manager.filter(deliver_time__lte=clock.now())
-            picked = pick_due(model, due_now, max_messages, driver.claim_window)
-            if picked is None:
-                return []
-        elif model not in backlog and not statements.any_due(clock.now()):
+        due, picked = self._look(model, max_messages, backlog=model in backlog)
+        if not due:
             return []
 
-        skip_locked = driver.claims_skip_locked
-        # One executemany per claim, except where the DB-API replays aborted transactions
-        # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.
-        one_by_one = driver.replays_aborted_transactions
-        names = key_names(model)
-        n_keys = len(names)
-        columns = (*names, *statements.DUE_COLUMNS)
-        label = model._meta.label
+        def claim(keys: Q | None) -> tuple[list[Message], int]:
+            return run_in_transaction(
+                lambda: self._claim(model, keys, max_messages, lease),
+                using=self.database,
+                retries=self.params.transaction_retries,
+            )
 
-        expired = [0]
-
-        def claim(keys: Q | None) -> list[Message]:
-            expired[0] = 0
-            now = clock.now()
-            if keys is None and not one_by_one:  # the statement written once (RowStatements)
-                # rows another claim holds are passed over, not waited for (skip_locked)
-                due = statements.select_due(now, max_messages, skip_locked=skip_locked)
-            else:
-                rows_due = manager.filter(deliver_time__lte=now).order_by("deliver_time")
-                if keys is not None:  # read (and lock) only the rows picked
-                    rows_due = rows_due.filter(keys)
-                if skip_locked:
-                    rows_due = rows_due.select_for_update(skip_locked=True)
-                # values, not model instances: the claim needs only these columns
-                due = list(rows_due.values_list(*columns)[:max_messages])
-            expires = now + lease
-            backoff = self.params.backoff
-            wanted = []
-            for row in due:
-                payload, deliver_time, send_time, attempts, lease_expires_at = row[n_keys:]
-                attempt = attempts + 1
-                age = now - (send_time or now)
-                wanted.append(
-                    Claim(
-                        key=row[:n_keys],
-                        was_due=deliver_time,  # compare-and-set on the deliver time just read
-                        lease_token=secrets.token_urlsafe(18),
-                        lease_expires_at=expires,
-                        attempts=attempt,
-                        deliver_time=expires + backoff.delay(attempt, age),
-                    )
-                )
-            if one_by_one:
-                updated = [statements.claim(c) == 1 for c in wanted]
-            else:
-                updated = statements.claim_many(wanted)
-            claimed = []
-            for row, c, won in zip(due, wanted, updated, strict=True):
-                if won:  # False only if another claimer won (SQLite without IMMEDIATE)
-                    payload, deliver_time, send_time, _, lease_expires_at = row[n_keys:]
-                    # a lease still set: the last one ran out (acks delete, releases clear it)
-                    expired[0] += lease_expires_at is not None
-                    claimed.append(
-                        Message(
-                            queue=label,
-                            key=c.key,
-                            key_names=names,
-                            payload=from_stored(payload),
-                            deliver_time=deliver_time,
-                            attempt=c.attempts,
-                            lease_token=c.lease_token,
-                            lease_expires_at=expires,
-                            send_time=send_time,
-                        )
-                    )
-            return claimed
-
-        retries = self.params.transaction_retries
-        claimed = run_in_transaction(lambda: claim(picked), using=self.database, retries=retries)
+        claimed, expired = claim(picked)
         if picked is not None and not claimed:  # all taken meanwhile: from the head, as elsewhere
-            claimed = run_in_transaction(lambda: claim(None), using=self.database, retries=retries)
+            claimed, expired = claim(None)
         if len(claimed) >= max_messages:
             backlog.add(model)
         else:
             backlog.discard(model)
-        if expired[0]:
+        if expired:
             with _lease_expirations_lock:
-                _lease_expirations[(self.alias, model._meta.label)] += expired[0]
+                _lease_expirations[(self.alias, model._meta.label)] += expired
         return claimed
+
+    def _look(
+        self, model: type[Queue], max_messages: int, *, backlog: bool
+    ) -> tuple[bool, Q | None]:
+        """Whether a claim is worth a transaction, and the rows it should claim (None: the
+        due rows from the head). Nothing due is answered by a read outside any write
+        transaction, so idle receivers take no write lock (SQLite) and no read-write
+        transaction (Spanner); with ``backlog`` (the last claim came back full) the claim
+        itself asks."""
+        driver = driver_for(self.database)
+        if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
+            due_now = rows(model, self.database).filter(deliver_time__lte=clock.now())
+            picked = pick_due(model, due_now, max_messages, driver.claim_window)
+            return picked is not None, picked
+        if backlog:
+            return True, None
+        return row_statements(model, self.database).any_due(clock.now()), None
+
+    def _claim(
+        self, model: type[Queue], keys: Q | None, max_messages: int, lease: timedelta
+    ) -> tuple[list[Message], int]:
+        """In the caller's transaction: lease up to ``max_messages`` due rows (those of
+        ``keys`` when given), each with a new token and its next deliver time (the back-off
+        of its next attempt). Returns the messages claimed and how many of them had a lease
+        that ran out (acks delete, releases clear it)."""
+        driver = driver_for(self.database)
+        statements = row_statements(model, self.database)
+        # One executemany per claim, except where the DB-API replays aborted transactions
+        # (Spanner), whose replay checks fetched rows, not counts: one UPDATE per row there.
+        one_by_one = driver.replays_aborted_transactions
+        now = clock.now()
+        names = key_names(model)
+        due = self._due_rows(model, names, keys, max_messages, now, one_by_one=one_by_one)
+        n_keys = len(names)
+        expires = now + lease
+        backoff = self.params.backoff
+        wanted = []
+        for row in due:
+            _, deliver_time, send_time, attempts, _ = row[n_keys:]
+            attempt = attempts + 1
+            age = now - (send_time or now)
+            wanted.append(
+                Claim(
+                    key=row[:n_keys],
+                    was_due=deliver_time,  # compare-and-set on the deliver time just read
+                    lease_token=secrets.token_urlsafe(18),
+                    lease_expires_at=expires,
+                    attempts=attempt,
+                    deliver_time=expires + backoff.delay(attempt, age),
+                )
+            )
+        if one_by_one:
+            updated = [statements.claim(c) == 1 for c in wanted]
+        else:
+            updated = statements.claim_many(wanted)
+        claimed, expired = [], 0
+        for row, c, won in zip(due, wanted, updated, strict=True):
+            if won:  # False only if another claimer won (SQLite without IMMEDIATE)
+                claimed.append(_claimed_message(model._meta.label, names, row, c))
+                # a lease still set: the last one ran out (acks delete, releases clear it)
+                expired += row[-1] is not None  # (lease_expires_at, the last of DUE_COLUMNS)
+        return claimed, expired
+
+    def _due_rows(
+        self,
+        model: type[Queue],
+        names: tuple[str, ...],
+        keys: Q | None,
+        max_messages: int,
+        now: datetime,
+        *,
+        one_by_one: bool,
+    ) -> Sequence[tuple[Any, ...]]:
+        """The due rows to claim, oldest due first: their keys (``names``), then
+        ``DUE_COLUMNS``."""
+        statements = row_statements(model, self.database)
+        skip_locked = driver_for(self.database).claims_skip_locked
+        if keys is None and not one_by_one:  # the statement written once (RowStatements)
+            # rows another claim holds are passed over, not waited for (skip_locked)
+            return statements.select_due(now, max_messages, skip_locked=skip_locked)
+        rows_due = rows(model, self.database).filter(deliver_time__lte=now)
+        rows_due = rows_due.order_by("deliver_time")
+        if keys is not None:  # read (and lock) only the rows picked
+            rows_due = rows_due.filter(keys)
+        if skip_locked:
+            rows_due = rows_due.select_for_update(skip_locked=True)
+        # values, not model instances: the claim needs only these columns
+        columns = (*names, *statements.DUE_COLUMNS)
+        return list(rows_due.values_list(*columns)[:max_messages])
 
     def lease_expirations(self, model: type[Queue]) -> int:
         """Counted when a message whose lease ran out is claimed again (by this process)."""
@@ -532,6 +550,25 @@ class TableQueueEngine(BaseQueueEngine):
 
     def check(self) -> list[checks.CheckMessage]:
         return driver_for(self.database).check()
+
+
+def _claimed_message(
+    label: str, names: tuple[str, ...], row: tuple[Any, ...], claim: Claim
+) -> Message:
+    """The message of a due ``row`` (keys ``names``, then ``DUE_COLUMNS``) as ``claim``
+    leased it."""
+    payload, deliver_time, send_time, _, _ = row[len(names) :]
+    return Message(
+        queue=label,
+        key=claim.key,
+        key_names=names,
+        payload=from_stored(payload),
+        deliver_time=deliver_time,
+        attempt=claim.attempts,
+        lease_token=claim.lease_token,
+        lease_expires_at=claim.lease_expires_at,
+        send_time=send_time,
+    )
 
 
 def _named(model: type[Queue], keys: Sequence[tuple[Any, ...]]) -> str:
