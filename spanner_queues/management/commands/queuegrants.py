@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 from argparse import ArgumentParser, ArgumentTypeError
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core.management.base import BaseCommand, CommandError
@@ -37,6 +37,9 @@ from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample
 from spanner_queues.queues import get_queue, queue_models
+
+if TYPE_CHECKING:
+    from spanner_queues.models import Queue
 
 GOOGLESQL = "googlesql"
 POSTGRESQL = "postgresql"
@@ -118,7 +121,6 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-
         sender: str = options["role_sender"]
         worker: str = options["role_worker"]
         if sender == worker:
@@ -129,16 +131,8 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if not models:
             raise CommandError("No queue is declared.")
-        chosen: str | None = options["dialect"]
-        if chosen is None:
-            names = {
-                dialect.name
-                for m in models
-                if (dialect := getattr(engine_for(m), "dialect", None)) is not None
-            }
-            chosen = names.pop() if len(names) == 1 else GOOGLESQL
+        chosen: str = options["dialect"] or _default_dialect(models)
         dialect = spanner_sql(chosen)
-
         lines: list[str] = [
             f"-- spanner_queues: fine-grained access control for {len(models)} queue(s), "
             f"{'GoogleSQL' if chosen == GOOGLESQL else 'PostgreSQL'} dialect",
@@ -146,79 +140,97 @@ class Command(BaseCommand):
         ]
         if options["create_roles"]:
             lines += [f"CREATE ROLE {sender};", f"CREATE ROLE {worker};"]
-        grants: list[Grant] = []
-        ledger = False
         selected = {m._meta.db_table for m in models}
         for model in models:
-            engine = engine_for(model)
-            table = model._meta.db_table
-            if engine.features.supports_native_queues:
-                lines.append(f"-- {model._meta.label}: native queue {table}")
-                grants = [
-                    Grant(QUEUE_SENDER, "QUEUE", table, sender),
-                    Grant(QUEUE_WORKER, "QUEUE", table, worker),
-                    Grant(("EXECUTE",), "FUNCTION", dialect.receive_function(table), worker),
-                    Grant(("EXECUTE",), "FUNCTION", dialect.renew_function(table), worker),
-                ]
-            else:
-                lines.append(f"-- {model._meta.label}: table-engine queue {table}")
-                grants = [
-                    Grant(TABLE_SENDER, "TABLE", table, sender),
-                    Grant(TABLE_WORKER, "TABLE", table, worker),
-                ]
-            lines += [g.render(dialect, chosen) for g in grants]
-            if not engine.features.supports_attempt_count:
-                ledger = True
-            dead = queue_settings.queue_options(model).dead_letter_queue
-            if dead:
-                target = get_queue(dead)
-                if target._meta.db_table not in selected:
-                    kind = (
-                        "QUEUE" if engine_for(target).features.supports_native_queues else "TABLE"
-                    )
-                    lines.append(f"-- {model._meta.label} dead-letters into {target._meta.label}")
-                    lines.append(
-                        Grant(("INSERT",), kind, target._meta.db_table, worker).render(
-                            dialect, chosen
-                        )
-                    )
+            for grant in _queue_grants(model, dialect, sender, worker, selected):
+                lines.append(grant if isinstance(grant, str) else grant.render(dialect, chosen))
         lines.append("-- spanner_queues' own tables")
-        own: list[Grant] = []
-        if ledger:
-            own.append(Grant(TABLE_WORKER, "TABLE", FailedDelivery._meta.db_table, worker))
-
-        own.append(
-            Grant(("SELECT", "INSERT", "DELETE"), "TABLE", QueueDepthSample._meta.db_table, worker)
-        )
-
-        paused = PausedQueue._meta.db_table  # workers read it; the admin (web) pauses
-        own.append(Grant(("SELECT",), "TABLE", paused, worker))
-        own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", paused, sender))
-        if any(
-            queue_settings.queue_options(m).rate_limit for m in models
-        ):  # the shared rate buckets
-            own.append(
-                Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker)
-            )
-        if apps.is_installed("spanner_queues.contrib.tasks"):
-            # the optional tasks app: its modules import its models, importable only when
-            # it is installed
-            from spanner_queues.contrib.tasks.runner import queue_backends
-
-            # Django's Tasks API on spanner_queues: the results table, for the backend's
-            # default queue and the queues of QUEUE_MODELS alike (their workers write results)
-            task_queues = {apps.get_model("spanner_queues_tasks", "TaskMessage")}
-            for backend in queue_backends():
-                task_queues.update(backend.all_queue_models(declared_only=True))
-            if task_queues.intersection(models):
-                results = apps.get_model("spanner_queues_tasks", "TaskResultRecord")._meta.db_table
-                # the worker inserts a task's row when it finishes (native queues: when it
-                # starts, then updates it) and deletes old ones (RESULT_RETENTION_SECONDS);
-                # the web process reads them (get_result) and may prune them too
-                own.append(
-                    Grant(("SELECT", "INSERT", "UPDATE", "DELETE"), "TABLE", results, worker)
-                )
-                own.append(Grant(("SELECT", "DELETE"), "TABLE", results, sender))
-        lines += [g.render(dialect, chosen) for g in own]
+        lines += [g.render(dialect, chosen) for g in _own_grants(models, sender, worker)]
         lines.append(f"-- and the tables your receivers write, to {worker}")
         self.stdout.write("\n".join(lines))
+
+
+def _default_dialect(models: list[type[Queue]]) -> str:
+    """The native engines' ``DIALECT`` when they all agree, else GoogleSQL."""
+    names = {
+        dialect.name
+        for m in models
+        if (dialect := getattr(engine_for(m), "dialect", None)) is not None
+    }
+    return names.pop() if len(names) == 1 else GOOGLESQL
+
+
+def _queue_grants(
+    model: type[Queue], dialect: Any, sender: str, worker: str, selected: set[str]
+) -> list[Grant | str]:
+    """A queue's grants, each after its comment line: the queue (or its table) and its
+    functions, and the worker's INSERT on its dead-letter queue when that is not among the
+    ``selected`` tables."""
+    table = model._meta.db_table
+    out: list[Grant | str] = []
+    if engine_for(model).features.supports_native_queues:
+        out += [
+            f"-- {model._meta.label}: native queue {table}",
+            Grant(QUEUE_SENDER, "QUEUE", table, sender),
+            Grant(QUEUE_WORKER, "QUEUE", table, worker),
+            Grant(("EXECUTE",), "FUNCTION", dialect.receive_function(table), worker),
+            Grant(("EXECUTE",), "FUNCTION", dialect.renew_function(table), worker),
+        ]
+    else:
+        out += [
+            f"-- {model._meta.label}: table-engine queue {table}",
+            Grant(TABLE_SENDER, "TABLE", table, sender),
+            Grant(TABLE_WORKER, "TABLE", table, worker),
+        ]
+    dead = queue_settings.queue_options(model).dead_letter_queue
+    if dead:
+        target = get_queue(dead)
+        if target._meta.db_table not in selected:
+            kind = "QUEUE" if engine_for(target).features.supports_native_queues else "TABLE"
+            out += [
+                f"-- {model._meta.label} dead-letters into {target._meta.label}",
+                Grant(("INSERT",), kind, target._meta.db_table, worker),
+            ]
+    return out
+
+
+def _own_grants(models: list[type[Queue]], sender: str, worker: str) -> list[Grant]:
+    """The app's own tables ``models``' workers and senders use."""
+    own: list[Grant] = []
+    if any(not engine_for(m).features.supports_attempt_count for m in models):
+        own.append(Grant(TABLE_WORKER, "TABLE", FailedDelivery._meta.db_table, worker))
+    own.append(
+        Grant(("SELECT", "INSERT", "DELETE"), "TABLE", QueueDepthSample._meta.db_table, worker)
+    )
+    paused = PausedQueue._meta.db_table  # workers read it; the admin (web) pauses
+    own.append(Grant(("SELECT",), "TABLE", paused, worker))
+    own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", paused, sender))
+    if any(queue_settings.queue_options(m).rate_limit for m in models):  # the shared buckets
+        own.append(Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker))
+    return own + _task_result_grants(models, sender, worker)
+
+
+def _task_result_grants(models: list[type[Queue]], sender: str, worker: str) -> list[Grant]:
+    """The task results table, when the tasks app is installed and a queue of a
+    ``QueueBackend`` is among ``models``."""
+    if not apps.is_installed("spanner_queues.contrib.tasks"):
+        return []
+    # the optional tasks app: its modules import its models, importable only when it is
+    # installed
+    from spanner_queues.contrib.tasks.runner import queue_backends
+
+    # Django's Tasks API on spanner_queues: the results table, for the backend's default
+    # queue and the queues of QUEUE_MODELS alike (their workers write results)
+    task_queues = {apps.get_model("spanner_queues_tasks", "TaskMessage")}
+    for backend in queue_backends():
+        task_queues.update(backend.all_queue_models(declared_only=True))
+    if not task_queues.intersection(models):
+        return []
+    results = apps.get_model("spanner_queues_tasks", "TaskResultRecord")._meta.db_table
+    # the worker inserts a task's row when it finishes (native queues: when it starts, then
+    # updates it) and deletes old ones (RESULT_RETENTION_SECONDS); the web process reads them
+    # (get_result) and may prune them too
+    return [
+        Grant(("SELECT", "INSERT", "UPDATE", "DELETE"), "TABLE", results, worker),
+        Grant(("SELECT", "DELETE"), "TABLE", results, sender),
+    ]
