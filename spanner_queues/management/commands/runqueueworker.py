@@ -351,19 +351,30 @@ class Command(BaseCommand):
         if health is not None:
             health.attach(worker)
         if verbosity >= 1:
-            mode = " (burst)" if options["burst"] else ""
-            self.stdout.write(
-                f"runqueueworker {worker.worker_id}: queues {', '.join(worker.queue_labels)}; "
-                f"concurrency {worker.concurrency}"
-                + (
-                    ", prefetch adaptive"
-                    if worker.prefetch is None
-                    else f", prefetch {worker.prefetch}"
-                )
-                + mode
+            self._announce(worker, burst=options["burst"])
+        self._run(worker, sampler)
+
+    def _announce(self, worker: Worker, *, burst: bool) -> None:
+        """The start line (at ``-v1`` and above); the first summary line finds its depths
+        read."""
+        mode = " (burst)" if burst else ""
+        self.stdout.write(
+            f"runqueueworker {worker.worker_id}: queues {', '.join(worker.queue_labels)}; "
+            f"concurrency {worker.concurrency}"
+            + (
+                ", prefetch adaptive"
+                if worker.prefetch is None
+                else f", prefetch {worker.prefetch}"
             )
-            for plan in worker.plans:  # the first summary line finds its depths read
-                stats_cache.peek(plan.model, max_age=self._depth_max_age())
+            + mode
+        )
+        for plan in worker.plans:
+            stats_cache.peek(plan.model, max_age=self._depth_max_age())
+
+    def _run(self, worker: Worker, sampler: Any) -> None:
+        """Run ``worker`` beside the installed apps' services; stop them, and the metrics
+        ``sampler``, after it. A crashed worker is a ``CommandError`` (exit status 1); a stuck
+        one leaves the process at once with status 3."""
         services = self._app_services(worker)
         try:
             for service in services:

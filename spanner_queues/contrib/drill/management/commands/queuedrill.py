@@ -58,84 +58,35 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: ArgumentParser) -> None:
-        parser.add_argument("--messages", type=positive_int, default=1000, help="(%(default)s)")
-        parser.add_argument(
+        """The options, in one argument group per concern (their order in ``--help``)."""
+        self._load_arguments(parser)
+        self._fault_arguments(parser)
+        self._run_arguments(parser)
+
+    @staticmethod
+    def _load_arguments(parser: ArgumentParser) -> None:
+        load = parser.add_argument_group("The load: messages and workers")
+        load.add_argument("--messages", type=positive_int, default=1000, help="(%(default)s)")
+        load.add_argument(
             "--workers", type=positive_int, default=3, help="worker processes (%(default)s)"
         )
-        parser.add_argument(
+        load.add_argument(
             "--concurrency", type=positive_int, default=2, help="threads each (%(default)s)"
         )
-        parser.add_argument(
-            "--kills",
-            type=count,
-            default=5,
-            help="workers SIGKILLed at random points of the drain, each replaced by a new one "
-            "(%(default)s)",
+        load.add_argument(
+            "--work-ms",
+            type=milliseconds,
+            default=10.0,
+            help="milliseconds each receiver sleeps before writing its effect (%(default)s)",
         )
-        parser.add_argument(
+        load.add_argument(
             "--lease",
             type=positive_seconds,
             default=5.0,
             help="the workers' --lease where the engine takes one (table engine); a killed "
             "worker's messages come back after it (%(default)s s)",
         )
-        parser.add_argument(
-            "--work-ms",
-            type=milliseconds,
-            default=10.0,
-            help="milliseconds each receiver sleeps before writing its effect (%(default)s)",
-        )
-        parser.add_argument(
-            "--abort-method",
-            choices=ABORT_METHODS,
-            default="none",
-            help="pg-terminate: end the drill workers' PostgreSQL sessions "
-            "(pg_terminate_backend, by application_name; needs superuser or "
-            "pg_signal_backend); command: run --abort-command (e.g. a local server restart)",
-        )
-        parser.add_argument(
-            "--abort-every",
-            type=non_negative_seconds,
-            default=0.0,
-            help="seconds between aborts, jittered 0.5x-1.5x (0: none)",
-        )
-        parser.add_argument("--abort-command", default="", help="shell command for 'command'")
-        parser.add_argument(
-            "--timeout",
-            type=positive_seconds,
-            default=600.0,
-            help="give up draining after this many seconds; an --abort-command still running "
-            "then is ended (%(default)s)",
-        )
-        parser.add_argument(
-            "--sample-interval",
-            type=positive_seconds,
-            default=0.5,
-            help="seconds between depth samples (%(default)s)",
-        )
-        parser.add_argument(
-            "--report-dir",
-            default=None,
-            help="where to write the report (default: ./queuedrill-<UTC time>)",
-        )
-        parser.add_argument(
-            "--keep-effects",
-            action="store_true",
-            help="keep this run's rows in sq_drill_effects (default: deleted once counted)",
-        )
-        parser.add_argument(
-            "--seed",
-            type=int,
-            default=None,
-            help="random seed of the kills and aborts (default: drawn, and recorded in the report)",
-        )
-        parser.add_argument(
-            "--allow-shared-database",
-            action="store_true",
-            help="run on a database that holds other apps' rows (refused by default: the "
-            "drill loads the database, and on SQLite it stalls every other writer)",
-        )
-        parser.add_argument(
+        load.add_argument(
             "--pubsub",
             action="store_true",
             help="two services through Pub/Sub: relay workers publish service A's events, inbox "
@@ -143,18 +94,83 @@ class Command(BaseCommand):
             "killed alike. Needs the Pub/Sub emulator (PUBSUB_EMULATOR_HOST) or real Pub/Sub, "
             "and the apps " + " and ".join(PUBSUB_APPS),
         )
-        parser.add_argument(
+        load.add_argument(
+            "--worker-arg",
+            action="append",
+            default=[],
+            help="extra argument for each runqueueworker (repeat), e.g. --worker-arg=--prefetch=1",
+        )
+
+    @staticmethod
+    def _fault_arguments(parser: ArgumentParser) -> None:
+        faults = parser.add_argument_group("The faults: kills and aborts")
+        faults.add_argument(
+            "--kills",
+            type=count,
+            default=5,
+            help="workers SIGKILLed at random points of the drain, each replaced by a new one "
+            "(%(default)s)",
+        )
+        faults.add_argument(
             "--signal",
             choices=SIGNALS,
             default="kill",
             help="what a kill point sends its worker: kill (SIGKILL), term (SIGTERM: it drains "
             "and exits) or mixed (either, by the seed) (%(default)s)",
         )
-        parser.add_argument(
-            "--worker-arg",
-            action="append",
-            default=[],
-            help="extra argument for each runqueueworker (repeat), e.g. --worker-arg=--prefetch=1",
+        faults.add_argument(
+            "--abort-method",
+            choices=ABORT_METHODS,
+            default="none",
+            help="pg-terminate: end the drill workers' PostgreSQL sessions "
+            "(pg_terminate_backend, by application_name; needs superuser or "
+            "pg_signal_backend); command: run --abort-command (e.g. a local server restart)",
+        )
+        faults.add_argument(
+            "--abort-every",
+            type=non_negative_seconds,
+            default=0.0,
+            help="seconds between aborts, jittered 0.5x-1.5x (0: none)",
+        )
+        faults.add_argument("--abort-command", default="", help="shell command for 'command'")
+        faults.add_argument(
+            "--seed",
+            type=int,
+            default=None,
+            help="random seed of the kills and aborts (default: drawn, and recorded in the report)",
+        )
+
+    @staticmethod
+    def _run_arguments(parser: ArgumentParser) -> None:
+        run = parser.add_argument_group("The run and its report")
+        run.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=600.0,
+            help="give up draining after this many seconds; an --abort-command still running "
+            "then is ended (%(default)s)",
+        )
+        run.add_argument(
+            "--sample-interval",
+            type=positive_seconds,
+            default=0.5,
+            help="seconds between depth samples (%(default)s)",
+        )
+        run.add_argument(
+            "--report-dir",
+            default=None,
+            help="where to write the report (default: ./queuedrill-<UTC time>)",
+        )
+        run.add_argument(
+            "--keep-effects",
+            action="store_true",
+            help="keep this run's rows in sq_drill_effects (default: deleted once counted)",
+        )
+        run.add_argument(
+            "--allow-shared-database",
+            action="store_true",
+            help="run on a database that holds other apps' rows (refused by default: the "
+            "drill loads the database, and on SQLite it stalls every other writer)",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
