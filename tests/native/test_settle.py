@@ -151,9 +151,9 @@ def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
     The stream stays unsettled until a look opened after the lease ended."""
     leases: list[Any] = []
 
-    def parse(row: str) -> Delivery:
+    def parse(row: str) -> LeasedRow:
         leases.append(timezone.now() + timedelta(seconds=3))
-        return Delivery(
+        return LeasedRow(
             key=(row,),
             payload=b"",
             deliver_time=None,
@@ -163,7 +163,7 @@ def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
         )
 
     # a margin past the lease: the row is dropped on the first look at the buffer
-    receiver = Receiver(
+    stream = ReceiveStream(
         "q",
         calls.open,
         parse,
@@ -173,25 +173,25 @@ def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
         lease_margin=timedelta(seconds=5),
     )
     try:
-        receiver.start()
-        receiver.take(1, wait=0)
+        stream.start()
+        stream.take(1, wait=0)
         wait_until(calls.open_now.is_set)
         calls.rows.put("a")  # leased to this stream, never handed out
         calls.rows.put(END)
-        wait_until(lambda: not calls.open_now.is_set() and receiver.held == 1)
+        wait_until(lambda: not calls.open_now.is_set() and stream.held == 1)
         with ThreadPoolExecutor(1) as pool:
-            settled = pool.submit(receiver.settle, 0.5)
+            settled = pool.submit(stream.settle, 0.5)
             assert settled.result(timeout=60) is False  # "a" is dropped, still leased
-        assert receiver.held == 0 and receiver.lease_expiration_count == 1
+        assert stream.held == 0 and stream.lease_expiration_count == 1
         assert len(calls.opened) == 1  # no look opens while "a" is leased: it would see nothing
         with ThreadPoolExecutor(1) as pool:
-            settled = pool.submit(receiver.settle, 60)
+            settled = pool.submit(stream.settle, 60)
             wait_until(lambda: len(calls.opened) == 2 and calls.open_now.is_set(), timeout=60)
             assert timezone.now() >= leases[0]  # the look opened after the lease ended
             calls.rows.put(END)  # it finds nothing: now that proves "a" gone
             assert settled.result(timeout=60) is True
     finally:
-        receiver.stop(timeout=5)
+        stream.stop(timeout=5)
 
 
 # --- on the wire (the front Spanner) --------------------------------------------------------

@@ -66,7 +66,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
@@ -126,6 +126,34 @@ class LeasedRow:
     lease_token: str
     lease_expires_at: datetime
     last_in_batch: bool
+
+
+@dataclass(slots=True)
+class _Call:
+    """One ``RECEIVE_<Q>`` call of a stream, as its thread reads it."""
+
+    #: RECEIVE's ``max_batch_size``
+    batch: int
+    #: a short ``max_duration``: never cancelled, read to its end
+    brief: bool
+    #: a one-batch call (a tiny ``max_duration``)
+    probe: bool
+    #: when it was asked for (``clock.now()``, the scale of lease expiries)
+    opened_at: datetime
+    #: when it opened (monotonic)
+    opened: float = 0.0
+    #: a brief call stalled: read on to its end, past the demand
+    read_on: bool = False
+    #: rows of the batch being read
+    in_batch: int = 0
+    #: keys of the rows it brought
+    keys: list[tuple[Any, ...]] = field(default_factory=list)
+    #: the last batch read was full: more may be due
+    full: bool = False
+    #: it ran to its end (its max_duration), neither cancelled nor broken
+    ended: bool = False
+    #: a probe refused: asked again at once in a long call
+    refused: bool = False
 
 
 class OpenStream(Protocol):
@@ -296,91 +324,17 @@ class ReceiveStream:
         return self._waiting > 0 or time.monotonic() - self._last_wanted < self._linger
 
     def _run(self) -> None:
+        """The stream's thread: one ``RECEIVE_<Q>`` call after another, each for a demand not
+        met (``_next_call``), read into the buffer (``_read``); a failed call is restarted
+        after a back-off, a permanent error ends the stream (``fatal``)."""
         failures = 0
         while not self._stop.is_set():
-            with self._cond:  # a new call only for a demand not met, for what it lacks
-                while (
-                    len(self._buffer) >= self._demand() or self._resting or not self._unmet()
-                ) and not (self._stop.is_set() or self._confirm):
-                    self._cond.wait(0.5)
-                if self._stop.is_set():
-                    return
-                self._calling = True  # with the check above: ``settle`` sees no gap
-                self._ending = False
-                confirm, self._confirm = self._confirm, False
-                brief = self._brief
-                # RECEIVE's max_batch_size: the demand not yet held, at most the setting;
-                # under a backlog (the last probe came back full), for a take waiting now, a
-                # whole batch, so that a demand of one does not cost a call per message: what
-                # is held stays within the demand plus one batch, and within the buffer (a
-                # take that returned short asks no more than it lacked: it may not come back).
-                demand = self._demand()
-                lacking = demand - len(self._buffer)
-                if self._backlog and self._batch_size and self._waiting > 0:
-                    lacking = max(
-                        lacking, min(self._batch_size, self._buffer_size - len(self._buffer))
-                    )
-                batch = max(1, min(lacking, self._batch_size or demand))
-            read_on = False  # a brief call stalled: read it to its end, past the cap
-            # (brief or not: a backlog is asked in probes, which lease one batch each; a
-            # look asked by ``settle`` is no probe: an empty probe proves nothing)
-            probe = self._probe and self._probe_next and not confirm
-            in_batch = 0  # rows of the batch being read
-            keys: list[tuple[Any, ...]] = []  # of the rows this call brought
-            full = False  # the last batch read was full: more may be due
-            ended = False  # the call ran to its end (its max_duration), not cancelled or broken
-            refused = False  # a probe refused: asked again at once in a long call
-            opened_at = clock.now()  # (a look proves nothing about rows leased before)
+            call = self._next_call()
+            if call is None:
+                return
             try:
-                self.streams_started += 1
-                opened = self._open_since = time.monotonic()
-                calls = (
-                    self._open_stream(batch, brief=brief, probe=True)
-                    if probe
-                    else (self._open_stream(batch, brief=brief))
-                )
-                if self._stop.is_set():  # a stop() while the call was opening cancelled
-                    self._cancel_stream()  # nothing: cancel it now that it exists
-                for row in calls:
-                    delivery = self._parse(row)
-                    end = False
-                    in_batch += 1
-                    keys.append(delivery.key)
-                    if delivery.last_in_batch:
-                        full, in_batch = in_batch >= batch, 0
-                    with self._cond:
-                        if self._stop.is_set():
-                            return
-                        self._buffer.append(delivery)
-                        self._batch_open = not delivery.last_in_batch
-                        self._cond.notify_all()
-                        if brief:
-                            # It ends soon: never cancel rows on the wire. Held enough: read
-                            # no further for a while, then read on to the call's end. The
-                            # while counts from the call's start, not from this row: rows on
-                            # the wire were leased then and cannot be renewed until read.
-                            while (
-                                len(self._buffer) >= self._demand()
-                                and not read_on
-                                and not self._stop.is_set()
-                            ):
-                                left = self._stall_seconds - (time.monotonic() - opened)
-                                if left <= 0:
-                                    read_on = True
-                                    break
-                                self._cond.wait(min(0.5, left))
-                        elif not self._batch_open and (
-                            len(self._buffer) >= self._demand() or not self._in_use()
-                        ):
-                            # The demand is met (or nobody asks any more): end the call at
-                            # this batch's end rather than read (and lease) ahead. A new call
-                            # starts when a take wants more.
-                            self._ending = end = True
-                    if end:
-                        self._cancel_stream()
-                        break
-                else:
-                    ended = not self._ending and not self._stop.is_set()
+                if not self._read(call):
+                    return
                 if failures:
                     logger.info(
                         "RECEIVE stream for %s recovered after %d failed calls", self.name, failures
@@ -391,7 +345,7 @@ class ReceiveStream:
                     return
                 if self._ending:  # our own cancel
                     continue
-                if probe and grpc_status(exc) == "INVALID_ARGUMENT":
+                if call.probe and grpc_status(exc) == "INVALID_ARGUMENT":
                     # Spanner documents no minimum max_duration, nor the words of a refusal:
                     # whatever a probe's refusal says, ask in long calls from now on. The
                     # long call is asked at once; its own refusal is permanent.
@@ -400,62 +354,161 @@ class ReceiveStream:
                         self.name,
                         exc,
                     )
-                    self._probe, refused = False, True
+                    self._probe, call.refused = False, True
                     continue
                 self.last_error = exc
-                fatal = permanent_error(self.name, exc)
-                if fatal is not None:
-                    logger.error("%s; not restarting", fatal)
-                    with self._cond:
-                        self.fatal = fatal
-                        self._batch_open = False
-                        self._cond.notify_all()
-                    return
                 failures += 1
-                delay = min(
-                    self._restart_delay * (2 ** min(failures - 1, 8)), self._max_restart_delay
-                )
-                if failures == 1:  # the first of an episode; the rest at debug level
-                    logger.warning(
-                        "RECEIVE stream for %s failed (%s); restarting in %.1f s; further "
-                        "failures are logged at debug level until it recovers",
-                        self.name,
-                        exc,
-                        delay,
-                    )
-                else:
-                    logger.debug(
-                        "RECEIVE stream for %s failed again (%d in a row: %s); restarting in "
-                        "%.1f s",
-                        self.name,
-                        failures,
-                        exc,
-                        delay,
-                    )
-                with self._cond:  # the call is over: a settle need not wait out the back-off
-                    self._calling = False
-                    self._cond.notify_all()
-                self._stop.wait(delay)
+                if not self._back_off(exc, failures):
+                    return
             finally:
-                self._open_since = None
-                with self._cond:
-                    # A probe that came back full: a backlog, probe again. One that came back
-                    # short: nothing more is due, wait in a long call. After a long call, the
-                    # next demand probes first.
-                    self._probe_next = full if probe else True
-                    if ended and not probe:
-                        self._looked, self._since = keys, []
-                        self._looked_at = opened_at
-                    elif self._since is not None and keys:
-                        self._since.extend(keys)
-                        if len(self._since) > SINCE_KEPT:
-                            self._since = None
-                    self._backlog = probe and full and not self._stop.is_set()
-                    self._batch_open = False
-                    self._calling = False
-                    if not refused:  # (its long call is the first answer a take waits for)
-                        self.calls_ended += 1
-                    self._cond.notify_all()
+                self._call_over(call)
+
+    def _next_call(self) -> _Call | None:
+        """Wait for a demand not met (or a look ``settle`` asks for), then say what the next
+        call asks: None once stopped."""
+        with self._cond:  # a new call only for a demand not met, for what it lacks
+            while (
+                len(self._buffer) >= self._demand() or self._resting or not self._unmet()
+            ) and not (self._stop.is_set() or self._confirm):
+                self._cond.wait(0.5)
+            if self._stop.is_set():
+                return None
+            self._calling = True  # with the check above: ``settle`` sees no gap
+            self._ending = False
+            confirm, self._confirm = self._confirm, False
+            # RECEIVE's max_batch_size: the demand not yet held, at most the setting; under a
+            # backlog (the last probe came back full), for a take waiting now, a whole batch,
+            # so that a demand of one does not cost a call per message: what is held stays
+            # within the demand plus one batch, and within the buffer (a take that returned
+            # short asks no more than it lacked: it may not come back).
+            demand = self._demand()
+            lacking = demand - len(self._buffer)
+            if self._backlog and self._batch_size and self._waiting > 0:
+                lacking = max(lacking, min(self._batch_size, self._buffer_size - len(self._buffer)))
+            return _Call(
+                opened_at=clock.now(),  # (a look proves nothing about rows leased before)
+                batch=max(1, min(lacking, self._batch_size or demand)),
+                brief=self._brief,
+                # (brief or not: a backlog is asked in probes, which lease one batch each; a
+                # look asked by ``settle`` is no probe: an empty probe proves nothing)
+                probe=self._probe and self._probe_next and not confirm,
+            )
+
+    def _read(self, call: _Call) -> bool:
+        """Open ``call`` and read its rows into the buffer, to its end or until it is ended
+        at a batch's end (the demand met). False once stopped."""
+        self.streams_started += 1
+        call.opened = self._open_since = time.monotonic()
+        rows = (
+            self._open_stream(call.batch, brief=call.brief, probe=True)
+            if call.probe
+            else (self._open_stream(call.batch, brief=call.brief))
+        )
+        if self._stop.is_set():  # a stop() while the call was opening cancelled
+            self._cancel_stream()  # nothing: cancel it now that it exists
+        for row in rows:
+            end = self._hold(call, self._parse(row))
+            if end is None:
+                return False
+            if end:
+                self._cancel_stream()
+                return True
+        call.ended = not self._ending and not self._stop.is_set()
+        return True
+
+    def _hold(self, call: _Call, row: LeasedRow) -> bool | None:
+        """Put one row of ``call`` in the buffer. True: end the call here (the demand is met,
+        or nobody asks any more, at a batch's end); None: stopped."""
+        call.in_batch += 1
+        call.keys.append(row.key)
+        if row.last_in_batch:
+            call.full, call.in_batch = call.in_batch >= call.batch, 0
+        with self._cond:
+            if self._stop.is_set():
+                return None
+            self._buffer.append(row)
+            self._batch_open = not row.last_in_batch
+            self._cond.notify_all()
+            if call.brief:
+                # It ends soon: never cancel rows on the wire. Held enough: read no further
+                # for a while, then read on to the call's end. The while counts from the
+                # call's start, not from this row: rows on the wire were leased then and
+                # cannot be renewed until read.
+                while (
+                    len(self._buffer) >= self._demand()
+                    and not call.read_on
+                    and not self._stop.is_set()
+                ):
+                    left = self._stall_seconds - (time.monotonic() - call.opened)
+                    if left <= 0:
+                        call.read_on = True
+                        break
+                    self._cond.wait(min(0.5, left))
+            elif not self._batch_open and (
+                len(self._buffer) >= self._demand() or not self._in_use()
+            ):
+                # The demand is met (or nobody asks any more): end the call at this batch's
+                # end rather than read (and lease) ahead. A new call starts when a take wants
+                # more.
+                self._ending = True
+                return True
+        return False
+
+    def _back_off(self, exc: Exception, failures: int) -> bool:
+        """After a failed call (``failures`` in a row): False on a permanent error (the
+        stream ends with ``fatal``), else wait the back-off and say True."""
+        fatal = permanent_error(self.name, exc)
+        if fatal is not None:
+            logger.error("%s; not restarting", fatal)
+            with self._cond:
+                self.fatal = fatal
+                self._batch_open = False
+                self._cond.notify_all()
+            return False
+        delay = min(self._restart_delay * (2 ** min(failures - 1, 8)), self._max_restart_delay)
+        if failures == 1:  # the first of an episode; the rest at debug level
+            logger.warning(
+                "RECEIVE stream for %s failed (%s); restarting in %.1f s; further "
+                "failures are logged at debug level until it recovers",
+                self.name,
+                exc,
+                delay,
+            )
+        else:
+            logger.debug(
+                "RECEIVE stream for %s failed again (%d in a row: %s); restarting in %.1f s",
+                self.name,
+                failures,
+                exc,
+                delay,
+            )
+        with self._cond:  # the call is over: a settle need not wait out the back-off
+            self._calling = False
+            self._cond.notify_all()
+        self._stop.wait(delay)
+        return True
+
+    def _call_over(self, call: _Call) -> None:
+        """Record what ``call`` told about the queue, however it ended."""
+        self._open_since = None
+        with self._cond:
+            # A probe that came back full: a backlog, probe again. One that came back short:
+            # nothing more is due, wait in a long call. After a long call, the next demand
+            # probes first.
+            self._probe_next = call.full if call.probe else True
+            if call.ended and not call.probe:
+                self._looked, self._since = call.keys, []
+                self._looked_at = call.opened_at
+            elif self._since is not None and call.keys:
+                self._since.extend(call.keys)
+                if len(self._since) > SINCE_KEPT:
+                    self._since = None
+            self._backlog = call.probe and call.full and not self._stop.is_set()
+            self._batch_open = False
+            self._calling = False
+            if not call.refused:  # (its long call is the first answer a take waits for)
+                self.calls_ended += 1
+            self._cond.notify_all()
 
     def _cancel_stream(self) -> None:
         if self._cancel is not None:
@@ -475,7 +528,7 @@ class ReceiveStream:
                 self._forget(d)
         self._buffer = collections.deque(kept)
 
-    def _forget(self, delivery: Delivery) -> None:
+    def _forget(self, delivery: LeasedRow) -> None:
         """A held row is dropped unread: count it, and remember when its lease ends at the
         latest (``_reappear_at``), when it is due again (``_cond``)."""
         self.lease_expiration_count += 1
