@@ -63,8 +63,10 @@ from spanner_queues.contrib.tasks.backend import (
 )
 from spanner_queues.contrib.tasks.framework import (
     InvalidTask,
+    Task,
     TaskContext,
     TaskError,
+    TaskResult,
     TaskResultStatus,
     get_exception_traceback,
     get_module_path,
@@ -161,16 +163,15 @@ def task_timeout(message: Message) -> float | None:
 
 def run_task(message: Message) -> None:
     """Run the task of ``message`` (see the module docstring)."""
-    model = get_queue(message.queue)
-    engine = engine_for(model)
+    engine = engine_for(get_queue(message.queue))
     db = engine.database
     retries = engine.params.transaction_retries
     data = message.json()
-    record: TaskResultRecord | None = None
     # The row exists before the task finishes only for a message of a release that wrote it at
     # enqueue (its payload has no "args"), and on engines whose rows show no lease (RUNNING is
     # committed there, below): only then is it read first.
     rows_show_leases = engine.features.stores_bookkeeping_fields
+    record: TaskResultRecord | None = None
     if "args" not in data or not rows_show_leases:
         record = TaskResultRecord.objects.using(db).filter(id=data["id"]).first()
     #: whether the row exists (and is updated, not inserted, when the task finishes)
@@ -188,8 +189,6 @@ def run_task(message: Message) -> None:
         run_in_transaction(lambda: _save(record, db, persisted), using=db, retries=retries)
         persisted = True
     backend = task_backends[record.backend]
-    # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
-    atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
     value: Any = None
     failure: BaseException | None = None
     try:
@@ -200,62 +199,108 @@ def run_task(message: Message) -> None:
     result = result_from_record(record, task=task)
     if failure is None:
         task_started.send(type(backend), task_result=result)
-        driver = driver_for(db)
-
-        def call() -> Any:
-            try:
-                if task.takes_context:
-                    value = task.call(
-                        TaskContext(task_result=result), *result.args, **result.kwargs
-                    )
-                else:
-                    value = task.call(*result.args, **result.kwargs)
-                return normalize_json(value)
-            except Exception as exc:
-                if atomic_tasks and driver.is_retryable(exc):
-                    raise  # the transaction lost a race: run it again
-                raise _TaskRaised(exc) from exc
-            except BaseException as exc:  # SystemExit, GeneratorExit, KeyboardInterrupt...
-                if isinstance(exc, KeyboardInterrupt) and _on_main_thread():
-                    raise  # maybe the user's Ctrl-C (the test kit's drain): let it through
-                raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
-
-        def succeed(value: Any) -> Any:
-            _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
-            _ack(message, db)
-            return value
-
         try:
-            if atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
-                value = run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
-            else:  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
-                value = call()
-                run_in_transaction(lambda: succeed(value), using=db, retries=retries)
+            value = _call(task, result, record, message, backend, db, persisted, retries)
         except _TaskRaised as raised:
             failure = raised.error
     if failure is not None:
-        error = {
-            "exception_class_path": get_module_path(type(failure)),
-            "traceback": get_exception_traceback(failure),
-        }
-
-        errors = [*record.errors, error]
-        runs = data.get("max_attempts", 1) if "args" in data else 1
-        again = not isinstance(failure, InvalidTask) and len(errors) < runs
-
-        def fail() -> None:
-            if again:  # QueueTask.max_attempts: READY again, its message due after the delay
-                _again(record, message, data, db, persisted, errors)
-                return
-            _finish(record, db, persisted, FAILED, errors_json=dumps(errors))
-            _ack(message, db)
-
-        run_in_transaction(fail, using=db, retries=retries)
-        if again:
-            mark_acked(message)
-            raise AckedFailure(failure) from failure  # logged and counted: a failed run
+        # (with attempts left: READY again, and AckedFailure raised)
+        _record_failure(failure, record, message, data, db, persisted, retries)
     mark_acked(message)  # acked above, in the task's (or the failure's) transaction
-    # (this run's own result: set as Django's immediate backend sets its results)
+    _report(result, record, backend, value, failure)
+    _maybe_prune(backend)
+    if failure is not None:
+        # the worker logs it with its traceback, counts it failed, and gives nothing back
+        raise AckedFailure(failure) from failure
+
+
+def _call(
+    task: Task,
+    result: TaskResult,
+    record: TaskResultRecord,
+    message: Message,
+    backend: Any,
+    db: str,
+    persisted: bool,
+    retries: int,
+) -> Any:
+    """Call ``task`` and record it ``SUCCESSFUL`` with the ack: in one transaction with the
+    task's writes (``ATOMIC_TASKS``, the default), else after it ran in autocommit. Returns
+    its value (as JSON would); raises ``_TaskRaised`` with what it raised."""
+    # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
+    atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
+    driver = driver_for(db)
+
+    def call() -> Any:
+        try:
+            if task.takes_context:
+                value = task.call(TaskContext(task_result=result), *result.args, **result.kwargs)
+            else:
+                value = task.call(*result.args, **result.kwargs)
+            return normalize_json(value)
+        except Exception as exc:
+            if atomic_tasks and driver.is_retryable(exc):
+                raise  # the transaction lost a race: run it again
+            raise _TaskRaised(exc) from exc
+        except BaseException as exc:  # SystemExit, GeneratorExit, KeyboardInterrupt...
+            if isinstance(exc, KeyboardInterrupt) and _on_main_thread():
+                raise  # maybe the user's Ctrl-C (the test kit's drain): let it through
+            raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
+
+    def succeed(value: Any) -> Any:
+        _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
+        _ack(message, db)
+        return value
+
+    if atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
+        return run_in_transaction(lambda: succeed(call()), using=db, retries=retries)
+    value = call()  # the task runs in autocommit; SUCCESSFUL and the ack commit after it
+    return run_in_transaction(lambda: succeed(value), using=db, retries=retries)
+
+
+def _record_failure(
+    failure: BaseException,
+    record: TaskResultRecord,
+    message: Message,
+    data: dict[str, Any],
+    db: str,
+    persisted: bool,
+    retries: int,
+) -> None:
+    """Record a failed run in one transaction: ``FAILED`` with its error and the ack; or,
+    with attempts left (``QueueTask.max_attempts``), READY again with its message due after
+    the delay, and then raise ``AckedFailure`` (logged and counted: a failed run; no
+    ``task_finished``)."""
+    error = {
+        "exception_class_path": get_module_path(type(failure)),
+        "traceback": get_exception_traceback(failure),
+    }
+    errors = [*record.errors, error]
+    runs = data.get("max_attempts", 1) if "args" in data else 1
+    again = not isinstance(failure, InvalidTask) and len(errors) < runs
+
+    def fail() -> None:
+        if again:  # QueueTask.max_attempts: READY again, its message due after the delay
+            _again(record, message, data, db, persisted, errors)
+            return
+        _finish(record, db, persisted, FAILED, errors_json=dumps(errors))
+        _ack(message, db)
+
+    run_in_transaction(fail, using=db, retries=retries)
+    if again:
+        mark_acked(message)
+        raise AckedFailure(failure) from failure  # logged and counted: a failed run
+
+
+def _report(
+    result: TaskResult,
+    record: TaskResultRecord,
+    backend: Any,
+    value: Any,
+    failure: BaseException | None,
+) -> None:
+    """This run's own result, set as Django's immediate backend sets its results, and
+    ``task_finished``."""
     object.__setattr__(result, "status", TaskResultStatus(record.status))
     object.__setattr__(result, "finished_at", record.finished_at)
     if failure is not None:
@@ -263,10 +308,6 @@ def run_task(message: Message) -> None:
     else:
         object.__setattr__(result, "_return_value", value)
     _send_finished(task_finished, type(backend), result, failure)
-    _maybe_prune(backend)
-    if failure is not None:
-        # the worker logs it with its traceback, counts it failed, and gives nothing back
-        raise AckedFailure(failure) from failure
 
 
 def _start(record: TaskResultRecord, message: Message) -> None:
