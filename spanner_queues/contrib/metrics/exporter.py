@@ -125,6 +125,14 @@ class _Metrics:
     """The metric objects, created once per process on the default registry."""
 
     def __init__(self) -> None:
+        self._of_verbs()
+        self._of_worker()
+        self._of_pubsub()
+        self.gauges = QueueGauges()
+        prometheus_client.REGISTRY.register(_QueueCollector(self.gauges))
+
+    def _of_verbs(self) -> None:
+        """The verbs' counters (their signals, on commit)."""
         prom = prometheus_client
         self.send_count = prom.Counter(
             "spanner_queues_message_send_count",
@@ -136,6 +144,10 @@ class _Metrics:
             "Messages acked by this process (counted when the acking transaction commits).",
             ["queue"],
         )
+
+    def _of_worker(self) -> None:
+        """The worker's (its events, ``WorkerMetrics``)."""
+        prom = prometheus_client
         self.received = prom.Counter(
             "spanner_queues_worker_messages_received",
             "Messages received (leased) by the worker in this process.",
@@ -185,7 +197,10 @@ class _Metrics:
             ["queue"],
             multiprocess_mode="livemax",
         )
-        # the Pub/Sub app's relay and inbox (its signals, spanner_queues.signals)
+
+    def _of_pubsub(self) -> None:
+        """The Pub/Sub app's relay and inbox (its signals, ``spanner_queues.signals``)."""
+        prom = prometheus_client
         self.published = prom.Counter(
             "spanner_queues_pubsub_published",
             "Messages of a relayed queue that Pub/Sub confirmed.",
@@ -209,8 +224,6 @@ class _Metrics:
             "Pub/Sub messages an inbox dropped: their event was taken in before.",
             ["queue"],
         )
-        self.gauges = QueueGauges()
-        prom.REGISTRY.register(_QueueCollector(self.gauges))
 
 
 _lock = threading.Lock()
