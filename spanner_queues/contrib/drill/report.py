@@ -94,6 +94,15 @@ def _keys(keys: list[str]) -> str:
 
 def markdown(result: DrillResult, command: list[str]) -> str:
     """The report a team can attach to a production readiness review."""
+    lines = [*_figures(result), *_notes(result)]
+    lines += ["## Timeline", "", "| t (s) | event | detail |", "|---:|---|---|"]
+    lines += [f"| {e.elapsed:.2f} | {e.kind} | {e.detail} |" for e in result.events]
+    lines += _method(result, command)
+    return "\n".join(lines)
+
+
+def _figures(result: DrillResult) -> list[str]:
+    """The verdict, the figures table and the environment."""
     o = result.options
     verdict = "PASS" if result.passed else "FAIL"
     abort_how = {
@@ -110,7 +119,7 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         if pubsub
         else f"{o.workers} processes x {o.concurrency} threads"
     )
-    lines = [
+    return [
         f"# Queue fault drill: {verdict}" + (" (Pub/Sub: relay and inbox)" if pubsub else ""),
         "",
         f"Run `{result.run}`, started {result.started_at:%Y-%m-%d %H:%M:%S} UTC, on database "
@@ -134,20 +143,7 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         f"| drained | {'yes' if result.drained else 'NO'} |",
         f"| time to drain (from the first send) | {result.drain_seconds:.2f} s |",
         f"| left in the queue after the drill | {result.left_in_queue} |",
-        *(
-            [
-                f"| published by the relay (confirmed; more than sent: published again) | "
-                f"{result.published} |",
-                f"| duplicates dropped by the inbox | {result.duplicates_dropped} |",
-                f"| **left in Pub/Sub** (taken in by the closing pull) | "
-                f"**{result.left_on_subscription}** |",
-                f"| **dead-lettered** (refused by Pub/Sub) | **{result.dead_lettered}** |",
-                f"| topic, subscription | `{result.pubsub.get('topic')}`, "
-                f"`{result.pubsub.get('subscription')}` |",
-            ]
-            if pubsub
-            else []
-        ),
+        *(_pubsub_figures(result) if pubsub else []),
         "",
         "![queue depth over time](depth.svg)",
         "",
@@ -159,6 +155,25 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         f"| random seed | {o.seed} (`--seed`) |",
         "",
     ]
+
+
+def _pubsub_figures(result: DrillResult) -> list[str]:
+    """The figures of a drill through Pub/Sub (``--pubsub``)."""
+    return [
+        f"| published by the relay (confirmed; more than sent: published again) | "
+        f"{result.published} |",
+        f"| duplicates dropped by the inbox | {result.duplicates_dropped} |",
+        f"| **left in Pub/Sub** (taken in by the closing pull) | "
+        f"**{result.left_on_subscription}** |",
+        f"| **dead-lettered** (refused by Pub/Sub) | **{result.dead_lettered}** |",
+        f"| topic, subscription | `{result.pubsub.get('topic')}`, "
+        f"`{result.pubsub.get('subscription')}` |",
+    ]
+
+
+def _notes(result: DrillResult) -> list[str]:
+    """The keys lost or handled twice, and the earlier runs' leftovers."""
+    lines: list[str] = []
     if result.lost_keys:
         lines += [f"Lost: {_keys(result.lost_keys)}.", ""]
     if result.twice_keys:
@@ -169,8 +184,13 @@ def markdown(result: DrillResult, command: list[str]) -> str:
             "the workers drained them too (they count in the depth, not in the figures).",
             "",
         ]
-    lines += ["## Timeline", "", "| t (s) | event | detail |", "|---:|---|---|"]
-    lines += [f"| {e.elapsed:.2f} | {e.kind} | {e.detail} |" for e in result.events]
+    return lines
+
+
+def _method(result: DrillResult, command: list[str]) -> list[str]:
+    """How it was measured, the command and the workers' logs."""
+    o = result.options
+    pubsub = result.mode == "pubsub"
     how = (
         "Service A's relay workers publish each event of `DrillEvent` to the topic and ack it "
         "once Pub/Sub confirmed the publish; service B's inbox workers pull the subscription, "
@@ -184,7 +204,7 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         if pubsub
         else ""
     )
-    lines += [
+    return [
         "",
         "## How it was measured",
         "",
@@ -215,7 +235,6 @@ def markdown(result: DrillResult, command: list[str]) -> str:
         "Worker output: " + ", ".join(f"`workers/{p.name}`" for p in result.worker_logs) + ".",
         "",
     ]
-    return "\n".join(lines)
 
 
 def as_json(result: DrillResult) -> dict:
