@@ -49,7 +49,8 @@ def exposed(host: str) -> bool:
         return True  # a host name: it may resolve to any interface
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line."""
     parser = argparse.ArgumentParser(
         prog="python -m spanner_queues_emulator",
         description="Cloud Spanner emulator with Spanner queues (CREATE QUEUE, RECEIVE, "
@@ -76,7 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="stop when the process that started this one is gone (tests, tools)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     host = args.host_port.rpartition(":")[0]
     if exposed(host):

@@ -191,33 +191,11 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
             (RECEIVE_SYSTEM[2], b.field_type(b.TypeCode.BOOL)),
         ]
         out, updates = [], []
-        expires = at + LEASE
         rows = b.rows(result)
         for i, row in enumerate(rows):
-            attempt = int(row[n + 2].string_value or 0) + 1
-            sent = row[n + 3]
-            age = (
-                at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
-            )
-            token = make_token(queue.name, row[:n], expires)
-            deliver = expires + BACKOFF.delay(attempt, age)
-            updates.append(
-                [
-                    *row[:n],
-                    b.Value(string_value=ts(deliver)),
-                    b.Value(string_value=token),
-                    b.Value(string_value=ts(expires)),
-                    b.Value(string_value=str(attempt)),
-                ]
-            )
-            out.append(
-                [
-                    *row[: n + 2],
-                    b.Value(string_value=ts(expires)),
-                    b.Value(string_value=token),
-                    b.bool_value(i == len(rows) - 1),
-                ]
-            )
+            update, leased = _lease_row(queue, row, at, last=i == len(rows) - 1)
+            updates.append(update)
+            out.append(leased)
         mutations = []
         if updates:
             mutations.append(
@@ -230,6 +208,36 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
         return Claimed(fields, out), mutations
 
     return backend.run_in_transaction(database, work)
+
+
+def _lease_row(
+    queue: QueueSchema, row: list[Any], at: datetime, *, last: bool
+) -> tuple[list[Any], list[Any]]:
+    """Lease one due ``row`` (keys, payload, deliver time, attempts, send time) at ``at``:
+    the row's update (its next delivery after the back-off of this attempt, the token, the
+    lease's end, the attempt) and the row ``RECEIVE`` returns (keys, payload, deliver time,
+    the lease's end, the token, whether it ends the batch)."""
+    n = len(queue.keys)
+    expires = at + LEASE
+    attempt = int(row[n + 2].string_value or 0) + 1
+    sent = row[n + 3]
+    age = at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
+    token = make_token(queue.name, row[:n], expires)
+    deliver = expires + BACKOFF.delay(attempt, age)
+    update = [
+        *row[:n],
+        b.Value(string_value=ts(deliver)),
+        b.Value(string_value=token),
+        b.Value(string_value=ts(expires)),
+        b.Value(string_value=str(attempt)),
+    ]
+    leased = [
+        *row[: n + 2],
+        b.Value(string_value=ts(expires)),
+        b.Value(string_value=token),
+        b.bool_value(last),
+    ]
+    return update, leased
 
 
 # --- RENEWLEASE --------------------------------------------------------------------------
@@ -258,7 +266,6 @@ def renew(
                 if token:
                     current[token] = read
         out, updates = [], []
-        expires = at + LEASE
         for token in live:
             if token.expires <= at:
                 continue  # expired: no row
@@ -272,27 +279,9 @@ def renew(
                     ]
                 )
                 continue
-            attempt = int(row[n + 2].string_value or 1)
-            sent = row[n + 3]
-            age = (
-                at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
-            )
-            new = make_token(queue.name, row[:n], expires)
-            updates.append(
-                [
-                    *row[:n],
-                    b.Value(string_value=ts(expires + BACKOFF.delay(attempt, age))),
-                    b.Value(string_value=new),
-                    b.Value(string_value=ts(expires)),
-                ]
-            )
-            out.append(
-                [
-                    b.Value(string_value=token.text),
-                    b.Value(string_value=new),
-                    b.Value(string_value=ts(expires)),
-                ]
-            )
+            update, renewed = _renew_row(queue, row, token.text, at)
+            updates.append(update)
+            out.append(renewed)
         mutations = []
         if updates:
             mutations.append(
@@ -303,6 +292,32 @@ def renew(
         return out, mutations
 
     return backend.run_in_transaction(database, work)
+
+
+def _renew_row(
+    queue: QueueSchema, row: list[Any], old: str, at: datetime
+) -> tuple[list[Any], list[Any]]:
+    """Renew the lease of ``row`` (keys, token, lease's end, attempts, send time), held by
+    token ``old``, at ``at``: the row's update (its next delivery after the back-off, the new
+    token, the lease's end) and the row ``RENEWLEASE`` returns (old, new, expiry)."""
+    n = len(queue.keys)
+    expires = at + LEASE
+    attempt = int(row[n + 2].string_value or 1)
+    sent = row[n + 3]
+    age = at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
+    new = make_token(queue.name, row[:n], expires)
+    update = [
+        *row[:n],
+        b.Value(string_value=ts(expires + BACKOFF.delay(attempt, age))),
+        b.Value(string_value=new),
+        b.Value(string_value=ts(expires)),
+    ]
+    renewed = [
+        b.Value(string_value=old),
+        b.Value(string_value=new),
+        b.Value(string_value=ts(expires)),
+    ]
+    return update, renewed
 
 
 def renew_fields() -> list[tuple[str, Any]]:

@@ -37,6 +37,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import datetime
 from typing import Any
 
 import grpc
@@ -142,17 +143,7 @@ class Receiving:
         self, req: Any, database: str, call: st.QueueCall, queue: s.QueueSchema, context: Any
     ) -> Iterator[bytes]:
         generation = self._generation
-        try:
-            self._check_mode(req.transaction, queue)
-            batch, duration = receive_args(call.args)
-            short = self._short_receive() if duration < SHORT_RECEIVE_SECONDS else "generous"
-            if short == "refuse":
-                raise q.QueueRefusal(
-                    "INVALID_ARGUMENT",
-                    SHORT_REFUSAL.format(queue=queue.name, value=call.args.get("max_duration")),
-                )
-        except q.QueueRefusal as refusal:
-            status.abort(context, status.code(refusal.code), str(refusal))
+        batch, duration, short = self._receive_args(req, call, queue, context)
         deadline = time.monotonic() + duration
         done = threading.Event()
         context.add_callback(done.set)
@@ -175,19 +166,9 @@ class Receiving:
             except grpc.RpcError as exc:
                 status.abort_with(context, exc)
             if claimed is not None and claimed.rows:
-                fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
-                # A resume token on every batch: Google's client (Snapshot.execute_sql) holds
-                # rows back until one arrives. Resuming with it starts a new RECEIVE: rows
-                # already sent stay leased to this call.
                 batches += 1
-                partial = b.PartialResultSet()
-                if self._resume_tokens():
-                    partial.resume_token = f"receive-{batches}".encode()
-                if not sent_metadata:
-                    partial.metadata.CopyFrom(q.metadata(fields))
-                    sent_metadata = True
-                for row in rows:
-                    partial.values.extend(row)
+                partial = self._batch(claimed, call, batches, metadata=not sent_metadata)
+                sent_metadata = True
                 if done.is_set() or self.stopping.is_set():  # ended while leasing: not sent
                     self._unclaim(database, queue, claimed)
                     return
@@ -195,15 +176,56 @@ class Receiving:
                 # through: that batch stays leased, as the rows of a window a client let in)
                 yield partial.SerializeToString()
                 continue
-            wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
-            if earliest is not None:
-                wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
-            with self._commits:
-                if generation == self._generation:
-                    self._commits.wait(wait)
+            self._idle(earliest, deadline, generation)
         if not sent_metadata:
             fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
             yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
+
+    def _receive_args(
+        self, req: Any, call: st.QueueCall, queue: s.QueueSchema, context: Any
+    ) -> tuple[int, float, str]:
+        """The call's ``max_batch_size``, its ``max_duration`` and how a short one is
+        answered (``generous`` when it is not short); a call Spanner refuses is aborted."""
+        try:
+            self._check_mode(req.transaction, queue)
+            batch, duration = receive_args(call.args)
+            short = self._short_receive() if duration < SHORT_RECEIVE_SECONDS else "generous"
+            if short == "refuse":
+                raise q.QueueRefusal(
+                    "INVALID_ARGUMENT",
+                    SHORT_REFUSAL.format(queue=queue.name, value=call.args.get("max_duration")),
+                )
+        except q.QueueRefusal as refusal:
+            status.abort(context, status.code(refusal.code), str(refusal))
+        return batch, duration, short
+
+    def _batch(
+        self, claimed: q.Claimed, call: st.QueueCall, batches: int, *, metadata: bool
+    ) -> Any:
+        """The ``PartialResultSet`` of one claimed batch (the call's ``batches``-th), with
+        the result's metadata when it is the first."""
+        fields, rows = q.project(claimed.fields, claimed.rows, call.columns)
+        # A resume token on every batch: Google's client (Snapshot.execute_sql) holds rows
+        # back until one arrives. Resuming with it starts a new RECEIVE: rows already sent
+        # stay leased to this call.
+        partial = b.PartialResultSet()
+        if self._resume_tokens():
+            partial.resume_token = f"receive-{batches}".encode()
+        if metadata:
+            partial.metadata.CopyFrom(q.metadata(fields))
+        for row in rows:
+            partial.values.extend(row)
+        return partial
+
+    def _idle(self, earliest: datetime | None, deadline: float, generation: int) -> None:
+        """Nothing claimed: wait for a commit, the next due message (``earliest``) or the
+        next poll, within the call's ``deadline``."""
+        wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
+        if earliest is not None:
+            wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
+        with self._commits:
+            if generation == self._generation:
+                self._commits.wait(wait)
 
     def _unclaim(self, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
         try:

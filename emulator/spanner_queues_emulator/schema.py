@@ -188,7 +188,44 @@ def parse_create_queue(statement: str) -> tuple[QueueSchema, str]:
         raise QueueDdlError("not a CREATE QUEUE statement")
     name = unquote(m.group("name"))
     close = _matching_paren(text, m.end() - 1)
-    columns = split_top_level(text[m.end() : close])
+    keys, payload = _queue_columns(name, split_top_level(text[m.end() : close]))
+    tail = text[close + 1 :]
+    pk = _PRIMARY_KEY.match(tail)
+    if not pk:
+        raise QueueDdlError(f"queue {name}: PRIMARY KEY (...) must follow the columns")
+    pk_close = _matching_paren(tail, pk.end() - 1)
+    key_order = [
+        unquote(re.sub(r"\s+(ASC|DESC)\s*$", "", k, flags=re.I))
+        for k in split_top_level(tail[pk.end() : pk_close])
+    ]
+    _check_primary_key(name, key_order, keys)
+    declared_keys = {k[0].upper(): k for k in keys}
+    table_clauses, options = _queue_clauses(name, split_top_level(tail[pk_close + 1 :]))
+    body = [k[2] for k in keys] + [f"{payload[0]} {payload[1]}{payload[2]}", *_HIDDEN_DDL]
+    table = (
+        f"CREATE TABLE {'IF NOT EXISTS ' if m.group('ine') else ''}{quote_name(name)} (\n  "
+        + ",\n  ".join(b.strip() for b in body)
+        + f"\n) {tail[: pk_close + 1].strip()}"
+    )
+    if table_clauses:
+        table += ", " + ", ".join(table_clauses)
+    schema = QueueSchema(
+        name=name,
+        keys=tuple(key_order),
+        key_types=tuple(declared_keys[k.upper()][1] for k in key_order),
+        payload_type=payload[1],
+        declared=statement.strip().rstrip(";"),
+        options=options,
+    )
+    return schema, table
+
+
+def _queue_columns(
+    name: str, columns: list[str]
+) -> tuple[list[tuple[str, str, str]], tuple[str, str, str]]:
+    """The key columns (name, type, definition) and the ``Payload`` column (name, type, the
+    rest of its definition) of queue ``name``: one ``Payload``, ``NOT NULL``, of a type
+    Spanner allows; no system column declared."""
     keys: list[tuple[str, str, str]] = []
     payload: tuple[str, str, str] | None = None
     for col in columns:
@@ -210,15 +247,11 @@ def parse_create_queue(statement: str) -> tuple[QueueSchema, str]:
             keys.append((col_name, col_type, col))
     if payload is None:
         raise QueueDdlError(f"queue {name} has no Payload column")
-    tail = text[close + 1 :]
-    pk = _PRIMARY_KEY.match(tail)
-    if not pk:
-        raise QueueDdlError(f"queue {name}: PRIMARY KEY (...) must follow the columns")
-    pk_close = _matching_paren(tail, pk.end() - 1)
-    key_order = [
-        unquote(re.sub(r"\s+(ASC|DESC)\s*$", "", k, flags=re.I))
-        for k in split_top_level(tail[pk.end() : pk_close])
-    ]
+    return keys, payload
+
+
+def _check_primary_key(name: str, key_order: list[str], keys: list[tuple[str, str, str]]) -> None:
+    """The primary key of queue ``name`` is every declared column but ``Payload``."""
     declared_keys = {k[0].upper(): k for k in keys}
     if not key_order:
         raise QueueDdlError(f"queue {name}: PRIMARY KEY needs at least one column")
@@ -231,7 +264,11 @@ def parse_create_queue(statement: str) -> tuple[QueueSchema, str]:
             f"queue {name}: every column but Payload must be part of the primary key "
             f"(not: {', '.join(extra)})"
         )
-    clauses = split_top_level(tail[pk_close + 1 :])
+
+
+def _queue_clauses(name: str, clauses: list[str]) -> tuple[list[str], str | None]:
+    """The clauses after the primary key: the table's (``INTERLEAVE IN``, ``ROW DELETION
+    POLICY``) and the queue's ``OPTIONS``."""
     table_clauses, options = [], None
     for clause in clauses:
         if _OPTIONS.match(clause):
@@ -240,23 +277,7 @@ def parse_create_queue(statement: str) -> tuple[QueueSchema, str]:
             table_clauses.append(clause)
         else:
             raise QueueDdlError(f"queue {name}: unexpected clause {clause!r}")
-    body = [k[2] for k in keys] + [f"{payload[0]} {payload[1]}{payload[2]}", *_HIDDEN_DDL]
-    table = (
-        f"CREATE TABLE {'IF NOT EXISTS ' if m.group('ine') else ''}{quote_name(name)} (\n  "
-        + ",\n  ".join(b.strip() for b in body)
-        + f"\n) {tail[: pk_close + 1].strip()}"
-    )
-    if table_clauses:
-        table += ", " + ", ".join(table_clauses)
-    schema = QueueSchema(
-        name=name,
-        keys=tuple(key_order),
-        key_types=tuple(declared_keys[k.upper()][1] for k in key_order),
-        payload_type=payload[1],
-        declared=statement.strip().rstrip(";"),
-        options=options,
-    )
-    return schema, table
+    return table_clauses, options
 
 
 def parse_drop_queue(statement: str) -> tuple[str, str]:
