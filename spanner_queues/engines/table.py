@@ -277,7 +277,9 @@ class TableQueueEngine(BaseQueueEngine):
         one_by_one = driver.replays_aborted_transactions
         now = clock.now()
         names = key_names(model)
-        due = self._due_rows(model, names, keys, max_messages, now, one_by_one=one_by_one)
+        due = self._due_rows(
+            model, statements, keys, max_messages, now, one_by_one=one_by_one, names=names
+        )
         n_keys = len(names)
         expires = now + lease
         backoff = self.params.backoff
@@ -311,16 +313,16 @@ class TableQueueEngine(BaseQueueEngine):
     def _due_rows(
         self,
         model: type[Queue],
-        names: tuple[str, ...],
+        statements: RowStatements,
         keys: Q | None,
         max_messages: int,
         now: datetime,
         *,
         one_by_one: bool,
+        names: tuple[str, ...],
     ) -> Sequence[tuple[Any, ...]]:
         """The due rows to claim, oldest due first: their keys (``names``), then
         ``DUE_COLUMNS``."""
-        statements = row_statements(model, self.database)
         skip_locked = driver_for(self.database).claims_skip_locked
         if keys is None and not one_by_one:  # the statement written once (RowStatements)
             # rows another claim holds are passed over, not waited for (skip_locked)
