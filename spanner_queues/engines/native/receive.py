@@ -696,6 +696,22 @@ class ReceiveStream:
         self._buffer = kept
         return taken
 
+    def _take_wait(
+        self, wait: float, last_sent: float | None, first_answer: float
+    ) -> tuple[float, bool]:
+        """How long ``take`` waits for a first row (see ``take``), and whether it waits for
+        the stream's first call to end (it has not, and ``first_answer`` is the longer)."""
+        opened = self._open_since
+        if (
+            opened is not None
+            and time.monotonic() - opened >= wait
+            and (last_sent is None or last_sent < opened)
+        ):
+            wait = min(wait, WARM_WAIT)
+        if self.calls_ended == 0 and self.fatal is None and first_answer > wait:
+            return first_answer, True
+        return wait, False
+
     def take(
         self,
         max_messages: int,
@@ -713,18 +729,7 @@ class ReceiveStream:
         first call has not ended is waited for up to ``first_answer`` seconds, until that call
         ends (a probe that found nothing due) or fails (a permanent error is raised here): a
         caller that waits for nothing still hears that its queue is gone."""
-        opened = self._open_since
-        if (
-            opened is not None
-            and time.monotonic() - opened >= wait
-            and (last_sent is None or last_sent < opened)
-        ):
-            wait = min(wait, WARM_WAIT)
-        unanswered = self.calls_ended == 0 and self.fatal is None
-        if unanswered and first_answer > wait:
-            wait = first_answer
-        else:
-            unanswered = False
+        wait, unanswered = self._take_wait(wait, last_sent, first_answer)
         deadline = time.monotonic() + wait
         self.want(max_messages)
         with self._cond:
