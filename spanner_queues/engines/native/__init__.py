@@ -207,6 +207,25 @@ def _number(options: Any, name: str, default: float, alias: str, *, minimum: flo
     return float(value)
 
 
+def _row_parser(
+    model: type[Queue], n: int, payload_type: str
+) -> Callable[[Sequence[Any]], LeasedRow]:
+    """The ``LeasedRow`` of a ``RECEIVE_<Q>`` row of ``model`` (``n`` key columns, then the
+    payload, deliver time, lease token, lease's end and ``SpannerLastBatchMessage``)."""
+
+    def parse(row: Sequence[Any]) -> LeasedRow:
+        return LeasedRow(
+            key=client.key_from_row(model, row[:n]),
+            payload=client.payload_from_wire(payload_type, row[n]),
+            deliver_time=row[n + 1],
+            lease_token=row[n + 2],
+            lease_expires_at=row[n + 3],
+            last_in_batch=bool(row[n + 4]),
+        )
+
+    return parse
+
+
 def _keys_text(messages: Sequence[OutgoingMessage]) -> str:
     keys = ", ".join(str(tuple(m.key.values())) for m in messages[:20])
     if len(messages) > 20:
@@ -556,12 +575,20 @@ class NativeQueueEngine(BaseQueueEngine):
             stream.start()
             return stream
 
+    def _call_seconds(self, *, brief: bool, probe: bool) -> float:
+        """``max_duration`` of a ``RECEIVE_<Q>`` call: a probe's, a brief call's or a long
+        one's."""
+        if probe:
+            return min(PROBE_MAX_DURATION_SECONDS, self.max_duration_seconds)
+        if brief:
+            return self.brief_seconds
+        return self.max_duration_seconds
+
     def _open_stream(self, model: type[Queue]) -> ReceiveStream:
         """A ``ReceiveStream`` whose calls are ``RECEIVE_<Q>`` on a strong single-use snapshot."""
         database = self.spanner()
         decl = self.declaration(model)
         n = len(decl.keys)
-        payload_type = decl.payload_type
         current: dict[str, Any] = {}
 
         def open_stream(
@@ -569,12 +596,7 @@ class NativeQueueEngine(BaseQueueEngine):
         ) -> Iterator[Any]:
             """Start the call (``cancel`` reaches it from now on) and return its rows; the
             session goes back to the pool once they have been read (or the call failed)."""
-            if probe:
-                seconds = min(PROBE_MAX_DURATION_SECONDS, self.max_duration_seconds)
-            elif brief:
-                seconds = self.brief_seconds
-            else:
-                seconds = self.max_duration_seconds
+            seconds = self._call_seconds(brief=brief, probe=probe)
             sql = self.receive_sql(model, max_batch_size, max_duration_seconds=seconds)
             deadline = seconds + 30  # the call's own gRPC deadline
             with contextlib.ExitStack() as stack:
@@ -598,23 +620,13 @@ class NativeQueueEngine(BaseQueueEngine):
             if call is not None:
                 call.cancel()
 
-        def parse(row: Sequence[Any]) -> LeasedRow:
-            return LeasedRow(
-                key=client.key_from_row(model, row[:n]),
-                payload=client.payload_from_wire(payload_type, row[n]),
-                deliver_time=row[n + 1],
-                lease_token=row[n + 2],
-                lease_expires_at=row[n + 3],
-                last_in_batch=bool(row[n + 4]),
-            )
-
         def renew(tokens: list[str]) -> dict[str, tuple[str | None, Any]]:
             return self.renew_tokens(model, tokens, database)
 
         return ReceiveStream(
             model._meta.label,
             open_stream,
-            parse,
+            _row_parser(model, n, decl.payload_type),
             buffer_size=self.buffer_size,
             lease_margin=self.lease_margin,
             cancel=cancel,
