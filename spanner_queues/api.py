@@ -193,34 +193,9 @@ def build_message(
             f"{model._meta.label}: a message is a mapping of key fields and payload, not "
             f"{type(spec).__name__} {spec!r}."
         )
-    fields, ordered, kind = _send_plan(model)
-    key: dict[str, Any] = {}
     label = model._meta.label
     envelope = envelope_of(label)
-    for name, value in spec.items():
-        if name in _RESERVED or (name == "event" and envelope is not None):
-            continue
-        checked = fields.get(name)
-        if checked is None:
-            if name == "event":  # (a key field may be named so: reserved on envelope queues only)
-                raise InvalidMessage(
-                    f"{label}: event= is for envelope queues (QueueMeta.envelope = 'cloudevents')."
-                )
-            raise InvalidMessage(
-                f"{model._meta.label}: {name!r} is not a key field; key fields are "
-                f"{', '.join(f.name for f in ordered)}."
-            )
-        if isinstance(value, Model):  # a related object given for a ForeignKey key field
-            value = value.pk
-        key[checked.field.attname] = _key_value(model, checked, value)
-    if len(key) != len(ordered):
-        for field in ordered:
-            if field.attname not in key:
-                if not field.has_default():
-                    raise InvalidMessage(
-                        f"{model._meta.label}: key field {field.name!r} is missing."
-                    )
-                key[field.attname] = _key_value(model, fields[field.name], field.get_default())
+    key, kind = _key_of(model, spec, envelope=envelope is not None)
     params = engine.params
     deliver_time = spec.get("deliver_time")
     delay = spec.get("delay")
@@ -252,6 +227,40 @@ def build_message(
     _set(outgoing, "payload", payload)
     _set(outgoing, "deliver_time", deliver_time)
     return outgoing
+
+
+def _key_of(
+    model: type[Queue], spec: Mapping[str, Any], *, envelope: bool
+) -> tuple[dict[str, Any], str]:
+    """The key of a message (every key field, checked, by attribute name; a missing one
+    takes its default) and the queue's payload type. ``event`` is a key field's name only
+    off envelope queues."""
+    fields, ordered, kind = _send_plan(model)
+    key: dict[str, Any] = {}
+    label = model._meta.label
+    for name, value in spec.items():
+        if name in _RESERVED or (name == "event" and envelope):
+            continue
+        checked = fields.get(name)
+        if checked is None:
+            if name == "event":  # (a key field may be named so: reserved on envelope queues only)
+                raise InvalidMessage(
+                    f"{label}: event= is for envelope queues (QueueMeta.envelope = 'cloudevents')."
+                )
+            raise InvalidMessage(
+                f"{label}: {name!r} is not a key field; key fields are "
+                f"{', '.join(f.name for f in ordered)}."
+            )
+        if isinstance(value, Model):  # a related object given for a ForeignKey key field
+            value = value.pk
+        key[checked.field.attname] = _key_value(model, checked, value)
+    if len(key) != len(ordered):
+        for field in ordered:
+            if field.attname not in key:
+                if not field.has_default():
+                    raise InvalidMessage(f"{label}: key field {field.name!r} is missing.")
+                key[field.attname] = _key_value(model, fields[field.name], field.get_default())
+    return key, kind
 
 
 _new = object.__new__
