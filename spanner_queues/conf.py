@@ -99,25 +99,8 @@ def _json_encoder(value: Any, alias: str) -> type[json.JSONEncoder]:
     return value
 
 
-def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
-    """Validate one alias of ``SPANNER_QUEUES``; raise ``InvalidQueueEngine`` with the reason."""
-    if not isinstance(raw, Mapping):
-        raise InvalidQueueEngine(f"SPANNER_QUEUES[{alias!r}] must be a dict.")
-    unknown = set(raw) - {"ENGINE", "DATABASE", "OPTIONS"}
-    if unknown:
-        raise InvalidQueueEngine(
-            f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(sorted(unknown))}."
-        )
-    engine = raw.get("ENGINE", TABLE_ENGINE)
-    if not isinstance(engine, str) or not engine:
-        raise InvalidQueueEngine(
-            f"SPANNER_QUEUES[{alias!r}]['ENGINE'] must be a dotted path or one of "
-            f"{', '.join(map(repr, ENGINE_SHORTCUTS))}, not {engine!r}."
-        )
-    engine = ENGINE_SHORTCUTS.get(engine, engine)
-    options = dict(raw.get("OPTIONS") or {})
-    known = COMMON_OPTIONS
-    backoff_raw = dict(options.get("BACKOFF") or {})
+def _backoff(alias: str, backoff_raw: dict[str, Any]) -> BackoffPolicy:
+    """``OPTIONS["BACKOFF"]`` of alias ``alias``, validated (defaults: ``BackoffPolicy``'s)."""
     backoff_known = {
         "INITIAL_SECONDS",
         "MULTIPLIER",
@@ -142,7 +125,7 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
         raise InvalidQueueEngine(
             f"SPANNER_QUEUES[{alias!r}]: BACKOFF JITTER must be a number from 0 to 1."
         )
-    backoff = BackoffPolicy(
+    return BackoffPolicy(
         jitter=float(jitter),
         initial=_seconds(
             backoff_raw.get("INITIAL_SECONDS", defaults.initial), "INITIAL_SECONDS", alias
@@ -158,6 +141,27 @@ def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
             backoff_raw.get("HOURLY_SECONDS", defaults.hourly), "HOURLY_SECONDS", alias
         ),
     )
+
+
+def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
+    """Validate one alias of ``SPANNER_QUEUES``; raise ``InvalidQueueEngine`` with the reason."""
+    if not isinstance(raw, Mapping):
+        raise InvalidQueueEngine(f"SPANNER_QUEUES[{alias!r}] must be a dict.")
+    unknown = set(raw) - {"ENGINE", "DATABASE", "OPTIONS"}
+    if unknown:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(sorted(unknown))}."
+        )
+    engine = raw.get("ENGINE", TABLE_ENGINE)
+    if not isinstance(engine, str) or not engine:
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['ENGINE'] must be a dotted path or one of "
+            f"{', '.join(map(repr, ENGINE_SHORTCUTS))}, not {engine!r}."
+        )
+    engine = ENGINE_SHORTCUTS.get(engine, engine)
+    options = dict(raw.get("OPTIONS") or {})
+    known = COMMON_OPTIONS
+    backoff = _backoff(alias, dict(options.get("BACKOFF") or {}))
     max_payload = options.get("MAX_PAYLOAD_BYTES", 4096)
     if max_payload is not None and (not isinstance(max_payload, int) or max_payload <= 0):
         raise InvalidQueueEngine(
