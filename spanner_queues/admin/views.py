@@ -27,7 +27,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
+from django.core.paginator import Page, Paginator
 from django.db import DatabaseError
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -425,34 +425,15 @@ class QueuesAdmin(admin.ModelAdmin):
         page = None
         listing = engine.features.supports_listing
         if listing:
-            rows = messages_queryset(model)
-            if state:
-                rows = rows.filter(state_filter(state, now, bookkeeping=bookkeeping))
-            if term:
-                rows = rows.filter(search_filter(model, term))
-            paginator = Paginator(rows.order_by(*ordering(model, descending)), PER_PAGE)
-            page = paginator.get_page(request.GET.get("p"))
-            page.object_list = [
-                self._row(model, row_to_message(model, row), now) for row in page.object_list
-            ]
+            page = self._page(
+                request, model, state, term, descending=descending, now=now, bookkeeping=bookkeeping
+            )
         params = {"state": state, "q": term, "o": "-deliver_time" if descending else ""}
 
         def query(**changes: str) -> str:
             merged = {k: v for k, v in (params | changes).items() if v}
             return "?" + urlencode(merged) if merged else "?"
 
-        state_choices = [
-            {"display": "All", "selected": not state, "query": query(state="", p="")},
-            *(
-                {
-                    "display": STATE_LABELS[s].capitalize(),
-                    "selected": state == s,
-                    "query": query(state=s),
-                }
-                for s in STATES
-                if s != "leased" or bookkeeping
-            ),
-        ]
         stats = _try_stats(model)
         context = self._context(
             request,
@@ -465,7 +446,7 @@ class QueuesAdmin(admin.ModelAdmin):
             descending=descending,
             order_query=query(o="" if descending else "-deliver_time"),
             page_links=_page_links(page, query),
-            state_choices=state_choices,
+            state_choices=_state_choices(state, query, bookkeeping=bookkeeping),
             actions=actions_for(model, request.user),
             selected_name=SELECTED,
             stats=stats,
@@ -483,6 +464,31 @@ class QueuesAdmin(admin.ModelAdmin):
             pubsub_subscription=queue_options(model).pubsub_subscription,
         )
         return TemplateResponse(request, "spanner_queues/admin/messages.html", context)
+
+    def _page(
+        self,
+        request: HttpRequest,
+        model: type[Queue],
+        state: str,
+        term: str,
+        *,
+        descending: bool,
+        now: datetime,
+        bookkeeping: bool,
+    ) -> Page[Any]:
+        """The page of the queue's messages the request asks for, in ``state`` (``""``: any),
+        matching ``term``, by deliver time."""
+        rows = messages_queryset(model)
+        if state:
+            rows = rows.filter(state_filter(state, now, bookkeeping=bookkeeping))
+        if term:
+            rows = rows.filter(search_filter(model, term))
+        paginator = Paginator(rows.order_by(*ordering(model, descending)), PER_PAGE)
+        page = paginator.get_page(request.GET.get("p"))
+        page.object_list = [
+            self._row(model, row_to_message(model, row), now) for row in page.object_list
+        ]
+        return page
 
     def message_view(self, request: HttpRequest, queue: str, key: str) -> HttpResponse:
         self._require_view(request)
@@ -579,6 +585,25 @@ class QueuesAdmin(admin.ModelAdmin):
             f"{model._meta.label}.",
         )
         return back
+
+
+def _state_choices(
+    state: str, query: Callable[..., str], *, bookkeeping: bool
+) -> list[dict[str, Any]]:
+    """The state filter's links: all, then each state the engine shows (``leased`` only
+    where rows keep their bookkeeping)."""
+    return [
+        {"display": "All", "selected": not state, "query": query(state="", p="")},
+        *(
+            {
+                "display": STATE_LABELS[s].capitalize(),
+                "selected": state == s,
+                "query": query(state=s),
+            }
+            for s in STATES
+            if s != "leased" or bookkeeping
+        ),
+    ]
 
 
 def _page_links(page: Any, query: Callable[..., str]) -> list[tuple[str, str]]:
