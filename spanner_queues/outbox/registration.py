@@ -108,20 +108,10 @@ def register(
         return decorator
 
     concrete: type[Model] = model._meta.concrete_model or model
-    events = frozenset([on] if isinstance(on, str) else on)
-    if not events or events - set(EVENTS):
-        raise QueueConfigurationError(
-            f"outbox.register({concrete._meta.label}): on={sorted(events)!r}; "
-            f"events are {', '.join(EVENTS)}."
-        )
-    if key is not None and not callable(key):
-        raise QueueConfigurationError("outbox.register: key must be a callable.")
-    if payload is not None and not callable(payload):
-        raise QueueConfigurationError("outbox.register: payload must be a callable.")
     registration = Registration(
         concrete,
         queue=queue,
-        on=events,
+        on=_checked_events(concrete, on, key, payload),
         fields=None if fields is None else _resolve_fields(concrete, fields),
         key=key,
         payload=payload,
@@ -137,6 +127,26 @@ def register(
     registered[concrete] = [*existing, registration]
     connect(concrete)
     return model
+
+
+def _checked_events(
+    concrete: type[Model],
+    on: str | Iterable[str],
+    key: KeyBuilder | None,
+    payload: PayloadBuilder | None,
+) -> frozenset[str]:
+    """``register``'s events, checked with its builders."""
+    events = frozenset([on] if isinstance(on, str) else on)
+    if not events or events - set(EVENTS):
+        raise QueueConfigurationError(
+            f"outbox.register({concrete._meta.label}): on={sorted(events)!r}; "
+            f"events are {', '.join(EVENTS)}."
+        )
+    if key is not None and not callable(key):
+        raise QueueConfigurationError("outbox.register: key must be a callable.")
+    if payload is not None and not callable(payload):
+        raise QueueConfigurationError("outbox.register: payload must be a callable.")
+    return events
 
 
 def unregister(model: type[Model], queue: str | type[Queue] | None = None) -> None:
