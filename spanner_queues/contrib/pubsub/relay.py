@@ -137,38 +137,77 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
     params = pubsub_params()
     topic = resource_path("topics", str(queue_options(model).pubsub_topic), params)
     client = publisher()
+    pending = _publish_all(client, topic, params.publish_timeout, model, messages)
+    confirmed, refused, failed = _await_confirmations(pending, params.publish_timeout)
+    _report_confirmed(model, topic, confirmed)
+    for m, error in refused:
+        _dead_letter_refused(model, topic, m, error)
+    if not failed:
+        return  # the worker acks the confirmed ones (the dead-lettered are acked)
+    _give_back(client, model, topic, messages, confirmed, failed)
+
+
+#: a publish under way: the message, its ordering key, and the client's future (or the error
+#: that kept it from being sent)
+_Pending = tuple[Message, str, Any]
+
+
+def _publish_all(
+    client: PublisherClient,
+    topic: str,
+    timeout: float,
+    model: type[Queue],
+    messages: list[Message],
+) -> list[_Pending]:
+    """Hand every message to the client without waiting; one entry per message. A message the
+    client refuses before sending it (too large, a bad value) carries its error instead of a
+    future."""
     fields = ordering_fields(model)
     keys = [_ordering_key(fields, m) for m in messages]
-    pending: list[tuple[Message, str, Any]] = []
+    pending: list[_Pending] = []
     # Each ordering key's messages one after the other, in their order (a stable sort): the
     # client then fills one batch per key, where messages interleaved by key (as a claim
     # returns them) were cut into a publish request every few messages by its 10 ms timer.
     for i in sorted(range(len(messages)), key=keys.__getitem__):
         m, key = messages[i], keys[i]
-        attributes = {
-            EVENT_ID_ATTRIBUTE: event_id(m),
-            QUEUE_ATTRIBUTE: m.queue,
-            KEY_ATTRIBUTE: key_text(m),
-        }
         try:
-            too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
-            if too_long:  # Pub/Sub would refuse it (its emulator takes it: checked here)
-                raise ValueError(
-                    f"attribute {too_long[0]!r} is over Pub/Sub's {MAX_ATTRIBUTE_BYTES} bytes"
-                )
-            # retry=None: with ordering on, the client would retry for ever; the worker's
-            # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
-            future: Any = client.publish(
-                topic,
-                m.stored_payload,  # on an envelope queue the whole event, traceparent included
-                ordering_key=key,
-                retry=None,
-                timeout=params.publish_timeout,
-                **attributes,
-            )
+            future: Any = _publish_one(client, topic, timeout, m, key)
         except Exception as exc:  # refused before it was sent (too large, a bad value)
             future = exc
         pending.append((m, key, future))
+    return pending
+
+
+def _publish_one(client: PublisherClient, topic: str, timeout: float, m: Message, key: str) -> Any:
+    """Publish one message with the relay's attributes and return the client's future; raises
+    ``ValueError`` for an attribute Pub/Sub would refuse."""
+    attributes = {
+        EVENT_ID_ATTRIBUTE: event_id(m),
+        QUEUE_ATTRIBUTE: m.queue,
+        KEY_ATTRIBUTE: key_text(m),
+    }
+    too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
+    if too_long:  # Pub/Sub would refuse it (its emulator takes it: checked here)
+        raise ValueError(f"attribute {too_long[0]!r} is over Pub/Sub's {MAX_ATTRIBUTE_BYTES} bytes")
+    # retry=None: with ordering on, the client would retry for ever; the worker's
+    # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
+    return client.publish(
+        topic,
+        m.stored_payload,  # on an envelope queue the whole event, traceparent included
+        ordering_key=key,
+        retry=None,
+        timeout=timeout,
+        **attributes,
+    )
+
+
+def _await_confirmations(
+    pending: list[_Pending], timeout: float
+) -> tuple[
+    list[Message], list[tuple[Message, BaseException]], list[tuple[Message, str, BaseException]]
+]:
+    """Wait for every publish and sort the messages: confirmed by Pub/Sub, refused for good
+    (``REFUSED``: dead-lettered), or failed (given back, with their ordering key)."""
     confirmed: list[Message] = []
     refused: list[tuple[Message, BaseException]] = []
     failed: list[tuple[Message, str, BaseException]] = []
@@ -177,7 +216,7 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
             error: BaseException = future
         else:
             try:
-                future.result(timeout=params.publish_timeout)
+                future.result(timeout=timeout)
             except Exception as exc:
                 error = exc
             else:
@@ -187,25 +226,46 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
             refused.append((m, error))
         else:
             failed.append((m, key, error))
+    return confirmed, refused, failed
+
+
+def _report_confirmed(model: type[Queue], topic: str, confirmed: list[Message]) -> None:
+    """Send ``messages_published`` for the confirmed messages, with each one's lag since it was
+    sent (nothing when none was confirmed)."""
+    if not confirmed:
+        return
     now = clock.now()
-    if confirmed:
-        lags = [
-            max((now - (m.send_time or m.deliver_time or now)).total_seconds(), 0.0)
-            for m in confirmed
-        ]
-        messages_published.send_robust(model, messages=confirmed, topic=topic, lags=lags)
-    for m, error in refused:
-        logger.error(
-            "%s: Pub/Sub refused it (%s: %s); moved to the dead-letter queue",
-            m,
-            type(error).__name__,
-            error,
-            extra={"action": "publish_refused", "queue": m.queue},
-        )
-        dead_letter(m)  # ack + send to the dead-letter queue, one transaction
-        publish_failed.send_robust(model, messages=[m], topic=topic, error=error, refused=True)
-    if not failed:
-        return  # the worker acks the confirmed ones (the dead-lettered are acked)
+    lags = [
+        max((now - (m.send_time or m.deliver_time or now)).total_seconds(), 0.0) for m in confirmed
+    ]
+    messages_published.send_robust(model, messages=confirmed, topic=topic, lags=lags)
+
+
+def _dead_letter_refused(model: type[Queue], topic: str, m: Message, error: BaseException) -> None:
+    """Log a message Pub/Sub refused for good, ack it and send it to the dead-letter queue in
+    one transaction, then send ``publish_failed`` with ``refused=True``."""
+    logger.error(
+        "%s: Pub/Sub refused it (%s: %s); moved to the dead-letter queue",
+        m,
+        type(error).__name__,
+        error,
+        extra={"action": "publish_refused", "queue": m.queue},
+    )
+    dead_letter(m)  # ack + send to the dead-letter queue, one transaction
+    publish_failed.send_robust(model, messages=[m], topic=topic, error=error, refused=True)
+
+
+def _give_back(
+    client: PublisherClient,
+    model: type[Queue],
+    topic: str,
+    messages: list[Message],
+    confirmed: list[Message],
+    failed: list[tuple[Message, str, BaseException]],
+) -> None:
+    """After a failed publish: resume the paused ordering keys, ack the confirmed messages (they
+    are in Pub/Sub; only the failed ones come back), send ``publish_failed`` and raise
+    ``PublishFailed`` from the first error. Always raises."""
     for key in {key for _, key, _ in failed if key}:
         client.resume_publish(topic, key)
     if confirmed:  # they are in Pub/Sub: only the others come back
