@@ -143,6 +143,31 @@ class InboxPuller:
     def take_in(self, received: Sequence[Any]) -> list[str]:
         """Write the new events of ``received`` (Pub/Sub ``ReceivedMessage``s) into the inbox
         in one transaction; return the ack ids of those taken in or dropped as duplicates."""
+        events, accepted = self._accept(received)
+        refused: set[str] = set()  # the queue cannot hold them: not acked
+        queued: set[str] = set()  # still queued under that key: duplicates
+        for _ in range(len(events) + 3):
+            try:
+                sent = run_in_transaction(
+                    lambda: self._write(events, refused, queued),
+                    using=self.database,
+                    retries=self.retries,
+                )
+                break
+            except _Again:
+                continue  # rolled back: again, without the refused or queued event
+            except IntegrityError:
+                continue  # another puller took one of them in meanwhile: read again
+        else:
+            raise RuntimeError(f"inbox {self.label}: could not take in a pull")
+        ack_ids = [ack_id for ack_id, eid in accepted if eid not in refused]
+        self._count(sent, dropped=len(ack_ids) - sent)
+        return ack_ids
+
+    def _accept(self, received: Sequence[Any]) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
+        """The events of ``received`` by event id (the first data of each), and the (ack id,
+        event id) of every message whose event id the inbox can hold; the others are logged
+        and left unacked."""
         events: dict[str, bytes] = {}
         accepted: list[tuple[str, str]] = []  # (ack id, event id)
         for r in received:
@@ -161,63 +186,61 @@ class InboxPuller:
                 continue
             events.setdefault(eid, bytes(message.data))
             accepted.append((r.ack_id, eid))
-        refused: set[str] = set()  # the queue cannot hold them: not acked
-        queued: set[str] = set()  # still queued under that key: duplicates
+        return events, accepted
 
-        def write() -> int:
-            ids = [seen_id(self.label, e) for e in events]
-            seen = set(
-                SeenEvent.objects.using(self.database)
-                .filter(id__in=ids)
-                .values_list("event_id", flat=True)
-            )
-            new = [e for e in events if e not in seen and e not in refused and e not in queued]
-            for eid in new:
-                try:
-                    api.send(
-                        self.model,
-                        using=self.database,
-                        **{self.key_field.name: eid, "payload": events[eid]},
-                    )
-                except MessageAlreadyExists as exc:  # its seen row pruned early
-                    queued.add(eid)
-                    raise _Again() from exc
-                except PayloadError as exc:
-                    logger.error(
-                        "inbox %s: event %s cannot be held by the queue (%s); not acked",
-                        self.label,
-                        eid,
-                        exc,
-                        extra={"action": "pull_refused", "queue": self.label},
-                    )
-                    refused.add(eid)
-                    raise _Again() from exc
-            now = clock.now()
-            SeenEvent.objects.using(self.database).bulk_create(
-                [
-                    SeenEvent(id=seen_id(self.label, e), inbox=self.label, event_id=e, seen_at=now)
-                    for e in new
-                ]
-            )
-            return len(new)
+    def _write(self, events: dict[str, bytes], refused: set[str], queued: set[str]) -> int:
+        """The transaction of a pull: send each event not yet seen (nor ``refused`` or
+        ``queued``) to the queue and record its ``SeenEvent``, both or neither; returns how many
+        were sent. An event the queue refuses or still holds is added to ``refused`` or
+        ``queued`` and ``_Again`` rolls the whole transaction back."""
+        ids = [seen_id(self.label, e) for e in events]
+        seen = set(
+            SeenEvent.objects.using(self.database)
+            .filter(id__in=ids)
+            .values_list("event_id", flat=True)
+        )
+        new = [e for e in events if e not in seen and e not in refused and e not in queued]
+        for eid in new:
+            self._send(eid, events[eid], refused, queued)
+        now = clock.now()
+        SeenEvent.objects.using(self.database).bulk_create(
+            [
+                SeenEvent(id=seen_id(self.label, e), inbox=self.label, event_id=e, seen_at=now)
+                for e in new
+            ]
+        )
+        return len(new)
 
-        for _ in range(len(events) + 3):
-            try:
-                sent = run_in_transaction(write, using=self.database, retries=self.retries)
-                break
-            except _Again:
-                continue  # rolled back: again, without the refused or queued event
-            except IntegrityError:
-                continue  # another puller took one of them in meanwhile: read again
-        else:
-            raise RuntimeError(f"inbox {self.label}: could not take in a pull")
-        ack_ids = [ack_id for ack_id, eid in accepted if eid not in refused]
-        dropped = len(ack_ids) - sent
+    def _send(self, eid: str, data: bytes, refused: set[str], queued: set[str]) -> None:
+        """Send one event to the queue under its event id; raises ``_Again`` after adding it to
+        ``queued`` (still queued: its seen row pruned early) or ``refused`` (the queue cannot
+        hold it: logged, not acked)."""
+        try:
+            api.send(
+                self.model,
+                using=self.database,
+                **{self.key_field.name: eid, "payload": data},
+            )
+        except MessageAlreadyExists as exc:  # its seen row pruned early
+            queued.add(eid)
+            raise _Again() from exc
+        except PayloadError as exc:
+            logger.error(
+                "inbox %s: event %s cannot be held by the queue (%s); not acked",
+                self.label,
+                eid,
+                exc,
+                extra={"action": "pull_refused", "queue": self.label},
+            )
+            refused.add(eid)
+            raise _Again() from exc
+
+    def _count(self, sent: int, *, dropped: int) -> None:
+        """Add a pull's events to the counters; signal the duplicates dropped, if any."""
         self.taken_in += sent
         if dropped:
             self.duplicates += dropped
             inbox_duplicates_dropped.send_robust(self.model, count=dropped)
-        return ack_ids
 
     def prune_if_due(self) -> None:
         """Delete seen ids older than the window, at most every ``PRUNE_EVERY_SECONDS``."""
