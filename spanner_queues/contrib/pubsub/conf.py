@@ -16,7 +16,7 @@ from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidQueueEngine, QueueConfigurationError
 from spanner_queues.keys import key_fields
-from spanner_queues.options import queue_options
+from spanner_queues.options import QueueOptions, queue_options
 from spanner_queues.queues import queue_models
 
 if TYPE_CHECKING:
@@ -167,76 +167,108 @@ def check_setting(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMe
 
 def check_queues(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     """E302: a relayed queue or an inbox declared so that the app cannot run it."""
-    problems: list[checks.CheckMessage] = []
-
-    def error(model: type[models.Model], text: str, hint: str) -> None:
-        problems.append(checks.Error(text, hint=hint, obj=model, id="spanner_queues.E302"))
-
     try:
         params = pubsub_params()
     except QueueConfigurationError:
         return []  # E301's
+    problems: list[checks.CheckMessage] = []
     for model in queue_models():
         options = queue_options(model)
-        topic, subscription = options.pubsub_topic, options.pubsub_subscription
-        for name, value in (("pubsub_topic", topic), ("pubsub_subscription", subscription)):
-            if value is None:
-                continue
-            if not isinstance(value, str) or not value:
-                error(model, f"QueueMeta.{name} must be a non-empty string.", "An id or a path.")
-                continue
-            try:
-                resource_path(
-                    "topics" if name == "pubsub_topic" else "subscriptions", value, params
-                )
-            except QueueConfigurationError as exc:
-                error(model, str(exc), "See docs/howto/pubsub.md.")
-        if topic is not None and subscription is not None:
-            error(
-                model,
+        for text, hint in (
+            _resource_problems(options, params)
+            + _relay_problems(model, options)
+            + _inbox_problems(model, options)
+        ):
+            problems.append(checks.Error(text, hint=hint, obj=model, id="spanner_queues.E302"))
+    return problems
+
+
+#: a problem of a queue's declaration: the error's text and its hint
+_Problem = tuple[str, str]
+
+
+def _resource_problems(options: QueueOptions, params: PubSubParams) -> list[_Problem]:
+    """``pubsub_topic`` and ``pubsub_subscription``, where declared, are ids or paths of
+    resources in the configured project."""
+    problems: list[_Problem] = []
+    topic, subscription = options.pubsub_topic, options.pubsub_subscription
+    for name, value in (("pubsub_topic", topic), ("pubsub_subscription", subscription)):
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            problems.append((f"QueueMeta.{name} must be a non-empty string.", "An id or a path."))
+            continue
+        try:
+            resource_path("topics" if name == "pubsub_topic" else "subscriptions", value, params)
+        except QueueConfigurationError as exc:
+            problems.append((str(exc), "See docs/howto/pubsub.md."))
+    return problems
+
+
+def _relay_problems(model: type[models.Model], options: QueueOptions) -> list[_Problem]:
+    """A relayed queue is not also an inbox, has a dead-letter queue and, if it declares an
+    ordering key, a tuple of its key fields; a queue that is not relayed declares none."""
+    problems: list[_Problem] = []
+    topic = options.pubsub_topic
+    if topic is not None and options.pubsub_subscription is not None:
+        problems.append(
+            (
                 "A queue is either relayed (pubsub_topic) or an inbox (pubsub_subscription).",
                 "Declare two queues.",
             )
-        if topic is not None and not options.dead_letter_queue:
-            error(
-                model,
+        )
+    if topic is not None and not options.dead_letter_queue:
+        problems.append(
+            (
                 "A relayed queue needs a dead_letter_queue: a message Pub/Sub refuses (too "
                 "large, bad attributes) is moved there rather than retried for ever.",
                 "Declare QueueMeta.dead_letter_queue (same key fields).",
             )
-        if topic is not None:
-            names = {f.name for f in key_fields(model)}
-            declared = options.pubsub_ordering_key
-            if declared is not None and (
-                isinstance(declared, str)
-                or not isinstance(declared, (tuple, list))
-                or not set(declared) <= names
-            ):
-                error(
-                    model,
-                    f"QueueMeta.pubsub_ordering_key must be a tuple of key field names "
-                    f"({', '.join(sorted(names))}), not {declared!r}.",
-                    "() publishes without ordering keys.",
-                )
-        elif options.pubsub_ordering_key is not None:
-            error(model, "pubsub_ordering_key needs pubsub_topic.", "Remove it.")
-        if subscription is not None:
-            fields = key_fields(model)
-            if len(fields) != 1 or fields[0].get_internal_type() not in ("CharField", "TextField"):
-                error(
-                    model,
-                    "An inbox queue (pubsub_subscription) needs exactly one key field, a "
-                    "CharField: each message is keyed by its event id.",
-                    "e.g. event_id = models.CharField(max_length=128, primary_key=True)",
-                )
-            if options.envelope is not None:
-                error(
-                    model,
-                    "An inbox queue stores each Pub/Sub message's data as it came (an envelope "
-                    "queue's relay publishes its whole CloudEvent); QueueMeta.envelope would "
-                    "wrap it a second time.",
-                    "Remove QueueMeta.envelope from the inbox queue.",
-                )
+        )
+    declared = options.pubsub_ordering_key
+    if topic is None:
+        if declared is not None:
+            problems.append(("pubsub_ordering_key needs pubsub_topic.", "Remove it."))
+        return problems
+    names = {f.name for f in key_fields(model)}
+    if declared is not None and (
+        isinstance(declared, str)
+        or not isinstance(declared, (tuple, list))
+        or not set(declared) <= names
+    ):
+        problems.append(
+            (
+                f"QueueMeta.pubsub_ordering_key must be a tuple of key field names "
+                f"({', '.join(sorted(names))}), not {declared!r}.",
+                "() publishes without ordering keys.",
+            )
+        )
+    return problems
+
+
+def _inbox_problems(model: type[models.Model], options: QueueOptions) -> list[_Problem]:
+    """An inbox queue has one character key field (the event id) and no envelope."""
+    if options.pubsub_subscription is None:
+        return []
+    problems: list[_Problem] = []
+    fields = key_fields(model)
+    if len(fields) != 1 or fields[0].get_internal_type() not in ("CharField", "TextField"):
+        problems.append(
+            (
+                "An inbox queue (pubsub_subscription) needs exactly one key field, a "
+                "CharField: each message is keyed by its event id.",
+                "e.g. event_id = models.CharField(max_length=128, primary_key=True)",
+            )
+        )
+    if options.envelope is not None:
+        problems.append(
+            (
+                "An inbox queue stores each Pub/Sub message's data as it came (an envelope "
+                "queue's relay publishes its whole CloudEvent); QueueMeta.envelope would "
+                "wrap it a second time.",
+                "Remove QueueMeta.envelope from the inbox queue.",
+            )
+        )
     return problems
 
 
