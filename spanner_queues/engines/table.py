@@ -736,33 +736,21 @@ class RowStatements:
         claimed when it holds the new token (each one random)."""
         if not claims:
             return []
-        f = self.fields
         connection = connections[self.using]  # this thread's
-        token_f, expires_f, attempts_f, deliver_f = (
-            f["lease_token"],
-            f["lease_expires_at"],
-            f["attempts"],
-            f["deliver_time"],
-        )
-        save_expires: Callable[[datetime], Any]
-        save_deliver: Callable[[datetime], Any]
-        look_due: Callable[[datetime], Any]
-        if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
-            # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
-            # a datetime both come to the backend's adapter (as in InsertStatement).
-            adapt = connection.ops.adapt_datetimefield_value
-            save_expires = save_deliver = look_due = adapt
-        else:
+        params = self._claim_params(claims, connection)
+        with connection.cursor() as cursor:
+            cursor.executemany(self.claim_sql, params)
+            updated = cursor.rowcount
+        if updated == len(claims):
+            return [True] * len(claims)
+        return [self.held_by(c.key) == [c.lease_token] for c in claims]
 
-            def save_expires(value: datetime) -> Any:
-                return expires_f.get_db_prep_save(value, connection)
-
-            def save_deliver(value: datetime) -> Any:
-                return deliver_f.get_db_prep_save(value, connection)
-
-            def look_due(value: datetime) -> Any:
-                return self._lookup(deliver_f, value, connection)
-
+    def _claim_params(self, claims: Sequence[Claim], connection: Any) -> list[list[Any]]:
+        """The parameters of ``claim_sql`` for each of ``claims``, in its order: the new lease
+        token, lease expiry, attempts and deliver time, the key, and the deliver time read."""
+        f = self.fields
+        token_f, attempts_f = f["lease_token"], f["attempts"]
+        save_expires, save_deliver, look_due = self._claim_time_adapters(connection)
         # Each time is adapted once per claim: one lease expiry and one new deliver time per
         # attempt number for all its rows, and often the same deliver time read (a send_many).
         adapted: dict[tuple[Any, datetime], Any] = {}
@@ -773,7 +761,7 @@ class RowStatements:
                 adapted[key] = adapter(value)
             return adapted[key]
 
-        params = [
+        return [
             [
                 token_f.get_db_prep_save(c.lease_token, connection),
                 once(save_expires, c.lease_expires_at),
@@ -784,12 +772,30 @@ class RowStatements:
             ]
             for c in claims
         ]
-        with connection.cursor() as cursor:
-            cursor.executemany(self.claim_sql, params)
-            updated = cursor.rowcount
-        if updated == len(claims):
-            return [True] * len(claims)
-        return [self.held_by(c.key) == [c.lease_token] for c in claims]
+
+    def _claim_time_adapters(
+        self, connection: Any
+    ) -> tuple[Callable[[datetime], Any], Callable[[datetime], Any], Callable[[datetime], Any]]:
+        """How a claim's times become parameters: the lease expiry and the new deliver time as
+        saved (SET), the deliver time read as looked up (WHERE)."""
+        f = self.fields
+        expires_f, deliver_f = f["lease_expires_at"], f["deliver_time"]
+        if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
+            # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
+            # a datetime both come to the backend's adapter (as in InsertStatement).
+            adapt = connection.ops.adapt_datetimefield_value
+            return adapt, adapt, adapt
+
+        def save_expires(value: datetime) -> Any:
+            return expires_f.get_db_prep_save(value, connection)
+
+        def save_deliver(value: datetime) -> Any:
+            return deliver_f.get_db_prep_save(value, connection)
+
+        def look_due(value: datetime) -> Any:
+            return self._lookup(deliver_f, value, connection)
+
+        return save_expires, save_deliver, look_due
 
     def held_by(self, key: Sequence[Any]) -> list[str | None]:
         """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""
