@@ -10,7 +10,7 @@ from html import escape
 from pathlib import Path
 
 from spanner_queues.admin.chart import depth_chart
-from spanner_queues.contrib.drill.runner import DrillResult
+from spanner_queues.contrib.drill.runner import DrillOptions, DrillResult
 
 #: listed in the report at most (the JSON file has them all)
 SHOWN_KEYS = 20
@@ -238,7 +238,8 @@ def _method(result: DrillResult, command: list[str]) -> list[str]:
 
 
 def as_json(result: DrillResult) -> dict:
-    o = result.options
+    """The drill's result as ``report.json`` holds it: its figures, the options it ran with,
+    its events and depth samples."""
     return {
         "run": result.run,
         "passed": result.passed,
@@ -248,23 +249,7 @@ def as_json(result: DrillResult) -> dict:
         "engine": result.engine,
         "queue": result.queue,
         "mode": result.mode,
-        "options": {
-            "messages": o.messages,
-            "workers": o.workers,
-            "concurrency": o.concurrency,
-            "kills": o.kills,
-            "lease": o.lease,
-            "work_ms": o.work_ms,
-            "abort_every": o.abort_every,
-            "abort_method": o.abort_method,
-            "abort_command": o.abort_command,
-            "timeout": o.timeout,
-            "seed": o.seed,
-            "worker_args": list(o.worker_args),
-            "allow_shared_database": o.allow_shared_database,
-            "pubsub": o.pubsub,
-            "signal": o.signal,
-        },
+        "options": _options_json(result.options),
         "environment": result.environment,
         "sent": result.sent,
         "kills": result.kills,
@@ -287,6 +272,35 @@ def as_json(result: DrillResult) -> dict:
         "dead_lettered": result.dead_lettered,
         "lost_keys": result.lost_keys,
         "twice_keys": result.twice_keys,
+        **_series_json(result),
+    }
+
+
+def _options_json(o: DrillOptions) -> dict:
+    """The drill's options as run (``worker_args`` as a list)."""
+    return {
+        "messages": o.messages,
+        "workers": o.workers,
+        "concurrency": o.concurrency,
+        "kills": o.kills,
+        "lease": o.lease,
+        "work_ms": o.work_ms,
+        "abort_every": o.abort_every,
+        "abort_method": o.abort_method,
+        "abort_command": o.abort_command,
+        "timeout": o.timeout,
+        "seed": o.seed,
+        "worker_args": list(o.worker_args),
+        "allow_shared_database": o.allow_shared_database,
+        "pubsub": o.pubsub,
+        "signal": o.signal,
+    }
+
+
+def _series_json(result: DrillResult) -> dict:
+    """The drill's timeline: its events and the queue depth samples, times in seconds from the
+    start (rounded to ms) or ISO 8601."""
+    return {
         "events": [
             {"elapsed": round(e.elapsed, 3), "kind": e.kind, "detail": e.detail}
             for e in result.events
