@@ -46,6 +46,12 @@ RSS_TOLERANCE = 0.10
 #: milliseconds; the rest is closing streams and sessions), and is killed after ``EXIT_WAIT``
 EXIT_LIMIT = 30.0
 EXIT_WAIT = 120.0
+#: how often (seconds) the sender reads which sent keys are acked (a read of the effects
+#: table, whose cost on the emulator grows with its rows)
+NOTE_EVERY = 5.0
+#: with ``$SOAK_PY_SPY`` and ``--log-dir``: every this many seconds, each worker's stacks
+#: are appended to ``worker<n>.stacks`` there
+STACKS_EVERY = 600.0
 QUEUES = ("soakapp.SoakA", "soakapp.SoakB", "soakapp.SoakC")
 
 
@@ -92,6 +98,8 @@ class Soak:
         self.idle_calls: list[dict[str, float]] = []
         self.pause_lock = threading.Lock()
         self.stale_acks = 0
+        #: seconds of each send's transaction since the last sample
+        self.send_seconds: list[float] = []
 
     # --- setup ----------------------------------------------------------------------------
     def setup(self, tmp: Path) -> None:
@@ -119,7 +127,7 @@ class Soak:
     def start_workers(self, tmp: Path) -> None:
         for n in range(self.args.workers):
             port = free_port()
-            log = tmp / f"worker{n}.log"
+            log = Path(self.args.log_dir or tmp) / f"worker{n}.log"
             proc = subprocess.Popen(
                 [sys.executable, "-m", "django", "runqueueworker", *QUEUES,
                  "--health-port", str(port), "-v1"],
@@ -201,14 +209,23 @@ class Soak:
             self.pending_keys.append((label, key, send_id))
 
     def sender(self) -> None:
+        """Send at ``--rate``, timing each send's transaction (the database's own speed: the
+        emulator's cost grows with every row it ever held); every ``NOTE_EVERY`` seconds,
+        note which keys may be sent again."""
         rng = random.Random(7)
         interval = 1.0 / self.args.rate
+        next_note = 0.0
         while not self.stop.is_set():
             if self.idle.is_set():
                 time.sleep(0.2)
                 continue
+            began = time.perf_counter()
             self.send_one(rng)
-            self.note_acked()
+            with self.lock:
+                self.send_seconds.append(time.perf_counter() - began)
+            if time.monotonic() >= next_note:
+                self.note_acked()
+                next_note = time.monotonic() + NOTE_EVERY
             self.stop.wait(interval)
 
     def note_acked(self) -> None:
@@ -305,7 +322,12 @@ class Soak:
         return figures
 
     def sampler(self) -> None:
+        next_dump = time.monotonic() + STACKS_EVERY
         while not self.stop.wait(self.args.sample_every):
+            if self.args.log_dir and time.monotonic() >= next_dump:
+                next_dump += STACKS_EVERY
+                for proc, _, log in self.workers:
+                    self.dump_stacks(proc, log.with_suffix(".stacks"))
             if self.idle.is_set():  # no call of the harness's own in an idle window
                 continue
             try:
@@ -314,6 +336,9 @@ class Soak:
                 sample["latency"] = self.latencies(
                     now - 2 * self.args.sample_every, now - self.args.sample_every
                 )
+                with self.lock:
+                    took, self.send_seconds = self.send_seconds, []
+                sample["send_ms"] = round(statistics.median(took) * 1e3, 1) if took else None
                 self.series.append(sample)
             except Exception as exc:
                 self.series.append({"error": repr(exc)})
@@ -380,6 +405,8 @@ class Soak:
         begun = time.time()
         time.sleep(window)
         start["latency"] = self.latencies(begun, time.time())
+        start["send_ms"] = self.send_ms(start["at_s"], start["at_s"] + window)
+        self.steady_threads(start, start["at_s"], start["at_s"] + window)
         middle = self.started + total / 2  # the outage in the middle
         time.sleep(max(0.0, middle - time.monotonic()))
         self.do_outage()
@@ -387,6 +414,8 @@ class Soak:
         time.sleep(max(0.0, end_at - time.monotonic()))
         end = self.snapshot("end")
         end["latency"] = self.latencies(time.time() - window, time.time())
+        end["send_ms"] = self.send_ms(end["at_s"] - window, end["at_s"])
+        self.steady_threads(end, end["at_s"] - window, end["at_s"])
         end["idle_calls_per_minute"] = self.idle_calls_per_minute(idle_window)
         self.stop.set()
         lost, doubled, unknown, details = self.drain()
@@ -423,11 +452,33 @@ class Soak:
         seconds: list[float | None] = []
         for proc, _, _ in self.workers:
             try:
+                proc.wait(max(0.0, sent + EXIT_LIMIT - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.dump_stacks(proc)
+            try:
                 proc.wait(max(0.0, sent + EXIT_WAIT - time.monotonic()))
                 seconds.append(round(time.monotonic() - sent, 1))
             except subprocess.TimeoutExpired:
                 seconds.append(None)
         return seconds
+
+    @staticmethod
+    def dump_stacks(proc: subprocess.Popen[bytes], to: Path | None = None) -> None:
+        """The stacks of a worker's threads, from ``py-spy dump`` (the program named by
+        ``$SOAK_PY_SPY``; nothing without it), appended to ``to`` (None: printed, for a worker
+        still running ``EXIT_LIMIT`` after SIGTERM)."""
+        py_spy = os.environ.get("SOAK_PY_SPY")
+        if not py_spy or proc.poll() is not None:
+            return
+        dump = subprocess.run(
+            [py_spy, "dump", "--pid", str(proc.pid)], capture_output=True, text=True, timeout=60
+        )
+        text = f"--- {time.strftime('%H:%M:%S')} worker pid {proc.pid}\n{dump.stdout}{dump.stderr}"
+        if to is None:
+            print(f"  still running {EXIT_LIMIT:g} s after SIGTERM:\n{text}")
+        else:
+            with to.open("a") as out:
+                out.write(text)
 
     def wait_for_effects(self, seconds: float) -> None:
         """Wait (at most ``seconds``) until every send so far has its effect."""
@@ -444,6 +495,30 @@ class Soak:
             if wanted <= done:
                 return
             time.sleep(1)
+
+    def steady_threads(self, snap: dict[str, Any], low: float, high: float) -> None:
+        """Each worker's threads in ``snap``: the median of the samples between ``low`` and
+        ``high`` seconds into the run and ``snap`` itself, not one reading (a RECEIVE stream
+        starts and ends two threads as its queue is paused and resumed, a probe's request
+        has one); the reading is kept as ``threads_now``."""
+        for i, figures in enumerate(snap["workers"]):
+            values = [figures["threads"]] + [
+                x["workers"][i]["threads"]
+                for x in self.series
+                if "workers" in x and low <= x["at_s"] <= high
+            ]
+            figures["threads_now"] = figures["threads"]
+            figures["threads"] = int(statistics.median(values))
+
+    def send_ms(self, low: float, high: float) -> float | None:
+        """The median of the samples' send times (ms) between ``low`` and ``high`` seconds
+        into the run."""
+        values = [
+            x["send_ms"]
+            for x in self.series
+            if x.get("send_ms") is not None and low <= x["at_s"] <= high
+        ]
+        return round(statistics.median(values), 1) if values else None
 
     def latencies(self, low: float, high: float) -> dict[str, Any]:
         """Send-to-ack p50/p99 (ms) of the first-attempt messages sent between ``low`` and
@@ -539,7 +614,8 @@ class Soak:
             lat = snap["latency"]
             print(f"  {name:5} sessions {snap['sessions']}, idle calls/min "
                   f"{snap['idle_calls_per_minute']}, latency p50 {lat['p50_ms']} ms, "
-                  f"p99 {lat['p99_ms']} ms (n={lat['n']})")  # fmt: skip
+                  f"p99 {lat['p99_ms']} ms (n={lat['n']}); a send's transaction "
+                  f"{snap.get('send_ms')} ms (the database's own speed)")  # fmt: skip
         print(
             f"  probes: {result['probes']}; lost {result['lost']}, doubled {result['doubled']}"
             f" (and {result['stale_acks_by_key']} re-sent key(s) whose newer message a stale"
@@ -576,6 +652,7 @@ def main() -> None:
     parser.add_argument("--json", default="soak.json", help="the time series and figures")
     parser.add_argument("--check", action="store_true", help="exit 1 on growth or loss")
     parser.add_argument("--logs", action="store_true", help="print the workers' log tails")
+    parser.add_argument("--log-dir", help="keep the workers' logs in this folder")
     sys.exit(Soak(parser.parse_args()).run())
 
 
