@@ -36,6 +36,19 @@ def test_a_fault_fails_the_matching_calls_with_its_status_then_is_spent(
     assert query(database, "SELECT 2") == [[2]]  # times=1: spent
 
 
+def test_an_aborted_answer_carries_a_retry_delay_as_spanner_s_do(
+    database: Any, control: Any
+) -> None:
+    """Spanner sends a ``RetryInfo`` trailer with every ABORTED; the client waits what it says
+    before it retries (without one, the DB-API waits ``2**attempt`` seconds)."""
+    from google.cloud.spanner_v1._helpers import _get_retry_delay
+
+    control.fail("ExecuteStreamingSql", "ABORTED", "aborted", sql_contains="SELECT 3")
+    with pytest.raises(gexc.Aborted) as raised:
+        query(database, "SELECT 3")
+    assert 0 < _get_retry_delay(raised.value.errors[0], 1) < 0.1
+
+
 def test_times_counts_the_matching_calls(database: Any, control: Any) -> None:
     control.fail("ExecuteStreamingSql", grpc.StatusCode.FAILED_PRECONDITION, times=2)
     for _ in range(2):

@@ -115,3 +115,32 @@ def test_a_worker_is_unready_at_once_while_its_database_does_not_answer(front) -
     assert problem == "the databases did not answer within 1 s"
     front.clear()
     assert wait_until(lambda: health.readiness() == [], timeout=60)
+
+
+def test_an_aborted_statement_is_replayed_after_the_fronts_retry_delay_not_seconds(
+    front, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cloud Spanner puts a ``RetryInfo`` on every ABORTED it returns, and the DB-API's replay
+    of an aborted transaction waits what it says. Without one (Google's emulator sends none)
+    the DB-API waits ``2**attempt`` seconds: 2, 4, 8... A worker on the emulator whose ack was
+    aborted a few times in a row slept for minutes and did not exit on SIGTERM (the one-hour
+    soak). The front answers ABORTED as Spanner does."""
+    from google.cloud.spanner_dbapi import transaction_helper
+
+    delays: list[float] = []
+    real = transaction_helper._get_retry_delay
+
+    def recorded(cause: object, attempts: int, default_retry_delay: object = None) -> float:
+        delays.append(real(cause, attempts, default_retry_delay=default_retry_delay))
+        return delays[-1]
+
+    monkeypatch.setattr(transaction_helper, "_get_retry_delay", recorded)
+    with transaction.atomic():
+        api.send(Jobs, payload={"n": 1})  # the transaction's first statement
+        # the second send aborted, and the replay's first statement too: the DB-API waits
+        # before its second replay
+        front.fail("ExecuteStreamingSql", "ABORTED", "aborted", sql_contains="INSERT", times=2)
+        api.send(Jobs, payload={"n": 2})
+    assert len(delays) == 1, delays
+    assert 0 < delays[0] < 0.1, f"the replay waited {delays[0]:.2f} s"
+    assert Jobs.objects.count() == 2
