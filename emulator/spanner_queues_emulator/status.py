@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any, NoReturn, cast
 
 import grpc
-from google.rpc.error_details_pb2 import RetryInfo
+from google.rpc.error_details_pb2 import RetryInfo  # type: ignore[import-untyped]
 
 #: headers not forwarded to the emulator, nor back from it (gRPC sets its own).
 SKIP_HEADERS = ("user-agent", "grpc-", ":")
