@@ -403,10 +403,12 @@ class Soak:
         start = self.snapshot("start")
         start["idle_calls_per_minute"] = self.idle_calls_per_minute(idle_window)
         begun = time.time()
+        # (the window of the start's latency: after the idle window, when no sample is taken)
+        begun_at = time.monotonic() - self.started
         time.sleep(window)
         start["latency"] = self.latencies(begun, time.time())
-        start["send_ms"] = self.send_ms(start["at_s"], start["at_s"] + window)
-        self.steady_threads(start, start["at_s"], start["at_s"] + window)
+        start["send_ms"] = self.send_ms(begun_at, begun_at + window)
+        self.steady_threads(start, begun_at, begun_at + window)
         middle = self.started + total / 2  # the outage in the middle
         time.sleep(max(0.0, middle - time.monotonic()))
         self.do_outage()
@@ -496,28 +498,27 @@ class Soak:
                 return
             time.sleep(1)
 
+    def samples(self, low: float, high: float) -> list[dict[str, Any]]:
+        """The samples of the series taken between ``low`` and ``high`` seconds into the run
+        (not the failed ones)."""
+        return [x for x in self.series if "workers" in x and low <= x["at_s"] <= high]
+
     def steady_threads(self, snap: dict[str, Any], low: float, high: float) -> None:
         """Each worker's threads in ``snap``: the median of the samples between ``low`` and
         ``high`` seconds into the run and ``snap`` itself, not one reading (a RECEIVE stream
         starts and ends two threads as its queue is paused and resumed, a probe's request
         has one); the reading is kept as ``threads_now``."""
+        samples = self.samples(low, high)
         for i, figures in enumerate(snap["workers"]):
-            values = [figures["threads"]] + [
-                x["workers"][i]["threads"]
-                for x in self.series
-                if "workers" in x and low <= x["at_s"] <= high
-            ]
+            values = [figures["threads"]] + [x["workers"][i]["threads"] for x in samples]
             figures["threads_now"] = figures["threads"]
             figures["threads"] = int(statistics.median(values))
 
     def send_ms(self, low: float, high: float) -> float | None:
         """The median of the samples' send times (ms) between ``low`` and ``high`` seconds
-        into the run."""
-        values = [
-            x["send_ms"]
-            for x in self.series
-            if x.get("send_ms") is not None and low <= x["at_s"] <= high
-        ]
+        into the run; None when no sample was taken then (in a run of two minutes the end's
+        window may have none: the outage holds the sampler's reads up to 30 s)."""
+        values = [x["send_ms"] for x in self.samples(low, high) if x["send_ms"] is not None]
         return round(statistics.median(values), 1) if values else None
 
     def latencies(self, low: float, high: float) -> dict[str, Any]:
