@@ -98,6 +98,7 @@ class Soak:
         self.idle_calls: list[dict[str, float]] = []
         self.pause_lock = threading.Lock()
         self.stale_acks = 0
+        self.undrained = 0  # sends with no effect whose message is still queued at the end
         #: seconds of each send's transaction since the last sample
         self.send_seconds: list[float] = []
 
@@ -279,6 +280,30 @@ class Soak:
         except Exception:
             return None
 
+    def read_ms(self) -> float | None:
+        """The median time (ms) of three strong single-use reads of ``SELECT 1``: the
+        emulator's own floor under every read. Google's emulator dates each read ahead of its
+        clock's drift, which grows with every call it has served, and waits until the wall
+        clock gets there (GoogleCloudPlatform/cloud-spanner-emulator#277;
+        ``benchmarks/emulator_aging.py``): a worker's latency grows by it however well the
+        worker keeps."""
+        if self.engine != "native":
+            return None
+        try:
+            from django.db import connection
+
+            connection.ensure_connection()
+            database = connection.connection.database
+            took = []
+            for _ in range(3):
+                began = time.perf_counter()
+                with database.snapshot() as snapshot:
+                    list(snapshot.execute_sql("SELECT 1"))
+                took.append(time.perf_counter() - began)
+            return round(statistics.median(took) * 1e3, 1)
+        except Exception:
+            return None
+
     def idle_calls_per_minute(self, seconds: float) -> float | None:
         """Spanner calls per minute the workers make while nothing is sent (the front's
         record; the harness's own calls are none while it only waits)."""
@@ -316,6 +341,7 @@ class Soak:
             "label": label,
             "workers": [proc_figures(proc.pid) for proc, _, _ in self.workers],
             "sessions": self.sessions(),
+            "read_ms": self.read_ms(),
             "sent": len(self.sent),
             "outage": self.outage,
         }
@@ -431,6 +457,7 @@ class Soak:
             "end": end,
             "sent": len(self.sent),
             "lost": lost,
+            "still_queued": self.undrained,
             "doubled": doubled,
             "unknown_outcome": unknown,
             "stale_acks_by_key": self.stale_acks,
@@ -558,7 +585,13 @@ class Soak:
             time.sleep(2)
         doubled = {k for k, n in counts.items() if n > 1}
         unknown = sum(1 for v in self.sent.values() if v == "unknown")
-        details = []
+        queued = self.still_queued(lost)
+        self.undrained = len(queued)
+        lost -= queued.keys()
+        details = [
+            {"send_id": send_id, "what": "still queued", **message}
+            for send_id, message in sorted(queued.items())
+        ]
         for send_id in sorted(lost | doubled):
             label, key = self.sends.get(send_id, ("?", "?"))
             effects = list(
@@ -603,6 +636,31 @@ class Soak:
             self.stale_acks = sum(1 for d in details if d.get("pair") and d["what"] == "lost")
         return len(lost), len(doubled), unknown, details
 
+    def still_queued(self, send_ids: set[str]) -> dict[str, dict[str, Any]]:
+        """Of ``send_ids`` (sends with no effect), those whose message is still in its queue
+        under its key, undelivered or not yet acked: a backlog the drain did not reach, not a
+        loss. Each with its attempts and deliver time."""
+        from spanner_queues.admin.browse import get_messages
+
+        by_queue: dict[str, list[tuple[str, str]]] = {}
+        for send_id in send_ids:
+            label, key = self.sends.get(send_id, ("?", "?"))
+            by_queue.setdefault(label, []).append((send_id, key))
+        found: dict[str, dict[str, Any]] = {}
+        for label, items in by_queue.items():
+            if label == "?":
+                continue
+            for message in get_messages(self.model(label), [(key,) for _, key in items]):
+                send_id = message.json().get("send_id")
+                if send_id in send_ids:
+                    found[send_id] = {
+                        "queue": label,
+                        "key": message.key[0],
+                        "attempt": message.attempt,
+                        "deliver_time": str(message.deliver_time),
+                    }
+        return found
+
     def report(self, result: dict[str, Any]) -> int:
         start, end = result["start"], result["end"]
         print(f"soak: {result['engine']}, {result['minutes']} min, {len(self.workers)} workers, "
@@ -616,9 +674,11 @@ class Soak:
             print(f"  {name:5} sessions {snap['sessions']}, idle calls/min "
                   f"{snap['idle_calls_per_minute']}, latency p50 {lat['p50_ms']} ms, "
                   f"p99 {lat['p99_ms']} ms (n={lat['n']}); a send's transaction "
-                  f"{snap.get('send_ms')} ms (the database's own speed)")  # fmt: skip
+                  f"{snap.get('send_ms')} ms, a strong read {snap.get('read_ms')} ms (the "
+                  "database's own speed)")  # fmt: skip
         print(
-            f"  probes: {result['probes']}; lost {result['lost']}, doubled {result['doubled']}"
+            f"  probes: {result['probes']}; lost {result['lost']} ({result['still_queued']} more"
+            f" still queued when the drain ended), doubled {result['doubled']}"
             f" (and {result['stale_acks_by_key']} re-sent key(s) whose newer message a stale"
             " delivery's ack by key deleted: native acks are by key alone)"
         )
