@@ -33,6 +33,7 @@ ADMIN = "/google.spanner.admin.database.v1.DatabaseAdmin/"
 ExecuteSqlRequest = spanner.ExecuteSqlRequest.pb()
 CommitRequest = spanner.CommitRequest.pb()
 ExecuteBatchDmlRequest = spanner.ExecuteBatchDmlRequest.pb()
+ExecuteBatchDmlResponse = spanner.ExecuteBatchDmlResponse.pb()
 BatchWriteRequest = spanner.BatchWriteRequest.pb()
 BatchWriteResponse = spanner.BatchWriteResponse.pb()
 CommitResponse = commit_response.CommitResponse.pb()

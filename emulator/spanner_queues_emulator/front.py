@@ -14,6 +14,8 @@ Every call goes to the emulator byte for byte, except the few that queues change
   (``statements.undocumented_queue_dml``).
 - ``Spanner.Commit``: ``Send`` and ``Ack`` mutations become writes on the queue's table; an
   ``Ack`` that finds no message fails the commit with ``NOT_FOUND`` and nothing of it applies.
+  A commit that sent to a queue (a ``Send``, or an ``INSERT`` the front saw in its transaction)
+  wakes that queue's idle RECEIVE streams, and only that one's (``receiving``).
 - ``Spanner.BatchWrite`` (the emulator has none): the front applies each mutation group as one
   read-write transaction, translated as a commit is, and streams one response per group (its
   index, its status, its commit timestamp when applied); a group that fails leaves the others.
@@ -27,9 +29,11 @@ it fail chosen calls, and see what was sent, through its control API (``faults``
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from typing import Any
 
@@ -40,7 +44,7 @@ from spanner_queues_emulator import queues as q
 from spanner_queues_emulator import schema as s
 from spanner_queues_emulator import statements as st
 from spanner_queues_emulator import status
-from spanner_queues_emulator.ddl_calls import SchemaCalls
+from spanner_queues_emulator.ddl_calls import DropDatabaseRequest, SchemaCalls
 from spanner_queues_emulator.faults import CONTROL, Fault, Faults, wire_value
 from spanner_queues_emulator.receiving import (
     Receiving,
@@ -56,6 +60,9 @@ logger = logging.getLogger("spanner_queues_emulator")
 STREAMING = frozenset(
     {b.SPANNER + "ExecuteStreamingSql", b.SPANNER + "StreamingRead", b.SPANNER + "BatchWrite"}
 )
+#: how many read-write transactions' sends (queues INSERTed into) are remembered until their
+#: commit or rollback (the oldest are forgotten first: one abandoned is never committed).
+SENDS_KEPT = 10000
 #: a method of the front's own: answers ``{"queues": true}`` (the plain emulator answers
 #: UNIMPLEMENTED), so a client can tell whether the server it talks to has queues.
 DESCRIBE = "/spanner_queues.emulator.Front/Describe"
@@ -94,6 +101,11 @@ class Front:
         )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
+        #: queues INSERTed into per open read-write transaction, and the databases where a
+        #: transaction the front could not name did so (their next commit wakes every queue)
+        self._sends: collections.OrderedDict[bytes, set[str]] = collections.OrderedDict()
+        self._unnamed: set[str] = set()
+        self._sends_lock = threading.Lock()
 
     def shutdown(self) -> None:
         """End open RECEIVE streams."""
@@ -125,11 +137,12 @@ class Front:
             b.ADMIN + "UpdateDatabaseDdl": self.schema.update_ddl,
             b.ADMIN + "CreateDatabase": self.schema.create_database,
             b.ADMIN + "GetDatabaseDdl": self.schema.get_ddl,
-            b.ADMIN + "DropDatabase": self.schema.drop_database,
+            b.ADMIN + "DropDatabase": self.drop_database,
             b.SPANNER + "ExecuteSql": self.execute_sql,
             b.SPANNER + "ExecuteBatchDml": self.execute_batch_dml,
             b.SPANNER + "Commit": self.commit,
             b.SPANNER + "BeginTransaction": self.begin_transaction,
+            b.SPANNER + "Rollback": self.rollback,
         }
         if method == b.SPANNER + "ExecuteStreamingSql":
             return self._streaming(method, self._logged(self.execute_streaming_sql))
@@ -274,23 +287,31 @@ class Front:
             self.receiving.remember_strong_read(b.Transaction.FromString(response).id)
         return response
 
+    def drop_database(self, request: bytes, context: Any) -> bytes:
+        response = self.schema.drop_database(request, context)
+        self.receiving.forget(DropDatabaseRequest.FromString(request).database)
+        return response
+
+    def rollback(self, request: bytes, context: Any) -> bytes:
+        response = self.forward(b.SPANNER + "Rollback", request, context)
+        with self._sends_lock:
+            self._sends.pop(b.RollbackRequest.FromString(request).transaction_id, None)
+        return response
+
     def commit(self, request: bytes, context: Any) -> bytes:
         req = b.CommitRequest.FromString(request)
+        database = _database_of(req.session)
+        committed = self._committed_by(database, req.transaction_id, _sent(req.mutations))
         ops = {m.WhichOneof("operation") for m in req.mutations}
         if not ops & {"send", "ack", "insert", "update", "insert_or_update", "replace"}:
-            return self._committed(self.forward(b.SPANNER + "Commit", request, context))
-        database = _database_of(req.session)
+            return committed(self.forward(b.SPANNER + "Commit", request, context))
         translated = q.translate_mutations(req.mutations, self.catalog(database))
         del req.mutations[:]
         req.mutations.extend(translated.mutations)
         if not translated.must_exist:
-            return self._committed(
-                self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
-            )
+            return committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
         if req.HasField("single_use_transaction"):
-            return self._committed(
-                self._checked_blind_commit(database, translated).SerializeToString()
-            )
+            return committed(self._checked_blind_commit(database, translated).SerializeToString())
         try:
             missing = q.missing_acks(
                 self.backend, req.session, req.transaction_id, translated.must_exist
@@ -300,13 +321,11 @@ class Front:
                 raise
             # The transaction has ended: a retried Commit (the client retries UNAVAILABLE),
             # which Spanner answers as it answered the first; so does the emulator.
-            return self._committed(
-                self.forward(b.SPANNER + "Commit", req.SerializeToString(), context)
-            )
+            return committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
         if missing:
             self.backend.rollback(req.session, req.transaction_id)
             raise _ack_not_found(missing)
-        return self._committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
+        return committed(self.forward(b.SPANNER + "Commit", req.SerializeToString(), context))
 
     def _checked_blind_commit(self, database: str, translated: q.Translated) -> Any:
         """A blind batch whose Acks must find their messages, as one read-write transaction
@@ -349,12 +368,68 @@ class Front:
                 _failed(response, exc.code(), status.in_spanner_words(exc.details() or ""))
             else:
                 response.commit_timestamp.CopyFrom(committed.commit_timestamp)
-                self._committed(b"")
+                if sent := _sent(group.mutations):
+                    self.receiving.committed(database, sent)
             yield response.SerializeToString()
 
-    def _committed(self, response: bytes) -> bytes:
-        self.receiving.committed()  # wake RECEIVE streams: something may be due now
-        return response
+    # --- sends: which RECEIVE streams a commit wakes --------------------------------------
+    def _committed_by(
+        self, database: str, transaction_id: bytes, sent: set[str]
+    ) -> Callable[[bytes], bytes]:
+        """What passes a commit's response on once it succeeded: it wakes the streams of the
+        queues the commit sent to (``sent``, its ``Send`` mutations, and what its transaction
+        INSERTed), of every queue when a transaction the front could not name INSERTed into
+        one, and none when it sent nothing (an ack makes nothing due)."""
+
+        def committed(response: bytes) -> bytes:
+            with self._sends_lock:
+                queues: set[str] | None = sent | self._sends.pop(transaction_id, set())
+                if database in self._unnamed:
+                    self._unnamed.discard(database)
+                    queues = None
+            if queues is None:
+                self.receiving.committed()
+            elif queues:
+                self.receiving.committed(database, queues)
+            return response
+
+        return committed
+
+    def _queue_inserts(self, database: str, sqls: Iterable[str]) -> set[str]:
+        """The queues among the tables ``sqls`` INSERT into."""
+        tables = {t for t in map(st.inserted_table, sqls) if t is not None}
+        if not tables:
+            return set()
+        catalog = self.catalog(database)
+        return {catalog[t.upper()].name for t in tables if t.upper() in catalog}
+
+    def _note_sends(
+        self,
+        database: str,
+        selector: Any,
+        queues: set[str],
+        answer: bytes,
+        begun: Callable[[bytes], bytes],
+    ) -> None:
+        """A statement of the transaction ``selector`` names INSERTed into ``queues`` (one it
+        began inline: ``begun(answer)`` is its id): its commit will wake them."""
+        if not queues:
+            return
+        kind = selector.WhichOneof("selector")
+        try:
+            transaction_id = (
+                selector.id if kind == "id" else begun(answer) if kind == "begin" else b""
+            )
+        except Exception:  # (an answer the front cannot read: it wakes every queue)
+            transaction_id = b""
+        with self._sends_lock:
+            if not transaction_id:
+                self._unnamed.add(database)
+                return
+            self._sends.setdefault(transaction_id, set()).update(queues)
+            self._sends.move_to_end(transaction_id)
+            while len(self._sends) > SENDS_KEPT:
+                self._sends.popitem(last=False)
 
     # --- SQL -----------------------------------------------------------------------------
     def _queue_call(self, req: Any) -> tuple[st.QueueCall, s.QueueSchema] | None:
@@ -425,8 +500,17 @@ class Front:
                 result.rows.add().values.extend(row)
             return result.SerializeToString()
         if found is None:
-            self._refuse_update(_database_of(req.session), req.sql)
-            return self.forward(b.SPANNER + "ExecuteSql", request, context)
+            database = _database_of(req.session)
+            self._refuse_update(database, req.sql)
+            response = self.forward(b.SPANNER + "ExecuteSql", request, context)
+            self._note_sends(
+                database,
+                req.transaction,
+                self._queue_inserts(database, [req.sql]),
+                response,
+                _begun_result,
+            )
+            return response
         call, queue = found
         if call.kind == "RECEIVE":
             raise q.QueueRefusal(
@@ -449,7 +533,16 @@ class Front:
                     "INVALID_ARGUMENT", "RECEIVE and RENEWLEASE are queries, not DML"
                 )
             self._refuse_update(database, statement.sql)
-        return self.forward(b.SPANNER + "ExecuteBatchDml", request, context)
+        response = self.forward(b.SPANNER + "ExecuteBatchDml", request, context)
+
+        self._note_sends(
+            database,
+            req.transaction,
+            self._queue_inserts(database, [x.sql for x in req.statements]),
+            response,
+            _begun_batch,
+        )
+        return response
 
     def execute_streaming_sql(self, request: bytes, context: Any) -> Iterator[bytes]:
         found = None
@@ -485,7 +578,14 @@ class Front:
         except grpc.RpcError as exc:
             status.abort_with(context, exc)
         if found is None:
-            yield from self.forward_stream(b.SPANNER + "ExecuteStreamingSql", request, context)
+            database = _database_of(req.session)
+            sends = self._queue_inserts(database, [req.sql])
+            for n, chunk in enumerate(
+                self.forward_stream(b.SPANNER + "ExecuteStreamingSql", request, context)
+            ):
+                if n == 0 and sends:
+                    self._note_sends(database, req.transaction, sends, chunk, _begun_partial)
+                yield chunk
             return
         call, queue = found
         yield from self.receiving.stream(req, _database_of(req.session), call, queue, context)
@@ -522,6 +622,24 @@ def _python(value: Any, type_: Any) -> Any:
     if kind == "number_value":
         return int(value.number_value) if value.number_value.is_integer() else value.number_value
     return None
+
+
+def _begun_result(answer: bytes) -> bytes:
+    return bytes(b.ResultSet.FromString(answer).metadata.transaction.id)
+
+
+def _begun_partial(answer: bytes) -> bytes:
+    return bytes(b.PartialResultSet.FromString(answer).metadata.transaction.id)
+
+
+def _begun_batch(answer: bytes) -> bytes:
+    sets = b.ExecuteBatchDmlResponse.FromString(answer).result_sets
+    return bytes(sets[0].metadata.transaction.id) if sets else b""
+
+
+def _sent(mutations: Iterable[Any]) -> set[str]:
+    """The queues of the ``Send`` mutations among ``mutations``."""
+    return {m.send.queue for m in mutations if m.WhichOneof("operation") == "send"}
 
 
 def _failed(response: Any, code: grpc.StatusCode, message: str) -> None:

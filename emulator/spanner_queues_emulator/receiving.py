@@ -14,9 +14,13 @@ the client cancels or the front shuts down.
   while messages may be due; ``refuse`` fails it with ``INVALID_ARGUMENT`` in words that do
   not say "duration" (``SHORT_REFUSAL``). Calls of ``SHORT_RECEIVE_SECONDS`` or more always
   look at least once.
-- An idle stream looks at its queue again on every commit through the front (``committed``),
-  at most every ``IDLE_POLL_SECONDS`` otherwise, and when the earliest scheduled message falls
-  due. Rows it leased are sent before it ends.
+- An idle stream looks at its queue again when a commit through the front sent to that queue
+  (``committed``: by ``INSERT``, ``Send`` or a batch given back), when the earliest scheduled
+  message (or lease) falls due, and at most every ``IDLE_POLL_SECONDS`` otherwise. A send
+  between a look and the wait after it is not missed (the wait compares counts of sends, not
+  wake-ups). Commits that send nothing (acks, other tables) wake no stream: each look is a
+  strong read, and Google's emulator makes every read it serves a little slower for good
+  (``benchmarks/emulator_aging.py``). Rows a stream leased are sent before it ends.
 - A batch is leased only as it is sent: one leased while the client cancelled (or the front
   stopped) is given back at once (``unclaim``), as if never leased. Rows handed to gRPC stay
   leased: what a client that stops reading without cancelling lets through its flow-control
@@ -36,7 +40,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime
 from typing import Any
 
@@ -55,8 +59,10 @@ from spanner_queues_emulator.semantics import (
 
 logger = logging.getLogger("spanner_queues_emulator")
 
-#: how long an idle RECEIVE sleeps at most between looks at its queue.
-IDLE_POLL_SECONDS = 0.5
+#: how long an idle RECEIVE sleeps at most between looks at its queue: the net for a write
+#: the front cannot tell a send (a queue written to around the front); a send through the
+#: front wakes the queue's streams at once.
+IDLE_POLL_SECONDS = 2.0
 #: a RECEIVE whose ``max_duration`` is shorter is *short* (see the module docstring).
 SHORT_RECEIVE_SECONDS = 1.0
 #: how the front answers a short RECEIVE (see the module docstring); the first is the default.
@@ -101,6 +107,10 @@ class Receiving:
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
+        #: sends seen per (database, QUEUE) and wake-ups of every stream (under ``_commits``):
+        #: a stream waits until its queue's count moves, not for the next notification
+        self._sends: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._everything = 0
         self._strong_reads: collections.OrderedDict[bytes, None] = collections.OrderedDict()
         self.stopping = threading.Event()
 
@@ -115,10 +125,27 @@ class Receiving:
             self._generation += 1
             self._commits.notify_all()
 
-    def committed(self) -> None:
-        """Wake idle streams: a commit through the front may have made a message due."""
+    def committed(self, database: str | None = None, queues: Iterable[str] | None = None) -> None:
+        """A commit through the front sent to ``queues`` of ``database`` (None: it may have
+        sent to any queue): wake their idle streams."""
         with self._commits:
+            if database is None or queues is None:
+                self._everything += 1
+            else:
+                for name in queues:
+                    self._sends[(database, name.upper())] += 1
             self._commits.notify_all()
+
+    def forget(self, database: str) -> None:
+        """``database`` was dropped: its counts go."""
+        with self._commits:
+            for key in [k for k in self._sends if k[0] == database]:
+                del self._sends[key]
+
+    def _mark(self, database: str, queue: s.QueueSchema) -> tuple[int, int]:
+        """What a stream's wait compares: the sends to its queue and the wake-ups of all
+        (call under ``_commits``)."""
+        return self._everything, self._sends[(database, queue.name.upper())]
 
     def remember_strong_read(self, transaction_id: bytes) -> None:
         """``transaction_id`` was begun read-only and strong: RECEIVE may run in it."""
@@ -146,7 +173,13 @@ class Receiving:
         batch, duration, short = self._receive_args(req, call, queue, context)
         deadline = time.monotonic() + duration
         done = threading.Event()
-        context.add_callback(done.set)
+
+        def cancelled() -> None:
+            done.set()
+            with self._commits:
+                self._commits.notify_all()
+
+        context.add_callback(cancelled)
         sent_metadata = False
         batches = 0
         # A call looks at its queue at least once, however short its duration; a short one
@@ -158,6 +191,8 @@ class Receiving:
             not looked or (time.monotonic() < deadline and generation == self._generation)
         ):
             looked = True
+            with self._commits:
+                mark = self._mark(database, queue)
             try:
                 earliest = q.has_due(self.backend, database, queue)
                 claimed = None
@@ -176,7 +211,7 @@ class Receiving:
                 # through: that batch stays leased, as the rows of a window a client let in)
                 yield partial.SerializeToString()
                 continue
-            self._idle(earliest, deadline, generation)
+            self._idle(earliest, deadline, generation, database, queue, mark, done)
         if not sent_metadata:
             fields, _ = q.project(receive_fields(self.backend, database, queue), [], call.columns)
             yield b.PartialResultSet(metadata=q.metadata(fields), last=True).SerializeToString()
@@ -217,21 +252,40 @@ class Receiving:
             partial.values.extend(row)
         return partial
 
-    def _idle(self, earliest: datetime | None, deadline: float, generation: int) -> None:
-        """Nothing claimed: wait for a commit, the next due message (``earliest``) or the
-        next poll, within the call's ``deadline``."""
+    def _idle(
+        self,
+        earliest: datetime | None,
+        deadline: float,
+        generation: int,
+        database: str,
+        queue: s.QueueSchema,
+        mark: tuple[int, int],
+        done: threading.Event,
+    ) -> None:
+        """Nothing claimed: wait for a send to the queue since ``mark`` (taken before the
+        look), the next due message (``earliest``) or the next poll, within the call's
+        ``deadline``; an ended call or generation ends the wait."""
         wait = min(IDLE_POLL_SECONDS, max(deadline - time.monotonic(), 0))
         if earliest is not None:
             wait = min(wait, max((earliest - q.now()).total_seconds(), 0.001))
         with self._commits:
-            if generation == self._generation:
-                self._commits.wait(wait)
+            self._commits.wait_for(
+                lambda: (
+                    generation != self._generation
+                    or done.is_set()
+                    or self.stopping.is_set()
+                    or self._mark(database, queue) != mark
+                ),
+                wait,
+            )
 
     def _unclaim(self, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
         try:
             unclaim(self.backend, database, queue, claimed)
         except Exception:  # (they come back after their lease)
             logger.warning("giving back an unsent batch of %s failed", queue.name, exc_info=True)
+        else:
+            self.committed(database, [queue.name])  # due again: other streams may take them
 
     def _check_mode(self, selector: Any, queue: s.QueueSchema) -> None:
         kind = selector.WhichOneof("selector")

@@ -123,6 +123,16 @@ def queue_write(sql: str) -> tuple[str, str] | None:
     return None
 
 
+def inserted_table(sql: str) -> str | None:
+    """The table an ``INSERT`` statement (not ``INSERT OR ...``) writes, None for any other
+    statement."""
+    text = code_only(sql)
+    if _UPSERT.match(text):
+        return None
+    m = _INSERT.match(text)
+    return unquote(m.group("name")) if m else None
+
+
 def dml_table(sql: str) -> str | None:
     """The table an ``INSERT`` or ``DELETE`` statement writes, None for any other statement."""
     text = code_only(sql)
