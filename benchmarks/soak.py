@@ -268,14 +268,19 @@ class Soak:
                     pass
 
     # --- measures -------------------------------------------------------------------------
+    def spanner_database(self) -> Any:
+        """The google-cloud-spanner ``Database`` behind the harness's own connection (it
+        connects when it must)."""
+        from django.db import connection
+
+        connection.ensure_connection()
+        return connection.connection.database
+
     def sessions(self) -> int | None:
         if self.engine != "native":
             return None
         try:
-            from django.db import connection
-
-            connection.ensure_connection()
-            database = connection.connection.database
+            database = self.spanner_database()
             return sum(1 for _ in database.spanner_api.list_sessions(database=database.name))
         except Exception:
             return None
@@ -290,10 +295,7 @@ class Soak:
         if self.engine != "native":
             return None
         try:
-            from django.db import connection
-
-            connection.ensure_connection()
-            database = connection.connection.database
+            database = self.spanner_database()
             took = []
             for _ in range(3):
                 began = time.perf_counter()
