@@ -15,7 +15,8 @@
   at once, on the process's one readiness thread, whose connections are kept: a connection
   opened and closed per probe leaves, on Spanner, a client's session-maintenance thread
   behind each time). While a database does not answer (an outage: the check waits on the
-  client's bounded retries) the worker is not ready.
+  client's bounded retries) the worker is not ready; nor while a check added with
+  ``add_readiness_check`` reports a problem (an inbox that cannot pull).
 
 Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server,
 ``ProbeServer`` (one daemon thread and a selector over every connection, so slow or idle
@@ -97,6 +98,13 @@ class WorkerHealth:
         self._db_problems: list[str] = []
         #: the check on its way (one at a time, whatever the probes' rate)
         self._db_check: Future[list[str]] | None = None
+        #: more readiness checks (the services beside the worker: an inbox's puller)
+        self._checks: list[Callable[[], list[str]]] = []
+
+    def add_readiness_check(self, check: Callable[[], list[str]]) -> None:
+        """``check()`` says why something beside the worker does not work (empty when it
+        does): ``/readyz`` answers 503 with its reasons too. It must answer at once."""
+        self._checks.append(check)
 
     def attach(self, worker: Worker) -> None:
         """The worker whose slots (held leases, stuck receivers, stopping) and plans (queues'
@@ -181,7 +189,10 @@ class WorkerHealth:
             return ["stopping: receiving has ended, in-flight messages are finishing"]
         if slots is None or not started:
             return ["starting: the worker is not receiving yet"]
-        return self.liveness() + self._databases()
+        problems = self.liveness() + self._databases()
+        for check in list(self._checks):
+            problems += check()
+        return problems
 
     def _databases(self) -> list[str]:
         with self._db_lock:

@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -36,7 +37,7 @@ from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyExists, PayloadError
 from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
-from spanner_queues.signals import inbox_duplicates_dropped
+from spanner_queues.signals import inbox_duplicates_dropped, inbox_pull_failed, inbox_pulled
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -52,6 +53,8 @@ PRUNE_EVERY_SECONDS = 3600.0
 PRUNE_BATCH = 1000
 #: a failing pull is tried again after at most this many seconds (doubling from 0.1)
 PULL_BACKOFF_MAX = 10.0
+#: seconds between two log lines while pulls keep failing (the first failure is logged at once)
+FAILING_LOG_EVERY = 60.0
 
 
 class InboxPuller:
@@ -78,6 +81,13 @@ class InboxPuller:
         #: counters since start (read by tests and benchmarks)
         self.taken_in = 0
         self.duplicates = 0
+        self.pulls = 0
+        self.pull_failures = 0
+        self._state_lock = threading.Lock()
+        #: the failure episode under way (None while pulls succeed)
+        self._episode: _Episode | None = None
+        #: why the thread ended, when it ended other than by ``stop()``
+        self._ended: str | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -91,35 +101,103 @@ class InboxPuller:
             self._thread.join(timeout if timeout is not None else self.params.pull_wait + 30)
 
     def run(self) -> None:
-        subscriber = SubscriberClient()
+        """Pull until stopped. Every failure (the client that cannot be made, without
+        credentials; a pull Pub/Sub refuses, the subscription deleted; the database) is tried
+        again after a back-off, and is an episode until a pull succeeds: ``problems()`` says
+        why (``/readyz`` then answers 503), it is logged once as it starts, every
+        ``FAILING_LOG_EVERY`` seconds while it lasts and once when it ends."""
+        subscriber: Any = None
         failures = 0
         try:
             while not self._stop.is_set():
                 try:
+                    if subscriber is None:
+                        subscriber = SubscriberClient()
                     got = self.pull_once(subscriber)
                 except Exception as exc:
                     failures += 1
+                    self._failed(exc)
                     wait = min(0.1 * 2**failures, PULL_BACKOFF_MAX) * random.uniform(0.75, 1)
-                    if failures == 1:  # once per failure episode
-                        logger.warning(
-                            "inbox %s: pulling %s failed (%s: %s); retrying with back-off",
-                            self.label,
-                            self.subscription,
-                            type(exc).__name__,
-                            exc,
-                            extra={"action": "pull_failed", "queue": self.label},
-                        )
                     self._stop.wait(wait)
                     continue
-                if failures:
-                    logger.warning("inbox %s: pulling again", self.label)
-                    failures = 0
+                failures = 0
+                self._pulled()
                 if not got:
                     self._stop.wait(0.05)
                 self.prune_if_due()
+        except BaseException as exc:  # the thread ends: problems() says so
+            self._ended = f"{type(exc).__name__}: {exc}"
+            logger.exception("inbox %s: the puller has ended", self.label)
+            raise
         finally:
-            subscriber.close()
+            if subscriber is not None:
+                subscriber.close()
             connections.close_all()  # this thread's connections
+
+    def problems(self) -> list[str]:
+        """Why this inbox does not take its events in now (empty while its pulls succeed): a
+        readiness check ``runqueueworker`` adds to ``/readyz``."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stop.is_set():
+            return [f"inbox {self.label}: its puller has ended ({self._ended or 'unknown'})"]
+        with self._state_lock:
+            episode = self._episode
+        if episode is None:
+            return []
+        return [
+            f"inbox {self.label}: cannot pull {self.subscription} for "
+            f"{time.monotonic() - episode.since:.0f} s ({episode.failures} failed pull(s), "
+            f"retrying with back-off): {episode.error}"
+        ]
+
+    def _failed(self, exc: Exception) -> None:
+        """A failed pull: counted, signalled, and logged as its episode goes (see ``run``)."""
+        error = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        with self._state_lock:
+            self.pull_failures += 1
+            episode = self._episode
+            if episode is None:
+                episode = self._episode = _Episode(since=now, error=error)
+            episode.failures += 1
+            episode.error = error
+            remind = episode.failures == 1 or now - episode.logged_at >= FAILING_LOG_EVERY
+            if remind:
+                episode.logged_at = now
+        inbox_pull_failed.send_robust(self.model, error=exc)
+        if episode.failures == 1:
+            logger.warning(
+                "inbox %s: pulling %s failed (%s); retrying with back-off, /readyz says so "
+                "until a pull succeeds",
+                self.label,
+                self.subscription,
+                error,
+                exc_info=exc,
+                extra={"action": "pull_failed", "queue": self.label},
+            )
+        elif remind:
+            logger.warning(
+                "inbox %s: still cannot pull %s: %d failed pull(s) in %.0f s (%s)",
+                self.label,
+                self.subscription,
+                episode.failures,
+                now - episode.since,
+                error,
+                extra={"action": "pull_failing", "queue": self.label},
+            )
+
+    def _pulled(self) -> None:
+        """A pull succeeded: the failure episode, if any, ends."""
+        with self._state_lock:
+            episode, self._episode = self._episode, None
+        if episode is not None:
+            logger.warning(
+                "inbox %s: pulling again after %d failed pull(s) in %.0f s",
+                self.label,
+                episode.failures,
+                time.monotonic() - episode.since,
+                extra={"action": "pull_recovered", "queue": self.label},
+            )
 
     def pull_once(self, subscriber: Any) -> int:
         """One pull, taken in and acked; returns how many Pub/Sub messages came."""
@@ -131,8 +209,11 @@ class InboxPuller:
                 retry=None,
             )
         except google_exceptions.DeadlineExceeded:
-            return 0  # nothing came within the wait
-        received = list(response.received_messages)
+            response = None  # nothing came within the wait
+        received = list(response.received_messages) if response is not None else []
+        with self._state_lock:
+            self.pulls += 1
+        inbox_pulled.send_robust(self.model, count=len(received))
         if not received:
             return 0
         ack_ids = self.take_in(received)
@@ -251,6 +332,16 @@ class InboxPuller:
             prune(self.label, self.params.dedup_window_days, using=self.database)
         except Exception:
             logger.exception("inbox %s: pruning seen event ids failed", self.label)
+
+
+@dataclass(slots=True)
+class _Episode:
+    """Pulls failing in a row: since when (monotonic), how many, the last error."""
+
+    since: float
+    error: str
+    failures: int = 0
+    logged_at: float = 0.0
 
 
 class _Again(Exception):
