@@ -68,7 +68,7 @@ class InboxPuller:
         self.subscription = resource_path(
             "subscriptions", str(queue_options(model).pubsub_subscription), self.params
         )
-        engine = engine_for(model)
+        engine = self.engine = engine_for(model)
         self.database = engine.database
         self.retries = engine.params.transaction_retries
         self.key_field = key_fields(model)[0]
@@ -247,10 +247,12 @@ class InboxPuller:
 
     def _accept(self, received: Sequence[Any]) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
         """The events of ``received`` by event id (the first data of each), and the (ack id,
-        event id) of every message whose event id the inbox can hold; the others are logged
-        and left unacked."""
+        event id) of every message the inbox can hold (its event id, its data: validated here,
+        before the pull's transaction, so a refused event never makes it run again); the
+        others are logged and left unacked."""
         events: dict[str, bytes] = {}
         accepted: list[tuple[str, str]] = []  # (ack id, event id)
+        refused: set[str] = set()
         for r in received:
             message = r.message
             eid = message.attributes.get(EVENT_ID_ATTRIBUTE) or message.message_id
@@ -265,9 +267,34 @@ class InboxPuller:
                     extra={"action": "pull_refused", "queue": self.label},
                 )
                 continue
-            events.setdefault(eid, bytes(message.data))
+            if eid in refused:
+                continue
+            if eid not in events:
+                data = bytes(message.data)
+                if not self._holds(eid, data):
+                    refused.add(eid)
+                    continue
+                events[eid] = data
             accepted.append((r.ack_id, eid))
         return events, accepted
+
+    def _holds(self, eid: str, data: bytes) -> bool:
+        """Whether the queue can hold event ``eid`` with ``data`` (``api.build_message``: what
+        a send checks before it writes anything); logged when it cannot."""
+        try:
+            api.build_message(
+                self.model, {self.key_field.name: eid, "payload": data}, engine=self.engine
+            )
+        except PayloadError as exc:
+            logger.error(
+                "inbox %s: event %s cannot be held by the queue (%s); not acked",
+                self.label,
+                eid,
+                exc,
+                extra={"action": "pull_refused", "queue": self.label},
+            )
+            return False
+        return True
 
     def _write(self, events: dict[str, bytes], refused: set[str], queued: set[str]) -> int:
         """The transaction of a pull: send each event not yet seen (nor ``refused`` or
@@ -294,8 +321,9 @@ class InboxPuller:
 
     def _send(self, eid: str, data: bytes, refused: set[str], queued: set[str]) -> None:
         """Send one event to the queue under its event id; raises ``_Again`` after adding it to
-        ``queued`` (still queued: its seen row pruned early) or ``refused`` (the queue cannot
-        hold it: logged, not acked)."""
+        ``queued`` (still queued: its seen row pruned early, which is rare) or ``refused`` (the
+        queue cannot hold it: logged, not acked; ``_accept`` refuses such events before the
+        transaction)."""
         try:
             api.send(
                 self.model,
