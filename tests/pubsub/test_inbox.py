@@ -165,3 +165,19 @@ def test_refused_events_cost_no_rerun_of_the_pulls_transaction() -> None:
     assert BillingInbox.objects.filter(event_id__startswith="h").count() == 50
     assert not SeenEvent.objects.filter(event_id__startswith="b").exists()
     assert len(with_refused) <= len(good_only) + 5, (len(with_refused), len(good_only))
+
+
+def test_a_message_over_4_mib_does_not_stall_the_inbox_on_the_emulator(pubsub) -> None:
+    # before: gRPC's 4 MiB limit on the emulator's channel failed every pull of the
+    # subscription (ResourceExhausted), so no event behind the large one was taken in
+    publish(pubsub, b'{"pad": "' + b"x" * (5 * 1024 * 1024) + b'"}', event_id="large")
+    publish(pubsub, b'{"pk": 5}', event_id="small")
+    inbox = InboxPuller(BillingInbox)
+    inbox.start()
+    try:
+        wait_until(lambda: inbox.taken_in == 1, 60)
+    finally:
+        inbox.stop()
+    assert inbox.pull_failures == 0
+    # the large one reached the puller, which refused it as any data the queue cannot hold
+    assert list(BillingInbox.objects.values_list("event_id", flat=True)) == ["small"]

@@ -17,6 +17,7 @@ an hour per puller, in bounded deletes), and on Spanner also expired by a row de
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
@@ -25,9 +26,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from django.db import IntegrityError, connections
 from google.api_core import exceptions as google_exceptions
 from google.cloud.pubsub_v1 import SubscriberClient
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
@@ -55,6 +58,26 @@ PRUNE_BATCH = 1000
 PULL_BACKOFF_MAX = 10.0
 #: seconds between two log lines while pulls keep failing (the first failure is logged at once)
 FAILING_LOG_EVERY = 60.0
+
+
+#: gRPC channel options of a subscriber on the emulator: no limit on a received message (gRPC's
+#: default is 4 MiB; Pub/Sub's messages reach 10 MB), as Google's client sets for Pub/Sub itself
+EMULATOR_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+
+
+def subscriber_client() -> SubscriberClient:
+    """A ``SubscriberClient``; on the emulator (``PUBSUB_EMULATOR_HOST``) over a channel without
+    gRPC's 4 MiB limit on a received message (Google's client opens the emulator's channel
+    without the options it gives its channel to Pub/Sub: one message over 4 MiB failed every
+    pull of its subscription)."""
+    host = os.environ.get("PUBSUB_EMULATOR_HOST")
+    if not host:
+        return SubscriberClient()
+    channel = grpc.insecure_channel(host, options=EMULATOR_CHANNEL_OPTIONS)
+    return SubscriberClient(transport=SubscriberGrpcTransport(channel=channel, host=host))
 
 
 class InboxPuller:
@@ -112,7 +135,7 @@ class InboxPuller:
             while not self._stop.is_set():
                 try:
                     if subscriber is None:
-                        subscriber = SubscriberClient()
+                        subscriber = subscriber_client()
                     got = self.pull_once(subscriber)
                 except Exception as exc:
                     failures += 1
