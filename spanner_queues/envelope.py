@@ -47,6 +47,11 @@ ENVELOPES = (CLOUDEVENTS,)
 SETTABLE = frozenset({"type", "subject"})
 #: the distributed-tracing extension's attributes, filled from the tracing app's carrier
 TRACE_ATTRIBUTES = ("traceparent", "tracestate")
+#: characters of ``tracestate`` an envelope stores at most (W3C Trace Context: at least 512 are
+#: to be propagated): trace context never eats much of a message's payload budget
+TRACESTATE_BUDGET = 512
+#: a ``tracestate`` entry longer than this goes first when it must be cut (W3C's rule)
+_LONG_TRACESTATE_ENTRY = 128
 
 #: queue label -> envelope of every declared envelope queue (filled as queue classes are made)
 _queues: dict[str, str] = {}
@@ -78,6 +83,19 @@ def envelope_of(label: str) -> str | None:
 def default_source(label: str) -> str:
     source = getattr(settings, "SPANNER_QUEUES_EVENT_SOURCE", None)
     return str(source) if source else f"/spanner_queues/{label}"
+
+
+def bounded_tracestate(value: str, budget: int = TRACESTATE_BUDGET) -> str:
+    """``value`` cut to ``budget`` characters as W3C Trace Context says a ``tracestate`` is
+    truncated: entries longer than 128 characters are dropped first, then entries from the end
+    (the right), whole entries only; "" when none is left."""
+    if len(value) <= budget:
+        return value
+    entries = [e.strip() for e in value.split(",") if e.strip()]
+    entries = [e for e in entries if len(e) <= _LONG_TRACESTATE_ENTRY]
+    while entries and len(",".join(entries)) > budget:
+        entries.pop()
+    return ",".join(entries)
 
 
 def wrap(
@@ -112,8 +130,11 @@ def wrap(
                 attributes[name] = str(value)
     if carrier:
         for name in TRACE_ATTRIBUTES:
-            if carrier.get(name):
-                attributes[name] = carrier[name]
+            value = carrier.get(name)
+            if name == "tracestate" and value:
+                value = bounded_tracestate(value)
+            if value:
+                attributes[name] = value
     if isinstance(payload, (bytes, bytearray, memoryview)) and payload_type == BYTES:
         attributes["datacontenttype"] = "application/octet-stream"
         attributes["data_base64"] = base64.b64encode(bytes(payload)).decode("ascii")

@@ -17,7 +17,7 @@ counts them) and your own code. Connect a receiver as to any Django signal::
   discard): every committed ack once, whoever made it (a receiver's own ack is not made again
   by the worker). The one channel acks are counted on: the worker's events count none.
 
-The app ``spanner_queues.contrib.pubsub`` sends three more (the metrics app counts them), from
+The app ``spanner_queues.contrib.pubsub`` sends five more (the metrics app counts them), from
 the thread that did the work, once it is done (not on a commit):
 
 - ``messages_published``: ``sender`` is the relayed queue model, ``messages`` the messages
@@ -28,6 +28,11 @@ the thread that did the work, once it is done (not on a commit):
   failing Pub/Sub, they come back after the back-off).
 - ``inbox_duplicates_dropped``: ``sender`` is the inbox queue model, ``count`` the pulled
   Pub/Sub messages dropped because their event was taken in before (within the window).
+- ``inbox_pulled``: ``sender`` is the inbox queue model, ``count`` the Pub/Sub messages one
+  pull returned (0 when none came within the wait).
+- ``inbox_pull_failed``: ``sender`` is the inbox queue model, ``error`` the exception of a
+  failed pull (no credentials, the subscription missing, Pub/Sub or the database failing);
+  the puller tries again after a back-off.
 
 Guarantees of the verbs' two: sent on commit, in the thread that committed
 (``transaction.on_commit`` on ``using``), never for a transaction that rolls back, once for a
@@ -49,6 +54,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "inbox_duplicates_dropped",
+    "inbox_pull_failed",
+    "inbox_pulled",
     "messages_acked",
     "messages_published",
     "messages_sent",
@@ -60,6 +67,8 @@ messages_acked = Signal(use_caching=True)
 messages_published = Signal(use_caching=True)
 publish_failed = Signal(use_caching=True)
 inbox_duplicates_dropped = Signal(use_caching=True)
+inbox_pulled = Signal(use_caching=True)
+inbox_pull_failed = Signal(use_caching=True)
 
 
 def send_on_commit(signal: Signal, model: type[Queue], messages: Sequence[Any], using: str) -> None:

@@ -73,8 +73,8 @@ PUBLIC: dict[str, set[str]] = {
         "PubSubEmulator", "PubSubEmulatorNotFound", "find_pubsub_emulator",
     },
     "spanner_queues.signals": {
-        "inbox_duplicates_dropped", "messages_acked", "messages_published", "messages_sent",
-        "publish_failed",
+        "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
+        "messages_published", "messages_sent", "publish_failed",
     },
     "spanner_queues.contrib.tasks": {"QueueBackend", "TaskMessage", "TaskResultRecord"},
     "spanner_queues.contrib.pubsub": {"PublishFailed", "SeenEvent", "event_id"},

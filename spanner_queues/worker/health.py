@@ -15,25 +15,31 @@
   at once, on the process's one readiness thread, whose connections are kept: a connection
   opened and closed per probe leaves, on Spanner, a client's session-maintenance thread
   behind each time). While a database does not answer (an outage: the check waits on the
-  client's bounded retries) the worker is not ready.
+  client's bounded retries) the worker is not ready; nor while a check added with
+  ``add_readiness_check`` reports a problem (an inbox that cannot pull).
 
-Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server
-(a daemon thread; one thread per connection, at most ``MAX_CONNECTIONS``, each closed after
-``READ_TIMEOUT_SECONDS`` without a request) and can hand ``/metrics`` to another WSGI app (the
-Prometheus exposition: one port for metrics and probes); every other path is 404.
+Answers are ``text/plain``: ``ok`` or the reasons, one a line. ``serve`` runs the HTTP server,
+``ProbeServer`` (one daemon thread and a selector over every connection, so slow or idle
+connections cost a socket, not a thread: each has ``READ_TIMEOUT_SECONDS`` from its accept to
+send its whole request, and past ``MAX_CONNECTIONS`` a new one closes the oldest), and can hand
+``/metrics`` to another WSGI app (the Prometheus exposition: one port for metrics and probes);
+every other path is 404.
 """
 
 from __future__ import annotations
 
+import io
 import logging
-import socketserver
+import selectors
+import socket
 import threading
 import time
+import urllib.parse
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import TYPE_CHECKING, Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from django.db import connections
 
@@ -47,7 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spanner_queues.worker")
 
-__all__ = ["DEFAULT_STALL_SECONDS", "WorkerHealth", "serve"]
+__all__ = ["DEFAULT_STALL_SECONDS", "ProbeServer", "WorkerHealth", "serve"]
 
 #: seconds without a turn of a loop (while nothing runs) after which the worker is not live
 DEFAULT_STALL_SECONDS = 60.0
@@ -92,6 +98,13 @@ class WorkerHealth:
         self._db_problems: list[str] = []
         #: the check on its way (one at a time, whatever the probes' rate)
         self._db_check: Future[list[str]] | None = None
+        #: more readiness checks (the services beside the worker: an inbox's puller)
+        self._checks: list[Callable[[], list[str]]] = []
+
+    def add_readiness_check(self, check: Callable[[], list[str]]) -> None:
+        """``check()`` says why something beside the worker does not work (empty when it
+        does): ``/readyz`` answers 503 with its reasons too. It must answer at once."""
+        self._checks.append(check)
 
     def attach(self, worker: Worker) -> None:
         """The worker whose slots (held leases, stuck receivers, stopping) and plans (queues'
@@ -176,7 +189,10 @@ class WorkerHealth:
             return ["stopping: receiving has ended, in-flight messages are finishing"]
         if slots is None or not started:
             return ["starting: the worker is not receiving yet"]
-        return self.liveness() + self._databases()
+        problems = self.liveness() + self._databases()
+        for check in list(self._checks):
+            problems += check()
+        return problems
 
     def _databases(self) -> list[str]:
         with self._db_lock:
@@ -252,40 +268,246 @@ def _check_databases(aliases: list[str]) -> list[str]:
     return problems
 
 
-#: seconds a connection may take to send its request (an idle one is closed after)
+#: seconds a connection has to send its whole request, from its accept (then it is closed)
 READ_TIMEOUT_SECONDS = 10.0
-#: connections served at once (one thread each); a connection beyond them is closed at once
-MAX_CONNECTIONS = 16
+#: connections held at once while they send their requests; a new one beyond them closes the
+#: oldest (the one that has taken longest), never the newest: a probe sends its request at once
+MAX_CONNECTIONS = 128
+#: bytes of a request's line and headers (a probe's are a few hundred); more closes it
+MAX_REQUEST_BYTES = 8192
+#: threads answering complete requests (a /readyz may wait on the databases' check)
+HANDLER_THREADS = 4
+#: connections accepted in one turn of the loop before it reads the ones it holds
+_ACCEPTS_PER_TURN = 64
 
 
-class _Server(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128  # the listen backlog: connections wait there, not in threads
-    slots: threading.BoundedSemaphore
+class _Connection:
+    __slots__ = ("buffer", "deadline", "sock")
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        if not self.slots.acquire(blocking=False):  # at the cap: no thread, no wait
-            self.shutdown_request(request)
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock, self.deadline, self.buffer = sock, deadline, b""
+
+
+class ProbeServer:
+    """The probes' HTTP server: one thread and a selector reading every connection, so slow or
+    idle connections cost a socket each, never a thread. A connection has ``read_timeout``
+    seconds from its accept to send its request line and headers (a deadline for the whole
+    request, not for each read); past ``max_connections`` held, the oldest is closed. Complete
+    requests go to ``HANDLER_THREADS`` threads, which call the WSGI app and answer with
+    ``Connection: close`` (one request per connection, as probes and scrapes make them)."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        app: WSGIApp,
+        *,
+        read_timeout: float,
+        max_connections: int,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._listener, self._app = listener, app
+        self.read_timeout, self.max_connections = read_timeout, max_connections
+        self._monotonic = monotonic
+        self.server_address = listener.getsockname()
+        self.server_port: int = self.server_address[1]
+        listener.setblocking(False)
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(listener, selectors.EVENT_READ, None)
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, "wake")
+        #: the connections still sending their requests, oldest first
+        self._held: OrderedDict[socket.socket, _Connection] = OrderedDict()
+        self._handlers = ThreadPoolExecutor(HANDLER_THREADS, thread_name_prefix="sq-health")
+        #: requests handed to the handlers and not answered yet (at most ``max_connections``)
+        self._answering = threading.BoundedSemaphore(max_connections)
+        self._stop = threading.Event()
+        self._stopped = threading.Event()
+        #: connections closed before they sent a request (deadline, cap, size)
+        self.dropped = 0
+
+    # --- the loop ---------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        try:
+            while not self._stop.is_set():
+                timeout = 1.0
+                if self._held:
+                    first = next(iter(self._held.values()))
+                    timeout = min(timeout, max(0.0, first.deadline - self._monotonic()))
+                for key, _mask in self._selector.select(timeout):
+                    if key.data is None:
+                        self._accept()
+                    elif key.data == "wake":
+                        self._drain_wake()
+                    else:
+                        self._read(key.data)
+                self._expire()
+        finally:
+            for conn in list(self._held.values()):
+                self._close(conn)
+            self._stopped.set()
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPTS_PER_TURN):
+            try:
+                sock, _addr = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:  # the peer went before the accept, or out of descriptors
+                logger.debug("probe server: accept failed", exc_info=True)
+                return
+            sock.setblocking(False)
+            while len(self._held) >= self.max_connections:
+                self._close(next(iter(self._held.values())))  # the oldest, not the newest
+            conn = _Connection(sock, self._monotonic() + self.read_timeout)
+            self._held[sock] = conn
+            self._selector.register(sock, selectors.EVENT_READ, conn)
+
+    def _read(self, conn: _Connection) -> None:
+        try:
+            data = conn.sock.recv(4096)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close(conn)
+            return
+        conn.buffer += data
+        end = conn.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            if len(conn.buffer) > MAX_REQUEST_BYTES:
+                self._close(conn)
+            return
+        self._selector.unregister(conn.sock)
+        del self._held[conn.sock]
+        if not self._answering.acquire(blocking=False):  # a flood of complete requests
+            self.dropped += 1
+            conn.sock.close()
             return
         try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self.slots.release()
-            raise
+            self._handlers.submit(self._answer, conn.sock, conn.buffer[:end])
+        except RuntimeError:  # shutting down
+            self._answering.release()
+            conn.sock.close()
 
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
+    def _expire(self) -> None:
+        now = self._monotonic()
+        while self._held:
+            oldest = next(iter(self._held.values()))
+            if oldest.deadline > now:
+                return
+            self._close(oldest)
+
+    def _close(self, conn: _Connection) -> None:
+        self.dropped += 1
+        self._held.pop(conn.sock, None)
         try:
-            super().process_request_thread(request, client_address)
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_r.recv(64):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
+    # --- one request ------------------------------------------------------------------------
+    def _answer(self, sock: socket.socket, head: bytes) -> None:
+        try:
+            sock.setblocking(True)
+            sock.settimeout(self.read_timeout)  # a peer that reads no answer is dropped
+            sock.sendall(self._response(head))
+        except OSError:
+            pass
+        except Exception:
+            logger.exception("probe server: answering a request failed")
         finally:
-            self.slots.release()
+            self._answering.release()
+            try:
+                sock.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
+            sock.close()
+
+    def _response(self, head: bytes) -> bytes:
+        lines = head.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            return _plain("400 Bad Request", b"bad request\n")
+        method, target, protocol = parts
+        path, _, query = target.partition("?")
+        environ: dict[str, Any] = {
+            "REQUEST_METHOD": method,
+            "SCRIPT_NAME": "",
+            "PATH_INFO": urllib.parse.unquote(path, "latin-1"),
+            "QUERY_STRING": query,
+            "SERVER_NAME": str(self.server_address[0]),
+            "SERVER_PORT": str(self.server_port),
+            "SERVER_PROTOCOL": protocol,
+            "wsgi.version": (1, 0),
+            "wsgi.url_scheme": "http",
+            "wsgi.input": io.BytesIO(b""),
+            "wsgi.errors": io.StringIO(),
+            "wsgi.multithread": True,
+            "wsgi.multiprocess": False,
+            "wsgi.run_once": False,
+        }
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if sep:
+                key = name.strip().upper().replace("-", "_")
+                if key not in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+                    key = "HTTP_" + key
+                environ[key] = value.strip()
+        answer: list[Any] = []
+
+        def start_response(
+            status: str, headers: list[tuple[str, str]], exc_info: Any = None
+        ) -> Any:
+            answer[:] = [status, headers]
+            return lambda _data: None
+
+        chunks = self._app(environ, start_response)
+        try:
+            body = b"".join(chunks)
+        finally:
+            close = getattr(chunks, "close", None)
+            if close is not None:
+                close()
+        status, headers = answer
+        out = [f"HTTP/1.1 {status}"]
+        out += [
+            f"{k}: {v}" for k, v in headers if k.lower() not in ("connection", "content-length")
+        ]
+        out += [f"Content-Length: {len(body)}", "Connection: close", "", ""]
+        return "\r\n".join(out).encode("latin-1") + (b"" if method == "HEAD" else body)
+
+    # --- stopping ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the loop and wait for it (like ``socketserver``'s)."""
+        self._stop.set()
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._stopped.wait()
+
+    def server_close(self) -> None:
+        self._handlers.shutdown(wait=False)
+        self._selector.close()
+        for sock in (self._listener, self._wake_r, self._wake_w):
+            sock.close()
 
 
-class _QuietHandler(WSGIRequestHandler):
-    timeout = READ_TIMEOUT_SECONDS  # the socket's timeout: an idle connection ends after it
-
-    def log_message(self, format: str, *args: Any) -> None:  # probes every few seconds
-        pass
+def _plain(status: str, body: bytes) -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
 
 
 def serve(
@@ -296,18 +518,16 @@ def serve(
     *,
     read_timeout: float = READ_TIMEOUT_SECONDS,
     max_connections: int = MAX_CONNECTIONS,
-) -> tuple[WSGIServer, int]:
+) -> tuple[ProbeServer, int]:
     """Serve ``health``'s probes (and ``fallback`` on ``/metrics``) at ``addr:port`` from a
-    daemon thread; port 0 picks a free one. At most ``max_connections`` are served at once
-    (one thread each; a connection beyond them is closed unanswered), and a connection that
-    sends no complete request within ``read_timeout`` seconds is closed. Returns the server
+    daemon thread (a ``ProbeServer``); port 0 picks a free one. A connection has
+    ``read_timeout`` seconds from its accept to send its request; at most ``max_connections``
+    are held while they send it, a new one beyond them closing the oldest. Returns the server
     and its port; ``OSError`` when the port is taken."""
-    handler = type("_Handler", (_QuietHandler,), {"timeout": read_timeout})
-    server = make_server(
-        addr, port, health.wsgi(fallback), server_class=_Server, handler_class=handler
+    listener = socket.create_server((addr, port), backlog=128, reuse_port=False)
+    server = ProbeServer(
+        listener, health.wsgi(fallback), read_timeout=read_timeout, max_connections=max_connections
     )
-    assert isinstance(server, _Server)
-    server.slots = threading.BoundedSemaphore(max_connections)
     thread = threading.Thread(target=server.serve_forever, name="sq-health", daemon=True)
     thread.start()
     return server, server.server_port

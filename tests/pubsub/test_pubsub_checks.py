@@ -74,19 +74,19 @@ def declared(monkeypatch: Any, model: Any, **options: Any) -> None:
         (OrderEvents, {"pubsub_topic": "orders"}, "needs a dead_letter_queue"),
         (
             OrderEvents,
-            {"pubsub_topic": "t", "pubsub_subscription": "s", "dead_letter_queue": "x"},
+            {"pubsub_topic": "top", "pubsub_subscription": "sub", "dead_letter_queue": "x"},
             "either relayed",
         ),
         (
             OrderEvents,
-            {"pubsub_topic": "t", "dead_letter_queue": "x", "pubsub_ordering_key": ("nope",)},
+            {"pubsub_topic": "top", "dead_letter_queue": "x", "pubsub_ordering_key": ("nope",)},
             "pubsub_ordering_key must be",
         ),
-        (OrderEvents, {"pubsub_subscription": "s"}, "exactly one key field"),
+        (OrderEvents, {"pubsub_subscription": "sub"}, "exactly one key field"),
         (BillingInbox, {"pubsub_ordering_key": ()}, "needs pubsub_topic"),
         (
             BillingInbox,
-            {"pubsub_subscription": "s", "envelope": "cloudevents"},
+            {"pubsub_subscription": "sub", "envelope": "cloudevents"},
             "would wrap it a second time",
         ),
     ],
@@ -96,6 +96,31 @@ def test_a_queue_the_app_cannot_run_is_e302(monkeypatch, model, options, says) -
     errors = [e for e in check_queues() if e.obj is model]
     assert errors and all(e.id == "spanner_queues.E302" for e in errors)
     assert any(says in e.msg for e in errors), [e.msg for e in errors]
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"pubsub_topic": "orders!"}, "3 to 255 characters"),
+        ({"pubsub_topic": "1orders"}, "starts with a letter"),
+        ({"pubsub_topic": "ab"}, "3 to 255 characters"),
+        ({"pubsub_topic": "google-orders"}, "may not start with 'goog'"),
+        ({"pubsub_topic": "projects/p/subscriptions/orders"}, "projects/<project>/topics/<id>"),
+        ({"pubsub_topic": "projects/p/topics/or ders"}, "3 to 255 characters"),
+    ],
+)
+def test_a_topic_id_pubsub_would_refuse_is_e302(monkeypatch, options, says) -> None:
+    # before: "orders!" passed `check`, and Pub/Sub refused every publish (INVALID_ARGUMENT)
+    declared(monkeypatch, OrderEvents, dead_letter_queue="x", **options)
+    errors = [e for e in check_queues() if e.obj is OrderEvents]
+    assert [e.id for e in errors] == ["spanner_queues.E302"], [e.msg for e in errors]
+    assert says in errors[0].msg and "resource_names" in errors[0].hint
+
+
+def test_a_malformed_subscription_id_is_e302(monkeypatch) -> None:
+    declared(monkeypatch, BillingInbox, pubsub_subscription="billing sub")
+    errors = [e for e in check_queues() if e.obj is BillingInbox]
+    assert any("QueueMeta.pubsub_subscription 'billing sub'" in e.msg for e in errors)
 
 
 def test_the_test_apps_declarations_pass() -> None:

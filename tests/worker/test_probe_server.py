@@ -1,6 +1,7 @@
 """The probe and metrics HTTP server of a worker (``worker.health.serve``): only ``/metrics``,
-``/livez`` and ``/readyz`` answer, every other path is 404; an idle connection is closed after
-the read timeout and the connections served at once are capped (one thread each)."""
+``/livez`` and ``/readyz`` answer, every other path is 404; a connection is closed when its whole
+request has not come within the read timeout, the connections held are capped (the oldest
+closed first), and probes answer while hundreds of slow connections trickle their requests."""
 
 from __future__ import annotations
 
@@ -95,3 +96,72 @@ def test_idle_connections_are_capped_and_probes_answer_once_they_time_out(server
         for s in idle:
             s.close()
     assert _get(server, "/livez") == 200
+
+
+def _answers(port: int, path: str) -> int | str:
+    """The probe's status, or why it got none (the connection refused or closed unanswered)."""
+    try:
+        return _get(port, path)
+    except (OSError, http.client.HTTPException) as exc:
+        return type(exc).__name__
+
+
+def test_probes_answer_while_300_slow_connections_trickle_their_requests(
+    live_health: WorkerHealth,
+) -> None:
+    # the attack: each connection sends a byte of a request now and then, never finishing it
+    # (before: the read timeout was per read, 16 such connections held every thread for good,
+    # and each further connection, the probes included, was closed unanswered)
+    srv, port = serve(0, "127.0.0.1", live_health)  # the shipped defaults
+    slow = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(300)]
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.2):
+            for s in slow:
+                try:
+                    s.send(b"G")
+                except OSError:
+                    pass
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
+    try:
+        answers = [_answers(port, "/livez") for _ in range(20)]
+    finally:
+        stop.set()
+        trickler.join()
+        for s in slow:
+            s.close()
+        srv.shutdown()
+        srv.server_close()
+    assert answers == [200] * 20
+
+
+def test_a_trickling_connection_is_closed_at_the_request_deadline(server: int) -> None:
+    # the deadline is the whole request's (0.5 s here), not each read's
+    with socket.create_connection(("127.0.0.1", server), timeout=10) as conn:
+        start = time.monotonic()
+        closed = False
+        while not closed and time.monotonic() - start < 8:
+            try:
+                conn.send(b"G")
+            except OSError:
+                closed = True
+                break
+            readable, _, _ = select.select([conn], [], [], 0.1)
+            closed = bool(readable) and conn.recv(1) == b""
+        assert closed
+
+
+def test_past_the_cap_the_oldest_connection_is_closed_not_the_newest(server: int) -> None:
+    held = [socket.create_connection(("127.0.0.1", server), timeout=10) for _ in range(12)]
+    try:
+        fresh = held[-8:]
+        for s in held[:4]:  # the four oldest make room for the newest (cap 8)
+            assert s.recv(1) == b""
+        fresh[-1].sendall(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert fresh[-1].recv(64).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in held:
+            s.close()

@@ -46,6 +46,8 @@ from spanner_queues.message import Message
 from spanner_queues.queues import queue_models
 from spanner_queues.signals import (
     inbox_duplicates_dropped,
+    inbox_pull_failed,
+    inbox_pulled,
     messages_acked,
     messages_published,
     messages_sent,
@@ -101,6 +103,8 @@ METRIC_NAMES = frozenset(
         "spanner_queues_pubsub_relay_lag_seconds",
         "spanner_queues_pubsub_publish_errors_total",
         "spanner_queues_pubsub_inbox_duplicates_dropped_total",
+        "spanner_queues_pubsub_inbox_pulls_total",
+        "spanner_queues_pubsub_inbox_pull_failures_total",
     }
 )
 
@@ -224,6 +228,17 @@ class _Metrics:
             "Pub/Sub messages an inbox dropped: their event was taken in before.",
             ["queue"],
         )
+        self.inbox_pulls = prom.Counter(
+            "spanner_queues_pubsub_inbox_pulls",
+            "Pulls an inbox's puller made that Pub/Sub answered (with messages or none).",
+            ["queue"],
+        )
+        self.inbox_pull_failures = prom.Counter(
+            "spanner_queues_pubsub_inbox_pull_failures",
+            "Pulls of an inbox's puller that failed (no credentials, the subscription missing, "
+            "Pub/Sub or the database failing), by the error's type; retried after a back-off.",
+            ["queue", "error"],
+        )
 
 
 _lock = threading.Lock()
@@ -243,6 +258,8 @@ def enable() -> None:
             messages_published.connect(_count_published, dispatch_uid=uid)
             publish_failed.connect(_count_publish_failed, dispatch_uid=uid)
             inbox_duplicates_dropped.connect(_count_duplicates, dispatch_uid=uid)
+            inbox_pulled.connect(_count_pulls, dispatch_uid=uid)
+            inbox_pull_failed.connect(_count_pull_failures, dispatch_uid=uid)
 
 
 def enabled() -> bool:
@@ -293,6 +310,14 @@ def _count_publish_failed(
 
 def _count_duplicates(sender: type[Queue], count: int, **kwargs: Any) -> None:
     _get().duplicates_dropped.labels(sender._meta.label).inc(count)
+
+
+def _count_pulls(sender: type[Queue], **kwargs: Any) -> None:
+    _get().inbox_pulls.labels(sender._meta.label).inc()
+
+
+def _count_pull_failures(sender: type[Queue], error: BaseException, **kwargs: Any) -> None:
+    _get().inbox_pull_failures.labels(sender._meta.label, type(error).__name__).inc()
 
 
 # --- the worker's events --------------------------------------------------------------------

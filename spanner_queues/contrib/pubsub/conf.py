@@ -4,6 +4,7 @@ of the queues' topics and subscriptions; the app's system checks (E301, E302, W3
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -47,6 +48,11 @@ POLICY_DAYS = 7
 #: Pub/Sub's limits (https://cloud.google.com/pubsub/quotas#resource_limits)
 MAX_PULL_MESSAGES = 1000
 MAX_ORDERING_KEY_BYTES = 1024
+#: a topic or subscription id (https://cloud.google.com/pubsub/docs/pubsub-basics#resource_names):
+#: 3 to 255 characters, a letter first, then letters, digits and ``-_.~+%``; never "goog..."
+RESOURCE_ID = re.compile(r"[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}")
+#: a full path: ``projects/<project>/topics/<id>`` or ``.../subscriptions/<id>``
+RESOURCE_PATH = re.compile(r"projects/[^/]+/(topics|subscriptions)/([^/]+)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -198,11 +204,41 @@ def _resource_problems(options: QueueOptions, params: PubSubParams) -> list[_Pro
         if not isinstance(value, str) or not value:
             problems.append((f"QueueMeta.{name} must be a non-empty string.", "An id or a path."))
             continue
+        kind = "topics" if name == "pubsub_topic" else "subscriptions"
+        wrong = resource_name_problem(kind, value)
+        if wrong is not None:
+            problems.append((f"QueueMeta.{name} {value!r}: {wrong}", RESOURCE_HINT))
+            continue
         try:
-            resource_path("topics" if name == "pubsub_topic" else "subscriptions", value, params)
+            resource_path(kind, value, params)
         except QueueConfigurationError as exc:
             problems.append((str(exc), "See docs/howto/pubsub.md."))
     return problems
+
+
+RESOURCE_HINT = (
+    "Pub/Sub's resource names: https://cloud.google.com/pubsub/docs/pubsub-basics"
+    "#resource_names (Pub/Sub refuses every publish or pull of a malformed one)."
+)
+
+
+def resource_name_problem(kind: str, value: str) -> str | None:
+    """What is wrong with ``value`` as the id or full path of a Pub/Sub resource of ``kind``
+    ("topics" or "subscriptions") by Pub/Sub's naming rules; None when nothing is."""
+    resource_id = value
+    if value.startswith("projects/"):
+        match = RESOURCE_PATH.fullmatch(value)
+        if match is None or match.group(1) != kind:
+            return f"a full path is projects/<project>/{kind}/<id>."
+        resource_id = match.group(2)
+    if not RESOURCE_ID.fullmatch(resource_id):
+        return (
+            f"a {kind[:-1]} id is 3 to 255 characters, starts with a letter and has only "
+            "letters, digits and - _ . ~ + %."
+        )
+    if resource_id.lower().startswith("goog"):
+        return f"a {kind[:-1]} id may not start with 'goog'."
+    return None
 
 
 def _relay_problems(model: type[models.Model], options: QueueOptions) -> list[_Problem]:

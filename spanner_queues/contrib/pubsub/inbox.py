@@ -17,16 +17,20 @@ an hour per puller, in bounded deletes), and on Spanner also expired by a row de
 from __future__ import annotations
 
 import logging
+import os
 import random
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+import grpc
 from django.db import IntegrityError, connections
 from google.api_core import exceptions as google_exceptions
 from google.cloud.pubsub_v1 import SubscriberClient
+from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
@@ -36,7 +40,7 @@ from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyExists, PayloadError
 from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
-from spanner_queues.signals import inbox_duplicates_dropped
+from spanner_queues.signals import inbox_duplicates_dropped, inbox_pull_failed, inbox_pulled
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -52,6 +56,28 @@ PRUNE_EVERY_SECONDS = 3600.0
 PRUNE_BATCH = 1000
 #: a failing pull is tried again after at most this many seconds (doubling from 0.1)
 PULL_BACKOFF_MAX = 10.0
+#: seconds between two log lines while pulls keep failing (the first failure is logged at once)
+FAILING_LOG_EVERY = 60.0
+
+
+#: gRPC channel options of a subscriber on the emulator: no limit on a received message (gRPC's
+#: default is 4 MiB; Pub/Sub's messages reach 10 MB), as Google's client sets for Pub/Sub itself
+EMULATOR_CHANNEL_OPTIONS = (
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+)
+
+
+def subscriber_client() -> SubscriberClient:
+    """A ``SubscriberClient``; on the emulator (``PUBSUB_EMULATOR_HOST``) over a channel without
+    gRPC's 4 MiB limit on a received message (Google's client opens the emulator's channel
+    without the options it gives its channel to Pub/Sub: one message over 4 MiB failed every
+    pull of its subscription)."""
+    host = os.environ.get("PUBSUB_EMULATOR_HOST")
+    if not host:
+        return SubscriberClient()
+    channel = grpc.insecure_channel(host, options=EMULATOR_CHANNEL_OPTIONS)
+    return SubscriberClient(transport=SubscriberGrpcTransport(channel=channel, host=host))
 
 
 class InboxPuller:
@@ -65,7 +91,7 @@ class InboxPuller:
         self.subscription = resource_path(
             "subscriptions", str(queue_options(model).pubsub_subscription), self.params
         )
-        engine = engine_for(model)
+        engine = self.engine = engine_for(model)
         self.database = engine.database
         self.retries = engine.params.transaction_retries
         self.key_field = key_fields(model)[0]
@@ -78,6 +104,13 @@ class InboxPuller:
         #: counters since start (read by tests and benchmarks)
         self.taken_in = 0
         self.duplicates = 0
+        self.pulls = 0
+        self.pull_failures = 0
+        self._state_lock = threading.Lock()
+        #: the failure episode under way (None while pulls succeed)
+        self._episode: _Episode | None = None
+        #: why the thread ended, when it ended other than by ``stop()``
+        self._ended: str | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -91,35 +124,103 @@ class InboxPuller:
             self._thread.join(timeout if timeout is not None else self.params.pull_wait + 30)
 
     def run(self) -> None:
-        subscriber = SubscriberClient()
+        """Pull until stopped. Every failure (the client that cannot be made, without
+        credentials; a pull Pub/Sub refuses, the subscription deleted; the database) is tried
+        again after a back-off, and is an episode until a pull succeeds: ``problems()`` says
+        why (``/readyz`` then answers 503), it is logged once as it starts, every
+        ``FAILING_LOG_EVERY`` seconds while it lasts and once when it ends."""
+        subscriber: Any = None
         failures = 0
         try:
             while not self._stop.is_set():
                 try:
+                    if subscriber is None:
+                        subscriber = subscriber_client()
                     got = self.pull_once(subscriber)
                 except Exception as exc:
                     failures += 1
+                    self._failed(exc)
                     wait = min(0.1 * 2**failures, PULL_BACKOFF_MAX) * random.uniform(0.75, 1)
-                    if failures == 1:  # once per failure episode
-                        logger.warning(
-                            "inbox %s: pulling %s failed (%s: %s); retrying with back-off",
-                            self.label,
-                            self.subscription,
-                            type(exc).__name__,
-                            exc,
-                            extra={"action": "pull_failed", "queue": self.label},
-                        )
                     self._stop.wait(wait)
                     continue
-                if failures:
-                    logger.warning("inbox %s: pulling again", self.label)
-                    failures = 0
+                failures = 0
+                self._pulled()
                 if not got:
                     self._stop.wait(0.05)
                 self.prune_if_due()
+        except BaseException as exc:  # the thread ends: problems() says so
+            self._ended = f"{type(exc).__name__}: {exc}"
+            logger.exception("inbox %s: the puller has ended", self.label)
+            raise
         finally:
-            subscriber.close()
+            if subscriber is not None:
+                subscriber.close()
             connections.close_all()  # this thread's connections
+
+    def problems(self) -> list[str]:
+        """Why this inbox does not take its events in now (empty while its pulls succeed): a
+        readiness check ``runqueueworker`` adds to ``/readyz``."""
+        thread = self._thread
+        if thread is not None and not thread.is_alive() and not self._stop.is_set():
+            return [f"inbox {self.label}: its puller has ended ({self._ended or 'unknown'})"]
+        with self._state_lock:
+            episode = self._episode
+        if episode is None:
+            return []
+        return [
+            f"inbox {self.label}: cannot pull {self.subscription} for "
+            f"{time.monotonic() - episode.since:.0f} s ({episode.failures} failed pull(s), "
+            f"retrying with back-off): {episode.error}"
+        ]
+
+    def _failed(self, exc: Exception) -> None:
+        """A failed pull: counted, signalled, and logged as its episode goes (see ``run``)."""
+        error = f"{type(exc).__name__}: {exc}"
+        now = time.monotonic()
+        with self._state_lock:
+            self.pull_failures += 1
+            episode = self._episode
+            if episode is None:
+                episode = self._episode = _Episode(since=now, error=error)
+            episode.failures += 1
+            episode.error = error
+            remind = episode.failures == 1 or now - episode.logged_at >= FAILING_LOG_EVERY
+            if remind:
+                episode.logged_at = now
+        inbox_pull_failed.send_robust(self.model, error=exc)
+        if episode.failures == 1:
+            logger.warning(
+                "inbox %s: pulling %s failed (%s); retrying with back-off, /readyz says so "
+                "until a pull succeeds",
+                self.label,
+                self.subscription,
+                error,
+                exc_info=exc,
+                extra={"action": "pull_failed", "queue": self.label},
+            )
+        elif remind:
+            logger.warning(
+                "inbox %s: still cannot pull %s: %d failed pull(s) in %.0f s (%s)",
+                self.label,
+                self.subscription,
+                episode.failures,
+                now - episode.since,
+                error,
+                extra={"action": "pull_failing", "queue": self.label},
+            )
+
+    def _pulled(self) -> None:
+        """A pull succeeded: the failure episode, if any, ends."""
+        with self._state_lock:
+            episode, self._episode = self._episode, None
+        if episode is not None:
+            logger.warning(
+                "inbox %s: pulling again after %d failed pull(s) in %.0f s",
+                self.label,
+                episode.failures,
+                time.monotonic() - episode.since,
+                extra={"action": "pull_recovered", "queue": self.label},
+            )
 
     def pull_once(self, subscriber: Any) -> int:
         """One pull, taken in and acked; returns how many Pub/Sub messages came."""
@@ -131,8 +232,11 @@ class InboxPuller:
                 retry=None,
             )
         except google_exceptions.DeadlineExceeded:
-            return 0  # nothing came within the wait
-        received = list(response.received_messages)
+            response = None  # nothing came within the wait
+        received = list(response.received_messages) if response is not None else []
+        with self._state_lock:
+            self.pulls += 1
+        inbox_pulled.send_robust(self.model, count=len(received))
         if not received:
             return 0
         ack_ids = self.take_in(received)
@@ -166,10 +270,12 @@ class InboxPuller:
 
     def _accept(self, received: Sequence[Any]) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
         """The events of ``received`` by event id (the first data of each), and the (ack id,
-        event id) of every message whose event id the inbox can hold; the others are logged
-        and left unacked."""
+        event id) of every message the inbox can hold (its event id, its data: validated here,
+        before the pull's transaction, so a refused event never makes it run again); the
+        others are logged and left unacked."""
         events: dict[str, bytes] = {}
         accepted: list[tuple[str, str]] = []  # (ack id, event id)
+        refused: set[str] = set()
         for r in received:
             message = r.message
             eid = message.attributes.get(EVENT_ID_ATTRIBUTE) or message.message_id
@@ -184,9 +290,34 @@ class InboxPuller:
                     extra={"action": "pull_refused", "queue": self.label},
                 )
                 continue
-            events.setdefault(eid, bytes(message.data))
+            if eid in refused:
+                continue
+            if eid not in events:
+                data = bytes(message.data)
+                if not self._holds(eid, data):
+                    refused.add(eid)
+                    continue
+                events[eid] = data
             accepted.append((r.ack_id, eid))
         return events, accepted
+
+    def _holds(self, eid: str, data: bytes) -> bool:
+        """Whether the queue can hold event ``eid`` with ``data`` (``api.build_message``: what
+        a send checks before it writes anything); logged when it cannot."""
+        try:
+            api.build_message(
+                self.model, {self.key_field.name: eid, "payload": data}, engine=self.engine
+            )
+        except PayloadError as exc:
+            logger.error(
+                "inbox %s: event %s cannot be held by the queue (%s); not acked",
+                self.label,
+                eid,
+                exc,
+                extra={"action": "pull_refused", "queue": self.label},
+            )
+            return False
+        return True
 
     def _write(self, events: dict[str, bytes], refused: set[str], queued: set[str]) -> int:
         """The transaction of a pull: send each event not yet seen (nor ``refused`` or
@@ -213,8 +344,9 @@ class InboxPuller:
 
     def _send(self, eid: str, data: bytes, refused: set[str], queued: set[str]) -> None:
         """Send one event to the queue under its event id; raises ``_Again`` after adding it to
-        ``queued`` (still queued: its seen row pruned early) or ``refused`` (the queue cannot
-        hold it: logged, not acked)."""
+        ``queued`` (still queued: its seen row pruned early, which is rare) or ``refused`` (the
+        queue cannot hold it: logged, not acked; ``_accept`` refuses such events before the
+        transaction)."""
         try:
             api.send(
                 self.model,
@@ -251,6 +383,16 @@ class InboxPuller:
             prune(self.label, self.params.dedup_window_days, using=self.database)
         except Exception:
             logger.exception("inbox %s: pruning seen event ids failed", self.label)
+
+
+@dataclass(slots=True)
+class _Episode:
+    """Pulls failing in a row: since when (monotonic), how many, the last error."""
+
+    since: float
+    error: str
+    failures: int = 0
+    logged_at: float = 0.0
 
 
 class _Again(Exception):

@@ -1,13 +1,26 @@
-"""The relay: a batch receiver of each relayed queue (``QueueMeta.pubsub_topic``), registered
-by the app's ``ready()``, run by ``runqueueworker`` like any receiver (leases renewed, SIGTERM
+"""The relay: a batch receiver of each relayed queue (``QueueMeta.pubsub_topic``), registered by
+the app's ``ready()``, run by ``runqueueworker`` like any receiver (leases renewed, SIGTERM
 drains, ``--burst``, health and metrics).
 
-One run publishes a batch with Google's client (its batching), waits for every confirmation,
-and returns: the worker then acks the batch. So a message leaves its queue only after Pub/Sub
-confirmed it. A message Pub/Sub refuses for good (too large, bad attributes) is moved to the
-queue's dead-letter queue; when Pub/Sub fails (unreachable, topic missing, a timeout), the
-confirmed messages are acked and the run raises ``PublishFailed``: the rest come back after the
-worker's back-off. Ordering keys paused by a failed publish are resumed before it raises.
+One run publishes a batch with Google's client (its batching), waits for every confirmation, and
+returns: the worker then acks the batch. So a message leaves its queue only after Pub/Sub
+confirmed it. A message Pub/Sub refuses for good is moved to the queue's dead-letter queue: one
+the client refuses before sending it (too large, bad attributes), or one Pub/Sub refuses
+(``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``; it refuses a whole request for one message) when
+published again alone while another message of the run got through. A refusal of everything the
+run published, ``ALONE_PROBES`` messages published alone included, is the topic's (a malformed
+or schema-validated topic, a disabled key), not the messages': like an unreachable Pub/Sub, a
+missing topic or a timeout, it is the queue's failure. Then the confirmed messages are acked and
+the run raises ``PublishFailed``, a ``Retry``: the rest are sent again under their keys, due
+after the queue's back-off, without spending an attempt; until that back-off has passed, runs of
+the queue publish nothing and send their messages again for that time (a circuit breaker per
+queue and process). Such a failure episode is logged once with its traceback, then one line a
+minute with its counts, and once when it ends. Ordering keys paused by a failed publish are
+resumed before it raises.
+
+A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the receiver's time
+limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
+as above, and the worker's time limit never has to interrupt a run.
 """
 
 from __future__ import annotations
@@ -15,8 +28,12 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import threading
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from spanner_queues import api, clock
@@ -29,7 +46,7 @@ from spanner_queues.contrib.pubsub.conf import (
 )
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.engines import engine_for
-from spanner_queues.exceptions import QueueError
+from spanner_queues.exceptions import Retry
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
 from spanner_queues.receivers import MessageContext, ReceiverRegistry, ReceiverSpec
@@ -60,7 +77,8 @@ KEY_ATTRIBUTE = "key"
 #: Pub/Sub's limit on an attribute value (https://cloud.google.com/pubsub/quotas)
 MAX_ATTRIBUTE_BYTES = 1024
 
-#: errors that mean Pub/Sub will never take this message: dead-lettered, not retried
+#: errors that mean Pub/Sub will never take this message: dead-lettered, not retried (one
+#: Pub/Sub answers is the message's only when Pub/Sub took another of the run: see the docstring)
 REFUSED = (
     google_exceptions.InvalidArgument,
     google_exceptions.FailedPrecondition,
@@ -68,11 +86,22 @@ REFUSED = (
     TypeError,
     ValueError,
 )
+#: a failing queue's back-off: from this many seconds, doubling, to ``BACKOFF_MAX`` (jittered)
+BACKOFF_MIN = 1.0
+BACKOFF_MAX = 60.0
+#: seconds between two log lines of a failure episode (its first failure is logged at once)
+FAILING_LOG_EVERY = 60.0
+#: seconds a run keeps before its time limit (to give back what is not confirmed)
+TIME_LIMIT_MARGIN = 1.0
+#: messages Pub/Sub refused, published alone in turn and refused again while none of the run
+#: got through, after which the refusal is taken for the topic's (``_sort_suspects``)
+ALONE_PROBES = 8
 
 
-class PublishFailed(QueueError):
+class PublishFailed(Retry):
     """Pub/Sub did not confirm some messages of a relay run (unreachable, a missing topic or
-    permission, a timeout): they are given back and published again after the back-off."""
+    permission, a refusal of the whole publish, a timeout): a ``Retry``, so they are sent again
+    under their keys, due after the queue's back-off, without spending an attempt."""
 
 
 def event_id(message: Message) -> str:
@@ -136,15 +165,132 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
     model = context.queue
     params = pubsub_params()
     topic = resource_path("topics", str(queue_options(model).pubsub_topic), params)
+    episode = _episode(model)
+    if episode is not None:
+        episode.hold(model, messages)  # raises PublishFailed while the back-off lasts
+    deadline = _deadline(context, params.publish_timeout)
     client = publisher()
-    pending = _publish_all(client, topic, params.publish_timeout, model, messages)
-    confirmed, refused, failed = _await_confirmations(pending, params.publish_timeout)
+    wait = max(deadline - time.monotonic(), 0.1)
+    pending = _publish_all(client, topic, wait, model, messages)
+    confirmed, refused, suspect, failed = _await_confirmations(pending, deadline)
+    if suspect:
+        _sort_suspects(client, topic, deadline, model, suspect, confirmed, refused, failed)
     _report_confirmed(model, topic, confirmed)
     for m, error in refused:
         _dead_letter_refused(model, topic, m, error)
     if not failed:
+        _recovered(model)
         return  # the worker acks the confirmed ones (the dead-lettered are acked)
     _give_back(client, model, topic, messages, confirmed, failed)
+
+
+def _deadline(context: MessageContext, publish_timeout: float) -> float:
+    """``time.monotonic()`` past which the run waits no more: ``publish_timeout`` from now, or
+    sooner, ``TIME_LIMIT_MARGIN`` before the receiver's time limit."""
+    deadline = time.monotonic() + publish_timeout
+    if context.deadline is not None:
+        deadline = min(deadline, context.deadline - TIME_LIMIT_MARGIN)
+    return deadline
+
+
+# --- a failing queue's episode (per queue, in this process) ------------------------------------
+@dataclass(slots=True)
+class _Episode:
+    """Runs of one queue failing in a row: since when, how many, the messages given back, the
+    back-off, the last log line (monotonic seconds)."""
+
+    since: float
+    runs: int = 0
+    given_back: int = 0
+    retry_at: float = 0.0
+    logged_at: float = 0.0
+
+    def hold(self, model: type[Queue], messages: list[Message]) -> None:
+        """While the back-off lasts, give ``messages`` back for what is left of it without
+        publishing (``PublishFailed``); after it, let the run try (the circuit's probe)."""
+        left = self.retry_at - time.monotonic()
+        if left <= 0:
+            return
+        with _episodes_lock:
+            self.given_back += len(messages)
+        raise PublishFailed(
+            timedelta(seconds=left),
+            reason=f"Pub/Sub failing for {model._meta.label}: trying again in {left:.1f} s",
+        )
+
+
+_episodes: dict[str, _Episode] = {}
+_episodes_lock = threading.Lock()
+
+
+def _episode(model: type[Queue]) -> _Episode | None:
+    with _episodes_lock:
+        return _episodes.get(model._meta.label)
+
+
+def _failing(model: type[Queue], topic: str, given_back: int, error: BaseException) -> float:
+    """A failed run of ``model``: counted in its episode (begun if none), logged once with its
+    traceback as the episode begins, then a line every ``FAILING_LOG_EVERY`` seconds; returns
+    the back-off (seconds) after which its messages are due again."""
+    now = time.monotonic()
+    label = model._meta.label
+    with _episodes_lock:
+        episode = _episodes.get(label)
+        first = episode is None
+        if episode is None:
+            episode = _episodes[label] = _Episode(since=now, logged_at=now)
+        episode.runs += 1
+        episode.given_back += given_back
+        backoff = min(BACKOFF_MIN * 2 ** (episode.runs - 1), BACKOFF_MAX)
+        backoff *= random.uniform(0.75, 1)
+        episode.retry_at = now + backoff
+        remind = not first and now - episode.logged_at >= FAILING_LOG_EVERY
+        if remind:
+            episode.logged_at = now
+        runs, given, since = episode.runs, episode.given_back, episode.since
+    if first:
+        logger.warning(
+            "%s: publishing to %s failed (%s: %s); its messages are sent again after a "
+            "back-off (from %g s to %g s), without spending attempts, until a publish works",
+            label,
+            topic,
+            type(error).__name__,
+            error,
+            BACKOFF_MIN,
+            BACKOFF_MAX,
+            exc_info=error,
+            extra={"action": "publish_failing", "queue": label},
+        )
+    elif remind:
+        logger.warning(
+            "%s: publishing to %s still fails: %d failed run(s), %d message(s) given back in "
+            "%.0f s (%s: %s)",
+            label,
+            topic,
+            runs,
+            given,
+            now - since,
+            type(error).__name__,
+            error,
+            extra={"action": "publish_failing", "queue": label},
+        )
+    return backoff
+
+
+def _recovered(model: type[Queue]) -> None:
+    """A run published everything: the queue's failure episode, if any, ends (logged once)."""
+    label = model._meta.label
+    with _episodes_lock:
+        episode = _episodes.pop(label, None)
+    if episode is not None:
+        logger.warning(
+            "%s: publishing again after %d failed run(s), %d message(s) given back in %.0f s",
+            label,
+            episode.runs,
+            episode.given_back,
+            time.monotonic() - episode.since,
+            extra={"action": "publish_recovered", "queue": label},
+        )
 
 
 #: a publish under way: the message, its ordering key, and the client's future (or the error
@@ -201,32 +347,90 @@ def _publish_one(client: PublisherClient, topic: str, timeout: float, m: Message
     )
 
 
+_Refused = list[tuple[Message, BaseException]]
+_Failed = list[tuple[Message, str, BaseException]]
+
+
 def _await_confirmations(
-    pending: list[_Pending], timeout: float
-) -> tuple[
-    list[Message], list[tuple[Message, BaseException]], list[tuple[Message, str, BaseException]]
-]:
-    """Wait for every publish and sort the messages: confirmed by Pub/Sub, refused for good
-    (``REFUSED``: dead-lettered), or failed (given back, with their ordering key)."""
+    pending: list[_Pending], deadline: float
+) -> tuple[list[Message], _Refused, _Failed, _Failed]:
+    """Wait for every publish until ``deadline`` (monotonic) and sort the messages: confirmed
+    by Pub/Sub; refused by the client before it sent them (dead-lettered); refused by Pub/Sub
+    (``REFUSED``: suspects, the message's fault or the topic's); or failed (given back; a
+    publish not confirmed by the deadline too), the last two with their ordering key."""
     confirmed: list[Message] = []
-    refused: list[tuple[Message, BaseException]] = []
-    failed: list[tuple[Message, str, BaseException]] = []
+    refused: _Refused = []
+    suspect: _Failed = []
+    failed: _Failed = []
     for m, key, future in pending:
         if isinstance(future, BaseException):
-            error: BaseException = future
-        else:
-            try:
-                future.result(timeout=timeout)
-            except Exception as exc:
-                error = exc
+            refused.append((m, future))  # the client refused it: it never left this process
+            continue
+        try:
+            future.result(timeout=max(deadline - time.monotonic(), 0.0))
+        except Exception as exc:
+            if isinstance(exc, REFUSED):
+                suspect.append((m, key, exc))
             else:
-                confirmed.append(m)
-                continue
-        if isinstance(error, REFUSED):
-            refused.append((m, error))
+                failed.append((m, key, exc))
         else:
-            failed.append((m, key, error))
-    return confirmed, refused, failed
+            confirmed.append(m)
+    return confirmed, refused, suspect, failed
+
+
+def _sort_suspects(
+    client: PublisherClient,
+    topic: str,
+    deadline: float,
+    model: type[Queue],
+    suspect: _Failed,
+    confirmed: list[Message],
+    refused: _Refused,
+    failed: _Failed,
+) -> None:
+    """Pub/Sub refused the publishes of ``suspect``: it refuses a whole request for one bad
+    message, or for the topic (malformed, schema-validated, a disabled key). Each is published
+    again alone, in turn, into ``confirmed``, ``refused`` or ``failed``. A message refused alone
+    is the message's fault (``refused``: dead-lettered) once another message of the run got
+    through; while none did, it is undecided, and after ``ALONE_PROBES`` undecided in a row
+    (or at the end with none through) the topic's fault: every undecided or untried suspect is
+    ``failed`` (the queue's failure, given back), none dead-lettered."""
+    undecided: _Failed = []
+    for i, (m, key, _first_error) in enumerate(suspect):
+        _resume(client, topic, key)
+        left = deadline - time.monotonic()
+        if left <= 0:  # no time left to tell: given back
+            failed.extend(undecided + suspect[i:])
+            return
+        try:
+            _publish_one(client, topic, left, m, key).result(timeout=left)
+        except Exception as exc:
+            if not isinstance(exc, REFUSED):
+                failed.append((m, key, exc))
+            elif confirmed:
+                refused.append((m, exc))
+            else:
+                undecided.append((m, key, exc))
+                if len(undecided) >= ALONE_PROBES:  # the topic's refusal, not the messages'
+                    failed.extend(undecided + suspect[i + 1 :])
+                    return
+        else:
+            confirmed.append(m)
+    if confirmed:
+        refused.extend((m, exc) for m, _key, exc in undecided)
+    else:
+        failed.extend(undecided)
+
+
+def _resume(client: PublisherClient, topic: str, key: str) -> None:
+    """Resume ``key``'s publishes, paused by a failed one (a publish still under way, past the
+    run's wait, paused nothing: the client says so with a ``RuntimeError``)."""
+    if not key:
+        return
+    try:
+        client.resume_publish(topic, key)
+    except RuntimeError:  # not paused
+        pass
 
 
 def _report_confirmed(model: type[Queue], topic: str, confirmed: list[Message]) -> None:
@@ -264,10 +468,11 @@ def _give_back(
     failed: list[tuple[Message, str, BaseException]],
 ) -> None:
     """After a failed publish: resume the paused ordering keys, ack the confirmed messages (they
-    are in Pub/Sub; only the failed ones come back), send ``publish_failed`` and raise
-    ``PublishFailed`` from the first error. Always raises."""
+    are in Pub/Sub; only the failed ones come back), send ``publish_failed``, count the failure
+    in the queue's episode and raise ``PublishFailed`` from the first error, due after the
+    episode's back-off. Always raises."""
     for key in {key for _, key, _ in failed if key}:
-        client.resume_publish(topic, key)
+        _resume(client, topic, key)
     if confirmed:  # they are in Pub/Sub: only the others come back
         engine = engine_for(model)
         run_in_transaction(
@@ -279,9 +484,11 @@ def _give_back(
     publish_failed.send_robust(
         model, messages=[m for m, _, _ in failed], topic=topic, error=first, refused=False
     )
+    backoff = _failing(model, topic, len(failed), first)
     raise PublishFailed(
-        f"{len(failed)} of {len(messages)} message(s) of {model._meta.label} not confirmed by "
-        f"Pub/Sub ({topic}): {type(first).__name__}: {first}"
+        timedelta(seconds=backoff),
+        reason=f"{len(failed)} of {len(messages)} message(s) of {model._meta.label} not "
+        f"confirmed by Pub/Sub ({topic}): {type(first).__name__}: {first}",
     ) from first
 
 

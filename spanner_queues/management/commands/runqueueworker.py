@@ -352,7 +352,7 @@ class Command(BaseCommand):
             health.attach(worker)
         if verbosity >= 1:
             self._announce(worker, burst=options["burst"])
-        self._run(worker, sampler)
+        self._run(worker, sampler, health)
 
     def _announce(self, worker: Worker, *, burst: bool) -> None:
         """The start line (at ``-v1`` and above); the first summary line finds its depths
@@ -371,11 +371,17 @@ class Command(BaseCommand):
         for plan in worker.plans:
             stats_cache.peek(plan.model, max_age=self._depth_max_age())
 
-    def _run(self, worker: Worker, sampler: Any) -> None:
-        """Run ``worker`` beside the installed apps' services; stop them, and the metrics
+    def _run(self, worker: Worker, sampler: Any, health: WorkerHealth | None = None) -> None:
+        """Run ``worker`` beside the installed apps' services (a service's ``problems()``, where
+        it has one, is a readiness check of ``health``); stop them, and the metrics
         ``sampler``, after it. A crashed worker is a ``CommandError`` (exit status 1); a stuck
         one leaves the process at once with status 3."""
         services = self._app_services(worker)
+        if health is not None:
+            for service in services:
+                problems = getattr(service, "problems", None)
+                if problems is not None:
+                    health.add_readiness_check(problems)
         try:
             for service in services:
                 service.start()
