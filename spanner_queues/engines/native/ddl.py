@@ -354,7 +354,11 @@ class GoogleSQL(Dialect):
     payload_types = {"bytes": "BYTES(MAX)", "string": "STRING(MAX)", "json": "JSON"}
 
     def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
-        return f"PARSE_JSON({placeholder})" if decl.payload_type == "json" else placeholder
+        return (
+            f"PARSE_JSON({placeholder}, wide_number_mode=>'round')"
+            if decl.payload_type == "json"
+            else placeholder
+        )
 
     def quote(self, name: str) -> str:
         if _PLAIN.match(name) and name.upper() not in _GOOGLESQL_RESERVED:
