@@ -63,7 +63,7 @@ from spanner_queues.engines.native.ddl import (
     dialect,
     duration,
 )
-from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
+from spanner_queues.engines.native.receive import LeasedRow, Probes, ReceiveStream
 from spanner_queues.exceptions import (
     InvalidMessage,
     InvalidQueueEngine,
@@ -99,6 +99,8 @@ BRIEF_MAX_DURATION_SECONDS = 2.0
 _streams: dict[tuple[str, str], ReceiveStream] = {}
 #: streams whose calls are brief (``settle_receiving``), until stopped.
 _brief: set[tuple[str, str]] = set()
+#: what each database (engine alias) answered to the streams' probes, shared by its streams
+_probes: dict[str, Probes] = {}
 _streams_lock = threading.Lock()
 #: lease tokens whose ``RENEWLEASE`` answer was lost, by when (monotonic) they are forgotten
 #: (their old expiry has passed by then): never sent again (``renew_tokens``)
@@ -182,6 +184,7 @@ def stop_all_streams(wait: float | None = 5.0) -> None:
         streams = list(_streams.values())
         _streams.clear()
         _brief.clear()
+        _probes.clear()
     for stream in streams:
         stream.stop(wait)
 
@@ -635,6 +638,8 @@ class NativeQueueEngine(BaseQueueEngine):
             stall_seconds=LEASE.total_seconds() / 2,
             brief=(self.alias, model._meta.label) in _brief,
             probe=True,
+            probes=_probes.setdefault(self.alias, Probes()),
+            lease=LEASE,
         )
 
     def record_failure(
@@ -723,7 +728,8 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> None:
         """Stop this process's RECEIVE stream of ``model`` (of every queue of this alias when
         None): the stream is shared by every thread; leased rows not yet taken are dropped
-        (Spanner delivers them again after their lease). ``wait`` seconds for each to end."""
+        (Spanner delivers them again after their lease). ``wait`` seconds for each to end.
+        Stopping every queue's also forgets what the database answered to probes."""
         label = model._meta.label if model is not None else None
 
         def chosen(key: tuple[str, str]) -> bool:
@@ -732,6 +738,8 @@ class NativeQueueEngine(BaseQueueEngine):
         with _streams_lock:
             streams = [_streams.pop(k) for k in list(_streams) if chosen(k)]
             _brief.difference_update([k for k in _brief if chosen(k)])
+            if label is None:
+                _probes.pop(self.alias, None)
         for stream in streams:
             stream.stop(wait)
 

@@ -36,9 +36,13 @@ are counted in ``lease_expiration_count``, as Spanner's metric of that name coun
 A probe proves nothing when it comes back empty: Spanner documents no minimum
 ``max_duration`` and advises against very short ones, so an instance may answer a 1 ms call
 with nothing while a backlog waits. An empty probe is always followed by a long call when a
-demand is unmet, and never counts as a look (below). A probe refused with INVALID_ARGUMENT,
-whatever its words, turns probes off for this stream and is asked again once in a long call;
-only a long call's refusal is permanent.
+demand is unmet, and never counts as a look (below). What a database answers to probes is
+learnt once for all its streams (``Probes``, one per engine alias): a probe refused with
+INVALID_ARGUMENT, whatever its words, turns probes off on that database and is asked again
+once in a long call (only a long call's refusal is permanent); and once ``USELESS_PROBES``
+probes came back empty right before a long call whose first row was due before the probe
+opened, while no probe on that database ever brought a row, it probes no more (each probe
+was a call for nothing).
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
@@ -91,6 +95,65 @@ SINCE_KEPT = 1000
 #: how long a stream's call stays open after the last ``take`` returned (a worker asks again
 #: well within it; a plain ``api.receive()`` leaves the call open no longer).
 LINGER_SECONDS = 1.0
+
+#: empty probes, each followed by a long call whose first row was due before the probe
+#: opened, after which a database that never answered a probe with a row probes no more
+USELESS_PROBES = 3
+
+
+class Probes:
+    """What one database (an engine alias) answered to the 1 ms probes of its streams, shared
+    by them and bounded (two flags and a count): probes are asked (``wanted``) until one is
+    refused, or until ``USELESS_PROBES`` came back empty while the queue held rows due before
+    them (``missed``), unless a probe ever brought a row (``brought``). Thread-safe."""
+
+    def __init__(self, useless_limit: int = USELESS_PROBES) -> None:
+        self._lock = threading.Lock()
+        self._limit = useless_limit
+        self.refused = False
+        self.answered = False
+        self.useless = 0
+
+    @property
+    def wanted(self) -> bool:
+        with self._lock:
+            return not self.refused and (self.answered or self.useless < self._limit)
+
+    def refuse(self) -> None:
+        with self._lock:
+            self.refused = True
+
+    def brought(self) -> None:
+        """A probe brought a row: the database answers probes."""
+        with self._lock:
+            self.answered = True
+
+    def missed(self, name: str) -> None:
+        """A probe came back empty although a row was due when it opened."""
+        with self._lock:
+            if self.answered or self.refused:
+                return
+            self.useless += 1
+            if self.useless != self._limit:
+                return
+        logger.warning(
+            "RECEIVE for %s: %d probes came back empty while rows were due; no more probes "
+            "on this database (it answers very short calls with nothing)",
+            name,
+            self._limit,
+        )
+
+
+def due_before_probe(row: LeasedRow, lease: timedelta, elapsed: float) -> bool:
+    """Whether ``row``, the first a long call brought ``elapsed`` seconds (monotonic) after an
+    empty probe opened, was due when the probe opened: it had waited, on Spanner's own clock
+    (its lease's start, ``lease_expires_at - lease``, less its ``DeliverTime``), longer than
+    ``elapsed`` (no client clock is compared with the server's)."""
+    if row.deliver_time is None or row.lease_expires_at is None:
+        return False
+    waited = (row.lease_expires_at - lease - row.deliver_time).total_seconds()
+    return waited > elapsed
+
 
 #: Errors that no restart can cure: the stream stops and ``take`` raises them.
 PERMANENT = frozenset(
@@ -169,7 +232,8 @@ class ReceiveStream:
     reaches it from its return on) and returns an iterable of its raw rows, read to its end
     (``brief``: with a short ``max_duration``, see ``settle``; ``probe``: a one-batch call,
     passed only with ``probe``); ``parse(row)`` turns a row into a ``LeasedRow``. ``brief``:
-    calls are brief from the start.
+    calls are brief from the start. ``probes``: what the database answered to probes, shared
+    with its other streams (default: this stream's own); ``lease``: Spanner's lease.
     """
 
     def __init__(
@@ -190,6 +254,8 @@ class ReceiveStream:
         brief: bool = False,
         linger: float = LINGER_SECONDS,
         probe: bool = False,
+        probes: Probes | None = None,
+        lease: timedelta = timedelta(seconds=10),
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -211,6 +277,11 @@ class ReceiveStream:
         self._linger = linger
         #: ``open_stream(..., probe=True)`` opens a one-batch call (a tiny ``max_duration``)
         self._probe = probe
+        #: what the database answered to probes (shared by its streams)
+        self._probes = probes if probes is not None else Probes()
+        self._lease = lease
+        #: when (monotonic) the last call, an empty probe, opened; None after any other call
+        self._empty_probe: float | None = None
         #: the next call is a probe: a new demand, or the last probe came back full
         self._probe_next = True
         #: the last call was a probe that came back full: more is due, and the next probe is
@@ -350,11 +421,12 @@ class ReceiveStream:
                     # whatever a probe's refusal says, ask in long calls from now on. The
                     # long call is asked at once; its own refusal is permanent.
                     logger.warning(
-                        "RECEIVE for %s refused a probe (%s); no more probes on this stream",
+                        "RECEIVE for %s refused a probe (%s); no more probes on this database",
                         self.name,
                         exc,
                     )
-                    self._probe, call.refused = False, True
+                    self._probes.refuse()
+                    call.refused = True
                     continue
                 self.last_error = exc
                 failures += 1
@@ -391,7 +463,7 @@ class ReceiveStream:
                 brief=self._brief,
                 # (brief or not: a backlog is asked in probes, which lease one batch each; a
                 # look asked by ``settle`` is no probe: an empty probe proves nothing)
-                probe=self._probe and self._probe_next and not confirm,
+                probe=self._probe and self._probe_next and not confirm and self._probes.wanted,
             )
 
     def _read(self, call: _Call) -> bool:
@@ -407,7 +479,12 @@ class ReceiveStream:
         if self._stop.is_set():  # a stop() while the call was opening cancelled
             self._cancel_stream()  # nothing: cancel it now that it exists
         for row in rows:
-            end = self._hold(call, self._parse(row))
+            leased = self._parse(row)
+            if self._empty_probe is not None and not call.probe:  # its first row
+                if due_before_probe(leased, self._lease, time.monotonic() - self._empty_probe):
+                    self._probes.missed(self.name)
+                self._empty_probe = None
+            end = self._hold(call, leased)
             if end is None:
                 return False
             if end:
@@ -496,6 +573,11 @@ class ReceiveStream:
             # nothing more is due, wait in a long call. After a long call, the next demand
             # probes first.
             self._probe_next = call.full if call.probe else True
+            if call.probe and call.keys:
+                self._probes.brought()
+            # an empty probe that ran to its end: the next call's first row tells whether a
+            # row was due while it looked
+            self._empty_probe = call.opened if call.probe and call.ended and not call.keys else None
             if call.ended and not call.probe:
                 self._looked, self._since = call.keys, []
                 self._looked_at = call.opened_at
