@@ -640,6 +640,7 @@ class NativeQueueEngine(BaseQueueEngine):
             probe=True,
             probes=_probes.setdefault(self.alias, Probes()),
             lease=LEASE,
+            present=lambda keys: self.present_keys(model, keys),
         )
 
     def record_failure(
@@ -965,6 +966,21 @@ class NativeQueueEngine(BaseQueueEngine):
             for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
                 params = [v for key in chunk for v in key]
                 cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
+
+    def present_keys(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]]
+    ) -> set[tuple[Any, ...]]:
+        """Which of ``keys`` are in the queue now (a strong read by key, in chunks): leased,
+        backing off, scheduled or due alike."""
+        decl = self.declaration(model)
+        conn = connections[self.database]
+        found: set[tuple[Any, ...]] = set()
+        with conn.cursor() as cursor:
+            for chunk in client.chunks(list(keys), MAX_QUERY_PARAMETERS // len(decl.keys)):
+                params = [v for key in chunk for v in client.prep_key(model, key, conn)]
+                cursor.execute(self.cursor_dialect.select_keys(decl, len(chunk)), params)
+                found.update(client.key_from_row(model, row) for row in cursor.fetchall())
+        return found
 
     # --- observing ------------------------------------------------------------------------
     def lease_expirations(self, model: type[Queue]) -> int:

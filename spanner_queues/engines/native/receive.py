@@ -92,6 +92,9 @@ WARM_WAIT = 0.05
 #: the next ``settle`` looks again
 SINCE_KEPT = 1000
 
+#: most keys of rows dropped unread that a stream keeps to check before it settles
+DROPPED_KEPT = 100
+
 #: how long a stream's call stays open after the last ``take`` returned (a worker asks again
 #: well within it; a plain ``api.receive()`` leaves the call open no longer).
 LINGER_SECONDS = 1.0
@@ -233,7 +236,8 @@ class ReceiveStream:
     (``brief``: with a short ``max_duration``, see ``settle``; ``probe``: a one-batch call,
     passed only with ``probe``); ``parse(row)`` turns a row into a ``LeasedRow``. ``brief``:
     calls are brief from the start. ``probes``: what the database answered to probes, shared
-    with its other streams (default: this stream's own); ``lease``: Spanner's lease.
+    with its other streams (default: this stream's own); ``lease``: Spanner's lease;
+    ``present(keys)``: which of ``keys`` are in the queue now (``settle``).
     """
 
     def __init__(
@@ -256,6 +260,7 @@ class ReceiveStream:
         probe: bool = False,
         probes: Probes | None = None,
         lease: timedelta = timedelta(seconds=10),
+        present: Callable[[list[tuple[Any, ...]]], Collection[tuple[Any, ...]]] | None = None,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -282,6 +287,10 @@ class ReceiveStream:
         self._lease = lease
         #: when (monotonic) the last call, an empty probe, opened; None after any other call
         self._empty_probe: float | None = None
+        #: which of some keys are in the queue now (``settle``: rows dropped unread)
+        self._present = present
+        #: keys of rows dropped unread and not brought again since (at most ``DROPPED_KEPT``)
+        self._dropped: set[tuple[Any, ...]] = set()
         #: the next call is a probe: a new demand, or the last probe came back full
         self._probe_next = True
         #: the last call was a probe that came back full: more is due, and the next probe is
@@ -498,6 +507,7 @@ class ReceiveStream:
         or nobody asks any more, at a batch's end); None: stopped."""
         call.in_batch += 1
         call.keys.append(row.key)
+        self._dropped.discard(row.key)
         if row.last_in_batch:
             call.full, call.in_batch = call.in_batch >= call.batch, 0
         with self._cond:
@@ -614,6 +624,8 @@ class ReceiveStream:
         """A held row is dropped unread: count it, and remember when its lease ends at the
         latest (``_reappear_at``), when it is due again (``_cond``)."""
         self.lease_expiration_count += 1
+        if len(self._dropped) < DROPPED_KEPT:
+            self._dropped.add(delivery.key)
         ends = delivery.lease_expires_at
         if ends is not None and (self._reappear_at is None or ends > self._reappear_at):
             self._reappear_at = ends
@@ -642,7 +654,7 @@ class ReceiveStream:
                     return False
                 pause = remaining = deadline - time.monotonic()
                 if not self._calling and not self._confirm:
-                    if self._nothing_new(ignore):
+                    if self._nothing_new(ignore) and not self._dropped_left(ignore):
                         # Rows held are the caller's ignored ones (no receiver of its
                         # release): left to their lease, as a stopped stream leaves them.
                         self.lease_expiration_count += len(self._buffer)
@@ -671,6 +683,40 @@ class ReceiveStream:
         ):
             return False  # rows dropped unread were still leased when it looked
         return all(k in ignore for k in self._looked) and all(k in ignore for k in self._since)
+
+    def _dropped_left(self, ignore: Collection[tuple[Any, ...]]) -> bool:
+        """Whether a row dropped unread is still in the queue (under ``_cond``, released while
+        the queue is read). A look that found nothing after its lease ended does not prove it
+        gone: Spanner's back-off after an unread lease is undocumented and may hand it back
+        later. Still there (leased elsewhere or backing off): the last look no longer counts,
+        so ``settle`` looks again (in brief calls) until it comes back or is gone. Gone keys
+        are forgotten. A read that fails says nothing: still there, unless the error is
+        permanent (the queue or the permission gone: logged, the rule falls back to the
+        lease's end)."""
+        keys = [k for k in self._dropped if k not in ignore]
+        if not keys or self._present is None:
+            return False
+        self._cond.release()
+        try:
+            left = set(self._present(keys))
+        except Exception as exc:
+            if permanent_error(self.name, exc) is not None:
+                logger.warning(
+                    "%s: cannot read whether rows dropped unread are still queued (%s); "
+                    "settling on their lease's end",
+                    self.name,
+                    exc,
+                )
+                left = set()
+            else:
+                logger.debug("%s: reading dropped rows failed", self.name, exc_info=True)
+                left = set(keys)
+        finally:
+            self._cond.acquire()
+        self._dropped.difference_update(set(keys) - left)
+        if left:
+            self._looked = None  # look again: the row may come back after its back-off
+        return bool(left)
 
     def _reappear_in(self) -> float:
         """Seconds until the rows dropped unread are due again (0: they are) (``_cond``)."""
