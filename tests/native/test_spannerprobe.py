@@ -75,22 +75,11 @@ def test_the_probe_measures_the_back_off_after_an_unread_lease(
     assert low <= first <= high, first
 
 
-def test_the_probe_says_the_engines_rule_fails_without_retry_info(front, tmp_path: Path) -> None:
+def test_the_probe_tells_an_aborted_without_retry_info(front, tmp_path: Path) -> None:
     front.configure(retry_info="never")
     found = probe(tmp_path, "retry_info")
     assert found["retry_info"]["answer"] == "no RetryInfo"
-    assert found["retry_info"]["holds"] is False
-    with pytest.raises(CommandError, match="does not hold"):
-        call_command(
-            "spannerprobe",
-            "--queue",
-            "probe_strict",
-            "--check",
-            "retry_info",
-            "--report",
-            str(tmp_path / "strict.json"),
-            "--strict",
-        )
+    assert found["retry_info"]["holds"] is True  # the engine replays after 0.1 s anyway
 
 
 def test_the_probe_refuses_a_queue_that_holds_data_and_leaves_it(front, tmp_path: Path) -> None:
