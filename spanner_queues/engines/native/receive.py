@@ -507,10 +507,10 @@ class ReceiveStream:
         or nobody asks any more, at a batch's end); None: stopped."""
         call.in_batch += 1
         call.keys.append(row.key)
-        self._dropped.discard(row.key)
         if row.last_in_batch:
             call.full, call.in_batch = call.in_batch >= call.batch, 0
         with self._cond:
+            self._dropped.discard(row.key)  # (it came back: no longer to look for)
             if self._stop.is_set():
                 return None
             self._buffer.append(row)
