@@ -67,6 +67,8 @@ CHECKS = (
 )
 #: how close two server timestamps must be to be "the same moment"
 SAME = timedelta(milliseconds=50)
+#: how soon after a message falls due a waiting RECEIVE leases it, at most ("next_due")
+NEAR = timedelta(seconds=1)
 
 
 class ProbeRefused(QueueError):
@@ -452,18 +454,7 @@ class Probe:
         sent_at, leases = life["sent_at"], life["leases"]
         if not leases:
             return Finding("deliver_time", "no delivery", "", None, "the message never came")
-        first = leases[0].deliver_time
-        on_lease = "kept" if abs(first - sent_at) <= SAME else f"moved by {first - sent_at}"
-        answers = []
-        for before, after in itertools.pairwise(leases):
-            if after.deliver_time == before.deliver_time:
-                answers.append("kept")
-            elif abs(after.deliver_time - before.expires) <= SAME:
-                answers.append("lease_expiry")
-            elif abs(after.deliver_time - after.leased_at) <= SAME:
-                answers.append("next_due")
-            else:
-                answers.append(f"moved to {after.deliver_time.isoformat()}")
+        on_lease, answers = deliver_time_answers(sent_at, leases)
         redelivery = answers[0] if answers and len(set(answers)) == 1 else ", ".join(answers)
         holds = on_lease == "kept" and all(a == "kept" for a in answers) and bool(answers)
         return Finding(
@@ -654,6 +645,33 @@ class Probe:
             "api.receive(max_messages=1) and ack, 20 messages sent together",
             {"receive_calls": counter.receive, "probes": counter.probes, "messages": got},
         )
+
+
+def deliver_time_answers(sent_at: datetime, leases: list[Row]) -> tuple[str, list[str]]:
+    """What the ``DeliverTime`` of one message, sent (committed) at ``sent_at`` and leased as
+    ``leases`` says: on its first lease (``kept``: the commit time; ``lease_expiry``; or moved),
+    and at each redelivery (``kept``: as the lease before; ``lease_expiry``: that lease's or
+    the new lease's expiry; ``next_due``: when it was due again, the new lease's start within
+    ``NEAR``; or moved)."""
+    first = leases[0].deliver_time
+    if abs(first - sent_at) <= SAME:
+        on_lease = "kept"
+    elif abs(first - leases[0].expires) <= SAME:
+        on_lease = "lease_expiry"
+    else:
+        on_lease = f"moved by {first - sent_at}"
+    answers = []
+    for before, after in itertools.pairwise(leases):
+        moved = after.deliver_time
+        if moved == before.deliver_time:
+            answers.append("kept")
+        elif min(abs(moved - before.expires), abs(moved - after.expires)) <= SAME:
+            answers.append("lease_expiry")
+        elif abs(moved - after.leased_at) <= NEAR:
+            answers.append("next_due")
+        else:
+            answers.append(f"moved to {moved.isoformat()}")
+    return on_lease, answers
 
 
 class _ReceiveCounter:
