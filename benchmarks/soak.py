@@ -3,9 +3,10 @@ a steady trickle of sends, receivers that fail sometimes (retries), keys sent ag
 ack, pauses and resumes, ``/readyz`` and ``/livez`` probed every second, and (native) a Spanner
 outage in the middle (every call of the front answered UNAVAILABLE). Prints, at the start and at
 the end, each worker's threads, RSS, open sockets and fds, the database's Spanner sessions
-(native), Spanner calls per minute while idle (the front's request record) and send-to-ack
-latency p50/p99; writes the time series to a JSON file; checks nothing was lost or doubled
-(one ``SoakEffect`` row per send). With ``--check`` it exits 1 when a worker's threads or RSS
+(native: the total, and the harness's own, told apart by the names it created), Spanner
+calls per minute while idle (the front's request record) and send-to-ack latency p50/p99;
+writes the time series to a JSON file; checks nothing was lost or doubled (one ``SoakEffect``
+row per send). With ``--check`` it exits 1 when a worker's threads or RSS
 grew beyond the tolerance (``THREAD_SLACK``, ``RSS_TOLERANCE``), a worker took longer than
 ``EXIT_LIMIT`` to exit after the final SIGTERM, or a message was lost or
 doubled.
@@ -101,6 +102,9 @@ class Soak:
         self.undrained = 0  # sends with no effect whose message is still queued at the end
         #: seconds of each send's transaction since the last sample
         self.send_seconds: list[float] = []
+        #: names of the Spanner sessions this process (the harness) created: the sessions the
+        #: database lists are the workers' and these (``track_own_sessions``)
+        self.own_sessions: set[str] = set()
 
     # --- setup ----------------------------------------------------------------------------
     def setup(self, tmp: Path) -> None:
@@ -124,6 +128,21 @@ class Soak:
             from spanner_queues_emulator.faults import FrontControl
 
             self.front = FrontControl(os.environ["SPANNER_EMULATOR_HOST"])
+            self.track_own_sessions()
+
+    def track_own_sessions(self) -> None:
+        """Note the name of every Spanner session this process creates (its connections',
+        multiplexed or pooled), so that ``sessions`` tells the harness's from the workers'."""
+        from google.cloud.spanner_v1.session import Session
+
+        create, own = Session.create, self.own_sessions
+
+        def tracked(session: Any, *args: Any, **kwargs: Any) -> Any:
+            result = create(session, *args, **kwargs)
+            own.add(session.name)
+            return result
+
+        Session.create = tracked  # type: ignore[method-assign]
 
     def start_workers(self, tmp: Path) -> None:
         for n in range(self.args.workers):
@@ -276,14 +295,17 @@ class Soak:
         connection.ensure_connection()
         return connection.connection.database
 
-    def sessions(self) -> int | None:
+    def sessions(self) -> dict[str, int] | None:
+        """The database's Spanner sessions: ``total``, and ``harness``, those this process
+        created (the rest are the workers')."""
         if self.engine != "native":
             return None
         try:
             database = self.spanner_database()
-            return sum(1 for _ in database.spanner_api.list_sessions(database=database.name))
+            names = [s.name for s in database.spanner_api.list_sessions(database=database.name)]
         except Exception:
             return None
+        return {"total": len(names), "harness": sum(1 for n in names if n in self.own_sessions)}
 
     def read_ms(self) -> float | None:
         """The median time (ms) of three strong single-use reads of ``SELECT 1``: the
@@ -673,7 +695,9 @@ class Soak:
                 print(f"  {name:5} worker {i}: threads {w['threads']}, RSS {w['rss_mib']} MiB, "
                       f"fds {w['fds']}, sockets {w['sockets']}")  # fmt: skip
             lat = snap["latency"]
-            print(f"  {name:5} sessions {snap['sessions']}, idle calls/min "
+            sessions = snap["sessions"] or {}
+            print(f"  {name:5} sessions {sessions.get('total')} (the harness's "
+                  f"{sessions.get('harness')}), idle calls/min "
                   f"{snap['idle_calls_per_minute']}, latency p50 {lat['p50_ms']} ms, "
                   f"p99 {lat['p99_ms']} ms (n={lat['n']}); a send's transaction "
                   f"{snap.get('send_ms')} ms, a strong read {snap.get('read_ms')} ms (the "

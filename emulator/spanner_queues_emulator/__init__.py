@@ -65,13 +65,24 @@ class QueueEmulator:
     exits non-zero. ``start()`` raises ``AddressInUse`` when the port is taken.
     """
 
-    def __init__(self, host_port: str = "127.0.0.1:0", *, short_receive: str | None = None) -> None:
+    def __init__(
+        self,
+        host_port: str = "127.0.0.1:0",
+        *,
+        short_receive: str | None = None,
+        backoff: str | None = None,
+        retry_info: str | None = None,
+    ) -> None:
+        from spanner_queues_emulator.answers import backoff_mode, retry_info_mode
         from spanner_queues_emulator.receiving import short_receive_mode
 
         self.host_port = host_port
         #: how very short RECEIVE calls are answered (``receiving``): ``short_receive``, else
         #: ``SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE``, else ``generous``
         self.short_receive = short_receive_mode(short_receive)
+        #: the other open answers (``answers``): the argument, else its environment variable
+        self.backoff = backoff_mode(backoff)
+        self.retry_info = retry_info_mode(retry_info)
         self.host = ""
         self.failed = threading.Event()
         self.failure: str | None = None
@@ -87,7 +98,11 @@ class QueueEmulator:
         backend, self._emulator = start_emulator()
         try:
             self._server, self._front = serve(
-                backend, self.host_port, short_receive=self.short_receive
+                backend,
+                self.host_port,
+                short_receive=self.short_receive,
+                backoff=self.backoff,
+                retry_info=self.retry_info,
             )
         except BaseException:
             self._stop_emulator()

@@ -17,6 +17,12 @@ import sys
 import threading
 
 from spanner_queues_emulator import EmulatorNotFound, QueueEmulator
+from spanner_queues_emulator.answers import (
+    BACKOFF_ENV,
+    BACKOFF_MODES,
+    RETRY_INFO_ENV,
+    RETRY_INFO_MODES,
+)
 from spanner_queues_emulator.front import AddressInUse
 from spanner_queues_emulator.receiving import (
     SHORT_RECEIVE_ENV,
@@ -73,6 +79,21 @@ def _parser() -> argparse.ArgumentParser:
         f"(INVALID_ARGUMENT); default: ${SHORT_RECEIVE_ENV}, else generous",
     )
     parser.add_argument(
+        "--backoff",
+        choices=BACKOFF_MODES,
+        default=None,
+        help="when a message whose lease ended unacked is due again, which Google leaves open: "
+        "exponential (1 s doubling from the lease's end), none (as the lease ends), slow "
+        f"(10 s doubling); default: ${BACKOFF_ENV}, else exponential",
+    )
+    parser.add_argument(
+        "--retry-info",
+        choices=RETRY_INFO_MODES,
+        default=None,
+        help="whether an ABORTED carries a RetryInfo: always (as Cloud Spanner), never (as "
+        f"Google's emulator); default: ${RETRY_INFO_ENV}, else always",
+    )
+    parser.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one is gone (tests, tools)",
@@ -97,8 +118,13 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        emulator = QueueEmulator(args.host_port, short_receive=args.short_receive).start()
-    except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE
+        emulator = QueueEmulator(
+            args.host_port,
+            short_receive=args.short_receive,
+            backoff=args.backoff,
+            retry_info=args.retry_info,
+        ).start()
+    except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_* mode
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except EmulatorNotFound as exc:

@@ -31,7 +31,8 @@ Guarantees:
   token (Spanner does not document whether they do); ``configure(short_receive=...)`` chooses
   how a very short ``RECEIVE`` is answered (``receiving.SHORT_RECEIVE_MODES``: ``generous``,
   ``empty``, ``refuse``); ``clear()`` undoes scripts and settings (back to the mode the front
-  was started with).
+  was started with); ``configure(backoff=..., retry_info=...)`` choose the other open
+  answers (``answers``).
 - While recording (``record(True)``), every call but the control API's own is kept, in arrival
   order, as (method, serialized request); ``requests()`` returns them parsed into
   google-cloud-spanner's request types. ``end_streams()`` ends every open ``RECEIVE`` stream as
@@ -53,6 +54,7 @@ from typing import Any
 import grpc
 from google.protobuf import struct_pb2
 
+from spanner_queues_emulator import answers
 from spanner_queues_emulator import backend as b
 from spanner_queues_emulator.receiving import SHORT_RECEIVE_MODES
 
@@ -128,7 +130,13 @@ def request_sql(method: str, request: bytes) -> list[str]:
 class Faults:
     """The pending faults and the record of one front; thread-safe."""
 
-    def __init__(self, short_receive: str = "generous") -> None:
+    def __init__(
+        self,
+        short_receive: str = "generous",
+        *,
+        backoff: str = "exponential",
+        retry_info: str = "always",
+    ) -> None:
         self._lock = threading.Lock()
         self._pending: list[list[Any]] = []  # [fault, calls left]
         self._recording = False
@@ -141,6 +149,9 @@ class Faults:
         #: how a short RECEIVE is answered (``configure``; ``receiving.SHORT_RECEIVE_MODES``),
         #: and the front's own choice, which ``clear`` restores
         self.short_receive = self._short_receive_default = short_receive
+        #: the ``answers`` modes (``configure``), and the front's own, which ``clear`` restores
+        self.backoff = self._backoff_default = backoff
+        self.retry_info = self._retry_info_default = retry_info
 
     def add_script(self, script: Scripted) -> None:
         with self._lock:
@@ -168,6 +179,8 @@ class Faults:
             self._scripts.clear()
             self.resume_tokens = True
             self.short_receive = self._short_receive_default
+            self.backoff = self._backoff_default
+            self.retry_info = self._retry_info_default
 
     def set_recording(self, on: bool) -> None:
         with self._lock:
@@ -245,6 +258,10 @@ class Faults:
                         f"not {body['short_receive']!r}"
                     )
                 self.short_receive = body["short_receive"]
+            if "backoff" in body:
+                self.backoff = answers.backoff_mode(body["backoff"])
+            if "retry_info" in body:
+                self.retry_info = answers.retry_info_mode(body["retry_info"])
             return {}
         if name == "Clear":
             self.clear()
@@ -353,13 +370,25 @@ class FrontControl:
             wire_error = [code, error[1]]
         self._call("Script", {"sql_contains": sql_contains, "rows": rows, "error": wire_error})
 
-    def configure(self, *, resume_tokens: bool = True, short_receive: str | None = None) -> None:
+    def configure(
+        self,
+        *,
+        resume_tokens: bool = True,
+        short_receive: str | None = None,
+        backoff: str | None = None,
+        retry_info: str | None = None,
+    ) -> None:
         """Settings of the front's answers (until ``clear()``): resume tokens on RECEIVE
-        batches; how a very short RECEIVE is answered (``generous``, ``empty``, ``refuse``;
-        None: as it is)."""
+        batches; how a very short RECEIVE is answered (``generous``, ``empty``, ``refuse``);
+        the back-off after an unread lease (``exponential``, ``none``, ``slow``); whether an
+        ABORTED carries a RetryInfo (``always``, ``never``); None: as it is."""
         body: dict[str, Any] = {"resume_tokens": resume_tokens}
         if short_receive is not None:
             body["short_receive"] = short_receive
+        if backoff is not None:
+            body["backoff"] = answers.backoff_mode(backoff)  # checked here too
+        if retry_info is not None:
+            body["retry_info"] = answers.retry_info_mode(retry_info)
         self._call("Configure", body)
 
     def clear(self) -> None:

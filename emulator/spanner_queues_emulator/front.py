@@ -44,6 +44,7 @@ from spanner_queues_emulator import queues as q
 from spanner_queues_emulator import schema as s
 from spanner_queues_emulator import statements as st
 from spanner_queues_emulator import status
+from spanner_queues_emulator.answers import BACKOFF_POLICIES
 from spanner_queues_emulator.ddl_calls import DropDatabaseRequest, SchemaCalls
 from spanner_queues_emulator.faults import CONTROL, Fault, Faults, wire_value
 from spanner_queues_emulator.receiving import (
@@ -83,7 +84,14 @@ def _database_of(session_or_db: str) -> str:
 class Front:
     """The front's request handling; ``serve()`` puts it on a port."""
 
-    def __init__(self, backend_address: str, *, short_receive: str = "generous") -> None:
+    def __init__(
+        self,
+        backend_address: str,
+        *,
+        short_receive: str = "generous",
+        backoff: str = "exponential",
+        retry_info: str = "always",
+    ) -> None:
         self.backend_address = backend_address
         self.channel = grpc.insecure_channel(
             backend_address,
@@ -92,12 +100,13 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         #: injected faults and the request record (``spanner_queues_emulator.faults``).
-        self.faults = Faults(short_receive=short_receive)
+        self.faults = Faults(short_receive=short_receive, backoff=backoff, retry_info=retry_info)
         self.receiving = Receiving(
             self.backend,
             started=self.faults.receive_started,
             resume_tokens=lambda: self.faults.resume_tokens,
             short_receive=lambda: self.faults.short_receive,
+            backoff=lambda: self.faults.backoff,
         )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
@@ -182,6 +191,7 @@ class Front:
 
     def _unary(self, method: str, fn: Callable[[bytes, Any], bytes]) -> grpc.RpcMethodHandler:
         def call(request: bytes, context: Any) -> bytes:
+            status.WITH_RETRY_INFO.set(self.faults.retry_info == "always")
             fault = self._fault(method, request, context)
             response = fn(request, context)
             if fault is not None:  # after: applied, the answer replaced by the fault
@@ -194,6 +204,7 @@ class Front:
         self, method: str, fn: Callable[[bytes, Any], Iterator[bytes]]
     ) -> grpc.RpcMethodHandler:
         def call(request: bytes, context: Any) -> Iterator[bytes]:
+            status.WITH_RETRY_INFO.set(self.faults.retry_info == "always")
             fault = self._fault(method, request, context)
             yield from fn(request, context)
             if fault is not None:
@@ -594,7 +605,13 @@ class Front:
         self, req: Any, call: st.QueueCall, queue: s.QueueSchema
     ) -> tuple[list[tuple[str, Any]], list[list[Any]]]:
         tokens = call.args["lease_tokens"]
-        rows = q.renew(self.backend, _database_of(req.session), queue, tokens)
+        rows = q.renew(
+            self.backend,
+            _database_of(req.session),
+            queue,
+            tokens,
+            BACKOFF_POLICIES[self.faults.backoff],
+        )
         return q.project(q.renew_fields(), rows, call.columns)
 
 
@@ -659,13 +676,18 @@ def serve(
     *,
     max_workers: int = 256,
     short_receive: str = "generous",
+    backoff: str = "exponential",
+    retry_info: str = "always",
 ) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
     (server, front). ``server.bound_port`` is the port; ``short_receive`` answers very short
-    RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``). The port is the front's alone
+    RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``); ``backoff`` and ``retry_info`` choose
+    the other open answers (``answers``). The port is the front's alone
     (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
     default would share it and split clients at random between two databases."""
-    front = Front(backend_address, short_receive=short_receive)
+    front = Front(
+        backend_address, short_receive=short_receive, backoff=backoff, retry_info=retry_info
+    )
 
     class Handler(grpc.GenericRpcHandler):
         def service(self, details: Any) -> grpc.RpcMethodHandler:

@@ -166,8 +166,15 @@ def has_due(backend: b.Backend, database: str, queue: QueueSchema) -> datetime |
     return parse_ts(value.string_value)
 
 
-def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> Claimed:
-    """Lease up to ``limit`` due messages in one read-write transaction."""
+def claim(
+    backend: b.Backend,
+    database: str,
+    queue: QueueSchema,
+    limit: int,
+    backoff: BackoffPolicy = BACKOFF,
+) -> Claimed:
+    """Lease up to ``limit`` due messages in one read-write transaction (``backoff``: when an
+    unacked one is due again, ``answers``)."""
     keys = [quote(k) for k in queue.keys]
     sql = (
         f"SELECT {', '.join(keys)}, {PAYLOAD}, {DELIVER_TIME}, {ATTEMPTS}, {SEND_TIME} "
@@ -193,7 +200,7 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
         out, updates = [], []
         rows = b.rows(result)
         for i, row in enumerate(rows):
-            update, leased = _lease_row(queue, row, at, last=i == len(rows) - 1)
+            update, leased = _lease_row(queue, row, at, last=i == len(rows) - 1, backoff=backoff)
             updates.append(update)
             out.append(leased)
         mutations = []
@@ -211,7 +218,12 @@ def claim(backend: b.Backend, database: str, queue: QueueSchema, limit: int) -> 
 
 
 def _lease_row(
-    queue: QueueSchema, row: list[Any], at: datetime, *, last: bool
+    queue: QueueSchema,
+    row: list[Any],
+    at: datetime,
+    *,
+    last: bool,
+    backoff: BackoffPolicy = BACKOFF,
 ) -> tuple[list[Any], list[Any]]:
     """Lease one due ``row`` (keys, payload, deliver time, attempts, send time) at ``at``:
     the row's update (its next delivery after the back-off of this attempt, the token, the
@@ -223,7 +235,7 @@ def _lease_row(
     sent = row[n + 3]
     age = at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
     token = make_token(queue.name, row[:n], expires)
-    deliver = expires + BACKOFF.delay(attempt, age)
+    deliver = expires + backoff.delay(attempt, age)
     update = [
         *row[:n],
         b.Value(string_value=ts(deliver)),
@@ -242,7 +254,11 @@ def _lease_row(
 
 # --- RENEWLEASE --------------------------------------------------------------------------
 def renew(
-    backend: b.Backend, database: str, queue: QueueSchema, tokens: Sequence[Any]
+    backend: b.Backend,
+    database: str,
+    queue: QueueSchema,
+    tokens: Sequence[Any],
+    backoff: BackoffPolicy = BACKOFF,
 ) -> list[list[Any]]:
     """Rows of ``RENEWLEASE_<Q>`` for ``tokens``: (old, new or NULL, expiry)."""
     parsed = [read_token(t) for t in tokens]
@@ -279,7 +295,7 @@ def renew(
                     ]
                 )
                 continue
-            update, renewed = _renew_row(queue, row, token.text, at)
+            update, renewed = _renew_row(queue, row, token.text, at, backoff)
             updates.append(update)
             out.append(renewed)
         mutations = []
@@ -295,7 +311,7 @@ def renew(
 
 
 def _renew_row(
-    queue: QueueSchema, row: list[Any], old: str, at: datetime
+    queue: QueueSchema, row: list[Any], old: str, at: datetime, backoff: BackoffPolicy = BACKOFF
 ) -> tuple[list[Any], list[Any]]:
     """Renew the lease of ``row`` (keys, token, lease's end, attempts, send time), held by
     token ``old``, at ``at``: the row's update (its next delivery after the back-off, the new
@@ -308,7 +324,7 @@ def _renew_row(
     new = make_token(queue.name, row[:n], expires)
     update = [
         *row[:n],
-        b.Value(string_value=ts(expires + BACKOFF.delay(attempt, age))),
+        b.Value(string_value=ts(expires + backoff.delay(attempt, age))),
         b.Value(string_value=new),
         b.Value(string_value=ts(expires)),
     ]

@@ -51,6 +51,7 @@ from spanner_queues_emulator import queues as q
 from spanner_queues_emulator import schema as s
 from spanner_queues_emulator import statements as st
 from spanner_queues_emulator import status
+from spanner_queues_emulator.answers import BACKOFF_POLICIES
 from spanner_queues_emulator.semantics import (
     DEFAULT_MAX_BATCH_SIZE,
     DEFAULT_MAX_DURATION,
@@ -99,11 +100,14 @@ class Receiving:
         started: Callable[[], Callable[[str], None]] | None = None,
         resume_tokens: Callable[[], bool] = lambda: True,
         short_receive: Callable[[], str] = lambda: "generous",
+        backoff: Callable[[], str] = lambda: "exponential",
     ) -> None:
         self.backend = backend
         self._started = started
         self._resume_tokens = resume_tokens
         self._short_receive = short_receive
+        #: the back-off mode (``answers.BACKOFF_MODES``) of the claims
+        self._backoff = backoff
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
@@ -197,7 +201,9 @@ class Receiving:
                 earliest = q.has_due(self.backend, database, queue)
                 claimed = None
                 if earliest is not None and earliest <= q.now():
-                    claimed = q.claim(self.backend, database, queue, batch)
+                    claimed = q.claim(
+                        self.backend, database, queue, batch, BACKOFF_POLICIES[self._backoff()]
+                    )
             except grpc.RpcError as exc:
                 status.abort_with(context, exc)
             if claimed is not None and claimed.rows:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextvars
 import random
 import re
 from collections.abc import Sequence
@@ -21,6 +22,9 @@ RETRY_INFO = "google.rpc.retryinfo-bin"
 #: each replay of an aborted transaction (2, 4, 8, ...: a transaction aborted seven times in
 #: a row waited over four minutes), where Spanner's delay keeps retries prompt.
 ABORTED_RETRY_DELAY = (0.01, 0.05)
+#: whether an ABORTED of the call being answered carries a ``RETRY_INFO`` (the front's
+#: ``retry_info`` mode, ``answers``, set at the start of each call)
+WITH_RETRY_INFO: contextvars.ContextVar[bool] = contextvars.ContextVar("retry_info", default=True)
 
 
 class Aborted(Exception):
@@ -46,9 +50,12 @@ def abort(
     trailing: Sequence[tuple[str, str | bytes]] = (),
 ) -> NoReturn:
     """End the call with ``status`` and ``trailing`` metadata; always raises ``Aborted``. An
-    ABORTED carries a ``RETRY_INFO``, as Spanner's do (``ABORTED_RETRY_DELAY``)."""
+    ABORTED carries a ``RETRY_INFO``, as Spanner's do (``ABORTED_RETRY_DELAY``), unless the
+    front's ``retry_info`` mode is ``never`` (``WITH_RETRY_INFO``): then none does."""
     pairs = [(k, v) for k, v in trailing if not k.startswith(SKIP_HEADERS)]
-    if status == grpc.StatusCode.ABORTED and not any(k == RETRY_INFO for k, _ in pairs):
+    if status == grpc.StatusCode.ABORTED and not WITH_RETRY_INFO.get():
+        pairs = [(k, v) for k, v in pairs if k != RETRY_INFO]
+    elif status == grpc.StatusCode.ABORTED and not any(k == RETRY_INFO for k, _ in pairs):
         pairs.append((RETRY_INFO, retry_info(random.uniform(*ABORTED_RETRY_DELAY))))
     try:
         if pairs:

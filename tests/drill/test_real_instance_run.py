@@ -93,3 +93,11 @@ def test_the_real_instance_settings_refuse_what_would_not_reach_the_instance(
     )
     assert done.returncode != 0
     assert message in done.stderr
+
+
+def test_the_run_ends_with_the_probe_of_the_instance() -> None:
+    done = _run("--dry-run", env=_env(**dict.fromkeys(VARIABLES, "x")))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == (
+        "+ python -m django spannerprobe --report spannerprobe.json"
+    )

@@ -186,7 +186,8 @@ def test_payload_types_in_both_dialects() -> None:
         assert f"\n  {pg},\n  PRIMARY KEY" in PostgreSQL().create_queue(decl)
     json_decl = QueueDeclaration("q", DECL.keys, payload_type="json")
     assert GoogleSQL().insert(json_decl, 1, with_deliver_time=False) == (
-        "INSERT INTO q (userid, messageid, Payload) VALUES (@p0, @p1, PARSE_JSON(@p2))"
+        "INSERT INTO q (userid, messageid, Payload) "
+        "VALUES (@p0, @p1, PARSE_JSON(@p2, wide_number_mode=>'round'))"
     )
     assert PostgreSQL().insert(json_decl, 1, with_deliver_time=False) == (
         "INSERT INTO q (userid, messageid, payload) VALUES ($1, $2, CAST($3 AS jsonb))"

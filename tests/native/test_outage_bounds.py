@@ -144,3 +144,29 @@ def test_an_aborted_statement_is_replayed_after_the_fronts_retry_delay_not_secon
     assert len(delays) == 1, delays
     assert 0 < delays[0] < 0.1, f"the replay waited {delays[0]:.2f} s"
     assert Jobs.objects.count() == 2
+
+
+def test_an_aborted_statement_without_retry_info_is_replayed_after_a_short_delay(
+    front, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether every ABORTED of Cloud Spanner carries a ``RetryInfo`` is not documented (the
+    front plays both answers: ``retry_info``). Without one the DB-API would wait
+    ``2**attempt`` seconds before each replay; the engine's connections wait
+    ``ABORTED_REPLAY_DELAY_SECONDS`` instead, whatever Spanner sends."""
+    from google.cloud.spanner_dbapi import transaction_helper
+
+    front.configure(retry_info="never")
+    delays: list[float] = []
+    real = transaction_helper._get_retry_delay
+
+    def recorded(cause: object, attempts: int, default_retry_delay: object = None) -> float:
+        delays.append(real(cause, attempts, default_retry_delay=default_retry_delay))
+        return delays[-1]
+
+    monkeypatch.setattr(transaction_helper, "_get_retry_delay", recorded)
+    with transaction.atomic():
+        api.send(Jobs, payload={"n": 1})
+        front.fail("ExecuteStreamingSql", "ABORTED", "aborted", sql_contains="INSERT", times=2)
+        api.send(Jobs, payload={"n": 2})
+    assert delays == [client.ABORTED_REPLAY_DELAY_SECONDS]
+    assert Jobs.objects.count() == 2

@@ -194,6 +194,57 @@ def test_a_row_dropped_unread_keeps_the_stream_unsettled_until_its_lease_ends(
         stream.stop(timeout=5)
 
 
+def test_a_row_dropped_unread_and_still_queued_keeps_the_stream_looking(calls: Calls) -> None:
+    """After the lease of a row dropped unread has ended, a look that finds nothing does not
+    prove it gone: Spanner's back-off after an unread lease is undocumented and may hand it
+    back later. The stream reads whether it is still queued (``present``) and, while it is,
+    looks again instead of settling."""
+    asked: list[list[Any]] = []
+    answers = [{("a",)}, set()]  # still queued (backing off), then gone (acked elsewhere)
+
+    def present(keys: list[Any]) -> set[Any]:
+        asked.append(list(keys))
+        return answers.pop(0)
+
+    def parse(row: str) -> LeasedRow:
+        return LeasedRow(
+            key=(row,),
+            payload=b"",
+            deliver_time=None,
+            lease_token=f"t-{row}",
+            lease_expires_at=timezone.now() + timedelta(seconds=1),
+            last_in_batch=True,
+        )
+
+    stream = ReceiveStream(
+        "q",
+        calls.open,
+        parse,
+        cancel=calls.cancel,
+        brief=True,
+        stall_seconds=0,
+        lease_margin=timedelta(seconds=5),  # the row is dropped on the first look at it
+        present=present,
+    )
+    try:
+        stream.start()
+        stream.take(1, wait=0)
+        wait_until(calls.open_now.is_set)
+        calls.rows.put("a")
+        calls.rows.put(END)
+        wait_until(lambda: not calls.open_now.is_set() and stream.held == 1)
+        with ThreadPoolExecutor(1) as pool:
+            settled = pool.submit(stream.settle, 60)
+            wait_until(lambda: len(calls.opened) == 2 and calls.open_now.is_set(), timeout=60)
+            calls.rows.put(END)  # the look after the lease finds nothing, "a" still queued
+            wait_until(lambda: len(calls.opened) == 3 and calls.open_now.is_set(), timeout=60)
+            calls.rows.put(END)  # the next look finds nothing, and "a" is gone
+            assert settled.result(timeout=60) is True
+        assert asked == [[("a",)], [("a",)]]
+    finally:
+        stream.stop(timeout=5)
+
+
 # --- on the wire (the front Spanner) --------------------------------------------------------
 
 

@@ -93,7 +93,8 @@ def test_string_and_json_payloads_are_never_base64(front) -> None:
     [json_insert] = front.sql("INSERT INTO testapp_jsonevents")
     # JSON text bound as a STRING and parsed by Spanner (a JSON column takes no STRING).
     assert json_insert.sql == (
-        "INSERT INTO testapp_jsonevents (id, Payload) VALUES (@a0, PARSE_JSON(@a1))"
+        "INSERT INTO testapp_jsonevents (id, Payload) "
+        "VALUES (@a0, PARSE_JSON(@a1, wide_number_mode=>'round'))"
     )
     assert params(json_insert.request) == {"a0": "e", "a1": '{"a":"é","b":1}'}
     got = {m.queue: m for m in wait_until(lambda: api.receive(Greetings))}

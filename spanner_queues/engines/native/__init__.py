@@ -63,7 +63,7 @@ from spanner_queues.engines.native.ddl import (
     dialect,
     duration,
 )
-from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
+from spanner_queues.engines.native.receive import LeasedRow, Probes, ReceiveStream
 from spanner_queues.exceptions import (
     InvalidMessage,
     InvalidQueueEngine,
@@ -99,6 +99,8 @@ BRIEF_MAX_DURATION_SECONDS = 2.0
 _streams: dict[tuple[str, str], ReceiveStream] = {}
 #: streams whose calls are brief (``settle_receiving``), until stopped.
 _brief: set[tuple[str, str]] = set()
+#: what each database (engine alias) answered to the streams' probes, shared by its streams
+_probes: dict[str, Probes] = {}
 _streams_lock = threading.Lock()
 #: lease tokens whose ``RENEWLEASE`` answer was lost, by when (monotonic) they are forgotten
 #: (their old expiry has passed by then): never sent again (``renew_tokens``)
@@ -182,6 +184,7 @@ def stop_all_streams(wait: float | None = 5.0) -> None:
         streams = list(_streams.values())
         _streams.clear()
         _brief.clear()
+        _probes.clear()
     for stream in streams:
         stream.stop(wait)
 
@@ -635,6 +638,9 @@ class NativeQueueEngine(BaseQueueEngine):
             stall_seconds=LEASE.total_seconds() / 2,
             brief=(self.alias, model._meta.label) in _brief,
             probe=True,
+            probes=_probes.setdefault(self.alias, Probes()),
+            lease=LEASE,
+            present=lambda keys: self.present_keys(model, keys),
         )
 
     def record_failure(
@@ -723,7 +729,8 @@ class NativeQueueEngine(BaseQueueEngine):
     ) -> None:
         """Stop this process's RECEIVE stream of ``model`` (of every queue of this alias when
         None): the stream is shared by every thread; leased rows not yet taken are dropped
-        (Spanner delivers them again after their lease). ``wait`` seconds for each to end."""
+        (Spanner delivers them again after their lease). ``wait`` seconds for each to end.
+        Stopping every queue's also forgets what the database answered to probes."""
         label = model._meta.label if model is not None else None
 
         def chosen(key: tuple[str, str]) -> bool:
@@ -732,6 +739,8 @@ class NativeQueueEngine(BaseQueueEngine):
         with _streams_lock:
             streams = [_streams.pop(k) for k in list(_streams) if chosen(k)]
             _brief.difference_update([k for k in _brief if chosen(k)])
+            if label is None:
+                _probes.pop(self.alias, None)
         for stream in streams:
             stream.stop(wait)
 
@@ -958,6 +967,21 @@ class NativeQueueEngine(BaseQueueEngine):
                 params = [v for key in chunk for v in key]
                 cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
 
+    def present_keys(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]]
+    ) -> set[tuple[Any, ...]]:
+        """Which of ``keys`` are in the queue now (a strong read by key, in chunks): leased,
+        backing off, scheduled or due alike."""
+        decl = self.declaration(model)
+        conn = connections[self.database]
+        found: set[tuple[Any, ...]] = set()
+        with conn.cursor() as cursor:
+            for chunk in client.chunks(list(keys), MAX_QUERY_PARAMETERS // len(decl.keys)):
+                params = [v for key in chunk for v in client.prep_key(model, key, conn)]
+                cursor.execute(self.cursor_dialect.select_keys(decl, len(chunk)), params)
+                found.update(client.key_from_row(model, row) for row in cursor.fetchall())
+        return found
+
     # --- observing ------------------------------------------------------------------------
     def lease_expirations(self, model: type[Queue]) -> int:
         """Rows this process's ``RECEIVE_<Q>`` stream held whose lease ran out before they
@@ -1026,13 +1050,16 @@ class NativeQueueEngine(BaseQueueEngine):
         documented). The client's streaming reads (the cursor's queries) would retry
         UNAVAILABLE for ever, its commits for an hour: ``client.bound_streaming_reads``. A
         closed connection stops its session-maintenance thread
-        (``client.stop_sessions_on_close``)."""
+        (``client.stop_sessions_on_close``). An aborted transaction whose ABORTED carries no
+        ``RetryInfo`` is replayed after a short delay, not ``2**attempt`` seconds
+        (``client.bound_aborted_replays``)."""
         if self._no_queues_reason(connection.alias) is not None:
             return
         database = getattr(connection.connection, "database", None)
         if database is not None:
             client.bound_streaming_reads(database)
             client.stop_sessions_on_close(connection.connection)
+            client.bound_aborted_replays(connection.connection)
         introspection: Any = connection.introspection
         if getattr(introspection, "_spanner_queues_wrapped", False):
             return

@@ -284,6 +284,35 @@ class _BoundedStreamingReads:
                 self._failing.pop(id(request), None)
 
 
+#: seconds the DB-API waits before it replays an aborted transaction whose ABORTED carries no
+#: ``RetryInfo`` (``bound_aborted_replays``). Cloud Spanner's carry one, Google does not say
+#: every one does, and Google's emulator sends none; the DB-API's own default is
+#: ``2**attempt`` seconds (2, 4, 8...: minutes for a transaction aborted a few times in a row,
+#: during which a worker does not see SIGTERM).
+ABORTED_REPLAY_DELAY_SECONDS = 0.1
+
+
+def bound_aborted_replays(
+    dbapi_connection: Any, delay: float = ABORTED_REPLAY_DELAY_SECONDS
+) -> None:
+    """Have ``dbapi_connection`` (django_spanner's DB-API connection) wait ``delay`` seconds
+    before each replay of an aborted transaction whose ABORTED carries no ``RetryInfo``; one
+    that carries one is still waited as it says. Idempotent; a connection without the DB-API's
+    retry helper is left as it is."""
+    helper = getattr(dbapi_connection, "_transaction_helper", None)
+    if helper is None or getattr(helper, "_spanner_queues_bounded", False):
+        return
+    original = helper.retry_transaction
+
+    def retry_transaction(default_retry_delay: float | None = None) -> Any:
+        return original(
+            default_retry_delay=delay if default_retry_delay is None else default_retry_delay
+        )
+
+    helper.retry_transaction = retry_transaction
+    helper._spanner_queues_bounded = True
+
+
 def bound_streaming_reads(database: Any, deadline: float = STREAM_RETRY_DEADLINE_SECONDS) -> Any:
     """Give ``database`` (a ``Database``, e.g. a Django connection's) streaming reads that
     retry UNAVAILABLE with back-off for at most ``deadline`` seconds, and commits that give up

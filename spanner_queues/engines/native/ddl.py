@@ -241,6 +241,20 @@ class Dialect:
             raise QueueConfigurationError(
                 f"A delete statement binds at most {MAX_QUERY_PARAMETERS} key values."
             )
+        return f"DELETE FROM {self.quote(decl.name)} WHERE {self._keys_in(decl, count)}"
+
+    def select_keys(self, decl: QueueDeclaration, count: int) -> str:
+        """``SELECT <key> FROM ... WHERE <key> IN (...)``: which of ``count`` messages are in
+        the queue; key values bound as in ``ack_many``."""
+        columns = ", ".join(self.quote(k.column) for k in decl.keys)
+        return f"SELECT {columns} FROM {self.quote(decl.name)} WHERE {self._keys_in(decl, count)}"
+
+    def _keys_in(self, decl: QueueDeclaration, count: int) -> str:
+        width = len(decl.keys)
+        if count * width > MAX_QUERY_PARAMETERS:
+            raise QueueConfigurationError(
+                f"A statement by key binds at most {MAX_QUERY_PARAMETERS} key values."
+            )
 
         def row(r: int) -> str:
             values = [self.placeholder(r * width + c, f"k{r * width + c}") for c in range(width)]
@@ -248,8 +262,7 @@ class Dialect:
 
         columns = [self.quote(k.column) for k in decl.keys]
         target = columns[0] if width == 1 else f"({', '.join(columns)})"
-        keys = ", ".join(row(r) for r in range(count))
-        return f"DELETE FROM {self.quote(decl.name)} WHERE {target} IN ({keys})"
+        return f"{target} IN ({', '.join(row(r) for r in range(count))})"
 
     def receive(
         self, decl: QueueDeclaration, *, max_batch_size: int | None, max_duration: str | None
@@ -354,7 +367,11 @@ class GoogleSQL(Dialect):
     payload_types = {"bytes": "BYTES(MAX)", "string": "STRING(MAX)", "json": "JSON"}
 
     def payload_value(self, decl: QueueDeclaration, placeholder: str) -> str:
-        return f"PARSE_JSON({placeholder})" if decl.payload_type == "json" else placeholder
+        return (
+            f"PARSE_JSON({placeholder}, wide_number_mode=>'round')"
+            if decl.payload_type == "json"
+            else placeholder
+        )
 
     def quote(self, name: str) -> str:
         if _PLAIN.match(name) and name.upper() not in _GOOGLESQL_RESERVED:

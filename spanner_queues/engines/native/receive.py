@@ -36,9 +36,13 @@ are counted in ``lease_expiration_count``, as Spanner's metric of that name coun
 A probe proves nothing when it comes back empty: Spanner documents no minimum
 ``max_duration`` and advises against very short ones, so an instance may answer a 1 ms call
 with nothing while a backlog waits. An empty probe is always followed by a long call when a
-demand is unmet, and never counts as a look (below). A probe refused with INVALID_ARGUMENT,
-whatever its words, turns probes off for this stream and is asked again once in a long call;
-only a long call's refusal is permanent.
+demand is unmet, and never counts as a look (below). What a database answers to probes is
+learnt once for all its streams (``Probes``, one per engine alias): a probe refused with
+INVALID_ARGUMENT, whatever its words, turns probes off on that database and is asked again
+once in a long call (only a long call's refusal is permanent); and once ``USELESS_PROBES``
+probes came back empty right before a long call whose first row was due before the probe
+opened, while no probe on that database ever brought a row, it probes no more (each probe
+was a call for nothing).
 
 ``settle`` serves callers that stop once nothing is due (a burst worker). Rows a call leased
 may still be on the wire when the buffer is empty, and cancelling the call would leave them
@@ -88,9 +92,71 @@ WARM_WAIT = 0.05
 #: the next ``settle`` looks again
 SINCE_KEPT = 1000
 
+#: most keys of rows dropped unread that a stream keeps to check before it settles
+DROPPED_KEPT = 100
+
 #: how long a stream's call stays open after the last ``take`` returned (a worker asks again
 #: well within it; a plain ``api.receive()`` leaves the call open no longer).
 LINGER_SECONDS = 1.0
+
+#: empty probes, each followed by a long call whose first row was due before the probe
+#: opened, after which a database that never answered a probe with a row probes no more
+USELESS_PROBES = 3
+
+
+class Probes:
+    """What one database (an engine alias) answered to the 1 ms probes of its streams, shared
+    by them and bounded (two flags and a count): probes are asked (``wanted``) until one is
+    refused, or until ``USELESS_PROBES`` came back empty while the queue held rows due before
+    them (``missed``), unless a probe ever brought a row (``brought``). Thread-safe."""
+
+    def __init__(self, useless_limit: int = USELESS_PROBES) -> None:
+        self._lock = threading.Lock()
+        self._limit = useless_limit
+        self.refused = False
+        self.answered = False
+        self.useless = 0
+
+    @property
+    def wanted(self) -> bool:
+        with self._lock:
+            return not self.refused and (self.answered or self.useless < self._limit)
+
+    def refuse(self) -> None:
+        with self._lock:
+            self.refused = True
+
+    def brought(self) -> None:
+        """A probe brought a row: the database answers probes."""
+        with self._lock:
+            self.answered = True
+
+    def missed(self, name: str) -> None:
+        """A probe came back empty although a row was due when it opened."""
+        with self._lock:
+            if self.answered or self.refused:
+                return
+            self.useless += 1
+            if self.useless != self._limit:
+                return
+        logger.warning(
+            "RECEIVE for %s: %d probes came back empty while rows were due; no more probes "
+            "on this database (it answers very short calls with nothing)",
+            name,
+            self._limit,
+        )
+
+
+def due_before_probe(row: LeasedRow, lease: timedelta, elapsed: float) -> bool:
+    """Whether ``row``, the first a long call brought ``elapsed`` seconds (monotonic) after an
+    empty probe opened, was due when the probe opened: it had waited, on Spanner's own clock
+    (its lease's start, ``lease_expires_at - lease``, less its ``DeliverTime``), longer than
+    ``elapsed`` (no client clock is compared with the server's)."""
+    if row.deliver_time is None or row.lease_expires_at is None:
+        return False
+    waited = (row.lease_expires_at - lease - row.deliver_time).total_seconds()
+    return waited > elapsed
+
 
 #: Errors that no restart can cure: the stream stops and ``take`` raises them.
 PERMANENT = frozenset(
@@ -169,7 +235,9 @@ class ReceiveStream:
     reaches it from its return on) and returns an iterable of its raw rows, read to its end
     (``brief``: with a short ``max_duration``, see ``settle``; ``probe``: a one-batch call,
     passed only with ``probe``); ``parse(row)`` turns a row into a ``LeasedRow``. ``brief``:
-    calls are brief from the start.
+    calls are brief from the start. ``probes``: what the database answered to probes, shared
+    with its other streams (default: this stream's own); ``lease``: Spanner's lease;
+    ``present(keys)``: which of ``keys`` are in the queue now (``settle``).
     """
 
     def __init__(
@@ -190,6 +258,9 @@ class ReceiveStream:
         brief: bool = False,
         linger: float = LINGER_SECONDS,
         probe: bool = False,
+        probes: Probes | None = None,
+        lease: timedelta = timedelta(seconds=10),
+        present: Callable[[list[tuple[Any, ...]]], Collection[tuple[Any, ...]]] | None = None,
     ) -> None:
         self.name = name
         self._open_stream = open_stream
@@ -211,6 +282,15 @@ class ReceiveStream:
         self._linger = linger
         #: ``open_stream(..., probe=True)`` opens a one-batch call (a tiny ``max_duration``)
         self._probe = probe
+        #: what the database answered to probes (shared by its streams)
+        self._probes = probes if probes is not None else Probes()
+        self._lease = lease
+        #: when (monotonic) the last call, an empty probe, opened; None after any other call
+        self._empty_probe: float | None = None
+        #: which of some keys are in the queue now (``settle``: rows dropped unread)
+        self._present = present
+        #: keys of rows dropped unread and not brought again since (at most ``DROPPED_KEPT``)
+        self._dropped: set[tuple[Any, ...]] = set()
         #: the next call is a probe: a new demand, or the last probe came back full
         self._probe_next = True
         #: the last call was a probe that came back full: more is due, and the next probe is
@@ -350,11 +430,12 @@ class ReceiveStream:
                     # whatever a probe's refusal says, ask in long calls from now on. The
                     # long call is asked at once; its own refusal is permanent.
                     logger.warning(
-                        "RECEIVE for %s refused a probe (%s); no more probes on this stream",
+                        "RECEIVE for %s refused a probe (%s); no more probes on this database",
                         self.name,
                         exc,
                     )
-                    self._probe, call.refused = False, True
+                    self._probes.refuse()
+                    call.refused = True
                     continue
                 self.last_error = exc
                 failures += 1
@@ -391,7 +472,7 @@ class ReceiveStream:
                 brief=self._brief,
                 # (brief or not: a backlog is asked in probes, which lease one batch each; a
                 # look asked by ``settle`` is no probe: an empty probe proves nothing)
-                probe=self._probe and self._probe_next and not confirm,
+                probe=self._probe and self._probe_next and not confirm and self._probes.wanted,
             )
 
     def _read(self, call: _Call) -> bool:
@@ -407,7 +488,12 @@ class ReceiveStream:
         if self._stop.is_set():  # a stop() while the call was opening cancelled
             self._cancel_stream()  # nothing: cancel it now that it exists
         for row in rows:
-            end = self._hold(call, self._parse(row))
+            leased = self._parse(row)
+            if self._empty_probe is not None and not call.probe:  # its first row
+                if due_before_probe(leased, self._lease, time.monotonic() - self._empty_probe):
+                    self._probes.missed(self.name)
+                self._empty_probe = None
+            end = self._hold(call, leased)
             if end is None:
                 return False
             if end:
@@ -424,6 +510,7 @@ class ReceiveStream:
         if row.last_in_batch:
             call.full, call.in_batch = call.in_batch >= call.batch, 0
         with self._cond:
+            self._dropped.discard(row.key)  # (it came back: no longer to look for)
             if self._stop.is_set():
                 return None
             self._buffer.append(row)
@@ -496,6 +583,11 @@ class ReceiveStream:
             # nothing more is due, wait in a long call. After a long call, the next demand
             # probes first.
             self._probe_next = call.full if call.probe else True
+            if call.probe and call.keys:
+                self._probes.brought()
+            # an empty probe that ran to its end: the next call's first row tells whether a
+            # row was due while it looked
+            self._empty_probe = call.opened if call.probe and call.ended and not call.keys else None
             if call.ended and not call.probe:
                 self._looked, self._since = call.keys, []
                 self._looked_at = call.opened_at
@@ -532,6 +624,8 @@ class ReceiveStream:
         """A held row is dropped unread: count it, and remember when its lease ends at the
         latest (``_reappear_at``), when it is due again (``_cond``)."""
         self.lease_expiration_count += 1
+        if len(self._dropped) < DROPPED_KEPT:
+            self._dropped.add(delivery.key)
         ends = delivery.lease_expires_at
         if ends is not None and (self._reappear_at is None or ends > self._reappear_at):
             self._reappear_at = ends
@@ -560,7 +654,7 @@ class ReceiveStream:
                     return False
                 pause = remaining = deadline - time.monotonic()
                 if not self._calling and not self._confirm:
-                    if self._nothing_new(ignore):
+                    if self._nothing_new(ignore) and not self._dropped_left(ignore):
                         # Rows held are the caller's ignored ones (no receiver of its
                         # release): left to their lease, as a stopped stream leaves them.
                         self.lease_expiration_count += len(self._buffer)
@@ -589,6 +683,40 @@ class ReceiveStream:
         ):
             return False  # rows dropped unread were still leased when it looked
         return all(k in ignore for k in self._looked) and all(k in ignore for k in self._since)
+
+    def _dropped_left(self, ignore: Collection[tuple[Any, ...]]) -> bool:
+        """Whether a row dropped unread is still in the queue (under ``_cond``, released while
+        the queue is read). A look that found nothing after its lease ended does not prove it
+        gone: Spanner's back-off after an unread lease is undocumented and may hand it back
+        later. Still there (leased elsewhere or backing off): the last look no longer counts,
+        so ``settle`` looks again (in brief calls) until it comes back or is gone. Gone keys
+        are forgotten. A read that fails says nothing: still there, unless the error is
+        permanent (the queue or the permission gone: logged, the rule falls back to the
+        lease's end)."""
+        keys = [k for k in self._dropped if k not in ignore]
+        if not keys or self._present is None:
+            return False
+        self._cond.release()
+        try:
+            left = set(self._present(keys))
+        except Exception as exc:
+            if permanent_error(self.name, exc) is not None:
+                logger.warning(
+                    "%s: cannot read whether rows dropped unread are still queued (%s); "
+                    "settling on their lease's end",
+                    self.name,
+                    exc,
+                )
+                left = set()
+            else:
+                logger.debug("%s: reading dropped rows failed", self.name, exc_info=True)
+                left = set(keys)
+        finally:
+            self._cond.acquire()
+        self._dropped.difference_update(set(keys) - left)
+        if left:
+            self._looked = None  # look again: the row may come back after its back-off
+        return bool(left)
 
     def _reappear_in(self) -> float:
         """Seconds until the rows dropped unread are due again (0: they are) (``_cond``)."""
