@@ -65,13 +65,23 @@ class QueueEmulator:
     exits non-zero. ``start()`` raises ``AddressInUse`` when the port is taken.
     """
 
-    def __init__(self, host_port: str = "127.0.0.1:0", *, short_receive: str | None = None) -> None:
+    def __init__(
+        self,
+        host_port: str = "127.0.0.1:0",
+        *,
+        short_receive: str | None = None,
+        deliver_time: str | None = None,
+    ) -> None:
+        from spanner_queues_emulator.queues import deliver_time_mode
         from spanner_queues_emulator.receiving import short_receive_mode
 
         self.host_port = host_port
         #: how very short RECEIVE calls are answered (``receiving``): ``short_receive``, else
         #: ``SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE``, else ``generous``
         self.short_receive = short_receive_mode(short_receive)
+        #: what a lease does to ``DeliverTime`` (``queues``): ``deliver_time``, else
+        #: ``SPANNER_QUEUES_EMULATOR_DELIVER_TIME``, else ``kept``
+        self.deliver_time = deliver_time_mode(deliver_time)
         self.host = ""
         self.failed = threading.Event()
         self.failure: str | None = None
@@ -87,7 +97,10 @@ class QueueEmulator:
         backend, self._emulator = start_emulator()
         try:
             self._server, self._front = serve(
-                backend, self.host_port, short_receive=self.short_receive
+                backend,
+                self.host_port,
+                short_receive=self.short_receive,
+                deliver_time=self.deliver_time,
             )
         except BaseException:
             self._stop_emulator()

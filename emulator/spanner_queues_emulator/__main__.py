@@ -18,6 +18,7 @@ import threading
 
 from spanner_queues_emulator import EmulatorNotFound, QueueEmulator
 from spanner_queues_emulator.front import AddressInUse
+from spanner_queues_emulator.queues import DELIVER_TIME_ENV, DELIVER_TIME_MODES
 from spanner_queues_emulator.receiving import (
     SHORT_RECEIVE_ENV,
     SHORT_RECEIVE_MODES,
@@ -73,6 +74,15 @@ def _parser() -> argparse.ArgumentParser:
         f"(INVALID_ARGUMENT); default: ${SHORT_RECEIVE_ENV}, else generous",
     )
     parser.add_argument(
+        "--deliver-time",
+        choices=DELIVER_TIME_MODES,
+        default=None,
+        help="what a lease does to a message's DeliverTime, which Google leaves open: kept "
+        "(the sender's time, through every lease), lease_expiry (moved to the lease's expiry "
+        "on each lease), next_due (moved to when the message is next due); default: "
+        f"${DELIVER_TIME_ENV}, else kept",
+    )
+    parser.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one is gone (tests, tools)",
@@ -97,8 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        emulator = QueueEmulator(args.host_port, short_receive=args.short_receive).start()
-    except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE
+        emulator = QueueEmulator(
+            args.host_port, short_receive=args.short_receive, deliver_time=args.deliver_time
+        ).start()
+    except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_SHORT_RECEIVE or _DELIVER_TIME
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except EmulatorNotFound as exc:

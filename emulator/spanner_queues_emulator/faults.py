@@ -30,7 +30,9 @@ Guarantees:
   or renewed. ``configure(resume_tokens=False)`` makes ``RECEIVE`` batches carry no resume
   token (Spanner does not document whether they do); ``configure(short_receive=...)`` chooses
   how a very short ``RECEIVE`` is answered (``receiving.SHORT_RECEIVE_MODES``: ``generous``,
-  ``empty``, ``refuse``); ``clear()`` undoes scripts and settings (back to the mode the front
+  ``empty``, ``refuse``); ``configure(deliver_time=...)`` what a lease does to a message's
+  ``DeliverTime`` (``queues.DELIVER_TIME_MODES``: ``kept``, ``lease_expiry``, ``next_due``);
+  ``clear()`` undoes scripts and settings (back to the mode the front
   was started with).
 - While recording (``record(True)``), every call but the control API's own is kept, in arrival
   order, as (method, serialized request); ``requests()`` returns them parsed into
@@ -54,6 +56,7 @@ import grpc
 from google.protobuf import struct_pb2
 
 from spanner_queues_emulator import backend as b
+from spanner_queues_emulator.queues import DELIVER_TIME_MODES
 from spanner_queues_emulator.receiving import SHORT_RECEIVE_MODES
 
 SERVICE = "/spanner_queues.emulator.Front/"
@@ -128,7 +131,7 @@ def request_sql(method: str, request: bytes) -> list[str]:
 class Faults:
     """The pending faults and the record of one front; thread-safe."""
 
-    def __init__(self, short_receive: str = "generous") -> None:
+    def __init__(self, short_receive: str = "generous", deliver_time: str = "kept") -> None:
         self._lock = threading.Lock()
         self._pending: list[list[Any]] = []  # [fault, calls left]
         self._recording = False
@@ -141,6 +144,9 @@ class Faults:
         #: how a short RECEIVE is answered (``configure``; ``receiving.SHORT_RECEIVE_MODES``),
         #: and the front's own choice, which ``clear`` restores
         self.short_receive = self._short_receive_default = short_receive
+        #: what a lease does to ``DeliverTime`` (``configure``; ``queues.DELIVER_TIME_MODES``),
+        #: and the front's own choice, which ``clear`` restores
+        self.deliver_time = self._deliver_time_default = deliver_time
 
     def add_script(self, script: Scripted) -> None:
         with self._lock:
@@ -168,6 +174,7 @@ class Faults:
             self._scripts.clear()
             self.resume_tokens = True
             self.short_receive = self._short_receive_default
+            self.deliver_time = self._deliver_time_default
 
     def set_recording(self, on: bool) -> None:
         with self._lock:
@@ -245,6 +252,13 @@ class Faults:
                         f"not {body['short_receive']!r}"
                     )
                 self.short_receive = body["short_receive"]
+            if "deliver_time" in body:
+                if body["deliver_time"] not in DELIVER_TIME_MODES:
+                    raise ValueError(
+                        f"deliver_time must be one of {', '.join(DELIVER_TIME_MODES)}, "
+                        f"not {body['deliver_time']!r}"
+                    )
+                self.deliver_time = body["deliver_time"]
             return {}
         if name == "Clear":
             self.clear()
@@ -353,13 +367,22 @@ class FrontControl:
             wire_error = [code, error[1]]
         self._call("Script", {"sql_contains": sql_contains, "rows": rows, "error": wire_error})
 
-    def configure(self, *, resume_tokens: bool = True, short_receive: str | None = None) -> None:
+    def configure(
+        self,
+        *,
+        resume_tokens: bool = True,
+        short_receive: str | None = None,
+        deliver_time: str | None = None,
+    ) -> None:
         """Settings of the front's answers (until ``clear()``): resume tokens on RECEIVE
         batches; how a very short RECEIVE is answered (``generous``, ``empty``, ``refuse``;
-        None: as it is)."""
+        None: as it is); what a lease does to ``DeliverTime`` (``kept``, ``lease_expiry``,
+        ``next_due``; None: as it is)."""
         body: dict[str, Any] = {"resume_tokens": resume_tokens}
         if short_receive is not None:
             body["short_receive"] = short_receive
+        if deliver_time is not None:
+            body["deliver_time"] = deliver_time
         self._call("Configure", body)
 
     def clear(self) -> None:

@@ -83,7 +83,9 @@ def _database_of(session_or_db: str) -> str:
 class Front:
     """The front's request handling; ``serve()`` puts it on a port."""
 
-    def __init__(self, backend_address: str, *, short_receive: str = "generous") -> None:
+    def __init__(
+        self, backend_address: str, *, short_receive: str = "generous", deliver_time: str = "kept"
+    ) -> None:
         self.backend_address = backend_address
         self.channel = grpc.insecure_channel(
             backend_address,
@@ -92,12 +94,13 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         #: injected faults and the request record (``spanner_queues_emulator.faults``).
-        self.faults = Faults(short_receive=short_receive)
+        self.faults = Faults(short_receive=short_receive, deliver_time=deliver_time)
         self.receiving = Receiving(
             self.backend,
             started=self.faults.receive_started,
             resume_tokens=lambda: self.faults.resume_tokens,
             short_receive=lambda: self.faults.short_receive,
+            deliver_time=lambda: self.faults.deliver_time,
         )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
@@ -594,7 +597,9 @@ class Front:
         self, req: Any, call: st.QueueCall, queue: s.QueueSchema
     ) -> tuple[list[tuple[str, Any]], list[list[Any]]]:
         tokens = call.args["lease_tokens"]
-        rows = q.renew(self.backend, _database_of(req.session), queue, tokens)
+        rows = q.renew(
+            self.backend, _database_of(req.session), queue, tokens, self.faults.deliver_time
+        )
         return q.project(q.renew_fields(), rows, call.columns)
 
 
@@ -659,13 +664,15 @@ def serve(
     *,
     max_workers: int = 256,
     short_receive: str = "generous",
+    deliver_time: str = "kept",
 ) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
     (server, front). ``server.bound_port`` is the port; ``short_receive`` answers very short
-    RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``). The port is the front's alone
+    RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``); ``deliver_time`` says what a lease does
+    to ``DeliverTime`` (``queues.DELIVER_TIME_MODES``). The port is the front's alone
     (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
     default would share it and split clients at random between two databases."""
-    front = Front(backend_address, short_receive=short_receive)
+    front = Front(backend_address, short_receive=short_receive, deliver_time=deliver_time)
 
     class Handler(grpc.GenericRpcHandler):
         def service(self, details: Any) -> grpc.RpcMethodHandler:

@@ -99,11 +99,14 @@ class Receiving:
         started: Callable[[], Callable[[str], None]] | None = None,
         resume_tokens: Callable[[], bool] = lambda: True,
         short_receive: Callable[[], str] = lambda: "generous",
+        deliver_time: Callable[[], str] = lambda: "kept",
     ) -> None:
         self.backend = backend
         self._started = started
         self._resume_tokens = resume_tokens
         self._short_receive = short_receive
+        #: what a lease does to ``DeliverTime`` (``queues.DELIVER_TIME_MODES``)
+        self.deliver_time = deliver_time
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
@@ -197,7 +200,7 @@ class Receiving:
                 earliest = q.has_due(self.backend, database, queue)
                 claimed = None
                 if earliest is not None and earliest <= q.now():
-                    claimed = q.claim(self.backend, database, queue, batch)
+                    claimed = q.claim(self.backend, database, queue, batch, self.deliver_time())
             except grpc.RpcError as exc:
                 status.abort_with(context, exc)
             if claimed is not None and claimed.rows:
@@ -314,11 +317,12 @@ def is_strong_read(options: Any) -> bool:
 
 def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
     """Give back the rows of ``claimed`` that still hold the lease it gave them (never sent):
-    due now, no lease, the attempt not counted."""
+    due now, no lease, the attempt not counted (a ``DeliverTime`` the lease moved later,
+    ``queues.DELIVER_TIME_MODES``: now)."""
     n = len(queue.keys)
     token_at = [name for name, _ in claimed.fields].index(q.RECEIVE_SYSTEM[1])
     tokens = {row[token_at].string_value: row[:n] for row in claimed.rows}
-    columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS]
+    columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS, s.DELIVER_TIME]
 
     def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
         result = backend.read(
@@ -333,13 +337,16 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
             if not row[n].HasField("string_value") or row[n].string_value not in tokens:
                 continue  # acked, or leased anew since: not ours to give back
             attempts = max(int(row[n + 1].string_value or 1) - 1, 0)
+            at = q.now()
+            deliver = min(q.parse_ts(row[n + 2].string_value), at)
             updates.append(
                 [
                     *row[:n],
-                    b.Value(string_value=q.ts(q.now())),
+                    b.Value(string_value=q.ts(at)),
                     b.string_value(None),
                     b.string_value(None),
                     b.Value(string_value=str(attempts)),
+                    b.Value(string_value=q.ts(deliver)),
                 ]
             )
         mutations = []
@@ -347,7 +354,14 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
             mutations.append(
                 b.update_mutation(
                     queue.name,
-                    [*queue.keys, s.NEXT_DELIVERY, s.LEASE_TOKEN, s.LEASE_EXPIRES, s.ATTEMPTS],
+                    [
+                        *queue.keys,
+                        s.NEXT_DELIVERY,
+                        s.LEASE_TOKEN,
+                        s.LEASE_EXPIRES,
+                        s.ATTEMPTS,
+                        s.DELIVER_TIME,
+                    ],
                     updates,
                 )
             )
