@@ -16,13 +16,15 @@ import pytest
 from django.db import transaction
 
 from spanner_queues import api
+from spanner_queues.deadletter import dead_letter
 from spanner_queues.engines import engines
 from spanner_queues.engines.native import deliver_time_moved, forget_moved_deliver_times
 from spanner_queues.failures import FailedDelivery
+from spanner_queues.message import Message
 from spanner_queues.testing.conformance.support import receive_due
 from spanner_queues.worker.outcomes import DeliveryPolicy
 from spanner_queues_emulator.queues import DELIVER_TIME_MODES
-from tests.testapp.models import Emails
+from tests.testapp.models import Emails, EmailsDead
 from tests.tracingapp.models import Events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -36,9 +38,12 @@ def _fresh_tripwire() -> Iterator[None]:
     forget_moved_deliver_times()
 
 
-def fail_until_exhausted(model, key: str, runs: int) -> list[tuple[int, int | None, bool]]:
+def fail_until_exhausted(
+    model, key: str, runs: int, last: list[Message] | None = None
+) -> list[tuple[int, int | None, bool]]:
     """Receive the message under ``key`` and fail it, ``runs`` times or until exhausted:
-    (the delivery's ``attempt``, the attempt the failure counted, exhausted) of each run."""
+    (the delivery's ``attempt``, the attempt the failure counted, exhausted) of each run;
+    the last delivery goes to ``last``."""
     policy = DeliveryPolicy(engines["default"])
     seen = []
     for _ in range(runs):
@@ -47,6 +52,8 @@ def fail_until_exhausted(model, key: str, runs: int) -> list[tuple[int, int | No
         attempt = message.attempt  # (read before the failure is recorded)
         failure = policy.fail(model, message, RuntimeError("poison"), using="default")
         seen.append((attempt, failure.attempt, failure.exhausted))
+        if last is not None:
+            last[:] = [message]
         if failure.exhausted:
             break
     return seen
@@ -58,12 +65,17 @@ def test_a_failing_message_is_exhausted_at_its_third_failure_whatever_a_lease_do
 ) -> None:
     front.configure(deliver_time=mode)
     Emails.send(id="poison", payload=b"x")
+    last: list[Message] = []
     try:
         with caplog.at_level(logging.ERROR, logger="spanner_queues.engines.native"):
-            runs = fail_until_exhausted(Emails, "poison", 4)
+            runs = fail_until_exhausted(Emails, "poison", 4, last)
+        assert runs == [(1, 1, False), (2, 2, False), (3, 3, True)]
+        dead_letter(last[0])  # (what the worker does with an exhausted message)
     finally:
         api.stop_receiving(Emails, wait=10)
-    assert runs == [(1, 1, False), (2, 2, False), (3, 3, True)]
+    assert list(EmailsDead.objects.values_list("pk", flat=True)) == ["poison"]
+    assert not Emails.objects.exists()
+    assert not FailedDelivery.objects.exists()  # the record went with the message
     # the tripwire: proof that DeliverTime moves, logged once, counted for each delivery
     moved = mode != "kept"
     assert deliver_time_moved(engines["default"], Emails) is moved
