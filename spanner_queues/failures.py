@@ -7,17 +7,34 @@ of a received batch when the first ``message.attempt`` of it is read, one query 
 (``message.attempt`` = failed runs + 1; a receiver that never reads it costs no read), and the
 worker dead-letters (or discards) the message once its failures reach ``max_attempts``.
 
-A record belongs to one sent message, not to its key. It keeps when the lease of the run that
-failed began (``leased_at``, on Spanner's clock: the lease's expiry less the 10 s lease); a
-message is delivered only once its ``DeliverTime`` has come, and Spanner keeps the sender's
-``DeliverTime`` through leases and redeliveries, so the record's own message has a
-``DeliverTime`` no later than ``leased_at``, while a message sent under the same key after that
-one was deleted (acked by key, replaced, deleted, by a cascade or by TTL, where nothing of ours
-runs) has a later one: the record is not its (``belongs``), it is read as no failure and the
-next failure starts it again. Records also go with their message where we delete it: the
-native engine's ``ack_many`` (unless the delivery is known to be a first one, ``first_delivery``,
-which has no record) and ``delete_any``; ``prune`` deletes the records of messages
-that are gone, so the ledger stays as small as the failing messages it describes.
+A record belongs to one sent message, not to its key. Whether Spanner keeps the sender's
+``DeliverTime`` through leases and redeliveries is not documented (the specification's §7), so
+a record keeps what identifies its send under every answer: when the lease of the run that
+failed began (``leased_at``, on Spanner's clock: the lease's expiry less the 10 s lease), that
+lease's expiry (``lease_expires_at``), the ``DeliverTime`` the delivery showed
+(``deliver_time``), and on an envelope queue the event's own ``id``, new per send
+(``event_id``). Whether a record is a delivery's (``belongs``):
+
+- an envelope queue's event ``id`` tells, under every answer;
+- else, while the queue is taken to keep ``DeliverTime`` (Spanner's answer as far as anyone
+  has seen): the record's message has a ``DeliverTime`` no later than ``leased_at`` (a message
+  is delivered only once it is due), or equal to the failed run's lease expiry (a Spanner that
+  moves it to the lease's expiry but shows the value from before the lease), while a message
+  sent under the key after that one was deleted (acked by key, replaced, deleted, by a cascade
+  or by TTL, where nothing of ours runs) has a later one: the record is not its, it is read as
+  no failure and the next failure starts it again;
+- once a delivery of the queue showed a ``DeliverTime`` later than its lease's start (which
+  proves that Spanner moves it: the native engine's tripwire, ``moved``), the ``DeliverTime``
+  tells nothing: the record is the key's (fail closed: a message sent again under the key of
+  one deleted where nothing of ours ran inherits its failures and is given up early, where the
+  other guess would retry a failing message for ever).
+
+Records also go with their message where we delete it: the native engine's ``ack_many``
+(unless the delivery is known to be a first one, ``first_delivery``, which has no record) and
+``delete_any``; ``prune`` deletes the records of messages that are gone, looking only at
+records not updated for ``REDELIVERY_BOUND`` (a failing message is delivered again within it),
+and never the record of a message under its key that it ``belongs`` to: the ledger stays as
+small as the failing messages it describes.
 
 What it does not count: a delivery whose worker died or whose lease expired mid-run leaves no
 record (Spanner redelivers it with back-off, as it always does), nor does a message received
@@ -29,7 +46,8 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import datetime, time
+from dataclasses import dataclass
+from datetime import datetime, time, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.core.serializers.json import DjangoJSONEncoder
@@ -45,6 +63,12 @@ if TYPE_CHECKING:
 ERROR_LIMIT = 1000
 #: key texts one DELETE of the ledger binds (Spanner binds at most 950 parameters a statement)
 CLEAR_BATCH = 900
+#: how long after a failed run a failing message is surely delivered again (Spanner retries
+#: "with back-off within the first hour, and older messages ... once per hour"), and a lease:
+#: the ledger's prune looks only at records not updated for longer.
+REDELIVERY_BOUND = timedelta(hours=1) + LEASE
+#: the longest event ``id`` a record keeps (a longer one is cut: still distinct in practice)
+EVENT_ID_LIMIT = 200
 
 
 class FailedDelivery(models.Model):
@@ -57,8 +81,15 @@ class FailedDelivery(models.Model):
     updated_at = models.DateTimeField()
     #: when the lease of the latest failed run began (Spanner's clock); the record is of the
     #: message under ``message_key`` whose ``DeliverTime`` is not later (``belongs``). None (a
-    #: record written before this field, or of a message without a lease): any message's.
+    #: message without a lease): any message's. (Records written before it were given their
+    #: ``updated_at`` by migration 0005.)
     leased_at = models.DateTimeField(null=True, blank=True)
+    #: the expiry of that lease (Spanner's clock); None when not known
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    #: the ``DeliverTime`` the delivery of that run showed; None when not known
+    deliver_time = models.DateTimeField(null=True, blank=True)
+    #: on an envelope queue, the ``id`` of the failed run's event (new per send); else ""
+    event_id = models.CharField(max_length=EVENT_ID_LIMIT, blank=True, default="")
 
     class Meta:
         verbose_name = "failed delivery"
@@ -105,45 +136,86 @@ def lease_start(message: Message) -> datetime | None:
 
 def first_delivery(deliver_time: datetime | None, lease_expires_at: datetime | None) -> bool:
     """Whether a delivery (its message's ``DeliverTime`` and its lease's expiry, as RECEIVE
-    gave them) is surely the first of its message: its lease began less than one lease after
-    the ``DeliverTime``, so no earlier lease of the message can have ended, and no failed run
-    of it is on record. False when it cannot be told."""
+    gave them) is surely the first of its message, on a queue that keeps ``DeliverTime``: its
+    lease began less than one lease after the ``DeliverTime``, so no earlier lease of the
+    message can have ended, and no failed run of it is on record. False when it cannot be told
+    (the caller asks nothing of a queue whose ``DeliverTime`` moves: ``moved_deliver_time``)."""
     if deliver_time is None or lease_expires_at is None:
         return False
     return lease_expires_at - LEASE < deliver_time + LEASE
 
 
-def belongs(leased_at: datetime | None, deliver_time: datetime | None) -> bool:
-    """Whether a record whose failed run was leased at ``leased_at`` is of the message whose
-    ``DeliverTime`` is ``deliver_time`` (a message sent later has a later ``DeliverTime``)."""
-    return leased_at is None or deliver_time is None or deliver_time <= leased_at
+def moved_deliver_time(deliver_time: datetime | None, lease_expires_at: datetime | None) -> bool:
+    """Whether a delivery proves that Spanner moves ``DeliverTime`` on a lease: it shows a
+    ``DeliverTime`` later than its lease's start (a message is delivered only once due, so a
+    kept one is never later)."""
+    if deliver_time is None or lease_expires_at is None:
+        return False
+    return deliver_time > lease_expires_at - LEASE
+
+
+def event_id(message: Message) -> str:
+    """The event ``id`` of a message of an envelope queue (new per send); "" elsewhere."""
+    event = message.event
+    found = event.get("id") if event else None
+    return str(found)[:EVENT_ID_LIMIT] if found is not None else ""
+
+
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What a delivery shows of its send: its ``DeliverTime`` and its event ``id`` ("" off an
+    envelope queue)."""
+
+    deliver_time: datetime | None
+    event_id: str = ""
+
+
+def belongs(record: FailedDelivery, seen: Seen, *, moved: bool = False) -> bool:
+    """Whether ``record`` is of the send a delivery shows (``seen``), on a queue whose
+    ``DeliverTime`` is known to move on a lease (``moved``) or taken to be kept (see the
+    module's docstring)."""
+    if record.event_id and seen.event_id:
+        return record.event_id == seen.event_id
+    if moved or record.leased_at is None or seen.deliver_time is None:
+        return True
+    return seen.deliver_time <= record.leased_at or seen.deliver_time == record.lease_expires_at
 
 
 def failures_of(
-    queue: str, deliver_times: Mapping[tuple[Any, ...], datetime | None], *, using: str
+    queue: str, seen: Mapping[tuple[Any, ...], Seen], *, using: str, moved: bool = False
 ) -> dict[tuple, int]:
-    """Recorded failures by key, for the messages (key -> their ``DeliverTime``) that have
-    any: records of earlier messages under the same keys are not theirs (``belongs``)."""
-    texts = {key_text(k): tuple(k) for k in deliver_times}
+    """Recorded failures by key, for the deliveries (key -> what each shows of its send) that
+    have any: records of earlier messages under the same keys are not theirs (``belongs``)."""
+    texts = {key_text(k): tuple(k) for k in seen}
     if not texts:
         return {}
     rows = FailedDelivery.objects.using(using).filter(queue=queue, message_key__in=list(texts))
     found = {}
     for r in rows:
         key = texts[r.message_key]
-        if belongs(r.leased_at, deliver_times[key]):
+        if belongs(r, seen[key], moved=moved):
             found[key] = r.failures
     return found
 
 
-def record_failure(message: Message, error: BaseException | None, *, using: str) -> int:
+def record_failure(
+    message: Message, error: BaseException | None, *, using: str, moved: bool = False
+) -> int:
     """Count one more failed run of ``message`` in the caller's transaction; return the count.
-    A record of an earlier message under the key is replaced: this message starts at 1."""
+    A record of an earlier message under the key is replaced: this message starts at 1. The
+    record keeps what identifies this send (its lease, the ``DeliverTime`` shown, the event
+    ``id``)."""
     text = key_text(message.key)
     manager = FailedDelivery.objects.using(using)
     row = manager.filter(queue=message.queue, message_key=text).first()
     detail = f"{type(error).__name__}: {error}"[:ERROR_LIMIT] if error is not None else ""
     leased_at = lease_start(message)
+    sent_as = event_id(message)
+    identity: dict[str, Any] = {
+        "lease_expires_at": message.lease_expires_at,
+        "deliver_time": message.deliver_time,
+        "event_id": sent_as,
+    }
     if row is None:
         row = manager.create(
             queue=message.queue,
@@ -152,9 +224,10 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
             last_error=detail,
             updated_at=clock.now(),
             leased_at=leased_at,
+            **identity,
         )
     else:
-        ours = belongs(row.leased_at, message.deliver_time)
+        ours = belongs(row, Seen(message.deliver_time, sent_as), moved=moved)
         row.failures = row.failures + 1 if ours else 1
         row.last_error = detail
         row.updated_at = clock.now()
@@ -163,7 +236,13 @@ def record_failure(message: Message, error: BaseException | None, *, using: str)
             row.leased_at = (
                 leased_at if row.leased_at is None or not ours else max(row.leased_at, leased_at)
             )
-        row.save(using=using, update_fields=["failures", "last_error", "updated_at", "leased_at"])
+        for name, value in identity.items():
+            if value or not ours:
+                setattr(row, name, value)
+        row.save(
+            using=using,
+            update_fields=["failures", "last_error", "updated_at", "leased_at", *identity],
+        )
     return row.failures
 
 
@@ -192,15 +271,17 @@ def prune(
     deliver_times: Mapping[str, datetime | None],
     *,
     using: str,
+    moved: bool = False,
 ) -> int:
     """Delete the ``records`` whose message is gone: no message under their key now
     (``deliver_times``: key text -> the ``DeliverTime`` of the message under it), or one sent
-    after them. Returns how many were deleted."""
+    after them (``belongs``: never on a queue whose ``DeliverTime`` moves, ``moved``, where
+    it cannot be told). Returns how many were deleted."""
     gone = [
         r.pk
         for r in records
         if r.message_key not in deliver_times
-        or not belongs(r.leased_at, deliver_times[r.message_key])
+        or not belongs(r, Seen(deliver_times[r.message_key]), moved=moved)
     ]
     if gone:
         FailedDelivery.objects.using(using).filter(pk__in=gone).delete()

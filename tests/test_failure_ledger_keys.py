@@ -12,7 +12,7 @@ from django.core.serializers.json import DjangoJSONEncoder
 from django.db import models
 
 from spanner_queues import clock
-from spanner_queues.failures import failures_of, key_text, record_failure
+from spanner_queues.failures import Seen, failures_of, key_text, record_failure
 from spanner_queues.message import Message
 
 AT = datetime(2026, 1, 2, 3, 4, 5, 123456, tzinfo=UTC)
@@ -61,7 +61,7 @@ def test_a_failure_of_one_key_is_not_counted_for_a_key_a_microsecond_apart() -> 
     record_failure(_message(AT), RuntimeError("no"), using="default")
     record_failure(_message(AT), RuntimeError("no"), using="default")
     assert record_failure(_message(SAME_MILLISECOND), RuntimeError("no"), using="default") == 1
-    due = {(AT,): None, (SAME_MILLISECOND,): None, (AT + timedelta(microseconds=1),): None}
+    due = {k: Seen(None) for k in [(AT,), (SAME_MILLISECOND,), (AT + timedelta(microseconds=1),)]}
     assert failures_of("testapp.Stamped", due, using="default") == {
         (AT,): 2,
         (SAME_MILLISECOND,): 1,

@@ -72,8 +72,10 @@ class QueueEmulator:
         short_receive: str | None = None,
         backoff: str | None = None,
         retry_info: str | None = None,
+        deliver_time: str | None = None,
     ) -> None:
         from spanner_queues_emulator.answers import backoff_mode, retry_info_mode
+        from spanner_queues_emulator.queues import deliver_time_mode
         from spanner_queues_emulator.receiving import short_receive_mode
 
         self.host_port = host_port
@@ -83,6 +85,9 @@ class QueueEmulator:
         #: the other open answers (``answers``): the argument, else its environment variable
         self.backoff = backoff_mode(backoff)
         self.retry_info = retry_info_mode(retry_info)
+        #: what a lease does to ``DeliverTime`` (``queues``): ``deliver_time``, else
+        #: ``SPANNER_QUEUES_EMULATOR_DELIVER_TIME``, else ``kept``
+        self.deliver_time = deliver_time_mode(deliver_time)
         self.host = ""
         self.failed = threading.Event()
         self.failure: str | None = None
@@ -103,6 +108,7 @@ class QueueEmulator:
                 short_receive=self.short_receive,
                 backoff=self.backoff,
                 retry_info=self.retry_info,
+                deliver_time=self.deliver_time,
             )
         except BaseException:
             self._stop_emulator()

@@ -24,6 +24,7 @@ from spanner_queues_emulator.answers import (
     RETRY_INFO_MODES,
 )
 from spanner_queues_emulator.front import AddressInUse
+from spanner_queues_emulator.queues import DELIVER_TIME_ENV, DELIVER_TIME_MODES
 from spanner_queues_emulator.receiving import (
     SHORT_RECEIVE_ENV,
     SHORT_RECEIVE_MODES,
@@ -94,6 +95,15 @@ def _parser() -> argparse.ArgumentParser:
         f"Google's emulator); default: ${RETRY_INFO_ENV}, else always",
     )
     parser.add_argument(
+        "--deliver-time",
+        choices=DELIVER_TIME_MODES,
+        default=None,
+        help="what a lease does to a message's DeliverTime, which Google leaves open: kept "
+        "(the sender's time, through every lease), lease_expiry (moved to the lease's expiry "
+        "on each lease), next_due (moved to when the message is next due); default: "
+        f"${DELIVER_TIME_ENV}, else kept",
+    )
+    parser.add_argument(
         "--exit-with-parent",
         action="store_true",
         help="stop when the process that started this one is gone (tests, tools)",
@@ -123,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             short_receive=args.short_receive,
             backoff=args.backoff,
             retry_info=args.retry_info,
+            deliver_time=args.deliver_time,
         ).start()
     except ValueError as exc:  # a bad SPANNER_QUEUES_EMULATOR_* mode
         print(f"error: {exc}", file=sys.stderr)

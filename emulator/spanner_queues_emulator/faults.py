@@ -30,9 +30,10 @@ Guarantees:
   or renewed. ``configure(resume_tokens=False)`` makes ``RECEIVE`` batches carry no resume
   token (Spanner does not document whether they do); ``configure(short_receive=...)`` chooses
   how a very short ``RECEIVE`` is answered (``receiving.SHORT_RECEIVE_MODES``: ``generous``,
-  ``empty``, ``refuse``); ``clear()`` undoes scripts and settings (back to the mode the front
-  was started with); ``configure(backoff=..., retry_info=...)`` choose the other open
-  answers (``answers``).
+  ``empty``, ``refuse``); ``configure(backoff=..., retry_info=...)`` choose the other open
+  answers (``answers``); ``configure(deliver_time=...)`` what a lease does to a message's
+  ``DeliverTime`` (``queues.DELIVER_TIME_MODES``: ``kept``, ``lease_expiry``, ``next_due``);
+  ``clear()`` undoes scripts and settings (back to the mode the front was started with).
 - While recording (``record(True)``), every call but the control API's own is kept, in arrival
   order, as (method, serialized request); ``requests()`` returns them parsed into
   google-cloud-spanner's request types. ``end_streams()`` ends every open ``RECEIVE`` stream as
@@ -56,6 +57,7 @@ from google.protobuf import struct_pb2
 
 from spanner_queues_emulator import answers
 from spanner_queues_emulator import backend as b
+from spanner_queues_emulator.queues import DELIVER_TIME_MODES
 from spanner_queues_emulator.receiving import SHORT_RECEIVE_MODES
 
 SERVICE = "/spanner_queues.emulator.Front/"
@@ -136,6 +138,7 @@ class Faults:
         *,
         backoff: str = "exponential",
         retry_info: str = "always",
+        deliver_time: str = "kept",
     ) -> None:
         self._lock = threading.Lock()
         self._pending: list[list[Any]] = []  # [fault, calls left]
@@ -152,6 +155,9 @@ class Faults:
         #: the ``answers`` modes (``configure``), and the front's own, which ``clear`` restores
         self.backoff = self._backoff_default = backoff
         self.retry_info = self._retry_info_default = retry_info
+        #: what a lease does to ``DeliverTime`` (``configure``; ``queues.DELIVER_TIME_MODES``),
+        #: and the front's own choice, which ``clear`` restores
+        self.deliver_time = self._deliver_time_default = deliver_time
 
     def add_script(self, script: Scripted) -> None:
         with self._lock:
@@ -181,6 +187,7 @@ class Faults:
             self.short_receive = self._short_receive_default
             self.backoff = self._backoff_default
             self.retry_info = self._retry_info_default
+            self.deliver_time = self._deliver_time_default
 
     def set_recording(self, on: bool) -> None:
         with self._lock:
@@ -262,6 +269,13 @@ class Faults:
                 self.backoff = answers.backoff_mode(body["backoff"])
             if "retry_info" in body:
                 self.retry_info = answers.retry_info_mode(body["retry_info"])
+            if "deliver_time" in body:
+                if body["deliver_time"] not in DELIVER_TIME_MODES:
+                    raise ValueError(
+                        f"deliver_time must be one of {', '.join(DELIVER_TIME_MODES)}, "
+                        f"not {body['deliver_time']!r}"
+                    )
+                self.deliver_time = body["deliver_time"]
             return {}
         if name == "Clear":
             self.clear()
@@ -377,11 +391,13 @@ class FrontControl:
         short_receive: str | None = None,
         backoff: str | None = None,
         retry_info: str | None = None,
+        deliver_time: str | None = None,
     ) -> None:
         """Settings of the front's answers (until ``clear()``): resume tokens on RECEIVE
         batches; how a very short RECEIVE is answered (``generous``, ``empty``, ``refuse``);
         the back-off after an unread lease (``exponential``, ``none``, ``slow``); whether an
-        ABORTED carries a RetryInfo (``always``, ``never``); None: as it is."""
+        ABORTED carries a RetryInfo (``always``, ``never``); what a lease does to
+        ``DeliverTime`` (``kept``, ``lease_expiry``, ``next_due``); None: as it is."""
         body: dict[str, Any] = {"resume_tokens": resume_tokens}
         if short_receive is not None:
             body["short_receive"] = short_receive
@@ -389,6 +405,8 @@ class FrontControl:
             body["backoff"] = answers.backoff_mode(backoff)  # checked here too
         if retry_info is not None:
             body["retry_info"] = answers.retry_info_mode(retry_info)
+        if deliver_time is not None:
+            body["deliver_time"] = deliver_time
         self._call("Configure", body)
 
     def clear(self) -> None:

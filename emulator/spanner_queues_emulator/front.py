@@ -91,6 +91,7 @@ class Front:
         short_receive: str = "generous",
         backoff: str = "exponential",
         retry_info: str = "always",
+        deliver_time: str = "kept",
     ) -> None:
         self.backend_address = backend_address
         self.channel = grpc.insecure_channel(
@@ -100,13 +101,19 @@ class Front:
         self.backend = b.Backend(self.channel)
         self.schema = SchemaCalls(self.backend, self.forward)
         #: injected faults and the request record (``spanner_queues_emulator.faults``).
-        self.faults = Faults(short_receive=short_receive, backoff=backoff, retry_info=retry_info)
+        self.faults = Faults(
+            short_receive=short_receive,
+            backoff=backoff,
+            retry_info=retry_info,
+            deliver_time=deliver_time,
+        )
         self.receiving = Receiving(
             self.backend,
             started=self.faults.receive_started,
             resume_tokens=lambda: self.faults.resume_tokens,
             short_receive=lambda: self.faults.short_receive,
             backoff=lambda: self.faults.backoff,
+            deliver_time=lambda: self.faults.deliver_time,
         )
         #: why the emulator behind the front is gone, once it is (``backend_lost``).
         self.lost: str | None = None
@@ -611,6 +618,7 @@ class Front:
             queue,
             tokens,
             BACKOFF_POLICIES[self.faults.backoff],
+            self.faults.deliver_time,
         )
         return q.project(q.renew_fields(), rows, call.columns)
 
@@ -678,15 +686,21 @@ def serve(
     short_receive: str = "generous",
     backoff: str = "exponential",
     retry_info: str = "always",
+    deliver_time: str = "kept",
 ) -> tuple[Any, Front]:
     """Start the front on ``host_port`` (``"127.0.0.1:0"`` picks a port); return
     (server, front). ``server.bound_port`` is the port; ``short_receive`` answers very short
     RECEIVE calls (``receiving.SHORT_RECEIVE_MODES``); ``backoff`` and ``retry_info`` choose
-    the other open answers (``answers``). The port is the front's alone
+    the other open answers (``answers``); ``deliver_time`` says what a lease does to
+    ``DeliverTime`` (``queues.DELIVER_TIME_MODES``). The port is the front's alone
     (``SO_REUSEPORT`` off): a port another server holds raises ``AddressInUse``, where gRPC's
     default would share it and split clients at random between two databases."""
     front = Front(
-        backend_address, short_receive=short_receive, backoff=backoff, retry_info=retry_info
+        backend_address,
+        short_receive=short_receive,
+        backoff=backoff,
+        retry_info=retry_info,
+        deliver_time=deliver_time,
     )
 
     class Handler(grpc.GenericRpcHandler):

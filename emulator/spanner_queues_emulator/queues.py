@@ -6,7 +6,12 @@
   come. Each gets a new lease token, a lease 10 s long, one more attempt, and a next-delivery
   time of the lease expiry plus the back-off for that attempt (the table engine's curve,
   ``spanner_queues_emulator.semantics``), so an unacked message comes back after the back-off.
-  ``DeliverTime`` itself keeps the sender's time, as Spanner shows it.
+  ``DeliverTime`` itself keeps the sender's time (``kept``, the default), unless the front is
+  told to play another answer Google leaves open (``DELIVER_TIME_MODES``: ``--deliver-time``,
+  ``SPANNER_QUEUES_EMULATOR_DELIVER_TIME``, ``FrontControl.configure(deliver_time=...)``):
+  ``lease_expiry`` moves it to the lease's expiry on each lease (a claim or a renewal),
+  ``next_due`` to the time the message is next due (the expiry plus the back-off); the row
+  ``RECEIVE`` returns, and every later read, shows the moved value.
 - A lease token names its queue, key and expiry (opaque to clients) and carries a digest of
   them, so ``RENEWLEASE`` answers as documented without any state in the front: no row for an
   unparseable (or altered) or expired token; for one still within its lease whose message was
@@ -19,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
 import re
 import secrets
 from collections.abc import Sequence
@@ -45,6 +51,35 @@ UTC = timezone.utc
 BACKOFF = BackoffPolicy()
 #: when a message is due: its DeliverTime, or later while leased and backing off.
 _DUE = f"GREATEST({DELIVER_TIME}, IFNULL({NEXT_DELIVERY}, {DELIVER_TIME}))"
+
+#: what a lease does to a message's ``DeliverTime`` (see the module docstring); the first is the
+#: default.
+DELIVER_TIME_MODES = ("kept", "lease_expiry", "next_due")
+#: the environment variable that chooses the mode of ``python -m spanner_queues_emulator`` and
+#: of ``QueueEmulator`` when none is given.
+DELIVER_TIME_ENV = "SPANNER_QUEUES_EMULATOR_DELIVER_TIME"
+
+
+def deliver_time_mode(value: str | None = None) -> str:
+    """``value``, else ``DELIVER_TIME_ENV``, else ``kept``; ``ValueError`` when it is not one
+    of ``DELIVER_TIME_MODES``."""
+    mode = value if value is not None else os.environ.get(DELIVER_TIME_ENV) or "kept"
+    if mode not in DELIVER_TIME_MODES:
+        raise ValueError(
+            f"deliver_time must be one of {', '.join(DELIVER_TIME_MODES)}, not {mode!r}"
+        )
+    return mode
+
+
+def moved_deliver_time(mode: str, expires: datetime, next_due: datetime) -> datetime | None:
+    """The ``DeliverTime`` a lease ending at ``expires`` (the message next due at
+    ``next_due``) gives its message in ``mode``; None: kept as it is."""
+    if mode == "lease_expiry":
+        return expires
+    if mode == "next_due":
+        return next_due
+    return None
+
 
 RECEIVE_SYSTEM = ("SpannerLeaseExpirationTimestamp", "SpannerLeaseToken", "SpannerLastBatchMessage")
 RENEW_COLUMNS = ("SpannerOldLeaseToken", "SpannerNewLeaseToken", "SpannerLeaseExpirationTimestamp")
@@ -172,9 +207,11 @@ def claim(
     queue: QueueSchema,
     limit: int,
     backoff: BackoffPolicy = BACKOFF,
+    deliver_time: str = "kept",
 ) -> Claimed:
     """Lease up to ``limit`` due messages in one read-write transaction (``backoff``: when an
-    unacked one is due again, ``answers``)."""
+    unacked one is due again, ``answers``; ``deliver_time``: what the lease does to their
+    ``DeliverTime``, one of ``DELIVER_TIME_MODES``)."""
     keys = [quote(k) for k in queue.keys]
     sql = (
         f"SELECT {', '.join(keys)}, {PAYLOAD}, {DELIVER_TIME}, {ATTEMPTS}, {SEND_TIME} "
@@ -200,7 +237,14 @@ def claim(
         out, updates = [], []
         rows = b.rows(result)
         for i, row in enumerate(rows):
-            update, leased = _lease_row(queue, row, at, last=i == len(rows) - 1, backoff=backoff)
+            update, leased = _lease_row(
+                queue,
+                row,
+                at,
+                last=i == len(rows) - 1,
+                backoff=backoff,
+                deliver_time=deliver_time,
+            )
             updates.append(update)
             out.append(leased)
         mutations = []
@@ -208,7 +252,8 @@ def claim(
             mutations.append(
                 b.update_mutation(
                     queue.name,
-                    [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS],
+                    [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS]
+                    + ([DELIVER_TIME] if deliver_time != "kept" else []),
                     updates,
                 )
             )
@@ -224,11 +269,13 @@ def _lease_row(
     *,
     last: bool,
     backoff: BackoffPolicy = BACKOFF,
+    deliver_time: str = "kept",
 ) -> tuple[list[Any], list[Any]]:
     """Lease one due ``row`` (keys, payload, deliver time, attempts, send time) at ``at``:
     the row's update (its next delivery after the back-off of this attempt, the token, the
-    lease's end, the attempt) and the row ``RECEIVE`` returns (keys, payload, deliver time,
-    the lease's end, the token, whether it ends the batch)."""
+    lease's end, the attempt, its deliver time as ``deliver_time`` says) and the row
+    ``RECEIVE`` returns (keys, payload, deliver time, the lease's end, the token, whether it
+    ends the batch)."""
     n = len(queue.keys)
     expires = at + LEASE
     attempt = int(row[n + 2].string_value or 0) + 1
@@ -236,15 +283,20 @@ def _lease_row(
     age = at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
     token = make_token(queue.name, row[:n], expires)
     deliver = expires + backoff.delay(attempt, age)
+    moved = moved_deliver_time(deliver_time, expires, deliver)
+    shown = b.Value(string_value=ts(moved)) if moved is not None else row[n + 1]
     update = [
         *row[:n],
         b.Value(string_value=ts(deliver)),
         b.Value(string_value=token),
         b.Value(string_value=ts(expires)),
         b.Value(string_value=str(attempt)),
+        *([shown] if moved is not None else []),
     ]
     leased = [
-        *row[: n + 2],
+        *row[:n],
+        row[n],
+        shown,
         b.Value(string_value=ts(expires)),
         b.Value(string_value=token),
         b.bool_value(last),
@@ -259,8 +311,10 @@ def renew(
     queue: QueueSchema,
     tokens: Sequence[Any],
     backoff: BackoffPolicy = BACKOFF,
+    deliver_time: str = "kept",
 ) -> list[list[Any]]:
-    """Rows of ``RENEWLEASE_<Q>`` for ``tokens``: (old, new or NULL, expiry)."""
+    """Rows of ``RENEWLEASE_<Q>`` for ``tokens``: (old, new or NULL, expiry); ``deliver_time``:
+    what the renewed lease does to a message's ``DeliverTime`` (``DELIVER_TIME_MODES``)."""
     parsed = [read_token(t) for t in tokens]
     live = [
         t
@@ -295,14 +349,17 @@ def renew(
                     ]
                 )
                 continue
-            update, renewed = _renew_row(queue, row, token.text, at, backoff)
+            update, renewed = _renew_row(queue, row, token.text, at, backoff, deliver_time)
             updates.append(update)
             out.append(renewed)
         mutations = []
         if updates:
             mutations.append(
                 b.update_mutation(
-                    queue.name, [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES], updates
+                    queue.name,
+                    [*queue.keys, NEXT_DELIVERY, LEASE_TOKEN, LEASE_EXPIRES]
+                    + ([DELIVER_TIME] if deliver_time != "kept" else []),
+                    updates,
                 )
             )
         return out, mutations
@@ -311,22 +368,31 @@ def renew(
 
 
 def _renew_row(
-    queue: QueueSchema, row: list[Any], old: str, at: datetime, backoff: BackoffPolicy = BACKOFF
+    queue: QueueSchema,
+    row: list[Any],
+    old: str,
+    at: datetime,
+    backoff: BackoffPolicy = BACKOFF,
+    deliver_time: str = "kept",
 ) -> tuple[list[Any], list[Any]]:
     """Renew the lease of ``row`` (keys, token, lease's end, attempts, send time), held by
     token ``old``, at ``at``: the row's update (its next delivery after the back-off, the new
-    token, the lease's end) and the row ``RENEWLEASE`` returns (old, new, expiry)."""
+    token, the lease's end, its deliver time as ``deliver_time`` says) and
+    the row ``RENEWLEASE`` returns (old, new, expiry)."""
     n = len(queue.keys)
     expires = at + LEASE
     attempt = int(row[n + 2].string_value or 1)
     sent = row[n + 3]
     age = at - parse_ts(sent.string_value) if sent.HasField("string_value") else timedelta(0)
     new = make_token(queue.name, row[:n], expires)
+    deliver = expires + backoff.delay(attempt, age)
+    moved = moved_deliver_time(deliver_time, expires, deliver)
     update = [
         *row[:n],
-        b.Value(string_value=ts(expires + backoff.delay(attempt, age))),
+        b.Value(string_value=ts(deliver)),
         b.Value(string_value=new),
         b.Value(string_value=ts(expires)),
+        *([b.Value(string_value=ts(moved))] if moved is not None else []),
     ]
     renewed = [
         b.Value(string_value=old),

@@ -101,6 +101,7 @@ class Receiving:
         resume_tokens: Callable[[], bool] = lambda: True,
         short_receive: Callable[[], str] = lambda: "generous",
         backoff: Callable[[], str] = lambda: "exponential",
+        deliver_time: Callable[[], str] = lambda: "kept",
     ) -> None:
         self.backend = backend
         self._started = started
@@ -108,6 +109,8 @@ class Receiving:
         self._short_receive = short_receive
         #: the back-off mode (``answers.BACKOFF_MODES``) of the claims
         self._backoff = backoff
+        #: what a lease does to ``DeliverTime`` (``queues.DELIVER_TIME_MODES``)
+        self.deliver_time = deliver_time
         self._generation = 0  # end_streams() ends the streams of the current generation
         self._lock = threading.Lock()
         self._commits = threading.Condition()
@@ -202,7 +205,12 @@ class Receiving:
                 claimed = None
                 if earliest is not None and earliest <= q.now():
                     claimed = q.claim(
-                        self.backend, database, queue, batch, BACKOFF_POLICIES[self._backoff()]
+                        self.backend,
+                        database,
+                        queue,
+                        batch,
+                        BACKOFF_POLICIES[self._backoff()],
+                        self.deliver_time(),
                     )
             except grpc.RpcError as exc:
                 status.abort_with(context, exc)
@@ -320,11 +328,12 @@ def is_strong_read(options: Any) -> bool:
 
 def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.Claimed) -> None:
     """Give back the rows of ``claimed`` that still hold the lease it gave them (never sent):
-    due now, no lease, the attempt not counted."""
+    due now, no lease, the attempt not counted (a ``DeliverTime`` the lease moved later,
+    ``queues.DELIVER_TIME_MODES``: now)."""
     n = len(queue.keys)
     token_at = [name for name, _ in claimed.fields].index(q.RECEIVE_SYSTEM[1])
     tokens = {row[token_at].string_value: row[:n] for row in claimed.rows}
-    columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS]
+    columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS, s.DELIVER_TIME]
 
     def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
         result = backend.read(
@@ -339,13 +348,16 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
             if not row[n].HasField("string_value") or row[n].string_value not in tokens:
                 continue  # acked, or leased anew since: not ours to give back
             attempts = max(int(row[n + 1].string_value or 1) - 1, 0)
+            at = q.now()
+            deliver = min(q.parse_ts(row[n + 2].string_value), at)
             updates.append(
                 [
                     *row[:n],
-                    b.Value(string_value=q.ts(q.now())),
+                    b.Value(string_value=q.ts(at)),
                     b.string_value(None),
                     b.string_value(None),
                     b.Value(string_value=str(attempts)),
+                    b.Value(string_value=q.ts(deliver)),
                 ]
             )
         mutations = []
@@ -353,7 +365,14 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
             mutations.append(
                 b.update_mutation(
                     queue.name,
-                    [*queue.keys, s.NEXT_DELIVERY, s.LEASE_TOKEN, s.LEASE_EXPIRES, s.ATTEMPTS],
+                    [
+                        *queue.keys,
+                        s.NEXT_DELIVERY,
+                        s.LEASE_TOKEN,
+                        s.LEASE_EXPIRES,
+                        s.ATTEMPTS,
+                        s.DELIVER_TIME,
+                    ],
                     updates,
                 )
             )

@@ -252,6 +252,13 @@ class BaseQueueEngine(ABC):
         metric). Engines that cannot see expirations return 0."""
         return 0
 
+    def deliver_time_moves(self, model: type[Queue]) -> int:
+        """Deliveries of ``model`` this process saw whose ``DeliverTime`` was later than their
+        lease's start (a counter: proof that the store moves ``DeliverTime`` on a lease, which
+        Google does not document for Spanner; the engine's failure ledger then fails closed).
+        Engines that keep their own delivery count return 0."""
+        return 0
+
     @abstractmethod
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts of the queue's messages by state."""

@@ -16,6 +16,9 @@ Where each metric is counted (every process exports its own counts; Prometheus a
   commits (the verbs' ``messages_acked``, the one channel: the worker's own acks send it too);
 - ``spanner_queues_lease_expiration_count_total``: by the engine in this process
   (``BaseQueueEngine.lease_expirations``);
+- ``spanner_queues_deliver_time_moved_count_total``: deliveries whose ``DeliverTime`` was later
+  than their lease's start, by the engine in this process (``BaseQueueEngine.deliver_time_moves``:
+  Spanner moves it on a lease, and the queue's failure ledger fails closed);
 - ``spanner_queues_buffered_ready_messages``, ``spanner_queues_oldest_unacked_message_age_seconds``
   and ``spanner_queues_queue_messages``: read from the database by ``engine.stats()`` (the
   admin overview's source), at most every ``SAMPLE_INTERVAL_SECONDS``;
@@ -32,7 +35,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
@@ -64,7 +67,7 @@ except ImportError:
     ) from None
 
 if TYPE_CHECKING:
-    from spanner_queues.engines.base import QueueStats
+    from spanner_queues.engines.base import BaseQueueEngine, QueueStats
     from spanner_queues.models import Queue
     from spanner_queues.worker import WorkerEvent
 
@@ -91,6 +94,7 @@ METRIC_NAMES = frozenset(
         "spanner_queues_message_send_count_total",
         "spanner_queues_message_ack_count_total",
         "spanner_queues_lease_expiration_count_total",
+        "spanner_queues_deliver_time_moved_count_total",
         "spanner_queues_worker_messages_received_total",
         "spanner_queues_worker_messages_total",
         "spanner_queues_worker_receiver_duration_seconds",
@@ -448,19 +452,33 @@ class _QueueCollector:
             oldest.add_metric([stats.queue], age.total_seconds() if age is not None else 0.0)
             for state in ("total", "ready", "scheduled", "leased"):
                 by_state.add_metric([stats.queue, state], getattr(stats, state))
-        expired = CounterMetricFamily(
+        expired = _engine_counter(
             "spanner_queues_lease_expiration_count",
             "Leases that ran out without an ack or release, as the engine in this process saw "
             "them (table engine: counted when the message is received again).",
-            labels=["queue"],
+            lambda engine, model: engine.lease_expirations(model),
         )
-        for model in queue_models():
-            try:
-                count = engine_for(model).lease_expirations(model)
-            except QueueError:
-                continue
-            expired.add_metric([model._meta.label], count)
-        yield from (ready, oldest, by_state, expired)
+        moved = _engine_counter(
+            "spanner_queues_deliver_time_moved_count",
+            "Deliveries whose DeliverTime was later than their lease's start, as the engine in "
+            "this process saw them: Spanner moves DeliverTime on a lease, and the failure "
+            "ledger of the queue fails closed (0 while it is kept).",
+            lambda engine, model: engine.deliver_time_moves(model),
+        )
+        yield from (ready, oldest, by_state, expired, moved)
+
+
+def _engine_counter(
+    name: str, text: str, count: Callable[[BaseQueueEngine, type[Queue]], int]
+) -> CounterMetricFamily:
+    """A counter by queue of what each declared queue's engine counted in this process."""
+    family = CounterMetricFamily(name, text, labels=["queue"])
+    for model in queue_models():
+        try:
+            family.add_metric([model._meta.label], count(engine_for(model), model))
+        except QueueError:
+            continue
+    return family
 
 
 def serve(port: int, addr: str = "127.0.0.1") -> tuple[Any, int]:

@@ -33,6 +33,7 @@ Settings (``SPANNER_QUEUES[alias]["OPTIONS"]``): ``DIALECT`` ("googlesql" | "pos
 from __future__ import annotations
 
 import atexit
+import collections
 import contextlib
 import functools
 import json
@@ -112,10 +113,60 @@ _unsettled_lock = threading.Lock()
 _last_sent: dict[tuple[str, str], float] = {}
 
 #: how often (seconds) a failure's transaction may also prune the ledger of its queue, and the
-#: age and number of records one prune looks at (``failures.prune``).
+#: age and number of records one prune looks at (``failures.prune``): a failing message is
+#: delivered again within ``failures.REDELIVERY_BOUND`` of its last failed run.
 PRUNE_INTERVAL_SECONDS = 3600.0
-PRUNE_AGE = timedelta(hours=1)
+PRUNE_AGE = failures.REDELIVERY_BOUND
 PRUNE_BATCH = 100
+
+#: the tripwire on ``DeliverTime``, which Google does not say whether a lease moves: queues, by
+#: (alias, label), of which this process saw a delivery whose ``DeliverTime`` was later than its
+#: lease's start (``failures.moved_deliver_time``), and how many such deliveries. Such a queue's
+#: failure ledger takes every record to be its key's (``failures.belongs``), and no delivery of
+#: it is taken for a first one (``failures.first_delivery``).
+_moved: set[tuple[str, str]] = set()
+_moves: collections.Counter[tuple[str, str]] = collections.Counter()
+_moved_lock = threading.Lock()
+
+
+def deliver_time_moved(engine: BaseQueueEngine, model: type[Queue]) -> bool:
+    """Whether this process saw Spanner move the ``DeliverTime`` of a message of ``model`` on
+    ``engine``'s alias (the queue's failure ledger then fails closed)."""
+    return (engine.alias, model._meta.label) in _moved
+
+
+def forget_moved_deliver_times() -> None:
+    """Forget what the tripwire saw (tests that play one answer after another)."""
+    with _moved_lock:
+        _moved.clear()
+        _moves.clear()
+
+
+def _trip(alias: str, label: str, seen: Sequence[LeasedRow]) -> bool:
+    """Count the deliveries of ``seen`` whose ``DeliverTime`` is later than their lease's start;
+    on the first of a queue, log an ERROR and switch its ledger to the fail-closed rule. Returns
+    whether the queue's ``DeliverTime`` is known to move."""
+    key = (alias, label)
+    moved = [d for d in seen if failures.moved_deliver_time(d.deliver_time, d.lease_expires_at)]
+    if not moved:
+        return key in _moved
+    with _moved_lock:
+        first = key not in _moved
+        _moved.add(key)
+        _moves[key] += len(moved)
+    if first:
+        d = moved[0]
+        logger.error(
+            "%s: a delivery showed DeliverTime %s, later than its lease's start %s: Spanner "
+            "moves DeliverTime on a lease, which Google does not document. The failure ledger "
+            "of this queue now takes every record to be its key's (a failing message is still "
+            "given up at max_attempts; a message sent again under the key of one deleted where "
+            "nothing of ours ran inherits its failures). Please report it.",
+            label,
+            d.deliver_time,
+            d.lease_expires_at - LEASE if d.lease_expires_at is not None else None,
+        )
+    return True
 
 
 class FirstDeliveries:
@@ -529,21 +580,27 @@ class NativeQueueEngine(BaseQueueEngine):
         )
         if not taken:
             return []
+        moved = _trip(self.alias, label, taken)
         # Spanner keeps no delivery count: an attempt is the failed runs workers recorded in
         # the failure ledger, plus one, read when one is first read, for the messages of the
-        # batch that may have failed before (a first delivery has no record: attempt 1).
+        # batch that may have failed before (a first delivery has no record: attempt 1; none
+        # is taken for one where DeliverTime moves).
         database = self.database
-        deliver_times = {
-            d.key: d.deliver_time
+        maybe_failed = {
+            d.key
             for d in taken
-            if not failures.first_delivery(d.deliver_time, d.lease_expires_at)
+            if moved or not failures.first_delivery(d.deliver_time, d.lease_expires_at)
         }
+        by_key: dict[tuple[Any, ...], Message] = {}
 
         def load(keys: Sequence[tuple[Any, ...]]) -> dict[tuple[Any, ...], int]:
-            failed = failures.failures_of(label, deliver_times, using=database)
+            seen = {
+                k: failures.Seen(by_key[k].deliver_time, failures.event_id(by_key[k])) for k in keys
+            }
+            failed = failures.failures_of(label, seen, using=database, moved=moved)
             return {key: count + 1 for key, count in failed.items()}
 
-        attempts = AttemptLoader(list(deliver_times), load)
+        attempts = AttemptLoader([d.key for d in taken if d.key in maybe_failed], load)
         received = [
             Message(
                 queue=label,
@@ -558,7 +615,9 @@ class NativeQueueEngine(BaseQueueEngine):
             )
             for d in taken
         ]
-        _first_deliveries.add(received)
+        by_key.update((m.key, m) for m in received)
+        if not moved:
+            _first_deliveries.add(received)
         return received
 
     def _stream(self, model: type[Queue], want: int = 1) -> ReceiveStream:
@@ -654,8 +713,8 @@ class NativeQueueEngine(BaseQueueEngine):
         outside one, in a transaction of its own: a prune that fails is logged and never
         costs the record."""
         _first_deliveries.discard([message.lease_token])
-        count = failures.record_failure(message, error, using=using)
         key = (self.alias, model._meta.label)
+        count = failures.record_failure(message, error, using=using, moved=key in _moved)
         last = _pruned.get(key)
         if last is None or time.monotonic() - last > PRUNE_INTERVAL_SECONDS:
             _pruned[key] = time.monotonic()
@@ -722,7 +781,12 @@ class NativeQueueEngine(BaseQueueEngine):
         )
         for row in query.only(*[f.name for f in fields], "deliver_time"):
             present[failures.key_text(tuple(getattr(row, n) for n in names))] = row.deliver_time
-        return failures.prune([r for r in records if r.message_key in wanted], present, using=using)
+        return failures.prune(
+            [r for r in records if r.message_key in wanted],
+            present,
+            using=using,
+            moved=position in _moved,
+        )
 
     def stop_receiving(
         self, model: type[Queue] | None = None, *, wait: float | None = None
@@ -990,6 +1054,11 @@ class NativeQueueEngine(BaseQueueEngine):
         with _streams_lock:
             stream = _streams.get((self.alias, model._meta.label))
         return stream.lease_expiration_count if stream is not None else 0
+
+    def deliver_time_moves(self, model: type[Queue]) -> int:
+        """Deliveries of ``model`` this process saw with a ``DeliverTime`` later than their
+        lease's start: proof that Spanner moves it on a lease (the tripwire, ``_trip``)."""
+        return _moves[(self.alias, model._meta.label)]
 
     def stats(self, model: type[Queue]) -> QueueStats:
         """Counts by ``DeliverTime`` only: Spanner does not expose leases, so in-flight

@@ -1,5 +1,6 @@
 """Conformance: ``engine.lease_expirations(model)``, the count behind Spanner's
-``lease_expiration_count`` metric."""
+``lease_expiration_count`` metric, and ``engine.deliver_time_moves(model)``, the failure
+ledger's tripwire."""
 
 from __future__ import annotations
 
@@ -43,3 +44,17 @@ def test_a_released_or_acked_lease_is_not_counted() -> None:
     [again] = receive_due(Jobs)
     api.ack(again)
     assert engine.lease_expirations(Jobs) == before
+
+
+def test_a_delivery_of_a_store_that_keeps_deliver_time_is_not_counted_as_moved() -> None:
+    """``engine.deliver_time_moves(model)``: deliveries whose ``DeliverTime`` was later than
+    their lease's start (the store moves it on a lease). The table engine keeps its own
+    count (0); the native engine counts none while Spanner keeps the sender's time (the
+    emulator front's default)."""
+    engine = engines["default"]
+    before = engine.deliver_time_moves(Jobs)
+    assert isinstance(before, int) and before >= 0
+    Jobs.send(id="due", payload="x")
+    [message] = receive_due(Jobs)
+    api.ack(message)
+    assert engine.deliver_time_moves(Jobs) == before
