@@ -57,12 +57,14 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
 
 How one message goes: the intake receives it into a slot (``slots.Slots.hold``) as a
 ``Delivery`` of its queue's ``Plan`` (database, engine, options, delivery policy); an executor
-takes it (``Slots.take``), its ``run.Runner`` runs its receiver (``_run``: in the receiver's transaction with its
-ack when ``atomic``), which returns one ``outcomes.Outcome`` per message (acked, retry, failed,
-timed out, lease lost, already acked; before a run: unmatched, exhausted, lease lost); one
-function, ``Outcomes.settle``, applies the delivery policy to them; the slot is freed
-(``Slots.done``). The parts beside the worker hold narrow handles, never the ``Worker``: a
-``Reporter`` (events, counters, log fields), the ``Slots``, the ``Leases``, the plans.
+takes it (``Slots.take``), its ``run.Runner`` runs its receiver (``_run``: in the receiver's
+transaction with its ack when ``atomic``), which returns one ``outcomes.Outcome`` per message
+(acked, retry, failed, timed out, lease lost, already acked; before a run: unmatched,
+exhausted, lease lost); one function, ``Outcomes.settle``, applies the delivery policy to them;
+the slot is freed (``Slots.done``). A single message whose receiver may be grouped runs with
+more of its queue's messages waiting, in one transaction and one commit (``group.Groups``).
+The parts beside the worker hold narrow handles, never the ``Worker``: a ``Reporter``
+(events, counters, log fields), the ``Slots``, the ``Leases``, the plans.
 
 Locking: ``Slots.cond`` (and ``renew_cond``, on the same lock) guard the slot accounting, which
 changes in ``Slots``'s own methods only (see ``slots``). ``Leases.lock`` is held by a renewal,
@@ -85,7 +87,8 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from queue import SimpleQueue
+from functools import partial
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -117,6 +120,7 @@ from spanner_queues.worker.events import (
     WorkerEvents,
     WorkerStats,
 )
+from spanner_queues.worker.group import Groups
 from spanner_queues.worker.leases import Leases, Renewer, renew_at
 from spanner_queues.worker.limits import (
     STUCK_GRACE_SECONDS,
@@ -233,6 +237,8 @@ class Worker:
         timeout: float | None = None,
         stuck_grace: float = STUCK_GRACE_SECONDS,
         abort: Callable[[], None] = abort_process,
+        group_size: int | None = None,
+        group_ms: float | None = None,
     ) -> None:
         _check_arguments(
             concurrency=concurrency,
@@ -264,6 +270,9 @@ class Worker:
         self.plans: list[Plan] = plan_queues(queues, self.registry, batch_size, timeout)
         self._init_intake()
         self._init_parts(listeners, stuck_grace)
+        #: group commit (``group``): messages per commit and receiver time per group of
+        #: queues that set none (None: ``DEFAULT_GROUP_SIZE``, ``DEFAULT_GROUP_MS``)
+        self.groups = Groups(self.runner, size=group_size, ms=group_ms)
         self._abort = abort
         #: a first signal came (its stop may still be on its way)
         self._signalled = False
@@ -764,19 +773,26 @@ class Worker:
     # --- the executor threads ---------------------------------------------------------------
     def _execute_units(self) -> None:
         """An executor thread: take units from ``units`` and run them until told to end
-        (None)."""
+        (None); a unit that may run in a group takes more with it (``Groups.run``, ``_pull``).
+        A unit pulled that does not fit the group is the thread's next."""
+        #: (a unit, whether it was taken already and is to be given back unstarted)
+        next_: list[tuple[Unit | None, bool]] = []
         try:
             while True:
-                unit = self.units.get()
+                unit, taken = next_.pop() if next_ else (self.units.get(), False)
                 if unit is None:
                     return
-                unstarted = self.slots.take(unit)
+                unstarted = taken or self.slots.take(unit)
                 started = 0.0
+                ran = [unit]
                 try:
                     if unstarted:
                         run_now = self.outcomes.return_unstarted(unit)
                         if run_now:
                             self.runner._run_unit(unit[0].plan, run_now)
+                    elif self.groups.wants(unit):
+                        started = time.monotonic()
+                        self.groups.run(unit, partial(self._pull, unit[0].plan, next_), ran)
                     else:
                         started = time.monotonic()
                         self.runner._run_unit(unit[0].plan, unit)
@@ -786,12 +802,31 @@ class Worker:
                         extra=self.reporter.log_extra("error", unit[0].message),
                     )
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
-                    self._crash(unit, exc)
+                    self._crash([d for u in ran for d in u], exc)
                 finally:
-                    self.slots.done(unit, time.monotonic() - started if started else None)
+                    took = (time.monotonic() - started) / len(ran) if started else None
+                    for u in ran:
+                        self.slots.done(u, took)
                     recycle_connections()
         finally:
             connections.close_all()
+
+    def _pull(self, plan: Plan, next_: list[tuple[Unit | None, bool]]) -> Unit | None:
+        """A group's next unit: one waiting now (never waited for) of ``plan``'s queue that
+        may join it; None when there is none (one that may not is the thread's next)."""
+        if next_ or self.slots.stopping:
+            return None
+        try:
+            unit = self.units.get_nowait()
+        except Empty:
+            return None
+        if unit is None or unit[0].plan is not plan or not self.groups.wants(unit):
+            next_.append((unit, False))
+            return None
+        if self.slots.take(unit):  # stopping meanwhile: given back, the thread's next
+            next_.append((unit, True))
+            return None
+        return unit
 
     def _crash(self, unit: Unit, exc: BaseException) -> None:
         """A receiver raised a BaseException that is not an Exception: its transaction has

@@ -86,6 +86,12 @@ class WorkerStats:
     unmatched: int = 0
     #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)
     receive_errors: int = 0
+    #: transactions committed by runs: one per receiver run, one per group (a failure's own
+    #: bookkeeping not counted)
+    commits: int = 0
+    #: groups committed (``worker.group``) and the messages run in them
+    groups: int = 0
+    grouped: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:

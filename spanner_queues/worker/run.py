@@ -150,6 +150,7 @@ class Runner:
             duration = time.monotonic() - started
             return own + outcomes_of(exc, deliveries, spec.name, duration, atomic=spec.atomic)
         duration = time.monotonic() - started
+        self.reporter.count("commits")
         return [Outcome(Kind.ACKED, d, spec.name, duration) for d in deliveries]
 
     def _context(
@@ -185,10 +186,12 @@ class Runner:
         deliveries: list[Delivery],
         context: MessageContext,
         limit: float | None,
+        *,
+        ack: bool = True,
     ) -> None:
         """Call the receiver under its time limit (again on a retried transaction: renewed
         while it runs, its own acks rolled back); an atomic receiver's messages are acked in
-        its transaction."""
+        its transaction (unless ``ack`` is False: a group acks them all at once)."""
         self.leases.thaw(deliveries)
         context._restart()
         with self.time_limits.running(deliveries, limit):
@@ -201,7 +204,7 @@ class Runner:
                 raise error.with_traceback(exc.__traceback__) from None
         if any(d.timed_out for d in deliveries):  # returned late: never acked
             raise time_limit_exceeded(spec.name, deliveries, limit)
-        if spec.atomic:
+        if spec.atomic and ack:
             self._ack(plan, deliveries, context)
 
     @staticmethod
