@@ -611,18 +611,17 @@ class Worker:
 
     def _adapt(self, *, full: bool) -> None:
         """Adaptive prefetch: after a receive, ``depth`` becomes what one thread may hold,
-        ``fit = min(AHEAD_SECONDS, lease / 2) / unit_seconds`` (at least 1, at most
+        ``fit = min(AHEAD_SECONDS, lease / 2) / unit_seconds`` (with groups, ``AHEAD_SECONDS`` or
+        two groups' time, whichever is longer) (at least 1, at most
         ``AUTO_PREFETCH_MAX``), so that what a thread holds starts well before its lease ends:
         doubling towards it after a receive that came back ``full`` (a backlog), at once down
         to it when receivers slow down. Nothing timed yet: one per free thread."""
         took = self.slots.unit_seconds
         if took is None:
             return
-        budget = (
-            AHEAD_SECONDS
-            if self.lease_seconds is None
-            else min(AHEAD_SECONDS, self.lease_seconds / 2)
-        )
+        # a thread that groups holds what two of its groups run (their messages wait for it)
+        ahead = max(AHEAD_SECONDS, 2 * self.groups.longest(self.plans))
+        budget = ahead if self.lease_seconds is None else min(ahead, self.lease_seconds / 2)
         if took > 0:
             fit = max(1, min(AUTO_PREFETCH_MAX, int(budget / took)))
         else:  # too quick for the clock

@@ -58,8 +58,13 @@ from spanner_queues.worker.slots import Delivery, Plan, Unit
 
 #: messages a group holds at most, by default (``--group-size``; 1: no groups)
 DEFAULT_GROUP_SIZE = 20
-#: milliseconds of receiver time after which a group commits, by default (``--group-ms``)
+#: milliseconds of receiver time after which a group commits, by default (``--group-ms``),
+#: on a database whose one write lock serves every writer (``Driver.single_writer``: SQLite),
+#: where a group holds it from its first write to its commit
 DEFAULT_GROUP_MS = 50.0
+#: ... and elsewhere (PostgreSQL, Spanner: a group holds only the rows it wrote; a Spanner
+#: call takes milliseconds, and 50 ms closed groups of four)
+DEFAULT_GROUP_MS_MANY_WRITERS = 250.0
 #: the most a group may hold: Spanner takes at most 80,000 mutations per commit, and a group's
 #: acks and writes all go into one
 MAX_GROUP_SIZE = 500
@@ -94,7 +99,10 @@ def limits_of(plan: Plan, size: int | None, ms: float | None) -> GroupLimits:
     except InvalidArgument as exc:
         raise QueueConfigurationError(str(exc)) from None
     n = options.group_size or size or DEFAULT_GROUP_SIZE
-    t = options.group_ms or ms or DEFAULT_GROUP_MS
+    default = (
+        DEFAULT_GROUP_MS if driver_for(plan.db).single_writer else DEFAULT_GROUP_MS_MANY_WRITERS
+    )
+    t = options.group_ms or ms or default
     return GroupLimits(n, t / 1000)
 
 
@@ -137,6 +145,10 @@ class Groups:
         if found is None:
             found = self._limits[plan.label] = limits_of(plan, self.size, self.ms)
         return found
+
+    def longest(self, plans: list[Plan]) -> float:
+        """The longest receiver time of a group of ``plans`` (0: none groups)."""
+        return max((self.limits(p).seconds for p in plans if self.limits(p).size > 1), default=0)
 
     def wants(self, unit: Unit) -> bool:
         """Whether ``unit`` runs in a group: one message of a queue whose groups hold more

@@ -32,7 +32,12 @@ from spanner_queues.worker import (
     WorkerEvent,
     WorkerStats,
 )
-from spanner_queues.worker.group import DEFAULT_GROUP_MS, DEFAULT_GROUP_SIZE, MAX_GROUP_SIZE
+from spanner_queues.worker.group import (
+    DEFAULT_GROUP_MS,
+    DEFAULT_GROUP_MS_MANY_WRITERS,
+    DEFAULT_GROUP_SIZE,
+    MAX_GROUP_SIZE,
+)
 from spanner_queues.worker.health import WorkerHealth, serve
 
 if TYPE_CHECKING:
@@ -218,7 +223,8 @@ class Command(BaseCommand):
             default=None,
             help="Milliseconds of receiver time after which a group commits, whichever of it "
             "and --group-size comes first; a queue's QueueMeta.group_ms overrides it "
-            f"(default: {DEFAULT_GROUP_MS:g}).",
+            f"(default: {DEFAULT_GROUP_MS:g} on SQLite, whose write lock a group holds; "
+            f"{DEFAULT_GROUP_MS_MANY_WRITERS:g} elsewhere).",
         )
         receiving.add_argument(
             "--poll-interval",
