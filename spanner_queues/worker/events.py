@@ -8,8 +8,9 @@ goes on. Event names are stable: ``worker_started``, ``received``, ``started``, 
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
 ``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``timed_out``, ``renewed``,
 ``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``, and per queue (``queue``
-set) ``receive_failed`` (each failed receive of a queue) and ``queue_recovered`` (its first
-receive that succeeded after).
+set) ``receive_failed`` (each failed receive of a queue), ``queue_recovered`` (its first
+receive that succeeded after) and ``committed`` (a run's transaction committed, ``size``
+messages acked in it: a group's under group commit).
 
 Log records: every record of ``spanner_queues.worker`` about one message carries the same
 ``extra`` fields (``log_extra``): ``action`` (what happened: the event name, or ``stuck``,
@@ -62,8 +63,11 @@ class WorkerEvent:
     stats: WorkerStats | None = None
     #: a ``failed`` run whose receiver acked the message itself (``AckedFailure``)
     acked: bool = False
-    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``)
+    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``,
+    #: ``committed``)
     queue: str | None = None
+    #: ``committed``: the messages acked in that commit (a group's, a batch's, or 1)
+    size: int | None = None
 
 
 @dataclass(slots=True)

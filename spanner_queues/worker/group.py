@@ -233,6 +233,8 @@ class Groups:
             runner.reporter.count("commits")
             runner.reporter.count("groups")
             runner.reporter.count("grouped", len(todo))
+            acked = sum(1 for o in outcomes if o.kind is Kind.ACKED)
+            runner.reporter.emit("committed", queue=plan.label, size=acked)
         runner.outcomes.settle(before + dropped + outcomes)
 
     def _one(

@@ -151,6 +151,7 @@ class Runner:
             return own + outcomes_of(exc, deliveries, spec.name, duration, atomic=spec.atomic)
         duration = time.monotonic() - started
         self.reporter.count("commits")
+        self.reporter.emit("committed", queue=plan.label, size=len(deliveries))
         return [Outcome(Kind.ACKED, d, spec.name, duration) for d in deliveries]
 
     def _context(
