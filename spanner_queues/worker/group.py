@@ -8,7 +8,7 @@ milliseconds, whichever comes first (``GroupLimits``; ``QueueMeta.group_size`` /
 ``group_ms`` over the worker's ``group_size`` / ``group_ms``). Then it commits and the
 outcomes go to ``Outcomes.settle``, as a single run's do.
 
-- Where the database has savepoints (``Driver.has_savepoints``: SQLite, PostgreSQL) each
+- Where the database has savepoints (``transactions.has_savepoints``: SQLite, PostgreSQL) each
   receiver runs in its own, with its ack: one that raises rolls back alone (its writes and its
   ack) and is settled like any failure; an ack that finds its lease lost (``LeaseLost``,
   ``StaleAck``) rolls back that delivery's savepoint only.
@@ -40,7 +40,6 @@ from dataclasses import dataclass
 
 from django.db import connections, transaction
 
-from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import (
     AckedFailure,
     InvalidArgument,
@@ -51,7 +50,12 @@ from spanner_queues.exceptions import (
     TimeLimitExceeded,
 )
 from spanner_queues.receivers import NoReceiver, ReceiverSpec, running
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.transactions import (
+    has_savepoints,
+    lost_race,
+    run_in_transaction,
+    single_writer,
+)
 from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
 from spanner_queues.worker.run import Runner
 from spanner_queues.worker.slots import Delivery, Plan, Unit
@@ -99,9 +103,7 @@ def limits_of(plan: Plan, size: int | None, ms: float | None) -> GroupLimits:
     except InvalidArgument as exc:
         raise QueueConfigurationError(str(exc)) from None
     n = options.group_size or size or DEFAULT_GROUP_SIZE
-    default = (
-        DEFAULT_GROUP_MS if driver_for(plan.db).single_writer else DEFAULT_GROUP_MS_MANY_WRITERS
-    )
+    default = DEFAULT_GROUP_MS if single_writer(plan.db) else DEFAULT_GROUP_MS_MANY_WRITERS
     t = options.group_ms or ms or default
     return GroupLimits(n, t / 1000)
 
@@ -160,7 +162,7 @@ class Groups:
             spec = self.runner.registry.route(plan.specs, unit[0].message)
         except NoReceiver:
             return False
-        return groupable(spec, driver_for(plan.db).has_savepoints)
+        return groupable(spec, has_savepoints(plan.db))
 
     def run(self, first: Unit, pull: Callable[[], Unit | None], ran: list[Unit]) -> None:
         """Run ``first`` and the units ``pull()`` gives (None: no more) in one transaction
@@ -168,7 +170,7 @@ class Groups:
         plan = first[0].plan
         runner = self.runner
         limits = self.limits(plan)
-        savepoints = driver_for(plan.db).has_savepoints
+        savepoints = has_savepoints(plan.db)
         before: list[Outcome] = []
         todo: list[tuple[ReceiverSpec, Delivery]] = []
         dropped: list[Outcome] = []
@@ -254,7 +256,6 @@ class Groups:
             limit = spec.timeout_of(d.message) or limit
         started = time.monotonic()
         context = runner._context(spec, [d], started, limit)
-        driver = driver_for(plan.db)
         try:
             with running(context):
                 if savepoints and spec.atomic:
@@ -269,7 +270,7 @@ class Groups:
                     if context.acked(d.message):
                         own.add(id(d))
         except Exception as exc:
-            if driver.is_retryable(exc) or driver.is_connection_lost(exc):
+            if lost_race(exc, plan.db):
                 raise  # the group lost a race (or its connection): it runs again
             took = time.monotonic() - started
             [outcome] = outcomes_of(exc, [d], spec.name, took, atomic=spec.atomic)
