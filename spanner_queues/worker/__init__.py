@@ -619,8 +619,10 @@ class Worker:
         took = self.slots.unit_seconds
         if took is None:
             return
-        # a thread that groups holds what two of its groups run (their messages wait for it)
-        ahead = max(AHEAD_SECONDS, 2 * self.groups.longest(self.plans))
+        # a thread that groups holds what two of its groups run (their messages wait for it);
+        # AHEAD_SECONDS = 0 holds nothing ahead, groups or not
+        groups = 2 * self.groups.longest(self.plans)
+        ahead = max(AHEAD_SECONDS, groups) if AHEAD_SECONDS > 0 else 0.0
         budget = ahead if self.lease_seconds is None else min(ahead, self.lease_seconds / 2)
         if took > 0:
             fit = max(1, min(AUTO_PREFETCH_MAX, int(budget / took)))
