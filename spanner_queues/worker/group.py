@@ -21,8 +21,11 @@ outcomes go to ``Outcomes.settle``, as a single run's do.
   non-atomic receiver that raises, or one that leaves the transaction marked for rollback:
   the whole group rolls back and runs again without it.
 - A transaction that loses a race (Spanner ABORTED, SQLite locked) runs every receiver of the
-  group again (``run_in_transaction``): at least once, as always. No write of a failed
-  receiver commits, and no write commits twice (each run of the group is one transaction).
+  group again (``run_in_transaction``): at least once, as always. One that fails otherwise
+  (its commit refused: a deferred constraint, the database gone past the retries) runs each
+  of its messages again alone, so that a message whose writes cannot commit fails alone. No
+  write of a failed receiver commits, and no write commits twice (each run of the group is one
+  transaction).
 - Not grouped: batch receivers, ``@receiver(group=False)``, non-atomic receivers (unless they
   declare ``group=True``: their own transactions then nest in the group's as savepoints, where
   the database has them; the Tasks runner does), and queues whose ``group_size`` is 1.
@@ -34,6 +37,7 @@ commits counts one ``commits`` and its size in ``grouped`` / ``groups`` (``Worke
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -59,6 +63,8 @@ from spanner_queues.transactions import (
 from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
 from spanner_queues.worker.run import Runner
 from spanner_queues.worker.slots import Delivery, Plan, Unit
+
+logger = logging.getLogger("spanner_queues.worker")
 
 #: messages a group holds at most, by default (``--group-size``; 1: no groups)
 DEFAULT_GROUP_SIZE = 20
@@ -231,6 +237,17 @@ class Groups:
             except _AckRefused:
                 state["pulling"] = False
                 state["deferred"] = False
+            except Exception:  # the commit (or the database) failed otherwise: each alone
+                logger.warning(
+                    "a group of %d message(s) of %s failed to commit; running each alone",
+                    len(todo),
+                    plan.label,
+                    exc_info=True,
+                    extra={"action": "group_failed", "queue": plan.label},
+                )
+                alone = [o for spec, d in todo for o in runner._run(plan, spec, [d])]
+                runner.outcomes.settle(before + dropped + alone)
+                return
         if todo:
             runner.reporter.count("commits")
             runner.reporter.count("groups")

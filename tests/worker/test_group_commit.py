@@ -9,7 +9,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import IntegrityError, connections, transaction
 
 from spanner_queues import api
 from spanner_queues.drivers import driver_for
@@ -146,6 +146,38 @@ def test_a_backlog_costs_at_most_0_1_run_commits_per_message() -> None:
     stats, _ = _drain(registry, count, prefetch=50, group_size=50, group_ms=10_000)
     assert Account.objects.count() == count
     assert stats.commits / count <= 0.1, stats
+
+
+def test_a_group_whose_commit_fails_runs_each_message_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A commit refused for a reason that is no lost race (a deferred constraint, say) fails
+    the group's messages one by one: each runs again alone, and only the one whose writes
+    cannot commit fails."""
+    count = 8
+    registry = ReceiverRegistry()
+    poisoned: set[int] = set()  # threads whose open transaction cannot commit
+
+    @receiver(Jobs, registry=registry)
+    def write(message: Any) -> None:
+        Account.objects.create(name=message.key[0])
+        if message.key[0] == "c003":
+            poisoned.add(threading.get_ident())
+
+    wrapper = type(connections["default"])
+    commit = wrapper.commit
+
+    def refusing(self: Any) -> None:
+        if threading.get_ident() in poisoned:
+            poisoned.discard(threading.get_ident())
+            raise IntegrityError("a deferred constraint refused the commit")
+        commit(self)
+
+    monkeypatch.setattr(wrapper, "commit", refusing)
+    _fill(count)
+    _, events = _drain(registry, count - 1, group_size=count)
+    assert _names() == [f"c{i:03}" for i in range(count) if i != 3]  # each once
+    assert {m.key[0] for m in events.messages("failed")} == {"c003"}
 
 
 def test_group_limits_are_checked() -> None:
