@@ -11,11 +11,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def setup(workdir: Path, settings_module: str) -> None:
-    """Configure Django with ``settings_module`` on ``workdir/bench.sqlite3`` and migrate."""
+    """Configure Django with ``settings_module`` on ``workdir/bench.sqlite3`` and migrate;
+    with ``$SQ_BENCH_BACKEND=postgres``, on a fresh database of a private PostgreSQL server
+    instead (``postgres_database``)."""
     sys.path.insert(0, str(ROOT))
     os.environ["DJANGO_SETTINGS_MODULE"] = settings_module
     os.environ["SQ_BENCH_SQLITE_PATH"] = str(workdir / "bench.sqlite3")
     os.environ.pop("SQ_BENCH_TRACE", None)
+    if os.environ.get("SQ_BENCH_BACKEND") == "postgres":
+        os.environ["SQ_BENCH_POSTGRES"] = postgres_database()
     import django
 
     django.setup()
@@ -31,3 +35,23 @@ def clear(*model_paths: str) -> None:
 
     for path in (*model_paths, "django_tasks_database.DBTaskResult"):
         apps.get_model(path).objects.all().delete()
+
+
+def postgres_database() -> str:
+    """``host:port/name`` of a new database on a private PostgreSQL server (the test suite's
+    ``tests.postgres_server``, stopped at exit), made durable for the run: the suite's server
+    runs with ``fsync=off`` and ``synchronous_commit=off``, and a commit here waits for its WAL
+    flush, as a production server's does."""
+    import psycopg
+
+    from tests.postgres_server import SUPERUSER, ensure_postgres
+
+    host, port = ensure_postgres()
+    name = f"sqbench{os.getpid()}"
+    with psycopg.connect(host=host, port=port, user=SUPERUSER, dbname="postgres") as conn:
+        conn.autocommit = True
+        conn.execute(f"CREATE DATABASE {name}")
+        for setting in ("fsync", "synchronous_commit", "full_page_writes"):
+            conn.execute(f"ALTER SYSTEM SET {setting} = on")
+        conn.execute("SELECT pg_reload_conf()")
+    return f"{host}:{port}/{name}"

@@ -65,6 +65,9 @@ def backend_settings() -> dict[str, str]:
         ("django_tasks_db", "default"),  # (DatabaseBackend: the model's default database)
     ):
         conn = connections[alias]
+        if conn.vendor != "sqlite":  # (a benchmark may name vendors: SQ_BENCH_BACKEND)
+            out[name] = f"database {alias!r}: {conn.vendor}"
+            continue
         with conn.cursor() as cursor:
             journal = cursor.execute("PRAGMA journal_mode").fetchone()[0]
             sync = cursor.execute("PRAGMA synchronous").fetchone()[0]
@@ -235,7 +238,13 @@ def main() -> None:
             f"# Tasks API: spanner_queues QueueBackend vs django-tasks-db "
             f"{importlib.metadata.version('django-tasks-db')} ({framework}): "
             f"Python {platform.python_version()}, "
-            f"Django {django.get_version()}, SQLite (WAL, IMMEDIATE), {os.cpu_count()} CPUs, "
+            f"Django {django.get_version()}, "
+            + (
+                "PostgreSQL, "
+                if os.environ.get("SQ_BENCH_POSTGRES")
+                else "SQLite (WAL, IMMEDIATE), "
+            )
+            + f"{os.cpu_count()} CPUs, "
             f"load {os.getloadavg()[0]:.1f}"
         )
         ran = backend_settings()

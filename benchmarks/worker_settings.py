@@ -3,6 +3,8 @@
 connections for both workers (``CONN_MAX_AGE = None``), at ``$SQ_BENCH_SQLITE_PATH``.
 ``$SQ_BENCH_SYNCHRONOUS`` sets ``PRAGMA synchronous`` for both (default ``FULL``, SQLite's
 default: every commit waits for an fsync; ``NORMAL`` is safe from corruption in WAL mode).
+``$SQ_BENCH_POSTGRES`` (``host:port/name``, set by ``sqlite_bench.setup`` with
+``$SQ_BENCH_BACKEND=postgres``): that PostgreSQL database instead.
 """
 
 from __future__ import annotations
@@ -39,6 +41,18 @@ DATABASES = {
         "CONN_MAX_AGE": None,
     }
 }
+
+if os.environ.get("SQ_BENCH_POSTGRES"):  # host:port/name (``sqlite_bench.postgres_database``)
+    _address, _name = os.environ["SQ_BENCH_POSTGRES"].split("/")
+    _host, _port = _address.split(":")
+    DATABASES["default"] = {
+        "ENGINE": "django.db.backends.postgresql",
+        "HOST": _host,
+        "PORT": int(_port),
+        "USER": "postgres",
+        "NAME": _name,
+        "CONN_MAX_AGE": None,
+    }
 
 TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
 

@@ -348,8 +348,12 @@ def main() -> None:
         print(
             f"# worker vs django-tasks-db {getattr(django_tasks_db, '__version__', '0.13')}: "
             f"Python {platform.python_version()}, Django {django.get_version()}, "
-            f"SQLite (WAL, IMMEDIATE, synchronous={args.synchronous}), "
-            f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
+            + (
+                f"PostgreSQL ({os.environ['SQ_BENCH_POSTGRES']}, fsync on), "
+                if os.environ.get("SQ_BENCH_POSTGRES")
+                else f"SQLite (WAL, IMMEDIATE, synchronous={args.synchronous}), "
+            )
+            + f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}"
         )
         enqueue = bench_enqueue(args.enqueue)
         bare = bench_bare_sqlite(args.drain, workdir)

@@ -67,6 +67,13 @@ class Driver:
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
 
+    @property
+    def has_savepoints(self) -> bool:
+        """Whether a transaction can roll back part of itself (Django's own feature flags:
+        SQLite, PostgreSQL; not Spanner): the worker's groups run each receiver in its own."""
+        features = self.connection.features
+        return bool(features.uses_savepoints and features.can_release_savepoints)
+
     def is_retryable(self, exc: BaseException) -> bool:
         """True when ``exc`` means "the transaction lost a race; run it again"."""
         return False

@@ -18,6 +18,8 @@ class ImageTasks(Queue):
         pubsub_topic = "orders"            # relayed: runqueueworker publishes each message there
         pubsub_subscription = "orders-billing"  # an inbox: runqueueworker pulls it into the queue
         envelope = "cloudevents"           # store CloudEvents 1.0 JSON around the payload
+        group_size = 20                    # at most 20 messages per commit (1: each alone)
+        group_ms = 50                      # ... or 50 ms of receiver time, whichever first
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ KNOWN_OPTIONS = frozenset(
         "pubsub_ordering_key",
         "pubsub_subscription",
         "envelope",
+        "group_size",
+        "group_ms",
     }
 )
 
@@ -95,6 +99,12 @@ class QueueOptions:
     #: "cloudevents": each message is stored as a CloudEvents 1.0 JSON event around its payload
     #: (``spanner_queues.envelope``); None: the raw payload
     envelope: str | None = None
+    #: most messages the worker runs in one transaction with one commit (``worker.group``;
+    #: 1: each alone; None: the worker's ``--group-size``)
+    group_size: int | None = None
+    #: milliseconds of receiver time after which a group commits (None: the worker's
+    #: ``--group-ms``)
+    group_ms: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,10 @@ class ReceiverSpec:
     timeout_of: Callable[[Message], float | None] | None = None
     #: called as ``func(context, message_or_messages)`` with a ``MessageContext``
     takes_context: bool = False
+    #: whether its runs may share one transaction and commit with other messages' (the
+    #: worker's groups, ``worker.group``): None: when ``atomic``; False: always alone; True on
+    #: a non-atomic receiver: its own transactions nest in the group's (savepoints)
+    group: bool | None = None
 
     @property
     def model(self) -> type[Queue]:
@@ -236,6 +240,7 @@ def receiver(
     max_batch_size: int | None = None,
     timeout: float | None = None,
     takes_context: bool = False,
+    group: bool | None = None,
     registry: ReceiverRegistry | None = None,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register the decorated function as a receiver of ``queue`` (a model or its label).
@@ -244,6 +249,8 @@ def receiver(
     run is interrupted and counts as a failed attempt (``spanner_queues.worker.limits``).
     ``takes_context``: call it as ``func(context, message)`` (batches: ``func(context,
     messages)``) with the run's ``MessageContext``.
+    ``group``: whether the worker may run it in one transaction with other messages' receivers
+    (group commit; default: when ``atomic``); ``group=False`` runs each message alone.
     The function is returned unchanged, so it can still be called directly in tests.
     """
     if not isinstance(takes_context, bool):
@@ -256,6 +263,8 @@ def receiver(
         raise ReceiverConfigurationError(
             f"timeout must be a positive number of seconds, not {timeout!r}."
         )
+    if group is not None and not isinstance(group, bool):
+        raise ReceiverConfigurationError(f"group must be a bool or None, not {group!r}.")
     if max_batch_size is not None and (not isinstance(max_batch_size, int) or max_batch_size < 1):
         raise ReceiverConfigurationError("max_batch_size must be a positive int.")
     if max_batch_size is not None and not batch:
@@ -274,6 +283,7 @@ def receiver(
                 max_batch_size=max_batch_size,
                 timeout=float(timeout) if timeout is not None else None,
                 takes_context=takes_context,
+                group=group,
             )
         )
         return func

@@ -178,6 +178,26 @@ class ConnectionThread:
                     self._idle.notify_all()
 
 
+def has_savepoints(using: str) -> bool:
+    """Whether a transaction on ``using`` can roll back part of itself (``Driver.has_savepoints``:
+    SQLite, PostgreSQL; not Spanner)."""
+    return driver_for(using).has_savepoints
+
+
+def single_writer(using: str) -> bool:
+    """Whether one write lock serves every writer of ``using`` (``Driver.single_writer``:
+    SQLite): a transaction holds it from its first write to its commit."""
+    return driver_for(using).single_writer
+
+
+def lost_race(exc: BaseException, using: str) -> bool:
+    """Whether ``exc`` ends a transaction on ``using`` that ``run_in_transaction`` runs again
+    from the start: a lost race (Spanner ABORTED, SQLite locked, a PostgreSQL serialization
+    failure) or a lost connection."""
+    driver = driver_for(using)
+    return driver.is_retryable(exc) or driver.is_connection_lost(exc)
+
+
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
     """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors.
 

@@ -57,12 +57,14 @@ limits, per-queue concurrency and rate), ``events`` (events, counters, listeners
 
 How one message goes: the intake receives it into a slot (``slots.Slots.hold``) as a
 ``Delivery`` of its queue's ``Plan`` (database, engine, options, delivery policy); an executor
-takes it (``Slots.take``), runs its receiver (``_run``: in the receiver's transaction with its
-ack when ``atomic``), which returns one ``outcomes.Outcome`` per message (acked, retry, failed,
-timed out, lease lost, already acked; before a run: unmatched, exhausted, lease lost); one
-function, ``Outcomes.settle``, applies the delivery policy to them; the slot is freed
-(``Slots.done``). The parts beside the worker hold narrow handles, never the ``Worker``: a
-``Reporter`` (events, counters, log fields), the ``Slots``, the ``Leases``, the plans.
+takes it (``Slots.take``), its ``run.Runner`` runs its receiver (``_run``: in the receiver's
+transaction with its ack when ``atomic``), which returns one ``outcomes.Outcome`` per message
+(acked, retry, failed, timed out, lease lost, already acked; before a run: unmatched,
+exhausted, lease lost); one function, ``Outcomes.settle``, applies the delivery policy to them;
+the slot is freed (``Slots.done``). A single message whose receiver may be grouped runs with
+more of its queue's messages waiting, in one transaction and one commit (``group.Groups``).
+The parts beside the worker hold narrow handles, never the ``Worker``: a ``Reporter``
+(events, counters, log fields), the ``Slots``, the ``Leases``, the plans.
 
 Locking: ``Slots.cond`` (and ``renew_cond``, on the same lock) guard the slot accounting, which
 changes in ``Slots``'s own methods only (see ``slots``). ``Leases.lock`` is held by a renewal,
@@ -86,7 +88,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from functools import partial
-from queue import SimpleQueue
+from queue import Empty, SimpleQueue
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -94,11 +96,8 @@ from django.db import connections
 from spanner_queues import api, clock, controls
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import (
-    AckedFailure,
     InvalidArgument,
-    LeaseLost,
     QueueConfigurationError,
-    TimeLimitExceeded,
     WorkerCrashed,
     WorkerStuck,
 )
@@ -107,18 +106,12 @@ from spanner_queues.options import queue_options
 from spanner_queues.patterns import seed_schedules
 from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
-    MessageContext,
-    NoReceiver,
     ReceiverRegistry,
-    ReceiverSpec,
-    call,
     receivers,
-    running,
 )
 from spanner_queues.transactions import (
     forget_lost_connection,
     recycle_connections,
-    run_in_transaction,
 )
 from spanner_queues.worker.events import (
     FINAL_EVENTS,
@@ -127,21 +120,19 @@ from spanner_queues.worker.events import (
     WorkerEvents,
     WorkerStats,
 )
+from spanner_queues.worker.group import Groups
 from spanner_queues.worker.leases import Leases, Renewer, renew_at
 from spanner_queues.worker.limits import (
     STUCK_GRACE_SECONDS,
     QueueLimits,
     TimeLimits,
-    time_limit_exceeded,
 )
 from spanner_queues.worker.outcomes import (
     PARKED_UNTIL,
     DeliveryPolicy,
-    Kind,
-    Outcome,
     Outcomes,
-    outcomes_of,
 )
+from spanner_queues.worker.run import Runner
 from spanner_queues.worker.slots import Delivery, Plan, Slots, Unit
 
 if TYPE_CHECKING:
@@ -246,6 +237,8 @@ class Worker:
         timeout: float | None = None,
         stuck_grace: float = STUCK_GRACE_SECONDS,
         abort: Callable[[], None] = abort_process,
+        group_size: int | None = None,
+        group_ms: float | None = None,
     ) -> None:
         _check_arguments(
             concurrency=concurrency,
@@ -277,6 +270,9 @@ class Worker:
         self.plans: list[Plan] = plan_queues(queues, self.registry, batch_size, timeout)
         self._init_intake()
         self._init_parts(listeners, stuck_grace)
+        #: group commit (``group``): messages per commit and receiver time per group of
+        #: queues that set none (None: ``DEFAULT_GROUP_SIZE``, ``DEFAULT_GROUP_MS``)
+        self.groups = Groups(self.runner, size=group_size, ms=group_ms)
         self._abort = abort
         #: a first signal came (its stop may still be on its way)
         self._signalled = False
@@ -302,6 +298,16 @@ class Worker:
         )
         self.queue_limits = QueueLimits(self.plans, self.slots)
         self.renewer = Renewer(self.slots, self.leases, self.reporter)
+        self.runner = Runner(
+            registry=self.registry,
+            worker_id=self.worker_id,
+            batch_size=self.batch_size,
+            slots=self.slots,
+            leases=self.leases,
+            reporter=self.reporter,
+            outcomes=self.outcomes,
+            time_limits=self.time_limits,
+        )
 
     def _init_intake(self) -> None:
         """The intake's own (its thread's) state."""
@@ -605,18 +611,19 @@ class Worker:
 
     def _adapt(self, *, full: bool) -> None:
         """Adaptive prefetch: after a receive, ``depth`` becomes what one thread may hold,
-        ``fit = min(AHEAD_SECONDS, lease / 2) / unit_seconds`` (at least 1, at most
+        ``fit = min(AHEAD_SECONDS, lease / 2) / unit_seconds`` (with groups, ``AHEAD_SECONDS`` or
+        two groups' time, whichever is longer) (at least 1, at most
         ``AUTO_PREFETCH_MAX``), so that what a thread holds starts well before its lease ends:
         doubling towards it after a receive that came back ``full`` (a backlog), at once down
         to it when receivers slow down. Nothing timed yet: one per free thread."""
         took = self.slots.unit_seconds
         if took is None:
             return
-        budget = (
-            AHEAD_SECONDS
-            if self.lease_seconds is None
-            else min(AHEAD_SECONDS, self.lease_seconds / 2)
-        )
+        # a thread that groups holds what two of its groups run (their messages wait for it);
+        # AHEAD_SECONDS = 0 holds nothing ahead, groups or not
+        groups = 2 * self.groups.longest(self.plans)
+        ahead = max(AHEAD_SECONDS, groups) if AHEAD_SECONDS > 0 else 0.0
+        budget = ahead if self.lease_seconds is None else min(ahead, self.lease_seconds / 2)
         if took > 0:
             fit = max(1, min(AUTO_PREFETCH_MAX, int(budget / took)))
         else:  # too quick for the clock
@@ -767,34 +774,60 @@ class Worker:
     # --- the executor threads ---------------------------------------------------------------
     def _execute_units(self) -> None:
         """An executor thread: take units from ``units`` and run them until told to end
-        (None)."""
+        (None); a unit that may run in a group takes more with it (``Groups.run``, ``_pull``).
+        A unit pulled that does not fit the group is the thread's next."""
+        #: (a unit, whether it was taken already and is to be given back unstarted)
+        next_: list[tuple[Unit | None, bool]] = []
         try:
             while True:
-                unit = self.units.get()
+                unit, taken = next_.pop() if next_ else (self.units.get(), False)
                 if unit is None:
                     return
-                unstarted = self.slots.take(unit)
+                unstarted = taken or self.slots.take(unit)
                 started = 0.0
+                ran = [unit]
                 try:
                     if unstarted:
                         run_now = self.outcomes.return_unstarted(unit)
                         if run_now:
-                            self._run_unit(unit[0].plan, run_now)
+                            self.runner._run_unit(unit[0].plan, run_now)
+                    elif self.groups.wants(unit):
+                        started = time.monotonic()
+                        self.groups.run(unit, partial(self._pull, unit[0].plan, next_), ran)
                     else:
                         started = time.monotonic()
-                        self._run_unit(unit[0].plan, unit)
+                        self.runner._run_unit(unit[0].plan, unit)
                 except Exception:
                     logger.exception(
                         "worker error; message(s) left to lease expiry",
                         extra=self.reporter.log_extra("error", unit[0].message),
                     )
                 except BaseException as exc:  # SystemExit, KeyboardInterrupt... from a receiver
-                    self._crash(unit, exc)
+                    self._crash([d for u in ran for d in u], exc)
                 finally:
-                    self.slots.done(unit, time.monotonic() - started if started else None)
+                    took = (time.monotonic() - started) / len(ran) if started else None
+                    for u in ran:
+                        self.slots.done(u, took)
                     recycle_connections()
         finally:
             connections.close_all()
+
+    def _pull(self, plan: Plan, next_: list[tuple[Unit | None, bool]]) -> Unit | None:
+        """A group's next unit: one waiting now (never waited for) of ``plan``'s queue that
+        may join it; None when there is none (one that may not is the thread's next)."""
+        if next_ or self.slots.stopping:
+            return None
+        try:
+            unit = self.units.get_nowait()
+        except Empty:
+            return None
+        if unit is None or unit[0].plan is not plan or not self.groups.wants(unit):
+            next_.append((unit, False))
+            return None
+        if self.slots.take(unit):  # stopping meanwhile: given back, the thread's next
+            next_.append((unit, True))
+            return None
+        return unit
 
     def _crash(self, unit: Unit, exc: BaseException) -> None:
         """A receiver raised a BaseException that is not an Exception: its transaction has
@@ -817,168 +850,6 @@ class Worker:
             if self.crashed is None:
                 self.crashed = exc
         self.stop()
-
-    def _run_unit(self, plan: Plan, unit: Unit) -> None:
-        """Run one unit: the deliveries whose lease is still held, not exhausted
-        (``max_attempts``: given up on) and routed to a receiver (``NoReceiver``: given back);
-        a batch in groups per receiver of at most its batch size. Each run's outcomes are
-        settled (``Outcomes.settle``) once it returns."""
-        before, groups = self._route(plan, unit)
-        self.outcomes.settle(before)
-        for spec, group in groups:
-            size = (spec.max_batch_size or self.batch_size) if plan.batch else 1
-            for i in range(0, len(group), size):
-                self.outcomes.settle(self._run(plan, spec, group[i : i + size]))
-
-    def _route(
-        self, plan: Plan, unit: Unit
-    ) -> tuple[list[Outcome], list[tuple[ReceiverSpec, list[Delivery]]]]:
-        """The outcomes of the deliveries of ``unit`` that are not to run (lease lost or
-        expired, exhausted, unmatched), and the others by receiver."""
-        now = clock.now()
-        before: list[Outcome] = []
-        groups: dict[str, tuple[ReceiverSpec, list[Delivery]]] = {}
-        lost_before = LeaseLost("lease lost or expired before the receiver ran")
-        for d in unit:
-            expires = d.message.lease_expires_at
-            if d.lease_lost or (expires is not None and expires <= now):
-                # lost by renewal, or expired waiting in the prefetch buffer
-                before.append(Outcome(Kind.LEASE_LOST, d, error=lost_before))
-                continue
-            if DeliveryPolicy.exhausted(plan.model, d.message):
-                before.append(Outcome(Kind.EXHAUSTED, d))
-                continue
-            try:
-                spec = self.registry.route(plan.specs, d.message)
-            except NoReceiver as exc:  # another release's receiver: give it back
-                before.append(Outcome(Kind.UNMATCHED, d, error=exc))
-                continue
-            groups.setdefault(spec.name, (spec, []))[1].append(d)
-        return before, list(groups.values())
-
-    def _run(self, plan: Plan, spec: ReceiverSpec, deliveries: list[Delivery]) -> list[Outcome]:
-        """Run ``spec``'s receiver on ``deliveries`` and ack them, in its transaction when it is
-        ``atomic`` (the ack commits with the receiver's writes, or neither does). Returns one
-        outcome per delivery (``outcomes_of`` an error); ``Outcomes.settle`` acts on them. A
-        ``BaseException`` that is not an ``Exception`` goes up (``_crash``)."""
-        limit = spec.timeout if spec.timeout is not None else plan.timeout  # (None: no limit)
-        if spec.timeout_of is not None and len(deliveries) == 1:
-            limit = spec.timeout_of(deliveries[0].message) or limit
-        started = time.monotonic()
-        for d in deliveries:
-            self.reporter.emit("started", message=d.message, receiver=spec.name)
-        context = self._context(spec, deliveries, started, limit)
-        own: list[Outcome] = []  # acked by the receiver's own code before it raised
-        try:
-            with running(context):
-                if spec.atomic:
-                    run_in_transaction(
-                        lambda: self._call(plan, spec, deliveries, context, limit),
-                        using=plan.db,
-                        retries=plan.retries,
-                    )
-                else:
-                    try:
-                        self._call(plan, spec, deliveries, context, limit)
-                    except AckedFailure:
-                        raise  # acked and failed, as the receiver says (the Tasks runner)
-                    except Exception:
-                        own, deliveries = self._own_acks(spec, deliveries, context)
-                        if not deliveries:  # no message to fail: the error is only logged
-                            logger.exception(
-                                "%s raised after acking all its messages itself; the acks stand",
-                                spec.name,
-                                extra={"action": "error", "queue": plan.label},
-                            )
-                            return own
-                        raise  # the outcome below is the others'
-                    ack = partial(self._ack, plan, deliveries, context)
-                    run_in_transaction(ack, using=plan.db, retries=plan.retries)
-        except Exception as exc:
-            if isinstance(exc, TimeLimitExceeded):
-                # the interrupt may have landed anywhere in the receiver's database code:
-                # start this thread's next message on fresh connections
-                connections.close_all()
-            duration = time.monotonic() - started
-            return own + outcomes_of(exc, deliveries, spec.name, duration, atomic=spec.atomic)
-        duration = time.monotonic() - started
-        return [Outcome(Kind.ACKED, d, spec.name, duration) for d in deliveries]
-
-    def _context(
-        self, spec: ReceiverSpec, deliveries: list[Delivery], started: float, limit: float | None
-    ) -> MessageContext:
-        """The receiver's ``MessageContext``: the leases held now, and an ack by its own code
-        freezes the lease it acks with."""
-        by_key = {(d.message.queue, d.message.key): d for d in deliveries}
-        leases = self.leases
-
-        def lease(message: Message) -> Message:
-            """The lease held now (renewed), for the receiver's code (``context.lease``)."""
-            return leases.current(by_key[(message.queue, message.key)])
-
-        def freeze(message: Message) -> Message:
-            """The lease held now, for an ack by the receiver's code: no longer renewed."""
-            return leases.freeze([by_key[(message.queue, message.key)]])[0]
-
-        return MessageContext(
-            spec,
-            [d.message for d in deliveries],
-            worker_id=self.worker_id,
-            deadline=started + limit if limit is not None else None,
-            lease=lease,
-            freeze=freeze,
-            stopping=lambda: self.slots.stopping,
-        )
-
-    def _call(
-        self,
-        plan: Plan,
-        spec: ReceiverSpec,
-        deliveries: list[Delivery],
-        context: MessageContext,
-        limit: float | None,
-    ) -> None:
-        """Call the receiver under its time limit (again on a retried transaction: renewed
-        while it runs, its own acks rolled back); an atomic receiver's messages are acked in
-        its transaction."""
-        self.leases.thaw(deliveries)
-        context._restart()
-        with self.time_limits.running(deliveries, limit):
-            try:
-                call(spec, context)
-            except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
-                if exc.args != (TimeLimitExceeded.INTERRUPTED,):
-                    raise
-                error = time_limit_exceeded(spec.name, deliveries, limit)
-                raise error.with_traceback(exc.__traceback__) from None
-        if any(d.timed_out for d in deliveries):  # returned late: never acked
-            raise time_limit_exceeded(spec.name, deliveries, limit)
-        if spec.atomic:
-            self._ack(plan, deliveries, context)
-
-    @staticmethod
-    def _own_acks(
-        spec: ReceiverSpec, deliveries: list[Delivery], context: MessageContext
-    ) -> tuple[list[Outcome], list[Delivery]]:
-        """A non-atomic receiver raised after acking some of its messages itself (those acks
-        committed): they are ``ACKED``; the rest are returned, for the outcome of the error.
-        The Pub/Sub relay acks what Pub/Sub confirmed, then fails. An ack counts once it
-        committed (``context.committed``): a time limit's interrupt inside the receiver's own
-        transaction rolls its ack back, one after the commit finds the message done."""
-        done = [d for d in deliveries if context.committed(d.message)]
-        rest = [d for d in deliveries if d not in done]
-        return [Outcome(Kind.ACKED, d, spec.name) for d in done], rest
-
-    def _ack(self, plan: Plan, deliveries: list[Delivery], context: MessageContext) -> None:
-        """Ack in the current transaction (``DeliveryPolicy.ack``), unless a lease was lost
-        (then raise LeaseLost); the messages the receiver's code acked itself
-        (``context.acked``) are done."""
-        lost = [d for d in deliveries if d.lease_lost]
-        if lost:
-            raise LeaseLost(f"{lost[0].message}: lease lost while the receiver ran; not acked.")
-        # the lease held now (renewed)
-        pending = [m for m in self.leases.freeze(deliveries) if not context.acked(m)]
-        plan.policy.ack(plan.model, pending, using=plan.db)
 
     # --- events -----------------------------------------------------------------------------
     def _noted(self, name: str, message: Message) -> None:

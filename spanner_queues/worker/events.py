@@ -8,8 +8,9 @@ goes on. Event names are stable: ``worker_started``, ``received``, ``started``, 
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
 ``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``timed_out``, ``renewed``,
 ``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``, and per queue (``queue``
-set) ``receive_failed`` (each failed receive of a queue) and ``queue_recovered`` (its first
-receive that succeeded after).
+set) ``receive_failed`` (each failed receive of a queue), ``queue_recovered`` (its first
+receive that succeeded after) and ``committed`` (a run's transaction committed, ``size``
+messages acked in it: a group's under group commit).
 
 Log records: every record of ``spanner_queues.worker`` about one message carries the same
 ``extra`` fields (``log_extra``): ``action`` (what happened: the event name, or ``stuck``,
@@ -62,8 +63,11 @@ class WorkerEvent:
     stats: WorkerStats | None = None
     #: a ``failed`` run whose receiver acked the message itself (``AckedFailure``)
     acked: bool = False
-    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``)
+    #: the queue (label) of a per-queue event (``receive_failed``, ``queue_recovered``,
+    #: ``committed``)
     queue: str | None = None
+    #: ``committed``: the messages acked in that commit (a group's, a batch's, or 1)
+    size: int | None = None
 
 
 @dataclass(slots=True)
@@ -86,6 +90,12 @@ class WorkerStats:
     unmatched: int = 0
     #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)
     receive_errors: int = 0
+    #: transactions committed by runs: one per receiver run, one per group (a failure's own
+    #: bookkeeping not counted)
+    commits: int = 0
+    #: groups committed (``worker.group``) and the messages run in them
+    groups: int = 0
+    grouped: int = 0
     started: float = field(default_factory=time.monotonic)
 
     def copy(self) -> WorkerStats:

@@ -77,6 +77,8 @@ def test_drill_with_sigkills_loses_nothing_handles_nothing_twice_and_writes_its_
     assert text.startswith("# Queue fault drill: PASS")
     assert "| **lost** (sent, never handled) | **0** |" in text
     assert "| kills (SIGKILL) | 2 |" in text
+    assert "| run commits per message (the workers' last summary lines) |" in text
+    assert figures["commits_per_message"] is not None  # (the workers' summary lines say)
     svg = ET.parse(report / "depth.svg").getroot()
     assert svg.tag.endswith("svg")
     assert sum(1 for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "#c0392b")
@@ -242,3 +244,19 @@ def test_the_abort_command_is_bounded_by_the_timeout(drill: DrillRun) -> None:
     figures = json.loads((drill.report / "report.json").read_text())
     [abort] = [e for e in figures["events"] if e["kind"] == "abort"]
     assert "--abort-command timed out after" in abort["detail"], abort
+
+
+def test_commit_figures_weigh_each_workers_last_summary_line(tmp_path: Path) -> None:
+    """Run commits per message and messages per group over the workers: each log's last
+    summary line, weighted by the messages it processed; a log without one adds nothing."""
+    one, two, none = tmp_path / "1.log", tmp_path / "2.log", tmp_path / "3.log"
+    one.write_text(
+        "processed=10 failed=0 commits/msg=1.00 rate=1/s\n"
+        "processed=100 failed=0 timed_out=0 commits/msg=0.10 group=10.0 rate=5.0/s\n"
+    )
+    two.write_text("processed=300 failed=0 commits/msg=0.05 group=20.0 rate=9/s\n")
+    none.write_text("started\n")
+    per_message, size = runner.commit_figures([one, two, none, tmp_path / "missing.log"])
+    assert per_message == pytest.approx((10 + 15) / 400)
+    assert size == pytest.approx(400 / (10 + 15))
+    assert runner.commit_figures([none]) == (None, None)

@@ -77,6 +77,19 @@ def _message(key: str) -> Message:
     )
 
 
+def test_the_listener_observes_the_messages_of_each_commit() -> None:
+    """Group commit: each run's commit observes how many messages it acked; commits per
+    message is the histogram's count over its sum."""
+    listen = metrics.WorkerMetrics()
+    name = "spanner_queues_worker_commit_messages"
+    count, total = value(f"{name}_count", queue=Q), value(f"{name}_sum", queue=Q)
+    for size in (20, 20, 1):
+        listen(WorkerEvent(name="committed", worker_id="w", queue=Q, size=size))
+    assert value(f"{name}_count", queue=Q) == count + 3
+    assert value(f"{name}_sum", queue=Q) == total + 41
+    assert value(f"{name}_bucket", queue=Q, le="1.0") >= 1
+
+
 def test_the_listener_counts_outcomes_in_flight_durations_and_leases() -> None:
     listen = metrics.WorkerMetrics()
     outcome = "spanner_queues_worker_messages_total"

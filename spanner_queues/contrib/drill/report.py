@@ -143,6 +143,9 @@ def _figures(result: DrillResult) -> list[str]:
         f"| drained | {'yes' if result.drained else 'NO'} |",
         f"| time to drain (from the first send) | {result.drain_seconds:.2f} s |",
         f"| left in the queue after the drill | {result.left_in_queue} |",
+        f"| run commits per message (the workers' last summary lines) | "
+        f"{_ratio(result.commits_per_message)} |",
+        f"| messages per group (group commit) | {_ratio(result.group_size)} |",
         *(_pubsub_figures(result) if pubsub else []),
         "",
         "![queue depth over time](depth.svg)",
@@ -155,6 +158,10 @@ def _figures(result: DrillResult) -> list[str]:
         f"| random seed | {o.seed} (`--seed`) |",
         "",
     ]
+
+
+def _ratio(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
 
 
 def _pubsub_figures(result: DrillResult) -> list[str]:
@@ -256,6 +263,8 @@ def as_json(result: DrillResult) -> dict:
         "terms": result.terms,
         "aborts": result.aborts,
         "retries_seen": result.retries_seen,
+        "commits_per_message": result.commits_per_message,
+        "group_size": result.group_size,
         "unexpected_exits": result.unexpected_exits,
         "redelivered": result.redelivered,
         "handled": result.handled,

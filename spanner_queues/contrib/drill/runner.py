@@ -26,6 +26,7 @@ import dataclasses
 import os
 import platform
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -135,6 +136,10 @@ class DrillResult:
     drained: bool = False
     drain_seconds: float = 0.0
     left_in_queue: int = 0
+    #: from the workers' last summary lines (``processed=``, ``commits/msg=``, ``group=``):
+    #: run commits per message and messages per group (group commit); None: no line said
+    commits_per_message: float | None = None
+    group_size: float | None = None
     leftovers_at_start: int = 0
     samples: list[QueueDepthSample] = field(default_factory=list)
     events: list[DrillEvent] = field(default_factory=list)
@@ -622,9 +627,36 @@ class Drill:
         if self.engine.features.supports_attempt_count:
             result.redelivered = rows.filter(attempt__gt=1).count()
         result.left_in_queue = self._depth_now()
+        result.commits_per_message, result.group_size = commit_figures(result.worker_logs)
 
     def _delete_effects(self) -> None:
         rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
         ids = list(rows.values_list("id", flat=True))
         for first in range(0, len(ids), 500):
             DrillEffect.objects.using(self.alias).filter(id__in=ids[first : first + 500]).delete()
+
+
+_SUMMARY = re.compile(r"processed=(\d+) .*?commits/msg=([\d.]+)(?: group=([\d.]+))?")
+
+
+def commit_figures(logs: list[Path]) -> tuple[float | None, float | None]:
+    """Run commits per message and messages per group over the workers, from the last summary
+    line of each log (a killed worker's last periodic one): (None, None) when none says."""
+    messages = commits = grouped = groups = 0.0
+    for log in logs:
+        try:
+            found = _SUMMARY.findall(log.read_text(errors="replace"))
+        except OSError:
+            continue
+        if not found:
+            continue
+        processed, per_message, size = found[-1]
+        n = int(processed)
+        messages += n
+        commits += n * float(per_message)
+        if size:
+            grouped += n
+            groups += n / float(size)
+    if not messages:
+        return None, None
+    return commits / messages, (grouped / groups if groups else None)

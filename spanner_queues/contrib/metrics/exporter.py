@@ -98,6 +98,7 @@ METRIC_NAMES = frozenset(
         "spanner_queues_worker_messages_received_total",
         "spanner_queues_worker_messages_total",
         "spanner_queues_worker_receiver_duration_seconds",
+        "spanner_queues_worker_commit_messages",
         "spanner_queues_worker_in_flight_messages",
         "spanner_queues_worker_lease_renewals_total",
         "spanner_queues_worker_leases_lost_total",
@@ -180,6 +181,13 @@ class _Metrics:
             "Messages whose receiver is running in this process.",
             ["queue"],
             multiprocess_mode="livesum",
+        )
+        self.commit_messages = prom.Histogram(
+            "spanner_queues_worker_commit_messages",
+            "Messages acked per commit of the worker's runs: 1 for a message run alone, a "
+            "group's size under group commit, a batch's. Commits per message: _count / _sum.",
+            ["queue"],
+            buckets=(1, 2, 5, 10, 20, 50, 100, 200, 500),
         )
         self.renewals = prom.Counter(
             "spanner_queues_worker_lease_renewals",
@@ -327,8 +335,9 @@ def _count_pull_failures(sender: type[Queue], error: BaseException, **kwargs: An
 # --- the worker's events --------------------------------------------------------------------
 class WorkerMetrics:
     """A ``Worker`` listener: ``Worker(listeners=[WorkerMetrics()])``. Counts received
-    messages, outcomes, receiver run times, in-flight messages, renewed and lost leases, failed
-    receives per queue and whether a queue is failing now. Acks and sends are not counted from
+    messages, outcomes, receiver run times, messages per commit (group commit), in-flight
+    messages, renewed and lost leases, failed receives per queue and whether a queue is failing
+    now. Acks and sends are not counted from
     events: the verbs' signals count them, the worker's included (one channel)."""
 
     def __init__(self) -> None:
@@ -345,6 +354,8 @@ class WorkerMetrics:
                 self._m.queue_failing.labels(event.queue).set(1)
             elif event.queue is not None and event.name == "queue_recovered":
                 self._m.queue_failing.labels(event.queue).set(0)
+            elif event.queue is not None and event.name == "committed" and event.size:
+                self._m.commit_messages.labels(event.queue).observe(event.size)
             return
         m, name, queue = self._m, event.name, message.queue
         ident = (queue, message.key)

@@ -31,6 +31,13 @@ worker runs tasks in its executor threads, where Python never delivers the user'
 (SIGINT is the worker's graceful stop, on the main thread): one raised there comes from the
 task's own code and is a failure like any other.
 
+Group commit (``spanner_queues.worker.group``): with ``ATOMIC_TASKS`` (the default) and where
+the database has savepoints (SQLite, PostgreSQL), the worker runs several tasks in one
+transaction: each transaction above is then a savepoint of the group's, and several tasks'
+results and acks commit at once (``task_finished`` is sent before that commit). A group that
+loses a race runs its tasks again, as a lost transaction always did. Elsewhere each task runs
+alone, as above.
+
 The worker's leases, renewal, back-off and graceful stop are unchanged: a lease lost while the
 task runs leaves the message to be delivered again (``RUNNING`` again, one more worker id; the
 lost run's is ``"unknown"`` where it wrote no row). A message of a release that wrote the row
@@ -145,6 +152,9 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
                     name=RECEIVER_NAME,
                     atomic=False,
                     timeout_of=task_timeout,
+                    # ATOMIC_TASKS: its transactions nest in the worker's group (savepoints),
+                    # several tasks' results committing at once
+                    group=bool(getattr(backend, "atomic_tasks", True)) or None,
                 )
             )
     return labels
