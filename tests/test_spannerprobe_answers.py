@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from spanner_queues.contrib.drill.probe import Row, deliver_time_answers
+from spanner_queues.contrib.drill.probe import Row, deliver_time_answers, deliver_time_rule_holds
 
 SENT = datetime(2026, 12, 3, 9, 0, tzinfo=UTC)
 S = timedelta(seconds=1)
@@ -47,3 +47,22 @@ def test_a_deliver_time_moved_elsewhere_says_where() -> None:
     on_lease, [redelivery] = deliver_time_answers(SENT, [first, second])
     assert on_lease == "moved by 0:00:02"
     assert redelivery == f"moved to {(SENT + 5 * S).isoformat()}"
+
+
+def test_the_rule_holds_where_deliver_time_is_kept_or_shows_the_failed_leases_expiry() -> None:
+    first = lease(SENT, SENT)
+    kept = [first, lease(SENT + 11 * S, SENT)]
+    previous_expiry = [first, lease(SENT + 11 * S, SENT + 10 * S)]
+    assert deliver_time_rule_holds(kept, ["kept"])
+    assert deliver_time_rule_holds(previous_expiry, ["lease_expiry"])
+
+
+def test_the_rule_holds_where_a_moved_deliver_time_trips_the_fail_closed_rule() -> None:
+    leases = [lease(SENT, SENT + 10 * S), lease(SENT + 11 * S, SENT + 21 * S)]
+    assert deliver_time_rule_holds(leases, ["lease_expiry"])
+
+
+def test_the_rule_does_not_hold_where_deliver_time_moves_to_the_next_due_time_unseen() -> None:
+    due = SENT + 11 * S
+    leases = [lease(SENT, SENT), lease(due + timedelta(milliseconds=300), due)]
+    assert not deliver_time_rule_holds(leases, ["next_due"])

@@ -100,3 +100,13 @@ def test_the_probe_refuses_a_queue_that_holds_data_and_leaves_it(front, tmp_path
             assert list(snap.execute_sql("SELECT Id, Payload FROM probe_busy")) == [[1, "theirs"]]
     finally:
         database.update_ddl(["DROP QUEUE probe_busy"]).result(120)
+
+
+@pytest.mark.parametrize("mode", ["lease_expiry", "next_due"])
+def test_the_probe_sees_a_moved_deliver_time_and_the_fail_closed_rule_holds(
+    front, tmp_path: Path, mode: str
+) -> None:
+    front.configure(deliver_time=mode)
+    found = probe(tmp_path, "deliver_time")
+    assert not found["deliver_time"]["answer"].startswith("on lease: kept; on redelivery: kept")
+    assert found["deliver_time"]["holds"] is True

@@ -456,13 +456,13 @@ class Probe:
             return Finding("deliver_time", "no delivery", "", None, "the message never came")
         on_lease, answers = deliver_time_answers(sent_at, leases)
         redelivery = answers[0] if answers and len(set(answers)) == 1 else ", ".join(answers)
-        holds = on_lease == "kept" and all(a == "kept" for a in answers) and bool(answers)
         return Finding(
             "deliver_time",
             f"on lease: {on_lease}; on redelivery: {redelivery or 'not seen'}",
-            "a failure record belongs to the delivery whose DeliverTime it keeps (the sender's, "
-            "kept through redeliveries)",
-            holds if answers else None,
+            "a failure record belongs to the delivery that shows the sender's DeliverTime or the "
+            "failed lease's expiry; a DeliverTime later than its lease's start trips the queue "
+            "to the fail-closed rule (every record belongs to its key)",
+            deliver_time_rule_holds(leases, answers) if answers else None,
             f"{len(leases)} deliveries of one message",
             {
                 "sent_at": sent_at.isoformat(),
@@ -645,6 +645,17 @@ class Probe:
             "api.receive(max_messages=1) and ack, 20 messages sent together",
             {"receive_calls": counter.receive, "probes": counter.probes, "messages": got},
         )
+
+
+def deliver_time_rule_holds(leases: list[Row], answers: list[str]) -> bool:
+    """Whether the failure ledger counts a message's failures under what ``leases`` showed:
+    a ``DeliverTime`` later than its lease's start trips the fail-closed rule; otherwise each
+    redelivery must show the sender's time or the failed lease's expiry (``failures.belongs``).
+    A time moved to when the message was due again, shown before the lease, cannot be told
+    from a send under the same key: the rule does not hold."""
+    if any(r.deliver_time > r.leased_at for r in leases):
+        return True
+    return all(a in ("kept", "lease_expiry") for a in answers)
 
 
 def deliver_time_answers(sent_at: datetime, leases: list[Row]) -> tuple[str, list[str]]:
