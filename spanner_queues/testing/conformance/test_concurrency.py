@@ -135,8 +135,10 @@ def test_processes_never_share_a_message(child_env: dict[str, str]) -> None:
 
         def all_claimed() -> bool:
             got = api.receive(Jobs, max_messages=2, lease=LEASE)
+            held = [(m.key, m.lease_expires_at) for m in got if m.lease_expires_at is not None]
+            assert len(held) == len(got), "a received message without its lease's end"
             with lock:
-                claims.extend((m.key, m.lease_expires_at) for m in got)
+                claims.extend(held)
                 return keys <= {key for key, _ in claims}
 
         wait_until(all_claimed, timeout=RACE_BOUND)
