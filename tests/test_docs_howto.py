@@ -294,3 +294,16 @@ def test_pubsub_page_starts_the_emulator_by_a_path_debian_has() -> None:
     page = (DOCS / "howto" / "pubsub.md").read_text()
     assert f"{CANDIDATES[0]} --host=127.0.0.1 --port=8085" in page
     assert "find_pubsub_emulator" in page
+
+
+def test_unlimited_attempts_are_said_where_a_receiver_and_a_queue_are_declared() -> None:
+    """``max_attempts`` is None by default: the receivers page says it before its first
+    section, the ``QueueMeta`` reference before its table."""
+    from spanner_queues.options import queue_options
+    from spanner_queues.testing.conformance.models import Jobs
+
+    assert queue_options(Jobs).max_attempts is None  # (a queue whose QueueMeta sets none)
+    receivers = (DOCS / "howto" / "receivers.md").read_text().split("\n## ", 1)[0]
+    assert "retried for ever by default" in receivers and "max_attempts" in receivers
+    meta = (DOCS / "reference" / "settings.md").read_text().split("## `QueueMeta`", 1)[1]
+    assert "unlimited by default" in meta.split("| option |", 1)[0]
