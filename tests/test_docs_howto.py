@@ -307,3 +307,20 @@ def test_unlimited_attempts_are_said_where_a_receiver_and_a_queue_are_declared()
     assert "retried for ever by default" in receivers and "max_attempts" in receivers
     meta = (DOCS / "reference" / "settings.md").read_text().split("## `QueueMeta`", 1)[1]
     assert "unlimited by default" in meta.split("| option |", 1)[0]
+
+
+def test_the_docs_count_the_demos_queues_as_it_declares_them() -> None:
+    """13 queue models, 3 of them the shipping service's (Pub/Sub): the pages said 11, ten
+    and nine."""
+    root = ROOT / "demo_project"
+    declared = {
+        p.parent.name: len(re.findall(r"^class \w+\(Queue\):", p.read_text(), re.M))
+        for p in root.glob("*/models.py")
+    }
+    total, shipping = sum(declared.values()), declared["shipping"]
+    assert (total, shipping) == (13, 3)
+    page = " ".join((DOCS / "howto" / "cloud-spanner.md").read_text().split())
+    assert f"The demo declares {total} queues ({total - shipping} without the shipping" in page
+    assert f"For the demo's {total - shipping} queues on native queues" in page
+    settings = (root / "settings.py").read_text()
+    assert "nine queues" not in settings and f"of the {total}" in settings
