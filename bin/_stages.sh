@@ -18,7 +18,7 @@ STAGE_TAIL="${STAGE_TAIL:-60}"
 stages_init() {
   STAGE_LOGS="$1"
   mkdir -p "$STAGE_LOGS"
-  rm -f "$STAGE_LOGS"/*.log "$STAGE_LOGS"/*.rc "$STAGE_LOGS"/*.time
+  rm -f "$STAGE_LOGS"/*.log "$STAGE_LOGS"/*.rc "$STAGE_LOGS"/*.time "$STAGE_LOGS"/*.json
   STAGE_START=$SECONDS
   echo "== the logs of this run: $STAGE_LOGS (one file a stage, kept after the run)"
 }
