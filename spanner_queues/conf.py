@@ -14,6 +14,7 @@ Aliases work like ``DATABASES`` and ``CACHES``: a queue names the alias it lives
 
 from __future__ import annotations
 
+import difflib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -143,20 +144,41 @@ def _backoff(alias: str, backoff_raw: dict[str, Any]) -> BackoffPolicy:
     )
 
 
+#: the keys of one alias of ``SPANNER_QUEUES``
+ALIAS_KEYS = ("ENGINE", "DATABASE", "OPTIONS")
+
+
+def _alias_key_hint(alias: str, key: str) -> str:
+    """What an unknown key of an alias was meant to be: an ``OPTIONS`` key put beside
+    ``ENGINE``, else the closest of the alias's keys (difflib), else nothing."""
+    if key.upper() in COMMON_OPTIONS:
+        return f" {key} is an OPTIONS key: SPANNER_QUEUES[{alias!r}]['OPTIONS'][{key.upper()!r}]."
+    closest = difflib.get_close_matches(key.upper(), ALIAS_KEYS, n=1)
+    return f" Did you mean {closest[0]}?" if closest else ""
+
+
 def parse_engine(alias: str, raw: Mapping[str, Any]) -> EngineParams:
     """Validate one alias of ``SPANNER_QUEUES``; raise ``InvalidQueueEngine`` with the reason."""
     if not isinstance(raw, Mapping):
         raise InvalidQueueEngine(f"SPANNER_QUEUES[{alias!r}] must be a dict.")
-    unknown = set(raw) - {"ENGINE", "DATABASE", "OPTIONS"}
+    unknown = sorted(set(map(str, raw)) - set(ALIAS_KEYS))
     if unknown:
         raise InvalidQueueEngine(
-            f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(sorted(unknown))}."
+            f"SPANNER_QUEUES[{alias!r}] has unknown keys: {', '.join(unknown)}. Known: "
+            f"{', '.join(sorted(ALIAS_KEYS))}.{''.join(_alias_key_hint(alias, k) for k in unknown)}"
         )
     engine = raw.get("ENGINE", TABLE_ENGINE)
     if not isinstance(engine, str) or not engine:
         raise InvalidQueueEngine(
             f"SPANNER_QUEUES[{alias!r}]['ENGINE'] must be a dotted path or one of "
             f"{', '.join(map(repr, ENGINE_SHORTCUTS))}, not {engine!r}."
+        )
+    if engine not in ENGINE_SHORTCUTS and "." not in engine:  # a misspelt shortcut
+        closest = difflib.get_close_matches(engine, ENGINE_SHORTCUTS, n=1)
+        raise InvalidQueueEngine(
+            f"SPANNER_QUEUES[{alias!r}]['ENGINE'] = {engine!r} is neither a shortcut "
+            f"({', '.join(map(repr, ENGINE_SHORTCUTS))}) nor an importable dotted path."
+            + (f" Did you mean {closest[0]!r}?" if closest else "")
         )
     engine = ENGINE_SHORTCUTS.get(engine, engine)
     options = dict(raw.get("OPTIONS") or {})

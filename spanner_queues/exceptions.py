@@ -173,4 +173,6 @@ class Retry(QueueError):
             after = timedelta(seconds=float(after))
         self.after: timedelta | None = after
         self.reason = reason
-        super().__init__(reason or f"retry after {after}")
+        super().__init__(
+            reason or (f"retry after {after}" if after is not None else "retry after the back-off")
+        )

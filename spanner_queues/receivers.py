@@ -432,6 +432,12 @@ _running: contextvars.ContextVar[MessageContext | None] = contextvars.ContextVar
 )
 
 
+def current_run() -> MessageContext | None:
+    """The run of the receiver whose code is running now (None: none): what a non-atomic
+    receiver reads of the worker running it (``worker_id``, None under the test kit)."""
+    return _running.get()
+
+
 @contextlib.contextmanager
 def running(context: MessageContext) -> Iterator[MessageContext]:
     """Worker (and test kit) use: bind ``context`` for the receiver's run; at exit the run is

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 from typing import Any
@@ -57,18 +58,65 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _keep_shard(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``SQ_SHARD=k/n`` (bin/test): keep every n-th test from the k-th (1-based), so n
-    processes, each with its own database server, together run the selection once."""
+    """``SQ_SHARD=k/n`` (bin/test): keep the k-th of n shares of the tests (1-based), so n
+    processes, each with its own database server, together run the selection once. With
+    ``SQ_DURATIONS`` naming a file of measured durations (``SQ_DURATIONS_OUT`` of an earlier
+    run, merged: bin/test keeps it), the shares are cut by time (``shares_by_duration``);
+    without it, by count (every n-th test from the k-th)."""
     shard = os.environ.get("SQ_SHARD")
     if not shard:
         return
     k, n = (int(part) for part in shard.split("/"))
     if not 1 <= k <= n:
         raise pytest.UsageError(f"SQ_SHARD={shard!r}: expected k/n with 1 <= k <= n")
-    others = [item for i, item in enumerate(items) if i % n != k - 1]
+    durations = _read_durations(os.environ.get("SQ_DURATIONS", ""))
+    if durations:
+        owner = shares_by_duration([item.nodeid for item in items], durations, n)
+    else:
+        owner = [i % n for i in range(len(items))]
+    others = [item for i, item in enumerate(items) if owner[i] != k - 1]
     if others:
         config.hook.pytest_deselected(items=others)
-        items[:] = [item for i, item in enumerate(items) if i % n == k - 1]
+        items[:] = [item for i, item in enumerate(items) if owner[i] == k - 1]
+
+
+def _read_durations(path: str) -> dict[str, float]:
+    if not path or not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return {str(k): float(v) for k, v in json.load(f).items()}
+
+
+def shares_by_duration(nodeids: list[str], durations: dict[str, float], n: int) -> list[int]:
+    """The share (0 to n-1) of each test: the longest first, each to the share with the least
+    time so far (ties: the lower share); a test with no measure counts the median. The same
+    list and durations give every shard the same answer."""
+    known = sorted(durations[t] for t in nodeids if t in durations)
+    median = known[len(known) // 2] if known else 1.0
+    cost = [durations.get(t, median) for t in nodeids]
+    loads = [0.0] * n
+    owner = [0] * len(nodeids)
+    for i in sorted(range(len(nodeids)), key=lambda i: (-cost[i], i)):
+        share = min(range(n), key=lambda s: (loads[s], s))
+        owner[i] = share
+        loads[share] += cost[i]
+    return owner
+
+
+_measured: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """``SQ_DURATIONS_OUT``: each test's setup, call and teardown seconds, summed."""
+    if os.environ.get("SQ_DURATIONS_OUT"):
+        _measured[report.nodeid] = _measured.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    out = os.environ.get("SQ_DURATIONS_OUT")
+    if out and _measured:
+        with open(out, "w") as f:
+            json.dump({k: round(v, 3) for k, v in sorted(_measured.items())}, f, indent=0)
 
 
 @pytest.fixture(autouse=True)

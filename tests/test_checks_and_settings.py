@@ -423,3 +423,33 @@ def test_queue_limits_are_validated_by_a_check(options: dict, reason: str | None
     else:
         [error] = errors
         assert reason in error.msg
+
+
+@pytest.mark.engine_independent
+def test_a_misplaced_top_level_key_lists_the_known_keys_and_the_closest() -> None:
+    """``LEASE_SECONDS`` beside ``ENGINE`` belongs in ``OPTIONS``; a typo of a key gets the
+    closest known one."""
+    setting = {"default": {"ENGINE": "table", "LEASE_SECONDS": 5}}
+    with override_settings(SPANNER_QUEUES=setting):
+        [error] = [m for m in check_queues() if m.id == "spanner_queues.E001"]
+    assert error.msg == (
+        "SPANNER_QUEUES['default'] has unknown keys: LEASE_SECONDS. Known: DATABASE, ENGINE, "
+        "OPTIONS. LEASE_SECONDS is an OPTIONS key: SPANNER_QUEUES['default']['OPTIONS']"
+        "['LEASE_SECONDS']."
+    )
+    with pytest.raises(InvalidQueueEngine) as raised:
+        parse_engine("default", {"ENGINES": "table"})
+    assert str(raised.value) == (
+        "SPANNER_QUEUES['default'] has unknown keys: ENGINES. Known: DATABASE, ENGINE, OPTIONS. "
+        "Did you mean ENGINE?"
+    )
+
+
+@pytest.mark.engine_independent
+def test_a_misspelt_engine_shortcut_names_the_shortcuts_and_the_closest() -> None:
+    with override_settings(SPANNER_QUEUES={"default": {"ENGINE": "tabel"}}):
+        [error] = [m for m in check_queues() if m.id == "spanner_queues.E001"]
+    assert error.msg.startswith(
+        "SPANNER_QUEUES['default']['ENGINE'] = 'tabel' is neither a shortcut ('table', "
+        "'native') nor an importable dotted path. Did you mean 'table'?"
+    ), error.msg

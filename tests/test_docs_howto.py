@@ -238,3 +238,89 @@ def test_each_how_tos_settings_compose_with_those_a_project_followed_before(
             )
             assert len(apps) == len(set(apps)), (page, apps)
             assert apps[0] == "django_spanner"
+
+
+# --- the optional apps' pages: each file a block shows has its imports -----------------------
+def _undefined_names(code: str) -> set[str]:
+    """The names ``code`` reads that it neither imports, defines nor assigns (nor are
+    builtins): what a ``NameError`` would name once the file runs."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, "<snippet>", "exec")
+    defined = set(dir(builtins)) | {
+        s.get_name()
+        for s in top.get_symbols()
+        if s.is_assigned() or s.is_imported() or s.is_namespace()
+    }
+    missing: set[str] = set()
+    tables = [top]
+    while tables:
+        table = tables.pop()
+        missing.update(
+            s.get_name()
+            for s in table.get_symbols()
+            if s.is_referenced() and (table is top or s.is_global()) and s.get_name() not in defined
+        )
+        tables += table.get_children()
+    return missing
+
+
+@pytest.mark.parametrize("page", ["tasks.md", "pubsub.md", "tracing.md", "metrics.md"])
+def test_each_file_a_howto_shows_imports_what_it_uses(page: str) -> None:
+    """A Python block headed by the file it goes in (``# shop/models.py``) is pasted as it is:
+    every name it uses is imported or defined in it (tracing.md's model used an undefined
+    ``new_id``; pubsub.md's service B had no imports)."""
+    files = [
+        code
+        for code in _blocks((DOCS / "howto" / page).read_text())
+        if re.match(r"# \S+\.py\b", code)
+    ]
+    assert files
+    undefined = {code.splitlines()[0]: sorted(_undefined_names(code)) for code in files}
+    assert {header: names for header, names in undefined.items() if names} == {}
+
+
+def test_tracing_page_shows_spans_without_a_collector() -> None:
+    """A newcomer sees a trace before running a collector: the console exporter."""
+    blocks = _blocks((DOCS / "howto" / "tracing.md").read_text())
+    assert any("ConsoleSpanExporter()" in code and "set_tracer_provider" in code for code in blocks)
+
+
+def test_pubsub_page_starts_the_emulator_by_a_path_debian_has() -> None:
+    """Debian's launcher is not on ``PATH``: the page gives its path and the kit's finder."""
+    from spanner_queues.testing.pubsub import CANDIDATES
+
+    page = (DOCS / "howto" / "pubsub.md").read_text()
+    assert f"{CANDIDATES[0]} --host=127.0.0.1 --port=8085" in page
+    assert "find_pubsub_emulator" in page
+
+
+def test_unlimited_attempts_are_said_where_a_receiver_and_a_queue_are_declared() -> None:
+    """``max_attempts`` is None by default: the receivers page says it before its first
+    section, the ``QueueMeta`` reference before its table."""
+    from spanner_queues.options import queue_options
+    from spanner_queues.testing.conformance.models import Jobs
+
+    assert queue_options(Jobs).max_attempts is None  # (a queue whose QueueMeta sets none)
+    receivers = (DOCS / "howto" / "receivers.md").read_text().split("\n## ", 1)[0]
+    assert "retried for ever by default" in receivers and "max_attempts" in receivers
+    meta = (DOCS / "reference" / "settings.md").read_text().split("## `QueueMeta`", 1)[1]
+    assert "unlimited by default" in meta.split("| option |", 1)[0]
+
+
+def test_the_docs_count_the_demos_queues_as_it_declares_them() -> None:
+    """13 queue models, 3 of them the shipping service's (Pub/Sub): the pages said 11, ten
+    and nine."""
+    root = ROOT / "demo_project"
+    declared = {
+        p.parent.name: len(re.findall(r"^class \w+\(Queue\):", p.read_text(), re.M))
+        for p in root.glob("*/models.py")
+    }
+    total, shipping = sum(declared.values()), declared["shipping"]
+    assert (total, shipping) == (13, 3)
+    page = " ".join((DOCS / "howto" / "cloud-spanner.md").read_text().split())
+    assert f"The demo declares {total} queues ({total - shipping} without the shipping" in page
+    assert f"For the demo's {total - shipping} queues on native queues" in page
+    settings = (root / "settings.py").read_text()
+    assert "nine queues" not in settings and f"of the {total}" in settings

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from spanner_queues.engines.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
+from spanner_queues.engines.spanner_ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
 from spanner_queues.options import RowDeletion
 
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "howto"

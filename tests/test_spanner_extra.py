@@ -132,3 +132,26 @@ def test_a_spanner_database_without_the_driver_stops_django_setup_with_e014() ->
         "'django_spanner', but django-google-spanner is not installed: "
         "pip install 'spanner-queues[spanner]'. (spanner_queues.E014)"
     )
+
+
+def test_queuegrants_runs_without_the_spanner_extra() -> None:
+    """``queuegrants`` only prints GRANT text: without Google's client, gRPC or the driver it
+    prints the grants of a project's queues (it named the dialect's SQL through the native
+    engine's package, which imports Google's client)."""
+    code = (
+        "import sys\n"
+        f"for name in {SPANNER_MODULES!r}:\n"
+        "    sys.modules[name] = None  # not installed\n"
+        "import django\n"
+        "django.setup()\n"
+        "from django.core.management import call_command\n"
+        "call_command('queuegrants', '--role-sender', 'web', '--role-worker', 'worker',"
+        " '--queue', 'testapp.Emails')\n"
+    )
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings", "PYTHONPATH": str(ROOT)}
+    env.pop("SPANNER_EMULATOR_HOST", None)
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "GRANT INSERT ON TABLE testapp_emails TO ROLE web;" in done.stdout.splitlines()

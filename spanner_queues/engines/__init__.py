@@ -71,9 +71,10 @@ def engine_for(model: type[Model]) -> BaseQueueEngine:
     return engine
 
 
-#: where the SQL text of Spanner's dialects lives (the native engine's; loaded by name, as the
-#: handler loads an engine)
-SPANNER_SQL = "spanner_queues.engines.native.ddl.dialect"
+#: where the SQL text of Spanner's dialects lives (beside the engines, outside the native engine's
+#: package, which imports Google's client: ``queuegrants`` prints it without the `spanner` extra;
+#: loaded by name, when asked)
+SPANNER_SQL = "spanner_queues.engines.spanner_ddl.dialect"
 
 
 def spanner_sql(dialect: str) -> SpannerSQL:

@@ -14,7 +14,7 @@ from django.db import connection
 
 from spanner_queues import api
 from spanner_queues.engines import engines, native
-from spanner_queues.engines.native.ddl import duration
+from spanner_queues.engines.spanner_ddl import duration
 from spanner_queues.semantics import LEASE
 from spanner_queues_emulator.schema import LEASE_EXPIRES
 from tests.conftest import wait_until

@@ -449,7 +449,7 @@ def test_batch_dml_statement_with_more_than_950_parameters_is_refused(database: 
 
 def test_renewals_of_any_size_go_in_chunks(database: Any) -> None:
     from spanner_queues.engines.native import client
-    from spanner_queues.engines.native.ddl import GoogleSQL, KeyColumn, QueueDeclaration
+    from spanner_queues.engines.spanner_ddl import GoogleSQL, KeyColumn, QueueDeclaration
 
     _, token, _ = leased(database)
     decl = QueueDeclaration(name="SampleQueue", keys=(KeyColumn("Id", "BigIntegerField"),))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spanner_queues.engines.native.ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
+from spanner_queues.engines.spanner_ddl import GoogleSQL, KeyColumn, PostgreSQL, QueueDeclaration
 from spanner_queues.exceptions import QueueConfigurationError
 
 DECL = QueueDeclaration(
@@ -146,7 +146,7 @@ def test_declare_reads_row_deletion_policy_from_queue_meta() -> None:
     from django.db import models
     from django.test.utils import isolate_apps
 
-    from spanner_queues.engines.native.ddl import declare
+    from spanner_queues.engines.spanner_ddl import declare
     from spanner_queues.models import Queue
     from spanner_queues.options import RowDeletion, queue_options
 

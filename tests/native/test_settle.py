@@ -21,8 +21,8 @@ from google.cloud.spanner_v1 import PartialResultSet, ResultSetMetadata, StructT
 from spanner_queues import api
 from spanner_queues.engines import engines, native
 from spanner_queues.engines.native import client
-from spanner_queues.engines.native.ddl import duration
 from spanner_queues.engines.native.receive import LeasedRow, ReceiveStream
+from spanner_queues.engines.spanner_ddl import duration
 from spanner_queues.message import Message
 from spanner_queues.receivers import ReceiverRegistry
 from spanner_queues.receivers import receiver as register_receiver

@@ -382,3 +382,23 @@ def test_a_task_enqueued_by_release_0_1_0_is_found_in_its_queue(monkeypatch) -> 
     result = tasks.add.enqueue(1, 2)
     assert len(result.id) == 32
     assert default_task_backend.get_result(result.id).status == TaskResultStatus.READY
+
+
+def test_admin_shows_a_tasks_errors_as_preformatted_tracebacks(client, django_user_model) -> None:
+    """Not the stored JSON with literal ``\\n``: each error's class and traceback, its lines
+    broken as Python printed them, escaped."""
+    import json
+
+    admin = django_user_model.objects.create_superuser("root", "root@example.com", "pw")
+    client.force_login(admin)
+    traceback = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: <b>no</b>\n'
+    errors = [{"exception_class_path": "builtins.ValueError", "traceback": traceback}]
+    result = finished_record("FAILED", finished_at=timezone.now(), errors_json=json.dumps(errors))
+    page = client.get(f"/admin/spanner_queues_tasks/taskresultrecord/{result.id}/change/")
+    html = page.content.decode()
+    assert page.status_code == 200
+    assert "\\n" not in html.split("builtins.ValueError", 1)[1].split("</pre>", 1)[0]
+    assert (
+        "<pre>builtins.ValueError\nTraceback (most recent call last):\n"
+        "  File &quot;x.py&quot;, line 1\nValueError: &lt;b&gt;no&lt;/b&gt;\n</pre>"
+    ) in html

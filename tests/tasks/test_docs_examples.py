@@ -197,6 +197,16 @@ def test_the_settings_block_passes_the_checks_and_its_optional_line_is_a_check_e
 
 
 @pytest.mark.engine_independent
+def test_the_first_example_mails_without_an_smtp_server() -> None:
+    """The task block sends mail: in a ``startproject`` project (Django's SMTP backend on
+    localhost:25) it failed; the settings block prints the mail instead."""
+    assert "send_mail(" in _block("tasks.py")
+    namespace: dict = {}
+    exec(_block("settings"), namespace)
+    assert namespace.get("EMAIL_BACKEND") == "django.core.mail.backends.console.EmailBackend"
+
+
+@pytest.mark.engine_independent
 def test_the_import_block() -> None:
     namespace: dict = {}
     exec(_block("import"), namespace)

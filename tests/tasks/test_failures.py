@@ -56,10 +56,25 @@ def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
     assert record.exc_info and isinstance(record.exc_info[1], ValueError)
     assert "task 1 failed" in caplog.text and "raise_value_error" in caplog.text
     assert (record.queue, record.message_key, record.attempt) == (Q, (result.id,), 1)
-    # django-tasks' own task_finished line carries the traceback too (not "NoneType: None")
+    # the framework's own task_finished line is there, without a second copy of the traceback
+    # (two failures printed 119 lines), and without "NoneType: None"
     framework = [r for r in caplog.records if r.name == LOGGER and "FAILED" in r.getMessage()]
-    assert framework and framework[0].exc_info and framework[0].exc_info[1] is not None
+    assert len(framework) == 1 and result.id in framework[0].getMessage()
+    assert [r for r in caplog.records if r.exc_info and r.exc_info[0]] == [record]
+    assert caplog.text.count("Traceback (most recent call last)") == 1
     assert "NoneType: None" not in caplog.text
+
+
+def test_a_task_failing_under_the_test_kits_drain_logs_its_traceback_once(caplog) -> None:
+    """No worker logs it there: the framework's line carries it."""
+    from spanner_queues.testing import drain
+
+    caplog.set_level(logging.INFO)
+    result = failing_tasks.raise_value_error.enqueue(1)
+    drain(TaskMessage)
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert caplog.text.count("Traceback (most recent call last)") == 1, caplog.text
 
 
 def test_failed_tasks_count_as_failed_in_the_worker_summary(run_worker) -> None:

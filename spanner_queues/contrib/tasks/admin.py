@@ -6,6 +6,8 @@ from typing import Any
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
 from spanner_queues.contrib.tasks.models import TaskResultRecord
 
@@ -24,9 +26,25 @@ class TaskResultAdmin(admin.ModelAdmin):
     search_fields = ("id", "task_path")
     date_hierarchy = "enqueued_at"
     ordering = ("-enqueued_at",)
+    exclude = ("errors_json",)  # shown by ``errors``
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields]
+        # the errors as their tracebacks read, not as the JSON that stores them
+        return ["errors" if f.name == "errors_json" else f.name for f in self.model._meta.fields]
+
+    @admin.display(description="errors")
+    def errors(self, obj: TaskResultRecord) -> SafeString:
+        """Each error's exception class, then its traceback, preformatted (escaped)."""
+        if not obj.errors:
+            return format_html("{}", "-")
+        return format_html_join(
+            "",
+            "<pre>{}\n{}</pre>",
+            (
+                (error.get("exception_class_path", ""), error.get("traceback", ""))
+                for error in obj.errors
+            ),
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

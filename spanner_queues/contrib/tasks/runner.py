@@ -20,10 +20,11 @@ carries the task (``backend.payload_of``); its result row is written when it fin
    carrying the errors so far, due after ``retry_delay`` (the task is ``READY``). A task whose
    function is gone (its path names no task in this process, or its module raises on import)
    is ``FAILED`` the same way (``InvalidTask``), without running, never run again.
-   ``task_finished`` is then sent while the task's exception is being handled (the
-   framework's ``logger.exception`` logs its traceback), and
-   the receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task
-   id, queue, attempt), counts it ``failed`` and gives nothing back.
+   ``task_finished`` is then sent (its framework line says ``state=FAILED``), and the
+   receiver raises ``AckedFailure``: the worker logs the failure with its traceback (task id,
+   queue, attempt), the one copy of it, counts it ``failed`` and gives nothing back. (Under
+   the test kit's ``drain``, which logs nothing, ``task_finished`` is sent while the exception
+   is being handled: the framework's line carries the traceback.)
 
 ``KeyboardInterrupt``: Django's immediate backend lets it through ("the user tried to
 terminate"), and so does the runner on the main thread (the test kit's ``drain``). The
@@ -46,6 +47,7 @@ at enqueue (no ``"args"`` in it) runs on that row.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import threading
@@ -69,6 +71,7 @@ from spanner_queues.contrib.tasks.backend import (
     task_of,
 )
 from spanner_queues.contrib.tasks.framework import (
+    LOGGER,
     InvalidTask,
     Task,
     TaskContext,
@@ -97,10 +100,18 @@ from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import AckedFailure
 from spanner_queues.message import Message
 from spanner_queues.queues import get_queue
-from spanner_queues.receivers import ReceiverRegistry, ReceiverSpec, mark_acked, receivers
+from spanner_queues.receivers import (
+    ReceiverRegistry,
+    ReceiverSpec,
+    current_run,
+    mark_acked,
+    receivers,
+)
 from spanner_queues.transactions import run_in_transaction
 
-#: the worker id recorded in results: host and process
+#: the worker id recorded in results outside a worker (the test kit's ``drain``): host and
+#: process; under ``runqueueworker`` the worker's own id (``Worker.worker_id``), the one its log
+#: lines and events carry
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
 RECEIVER_NAME = "spanner_queues.contrib.tasks.runner.run_task"
 
@@ -134,6 +145,7 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
     """Register ``run_task`` for the queues of every configured ``QueueBackend``; return the
     queue labels. Called from ``SpannerQueuesConfig.ready()``."""
     registry = registry if registry is not None else receivers
+    logging.getLogger(LOGGER).addFilter(_NO_EMPTY_TRACEBACK)  # (once: a filter is a set member)
     labels: list[str] = []
     backends = queue_backends()
     if backends:
@@ -328,11 +340,31 @@ def _start(record: TaskResultRecord, message: Message) -> None:
     attempt = message.attempt if message.attempt is not None else record.attempts + 1
     known = record.worker_ids
     earlier = max(attempt - 1, len(known))
-    record.worker_ids_json = dumps([*known, *[UNKNOWN_WORKER] * (earlier - len(known)), WORKER_ID])
+    worker = _running_worker() or WORKER_ID
+    record.worker_ids_json = dumps([*known, *[UNKNOWN_WORKER] * (earlier - len(known)), worker])
     record.attempts = max(attempt, len(known) + 1)
     record.status = RUNNING
     record.started_at = record.started_at or now
     record.last_attempted_at = now
+
+
+def _running_worker() -> str | None:
+    """The id of the worker running this task (None: not a worker, the test kit's drain)."""
+    run = current_run()
+    return run.worker_id if run is not None else None
+
+
+class _NoEmptyTraceback(logging.Filter):
+    """The framework's ``task_finished`` line of a failure sent outside its exception handler:
+    the backport's ``logger.exception`` would print ``NoneType: None`` for its traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and record.exc_info[0] is None:
+            record.exc_info = None
+        return True
+
+
+_NO_EMPTY_TRACEBACK = _NoEmptyTraceback()
 
 
 def _on_main_thread() -> bool:
@@ -340,9 +372,13 @@ def _on_main_thread() -> bool:
 
 
 def _send_finished(signal: Any, sender: type, result: Any, failure: BaseException | None) -> None:
-    """Send ``task_finished``; for a failure, while its exception is being handled, so that
-    receivers calling ``logger.exception`` (django-tasks' own) log its traceback."""
-    if failure is None:
+    """Send ``task_finished``. A failure's traceback is logged once: under a worker, which
+    logs it with the task id, queue and attempt, the signal is sent as for a success (the
+    framework's line says ``state=FAILED``, without the traceback again: two failures printed
+    119 lines); elsewhere (the test kit's ``drain``, which logs nothing) while the exception
+    is being handled, so that receivers calling ``logger.exception`` (the framework's own) log
+    its traceback."""
+    if failure is None or _running_worker() is not None:
         signal.send(sender, task_result=result)
         return
     try:

@@ -56,7 +56,8 @@ from spanner_queues.conf import EngineParams
 from spanner_queues.drivers import driver_for, grpc_status
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.engines.native import client
-from spanner_queues.engines.native.ddl import (
+from spanner_queues.engines.native.receive import LeasedRow, Probes, ReceiveStream
+from spanner_queues.engines.spanner_ddl import (
     GOOGLESQL,
     MAX_QUERY_PARAMETERS,
     QueueDeclaration,
@@ -64,7 +65,6 @@ from spanner_queues.engines.native.ddl import (
     dialect,
     duration,
 )
-from spanner_queues.engines.native.receive import LeasedRow, Probes, ReceiveStream
 from spanner_queues.exceptions import (
     InvalidMessage,
     InvalidQueueEngine,

@@ -46,7 +46,7 @@ from google.cloud.spanner_v1.types import TransactionOptions
 from google.protobuf.struct_pb2 import Struct
 
 from spanner_queues.drivers import grpc_status
-from spanner_queues.engines.native.ddl import MAX_QUERY_PARAMETERS
+from spanner_queues.engines.spanner_ddl import MAX_QUERY_PARAMETERS
 from spanner_queues.exceptions import CommitOutcomeUnknown
 from spanner_queues.keys import key_fields
 from spanner_queues.payload import BYTES, JSON, from_stored, json_value_text, stored_text

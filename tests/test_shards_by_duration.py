@@ -1,0 +1,31 @@
+"""``SQ_SHARD`` with measured durations (``tests/conftest.py``): the shares are cut by time,
+not by count (the four native shards took 411 to 650 s, cut by count)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import shares_by_duration
+
+pytestmark = pytest.mark.engine_independent  # arithmetic on test ids
+
+
+def test_one_long_test_gets_a_share_of_its_own() -> None:
+    ids = [f"t{i}" for i in range(11)]
+    durations = {"t0": 100.0, **{f"t{i}": 10.0 for i in range(1, 11)}}
+    owner = shares_by_duration(ids, durations, 2)
+    assert [ids[i] for i, s in enumerate(owner) if s == 0] == ["t0"]
+    loads = [sum(durations[t] for t, s in zip(ids, owner, strict=True) if s == k) for k in (0, 1)]
+    assert loads == [100.0, 100.0]  # by count: 150 and 50
+
+
+def test_every_test_in_exactly_one_share_and_unmeasured_ones_count_the_median() -> None:
+    ids = [f"t{i}" for i in range(40)]
+    durations = {f"t{i}": float(i % 7 + 1) for i in range(0, 40, 2)}  # half measured
+    owner = shares_by_duration(ids, durations, 4)
+    assert len(owner) == len(ids) and set(owner) == {0, 1, 2, 3}
+    assert owner == shares_by_duration(ids, durations, 4)  # every shard computes the same
+    median = sorted(durations.values())[len(durations) // 2]
+    cost = [durations.get(t, median) for t in ids]
+    loads = [sum(c for c, s in zip(cost, owner, strict=True) if s == k) for k in range(4)]
+    assert max(loads) - min(loads) <= max(cost)
