@@ -30,6 +30,9 @@ RAN = {"acked", "failed", "retried", "timed_out", "dead_lettered"}
 
 
 def _about_a_message(record: logging.LogRecord) -> Message | None:
+    if isinstance(record.args, dict):  # (the report table's records: named fields)
+        found = record.args.get("message")
+        return found if isinstance(found, Message) else None
     args = record.args if isinstance(record.args, tuple) else ()
     return next((a for a in args if isinstance(a, Message)), None)
 
