@@ -48,9 +48,15 @@ def spend(key: str, failures: int) -> None:
     engine = engine_for(Emails)
     policy = DeliveryPolicy(engine)
     for _ in range(failures):
-        [m] = [
-            m for m in receive_due(Emails, lease=timedelta(seconds=1)) if m.key_dict["id"] == key
-        ]
+        mine: list[Message] = []
+
+        def delivered(mine: list[Message] = mine) -> bool:
+            got = receive_due(Emails, lease=timedelta(seconds=1))
+            mine.extend(m for m in got if m.key_dict["id"] == key)
+            return bool(mine)
+
+        wait_until(delivered, timeout=60)
+        m = mine[0]
         policy.fail(Emails, m, RuntimeError("spent"), using=engine.database)
         if engine.features.supports_release:
             api.release(m, deliver_time=clock.now())
@@ -68,13 +74,27 @@ def settle_both(
     counted failed runs each); return where each is then."""
     registry = ReceiverRegistry()
     register_receiver(Emails, registry=registry, match=match)(receiver)
+    keys: list[str] = []
+    try:
+        return _settle_both(registry, event, failures, payload, keys)
+    finally:  # (native queues outlive the test's flush: leave nothing due for the next test)
+        for key in keys:
+            for queue in (Emails, EmailsDead):
+                queue.objects.filter(pk=key).delete()
+
+
+def _settle_both(
+    registry: ReceiverRegistry, event: str, failures: int, payload: Any, keys: list[str]
+) -> tuple[tuple[str, bool, int | None], tuple[str, bool, int | None]]:
     by_drain = Emails.send(payload=payload or {}).key_dict["id"]
+    keys.append(by_drain)
     spend(by_drain, failures)
     drained = drain(Emails, registry=registry, max_messages=1, expect=1)
     assert [m.key_dict["id"] for m in (o.message for o in drained)] == [by_drain]
     after_drain = where(by_drain)
 
     by_worker = Emails.send(payload=payload or {}).key_dict["id"]
+    keys.append(by_worker)
     spend(by_worker, failures)
     events = WorkerEvents()
     worker = Worker([Emails], registry=registry, listeners=[events], install_signal_handlers=False)
