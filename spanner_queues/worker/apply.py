@@ -56,6 +56,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("spanner_queues.worker")
 
+#: what *decide* is given where no settlement of the kind reads the time (acked, lost)
+NO_TIME, NO_WAIT = datetime.min, timedelta(0)
+
 #: at most this many (queue, kind of miss) pairs are remembered for the once-only warning
 MISMATCHES_REMEMBERED = 1000
 #: at most this many unmatched messages' miss counts are remembered (their back-off grows)
@@ -267,6 +270,8 @@ class Outcomes:
         elif o.kind in FAILURES and not (d.lease_lost or o.acked):
             attempt = plan.policy.fail(plan.model, m, o.error, using=plan.db).attempt
             m = dataclass_replace(m, attempt=attempt)
+        if o.kind in (Kind.ACKED, Kind.LEASE_LOST, Kind.ALREADY_ACKED):
+            return decide(o, plan.options, now=NO_TIME, backoff=NO_WAIT)  # (no time read)
         return decide(
             o,
             plan.options,
