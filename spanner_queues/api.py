@@ -35,7 +35,7 @@ from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.receivers import held_lease_token, mark_acked
-from spanner_queues.signals import messages_acked, messages_sent, send_on_commit
+from spanner_queues.signals import messages_acked, messages_sent, requeued, send_on_commit
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -453,11 +453,7 @@ def _requeue(
     engine, db = engine_for(model), _database(model, using)
 
     def run() -> list[Message]:
-        sent = engine.requeue(model, messages, outgoing, using=db, to=to, missing_ok=missing_ok)
-        send_on_commit(messages_sent, to or model, sent, db)
-        if not missing_ok:  # (replace deletes whatever is there: not an ack of a message)
-            send_on_commit(messages_acked, model, messages, db)
-        return sent
+        return requeued(engine, model, messages, outgoing, using=db, to=to, missing_ok=missing_ok)
 
     return run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
 

@@ -8,7 +8,8 @@
 
 ``dead_letter(message)`` acks the message and sends it, same key and payload, to the
 dead-letter queue in one transaction (``api.requeue``); ``replay(message)`` does the reverse.
-When a message is dead-lettered is the worker's delivery policy (``worker.outcomes``).
+When a message is dead-lettered is decided by the worker (``worker.decide``) and written by
+its delivery policy (``worker.apply``), on the plan's engine, not through this module.
 """
 
 from __future__ import annotations

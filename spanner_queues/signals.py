@@ -50,6 +50,8 @@ from django.db import transaction
 from django.dispatch import Signal
 
 if TYPE_CHECKING:
+    from spanner_queues.engines.base import BaseQueueEngine
+    from spanner_queues.message import Message, OutgoingMessage
     from spanner_queues.models import Queue
 
 __all__ = [
@@ -81,3 +83,24 @@ def send_on_commit(signal: Signal, model: type[Queue], messages: Sequence[Any], 
             using=using,
             robust=True,
         )
+
+
+def requeued(
+    engine: BaseQueueEngine,
+    model: type[Queue],
+    messages: Sequence[Message],
+    outgoing: Sequence[OutgoingMessage],
+    *,
+    using: str,
+    to: type[Queue] | None = None,
+    missing_ok: bool = False,
+) -> list[Message]:
+    """ "Ack and send again", the one way (``api.requeue`` and the worker's ``DeliveryPolicy``):
+    ``engine.requeue`` in the caller's transaction, with the verbs' signals on commit
+    (``messages_sent`` for what was sent, ``messages_acked`` for what was acked; none for a
+    ``missing_ok`` replace, which deletes whatever is there)."""
+    sent = engine.requeue(model, messages, outgoing, using=using, to=to, missing_ok=missing_ok)
+    send_on_commit(messages_sent, to or model, sent, using)
+    if not missing_ok:
+        send_on_commit(messages_acked, model, messages, using)
+    return sent

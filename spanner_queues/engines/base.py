@@ -4,7 +4,7 @@ talks to a ``BaseQueueEngine`` and branches only on ``engine.features``.
 The seam is storage only: one verb per change to a queue's storage (create/drop, send,
 receive, ack, delete, requeue, release, renew, recording a failed run) and what can be read of it
 (stats, lease expirations, checks). Back-off, attempts, giving back, dead-lettering and
-discarding are the worker's delivery policy (``spanner_queues.worker.outcomes``), built on
+discarding are the worker's delivery policy (``spanner_queues.worker.apply``), built on
 these verbs."""
 
 from __future__ import annotations

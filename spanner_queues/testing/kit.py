@@ -4,10 +4,11 @@
   test's connection, so a ``TestCase`` (one transaction per test) sees what it sent on the
   table engine before anything commits.
 - ``drain(queue)``: receive the queue's due messages one by one and run its registered
-  receivers in the test's thread, on the test's connection, as the worker does for the ack,
-  ``Retry`` and failures; returns each message's outcome (``acked``, ``retried``, ``failed``).
-  A failure is released with the engine's back-off (recorded in the failure ledger where the
-  engine keeps one); dead-lettering after ``max_attempts`` is the worker's and is not done here.
+  receivers in the test's thread, on the test's connection; each outcome (``acked``,
+  ``retried``, ``failed``, ``unmatched``, ``exhausted``) is settled by the worker's own
+  *decide* and *apply* stations, so a test sees what the worker does: ``Retry`` requeues, a
+  failure is counted and given back after its back-off, or dead-lettered or discarded past
+  ``max_attempts``, an unmatched message is given back without spending an attempt.
 - ``moved_clock()``: a clock you move forward (``advance``), installed in
   ``spanner_queues.clock`` for the block (every thread): deliver times, leases and back-off are
   decided by it. Only engines that read time from Python can follow it (the table engine, on
@@ -21,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -30,14 +30,13 @@ from django.utils import timezone
 from spanner_queues import api, clock
 from spanner_queues.engines import engine_for, engines
 from spanner_queues.exceptions import (
-    AckedFailure,
     PayloadError,
     QueueConfigurationError,
     QueueError,
-    Retry,
 )
 from spanner_queues.keys import row_to_message
 from spanner_queues.message import Message
+from spanner_queues.options import queue_options
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
@@ -50,7 +49,12 @@ from spanner_queues.receivers import (
 )
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
-from spanner_queues.worker.outcomes import DeliveryPolicy
+from spanner_queues.worker.apply import DeliveryPolicy, Outcomes
+from spanner_queues.worker.decide import over_limit
+from spanner_queues.worker.events import Reporter
+from spanner_queues.worker.leases import Leases
+from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
+from spanner_queues.worker.slots import Delivery, Plan
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -67,7 +71,7 @@ __all__ = [
     "sent",
 ]
 
-ACKED, RETRIED, FAILED = "acked", "retried", "failed"
+ACKED, RETRIED, FAILED = Kind.ACKED.value, Kind.RETRY.value, "failed"
 
 
 class ClockNotMovable(QueueError):
@@ -136,19 +140,9 @@ def assert_sent(
 
 
 # --- running receivers -----------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """What running one message did: ``outcome`` is ``"acked"``, ``"retried"`` or
-    ``"failed"``; ``error`` is the exception of a retry or failure."""
-
-    message: Message
-    outcome: str
-    receiver: str | None
-    error: BaseException | None = None
-
-
 class Drained(list):
-    """The outcomes of a ``drain``, in the order the messages ran."""
+    """The outcomes of a ``drain`` (the worker's ``Outcome``: ``message``, ``outcome``,
+    ``receiver``, ``error``, ``kind``), in the order the messages ran."""
 
     def _of(self, outcome: str) -> list[Outcome]:
         return [o for o in self if o.outcome == outcome]
@@ -165,6 +159,16 @@ class Drained(list):
     def failed(self) -> list[Outcome]:
         return self._of(FAILED)
 
+    @property
+    def unmatched(self) -> list[Outcome]:
+        """Messages no receiver matched: given back without spending an attempt."""
+        return self._of(Kind.UNMATCHED.value)
+
+    @property
+    def exhausted(self) -> list[Outcome]:
+        """Messages delivered more often than ``max_attempts`` allows: not run, given up on."""
+        return self._of(Kind.EXHAUSTED.value)
+
 
 def drain(
     queue: str | type[Queue],
@@ -178,13 +182,31 @@ def drain(
     ``max_messages``); with ``expect=n`` wait up to ``timeout`` seconds for ``n`` messages
     (engines that stream, like native queues, hand due messages over a moment later).
 
+    Each message is settled as the worker settles it, by the worker's own *decide* and *apply*
+    (``worker.decide``, ``worker.apply``): ``Retry`` requeues it, a failure is counted and
+    given back after its back-off, or dead-lettered or discarded past ``max_attempts``; a
+    message no receiver matches is given back without spending an attempt.
+
     Inside a test's transaction (``TestCase``, ``django_db``) each message runs in a savepoint;
     Spanner has none, so there a failing receiver marks the test's transaction for rollback:
     drain failures on Spanner in ``transaction=True`` tests."""
     model = get_queue(queue)
-    specs = (registry if registry is not None else receivers).for_queue(model)
+    registry = registry if registry is not None else receivers
+    specs = registry.for_queue(model)
     if not specs:
         raise QueueConfigurationError(f"{model._meta.label} has no receiver to drain it with.")
+    engine = engine_for(model)
+    plan = Plan(
+        model,
+        tuple(specs),
+        batch=False,
+        batch_size=1,
+        db=engine.database,
+        engine=engine,
+        options=queue_options(model),
+        policy=DeliveryPolicy(engine),
+    )
+    settle = Outcomes(Reporter("drain"), Leases()).settle
     out = Drained()
     deadline = time.monotonic() + timeout
     while len(out) < max_messages:
@@ -194,73 +216,46 @@ def drain(
                 time.sleep(0.05)
                 continue
             break
-        out.append(_run(model, specs, got[0], registry or receivers))
+        outcome = _run(plan, Delivery(got[0], plan, renew_at=None), registry)
+        settle([outcome])
+        out.append(outcome)
     return out
 
 
-def _run(model: type[Queue], specs: list[Any], message: Message, registry: Any) -> Outcome:
-    engine = engine_for(model)
-    db = engine.database
-    retries = engine.params.transaction_retries
-    spec = None
-
+def _run(plan: Plan, delivery: Delivery, registry: ReceiverRegistry) -> Outcome:
+    """*run*, in the test's thread: the delivery's ``Outcome`` (as the worker's ``_route`` and
+    ``_run`` make it: exhausted, unmatched, acked, or ``outcomes_of`` the error)."""
+    message, db, retries = delivery.message, plan.db, plan.retries
+    if over_limit(plan.options, message.attempt):
+        return Outcome(Kind.EXHAUSTED, delivery)
     try:
-        spec = registry.route(specs, message)
-        context = MessageContext(spec, [message])
+        spec = registry.route(list(plan.specs), message)
+    except NoReceiver as exc:
+        return Outcome(Kind.UNMATCHED, delivery, error=exc)
+    context = MessageContext(spec, [message])
 
-        def ack_unless_done() -> None:
-            if not context.acked(message):
-                api.ack(message, using=db)
+    def ack_unless_done() -> None:
+        if not context.acked(message):
+            plan.policy.ack(plan.model, [message], using=db)
 
-        def body() -> None:
-            context._restart()  # (again on a retried transaction: its acks rolled back)
-            call(spec, context)
-            if spec.atomic:
-                ack_unless_done()
+    def body() -> None:
+        context._restart()  # (again on a retried transaction: its acks rolled back)
+        call(spec, context)
+        if spec.atomic:
+            ack_unless_done()
 
+    started = time.monotonic()
+    try:
         with running(context):
             if spec.atomic:
                 run_in_transaction(body, using=db, retries=retries)
             else:
                 body()
                 run_in_transaction(ack_unless_done, using=db, retries=retries)
-    except Retry as exc:
-        after = exc.after if exc.after is not None else DeliveryPolicy(engine).backoff(message)
-        due = clock.now() + after
-
-        def move() -> None:
-            api.ack(message, using=db)
-            api.send(model, using=db, payload=message.payload, deliver_time=due, **message.key_dict)
-
-        run_in_transaction(move, using=db, retries=retries)
-        return Outcome(message, RETRIED, spec.name if spec else None, exc)
-    except AckedFailure as exc:
-        if spec is None or spec.atomic:  # (its ack rolled back: an ordinary failure)
-            return _failed(model, message, spec, exc, engine, db, retries)
-        return Outcome(message, FAILED, spec.name, exc.error)  # recorded and acked (a task)
-    except (Exception, NoReceiver) as exc:
-        return _failed(model, message, spec, exc, engine, db, retries)
-    return Outcome(message, ACKED, spec.name)
-
-
-def _failed(
-    model: type[Queue],
-    message: Message,
-    spec: Any,
-    exc: BaseException,
-    engine: Any,
-    db: str,
-    retries: int,
-) -> Outcome:
-    """A failed run: count it and give the message back after its back-off."""
-    run_in_transaction(
-        lambda: engine.record_failure(model, message, exc, using=db),
-        using=db,
-        retries=retries,
-    )
-    if engine.features.supports_release:
-        api.release(message, deliver_time=clock.now() + DeliveryPolicy(engine).backoff(message))
-    return Outcome(message, FAILED, spec.name if spec else None, exc)
+    except Exception as exc:
+        took = time.monotonic() - started
+        return outcomes_of(exc, [delivery], spec.name, took, atomic=spec.atomic)[0]
+    return Outcome(Kind.ACKED, delivery, spec.name, time.monotonic() - started)
 
 
 # --- time ------------------------------------------------------------------------------------

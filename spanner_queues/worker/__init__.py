@@ -113,6 +113,8 @@ from spanner_queues.transactions import (
     forget_lost_connection,
     recycle_connections,
 )
+from spanner_queues.worker.apply import DeliveryPolicy, Outcomes
+from spanner_queues.worker.decide import PARKED_UNTIL
 from spanner_queues.worker.events import (
     FINAL_EVENTS,
     Reporter,
@@ -126,11 +128,6 @@ from spanner_queues.worker.limits import (
     STUCK_GRACE_SECONDS,
     QueueLimits,
     TimeLimits,
-)
-from spanner_queues.worker.outcomes import (
-    PARKED_UNTIL,
-    DeliveryPolicy,
-    Outcomes,
 )
 from spanner_queues.worker.run import Runner
 from spanner_queues.worker.slots import Delivery, Plan, Slots, Unit

@@ -199,3 +199,52 @@ def log_extra(
     if tracing is not None:
         extra.update(tracing.log_fields(message))
     return extra
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """How *apply* reports one delivery's settlement: a log record at ``level`` with ``text``
+    (``%(name)s`` fields: ``message``, ``attempt``, ``receiver``, ``error``, ``error_type``,
+    ``after``, ``reason``, ``queue``, ``key``, ``parked``, ``size``, ``miss``), the counter of
+    ``WorkerStats`` it adds one to (None: none) and the event it emits (None: none)."""
+
+    level: int
+    text: str
+    counter: str | None
+    event: str | None
+    #: the log record carries the error's traceback
+    traceback: bool = False
+
+
+#: the report of each outcome's kind and settlement, by name (``Settlement.report``)
+REPORTS: dict[str, Report] = {
+    "acked": Report(logging.DEBUG, "%(message)s attempt %(attempt)d acked (%(receiver)s)",
+                    "processed", "acked"),
+    "retried": Report(logging.INFO, "%(message)s attempt %(attempt)d: retry after "
+                      "%(after)s%(reason)s", "retried", "retried"),
+    "failed": Report(logging.ERROR, "%(message)s attempt %(attempt)d failed in %(receiver)s: "
+                     "%(error_type)s: %(error)s", "failed", "failed", traceback=True),
+    "lease_lost": Report(logging.WARNING, "%(message)s attempt %(attempt)d: lease lost; not acked "
+                         "(it will be delivered again)", "lease_lost", "lease_lost"),
+    "already_acked": Report(logging.WARNING, "%(message)s: already acked by someone else (its "
+                            "lease had expired); this delivery's transaction was rolled back",
+                            "already_acked", "already_acked"),
+    "unmatched": Report(logging.WARNING, "%(message)s: no receiver of this worker matches "
+                        "%(miss)s: a deployment mismatch? (a receiver of another release, not "
+                        "deployed on this worker); given back without spending an attempt, due "
+                        "after its back-off, for a worker that has it. Logged once per queue and "
+                        "kind.", "unmatched", "unmatched"),
+    "released": Report(logging.DEBUG, "%(message)s attempt %(attempt)d: given back",
+                       None, "released"),
+    "dead_lettered": Report(logging.ERROR, "%(message)s: %(attempt)d attempts, moved to "
+                            "dead-letter queue %(queue)s", "dead_lettered", "dead_lettered"),
+    "discarded": Report(logging.ERROR, "%(message)s: %(attempt)d attempts, discarded "
+                        "(discard_after_max_attempts); payload of %(size)d bytes",
+                        "discarded", "discarded"),
+    "dead_letter_clash": Report(logging.ERROR, "%(message)s: %(attempt)d attempts, but "
+                                "dead-letter queue %(queue)s already holds key %(key)r; parked "
+                                "in its queue (due %(parked)s): resolve the clash in the admin, "
+                                "then deliver it now", None, None),
+    "returned": Report(logging.DEBUG, "%(message)s: prefetched, not started; given back at stop",
+                       "returned", "returned"),
+}  # fmt: skip

@@ -268,9 +268,7 @@ class Groups:
         """Run one receiver of the group (in its savepoint where there are savepoints); its
         outcome, or ``_Drop`` when the group must run again without it."""
         runner = self.runner
-        limit = spec.timeout if spec.timeout is not None else plan.timeout
-        if spec.timeout_of is not None:
-            limit = spec.timeout_of(d.message) or limit
+        limit = plan.time_limit(spec, [d.message])
         started = time.monotonic()
         context = runner._context(spec, [d], started, limit)
         try:

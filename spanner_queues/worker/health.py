@@ -48,6 +48,7 @@ from spanner_queues.transactions import ConnectionThread, forget_lost_connection
 from spanner_queues.worker.events import FINAL_EVENTS, WorkerEvent
 
 if TYPE_CHECKING:
+    from spanner_queues.message import Message
     from spanner_queues.worker import Worker
     from spanner_queues.worker.slots import Plan, Slots
 
@@ -92,7 +93,7 @@ class WorkerHealth:
         self._stopping = False
         self._loop_at = monotonic()
         #: (queue, key) -> (receiver name, monotonic start) of each running message
-        self._running: dict[tuple[str, tuple[Any, ...]], tuple[str, float]] = {}
+        self._running: dict[tuple[str, tuple[Any, ...]], tuple[str, float, Message]] = {}
         self._db_lock = threading.Lock()
         self._db_checked_at: float | None = None
         self._db_problems: list[str] = []
@@ -122,19 +123,20 @@ class WorkerHealth:
                     self._started = True
             elif name == "started" and event.message is not None:
                 m = event.message
-                self._running[(m.queue, m.key)] = (event.receiver or "?", now)
+                self._running[(m.queue, m.key)] = (event.receiver or "?", now, m)
             elif name in FINAL_EVENTS and event.message is not None:
                 self._running.pop((event.message.queue, event.message.key), None)
             elif name in ("stopping", "stopped"):
                 self._stopping = True
 
     # --- the checks -----------------------------------------------------------------------
-    def _limit(self, receiver: str) -> float | None:
-        """A receiver's time limit: its own ``timeout``, the worker's, or ``max_run_seconds``."""
+    def _limit(self, receiver: str, message: Message) -> float | None:
+        """A receiver's time limit on ``message`` (``Plan.time_limit``: its ``timeout_of``, its
+        own ``timeout``, the worker's), or ``max_run_seconds``."""
         for plan in self._plans:
             for spec in plan.specs:
                 if spec.name == receiver:
-                    limit = spec.timeout if spec.timeout is not None else plan.timeout
+                    limit = plan.time_limit(spec, [message])
                     if limit is not None:
                         return limit
         return self.max_run_seconds
@@ -146,8 +148,8 @@ class WorkerHealth:
         with self._lock:
             running = list(self._running.items())
             loop_idle = now - self._loop_at
-        for (queue, key), (receiver, since) in running:
-            limit = self._limit(receiver)
+        for (queue, key), (receiver, since, message) in running:
+            limit = self._limit(receiver, message)
             if limit is not None and now - since > limit:
                 problems.append(
                     f"receiver {receiver} has run {now - since:.1f} s on {queue}{key}, "

@@ -81,7 +81,7 @@ class TimeLimits:
         slots: Slots,
         reporter: Reporter,
         *,
-        settle: Callable[[list[Outcome]], None],
+        settle: Callable[[list[Outcome]], object],
         grace: float = STUCK_GRACE_SECONDS,
     ) -> None:
         self.slots = slots

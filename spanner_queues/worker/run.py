@@ -26,16 +26,11 @@ from spanner_queues.receivers import (
     running,
 )
 from spanner_queues.transactions import run_in_transaction
+from spanner_queues.worker.apply import DeliveryPolicy, Outcomes
 from spanner_queues.worker.events import Reporter
 from spanner_queues.worker.leases import Leases
 from spanner_queues.worker.limits import TimeLimits, time_limit_exceeded
-from spanner_queues.worker.outcomes import (
-    DeliveryPolicy,
-    Kind,
-    Outcome,
-    Outcomes,
-    outcomes_of,
-)
+from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
 from spanner_queues.worker.slots import Delivery, Plan, Slots, Unit
 
 logger = logging.getLogger("spanner_queues.worker")
@@ -109,9 +104,7 @@ class Runner:
         ``atomic`` (the ack commits with the receiver's writes, or neither does). Returns one
         outcome per delivery (``outcomes_of`` an error); ``Outcomes.settle`` acts on them. A
         ``BaseException`` that is not an ``Exception`` goes up (``_crash``)."""
-        limit = spec.timeout if spec.timeout is not None else plan.timeout  # (None: no limit)
-        if spec.timeout_of is not None and len(deliveries) == 1:
-            limit = spec.timeout_of(deliveries[0].message) or limit
+        limit = plan.time_limit(spec, [d.message for d in deliveries])  # (None: no limit)
         started = time.monotonic()
         for d in deliveries:
             self.reporter.emit("started", message=d.message, receiver=spec.name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -23,7 +24,7 @@ if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
     from spanner_queues.models import Queue
     from spanner_queues.options import QueueOptions
-    from spanner_queues.worker.outcomes import DeliveryPolicy
+    from spanner_queues.worker.apply import DeliveryPolicy
 
 #: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
 EWMA_WEIGHT = 0.2
@@ -48,6 +49,15 @@ class Plan:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label", self.model._meta.label)
+
+    def time_limit(self, spec: ReceiverSpec, messages: Sequence[Message]) -> float | None:
+        """Seconds ``spec``'s receiver may run on ``messages`` (None: no limit): its
+        ``timeout_of(message)`` for one message, else its ``timeout``, else the worker's. The
+        one lookup (the run's interrupt, the health check)."""
+        limit = spec.timeout if spec.timeout is not None else self.timeout
+        if spec.timeout_of is not None and len(messages) == 1:
+            limit = spec.timeout_of(messages[0]) or limit
+        return limit
 
     @property
     def retries(self) -> int:

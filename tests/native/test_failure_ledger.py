@@ -15,7 +15,7 @@ from spanner_queues import api, clock
 from spanner_queues.engines import engines
 from spanner_queues.failures import FailedDelivery, key_text
 from spanner_queues.message import Message
-from spanner_queues.worker.outcomes import DeliveryPolicy
+from spanner_queues.worker.apply import DeliveryPolicy
 from tests.conftest import wait_until
 from tests.testapp.models import Jobs
 

@@ -22,7 +22,7 @@ from spanner_queues.engines.native import deliver_time_moved, forget_moved_deliv
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.message import Message
 from spanner_queues.testing.conformance.support import receive_due
-from spanner_queues.worker.outcomes import DeliveryPolicy
+from spanner_queues.worker.apply import DeliveryPolicy
 from spanner_queues_emulator.queues import DELIVER_TIME_MODES
 from tests.testapp.models import Emails, EmailsDead
 from tests.tracingapp.models import Events

@@ -1,5 +1,5 @@
 """The engine seam is storage only; the delivery policy (back-off, attempts, giving back,
-retry, discard) is the worker's, in one place (``worker.outcomes.DeliveryPolicy``), with typed
+retry, discard) is the worker's, in one place (``worker.apply.DeliveryPolicy``), with typed
 results."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from spanner_queues import api, clock
 from spanner_queues.engines import engine_for
 from spanner_queues.engines.base import BaseQueueEngine
 from spanner_queues.engines.table import TableQueueEngine
-from spanner_queues.worker.outcomes import DeliveryPolicy, Unstarted
+from spanner_queues.worker.apply import DeliveryPolicy, Unstarted
 from tests.conftest import wait_until
 from tests.workerapp.models import WorkItems
 
@@ -32,7 +32,7 @@ POLICY = (
     "fail",
     "give_back",
     "return_unstarted",
-    "retry",
+    "resend",
     "discard",
     "ack_messages",
     "ack_keys",

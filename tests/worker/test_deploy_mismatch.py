@@ -13,7 +13,7 @@ import pytest
 
 from spanner_queues.engines import engines
 from spanner_queues.message import Message
-from spanner_queues.worker import WorkerEvent, WorkerEvents, outcomes
+from spanner_queues.worker import WorkerEvent, WorkerEvents, apply
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Jobs, WorkLog
@@ -101,7 +101,7 @@ def test_the_back_off_of_a_message_no_receiver_matches_grows(
 
 @pytest.mark.engine_independent
 def test_the_miss_counts_stay_bounded(make_worker, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(outcomes, "MISSES_REMEMBERED", 3)
+    monkeypatch.setattr(apply, "MISSES_REMEMBERED", 3)
     counts = make_worker(Jobs).outcomes
 
     def miss(n: int) -> int:

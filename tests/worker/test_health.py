@@ -94,3 +94,23 @@ def test_a_lease_the_renewer_left_overdue_is_not_live() -> None:
     assert health.liveness() == []
     late.acking, late.renew_at = False, now - timedelta(seconds=59)
     assert health.liveness() == []
+
+
+def test_a_receiver_past_the_limit_its_timeout_of_gives_a_message_is_not_live() -> None:
+    from types import SimpleNamespace
+
+    from spanner_queues.worker.slots import Plan, Slots
+
+    spec = SimpleNamespace(name="app.work", timeout=None, timeout_of=lambda m: 5.0)
+    model = SimpleNamespace(_meta=SimpleNamespace(label="app.Q"))
+    plan = Plan(model, (spec,), False, 1, "default", None, None, None)  # type: ignore[arg-type]
+    clock = Clock()
+    health = WorkerHealth(stall_seconds=60, monotonic=clock)
+    health.attach(SimpleNamespace(plans=[plan], slots=Slots(1, None)))  # type: ignore[arg-type]
+    health(event("worker_started"))
+    health(event("started", message()))
+    clock.t += 4
+    assert health.liveness() == []
+    clock.t += 2
+    [problem] = health.liveness()
+    assert problem.endswith("past its limit of 5 s")

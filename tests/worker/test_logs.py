@@ -30,6 +30,9 @@ RAN = {"acked", "failed", "retried", "timed_out", "dead_lettered"}
 
 
 def _about_a_message(record: logging.LogRecord) -> Message | None:
+    if isinstance(record.args, dict):  # (the report table's records: named fields)
+        found = record.args.get("message")
+        return found if isinstance(found, Message) else None
     args = record.args if isinstance(record.args, tuple) else ()
     return next((a for a in args if isinstance(a, Message)), None)
 
@@ -41,6 +44,7 @@ def test_every_worker_record_about_a_message_carries_the_structured_fields(
     WorkItems.send(id="bad", payload={"fail": True})  # 3 attempts, then dead-lettered
     WorkItems.send(id="again", payload={"retry_after": 0, "trace": str(tmp_path / "t")})
     WorkItems.send(id="slow", payload={"mode": "limited", "spin_below": 2})  # 0.5 s limit
+    WorkItems.send(id="backoff", payload={"retry_after": None, "trace": str(tmp_path / "b")})
     Jobs.send(kind="refund", id="r1")  # no receiver matches
     caplog.set_level(logging.DEBUG, logger="spanner_queues")
     # (each message alone: in a group the time limit's interrupt of "slow" runs the others of
@@ -70,6 +74,9 @@ def test_every_worker_record_about_a_message_carries_the_structured_fields(
         assert record.attempt == message.attempt
         if record.action in RAN:
             assert isinstance(record.duration, float) and record.duration >= 0
+    retried = [r.getMessage() for r, m in records if r.action == "retried"]
+    assert any(m.key == ("backoff",) for r, m in records if r.action == "retried")
+    assert not [t for t in retried if "after None" in t], retried  # "after the back-off"
     by_action = {r.action: r for r, _ in records}
     assert set(by_action) >= RAN | {"unmatched"}, sorted(by_action)
     assert by_action["dead_lettered"].message_key == ("bad",)

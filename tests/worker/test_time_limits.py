@@ -11,12 +11,13 @@ from datetime import timedelta
 
 import pytest
 
+import spanner_queues.worker as worker_module
 from spanner_queues import receiver
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidArgument, TimeLimitExceeded, WorkerStuck
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverConfigurationError, ReceiverRegistry
-from spanner_queues.worker import WorkerEvents, outcomes
+from spanner_queues.worker import WorkerEvents
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import WorkItems, WorkItemsDead, WorkLog
@@ -158,9 +159,9 @@ def test_a_run_that_stopped_its_worker_counts_as_a_failed_attempt(
 def test_a_run_that_stopped_its_worker_on_its_last_attempt_is_dead_lettered(
     make_worker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real = outcomes.queue_options
+    real = worker_module.queue_options  # (the plan's options: what decide reads)
     monkeypatch.setattr(
-        outcomes,
+        worker_module,
         "queue_options",
         lambda m: dataclasses.replace(real(m), max_attempts=1) if m is WorkItems else real(m),
     )

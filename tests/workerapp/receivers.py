@@ -133,7 +133,8 @@ def _obey(message: Message, note: str) -> None:
     if spec.get("fail") or message.attempt < spec.get("fail_below", 0):
         raise RuntimeError(f"asked to fail (attempt {message.attempt})")
     if "retry_after" in spec and _runs(spec["trace"], message) == 1:
-        raise Retry(after=timedelta(seconds=spec["retry_after"]), reason="asked to retry")
+        after = spec["retry_after"]  # (None: the back-off)
+        raise Retry(after=None if after is None else timedelta(seconds=after), reason="asked")
     if spec.get("ack_itself"):
         api.ack(message)
     if spec.get("outlive_lease"):

@@ -19,7 +19,7 @@ from spanner_queues.receivers import receiver as register_receiver
 from spanner_queues.testing.conformance.models import Jobs
 from spanner_queues.testing.conformance.support import wait_until
 from spanner_queues.worker import Worker
-from spanner_queues.worker.outcomes import DeliveryPolicy
+from spanner_queues.worker.apply import DeliveryPolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

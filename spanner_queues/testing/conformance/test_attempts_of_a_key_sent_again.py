@@ -16,7 +16,7 @@ from spanner_queues.engines import engine_for
 from spanner_queues.message import Message
 from spanner_queues.testing.conformance.models import Jobs
 from spanner_queues.testing.conformance.support import wait_until
-from spanner_queues.worker.outcomes import DeliveryPolicy
+from spanner_queues.worker.apply import DeliveryPolicy
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
