@@ -66,7 +66,8 @@ def test_a_failed_task_logs_its_traceback_with_task_id_queue_and_attempt(
 
 
 def test_a_task_failing_under_the_test_kits_drain_logs_its_traceback_once(caplog) -> None:
-    """No worker logs it there: the framework's line carries it."""
+    """``drain`` settles as the worker does: its failure report carries the traceback, the
+    framework's line does not repeat it."""
     from spanner_queues.testing import drain
 
     caplog.set_level(logging.INFO)

@@ -372,13 +372,13 @@ def _on_main_thread() -> bool:
 
 
 def _send_finished(signal: Any, sender: type, result: Any, failure: BaseException | None) -> None:
-    """Send ``task_finished``. A failure's traceback is logged once: under a worker, which
-    logs it with the task id, queue and attempt, the signal is sent as for a success (the
-    framework's line says ``state=FAILED``, without the traceback again: two failures printed
-    119 lines); elsewhere (the test kit's ``drain``, which logs nothing) while the exception
-    is being handled, so that receivers calling ``logger.exception`` (the framework's own) log
-    its traceback."""
-    if failure is None or _running_worker() is not None:
+    """Send ``task_finished``. A failure's traceback is logged once: under a worker or the
+    test kit's ``drain`` (both settle through the worker's *apply*, which logs it with the task
+    id, queue and attempt), the signal is sent as for a success (the framework's line says
+    ``state=FAILED``, without the traceback again: two failures printed 119 lines); elsewhere
+    while the exception is being handled, so that receivers calling ``logger.exception`` (the
+    framework's own) log its traceback."""
+    if failure is None or current_run() is not None:
         signal.send(sender, task_result=result)
         return
     try:
