@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
@@ -32,12 +32,14 @@ from spanner_queues.worker.apply import DeliveryPolicy
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def where(key: str) -> tuple[str, bool, int | None]:
-    """Where message ``key`` is now: its queue's label, whether it is due now, its attempt."""
+def where(key: str, at: datetime) -> tuple[str, bool, int | None]:
+    """Where message ``key`` is now: its queue's label, whether it was due at ``at`` (the
+    moment it was settled: a short back-off may have run out by the time a worker has
+    stopped), its attempt."""
     for queue in (Emails, EmailsDead):
         for m in sent(queue):
             if m.key_dict["id"] == key:
-                due = m.deliver_time is None or m.deliver_time <= clock.now()
+                due = m.deliver_time is None or m.deliver_time <= at
                 return queue._meta.label, due, m.attempt
     return "(gone)", False, None
 
@@ -91,7 +93,7 @@ def _settle_both(
     spend(by_drain, failures)
     drained = drain(Emails, registry=registry, max_messages=1, expect=1)
     assert [m.key_dict["id"] for m in (o.message for o in drained)] == [by_drain]
-    after_drain = where(by_drain)
+    after_drain = where(by_drain, clock.now())
 
     by_worker = Emails.send(payload=payload or {}).key_dict["id"]
     keys.append(by_worker)
@@ -105,12 +107,19 @@ def _settle_both(
 
     thread = threading.Thread(target=run)
     thread.start()
+    settled: list[datetime] = []
+
+    def seen() -> bool:
+        if by_worker in [m.key_dict["id"] for m in events.messages(event)]:
+            settled.append(clock.now())
+        return bool(settled)
+
     try:
-        wait_until(lambda: by_worker in [m.key_dict["id"] for m in events.messages(event)], 90)
+        wait_until(seen, 90)
     finally:
         worker.stop()
         thread.join(60)
-    return after_drain, where(by_worker)
+    return after_drain, where(by_worker, settled[0])
 
 
 def test_drain_gives_back_an_unmatched_message_unspent_as_the_worker_does() -> None:
