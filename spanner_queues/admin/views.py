@@ -473,7 +473,11 @@ class QueuesAdmin(admin.ModelAdmin):
             actions=actions_for(model, request.user),
             selected_name=SELECTED,
             bulk_operations=_bulk_operations(model, request.user),
-            bulk_states=[s for s in FILTER_STATES if bookkeeping or s not in ("leased", "failing")],
+            bulk_states=[
+                (s, STATE_LABELS.get(s, s.replace("_", "-")))
+                for s in FILTER_STATES
+                if bookkeeping or s not in ("leased", "failing")
+            ],
             text_keys=_text_keys(model),
             stats=stats,
             oldest_age=format_age(stats.oldest_age if stats else None),
