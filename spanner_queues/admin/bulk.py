@@ -85,6 +85,16 @@ OPERATION_LABELS = {
     "move": "Move to another queue",
 }
 
+OPERATION_EXPLANATIONS = {
+    "retry": "Each message is acked and sent again with the same key and payload, due now. Its "
+    "attempt count starts again from zero.",
+    "delay": "Each message is acked and sent again with the same key and payload, due at the "
+    "time you choose (a time in the past means now). Its attempt count starts again from zero.",
+    "delete": "Each message is acked: deleted from the queue, as a receiver's ack does.",
+    "move": "Each message is acked here and sent, same key and payload, due now, to the queue "
+    "you choose (on a dead-letter queue, the queue it came from is preselected).",
+}
+
 
 def permission_action(operation: str) -> QueueAction:
     """The single-message action whose permission ``operation`` needs (``QueueAction.allowed``)."""
@@ -323,15 +333,21 @@ class BulkResult:
     log_entries: list[int] = field(default_factory=list)
 
 
+def _shape(model: type[Queue]) -> tuple[Any, ...]:
+    """What a queue's rows must share with another's for a message to move between them: key
+    column names and types, payload type, engine."""
+    return (
+        tuple((f.attname, f.get_internal_type()) for f in key_fields(model)),
+        model._meta.get_field("payload").get_internal_type(),
+        engine_for(model).alias,
+    )
+
+
 def move_targets(model: type[Queue]) -> list[type[Queue]]:
-    """The queues ``model``'s messages can move to: the same key columns, on the same engine."""
-    engine = engine_for(model).alias
-    names = key_names(model)
-    return [
-        m
-        for m in queue_models()
-        if m is not model and key_names(m) == names and engine_for(m).alias == engine
-    ]
+    """The queues ``model``'s messages can move to: the same key columns (names and types) and
+    payload type, on the same engine."""
+    shape = _shape(model)
+    return [m for m in queue_models() if m is not model and _shape(m) == shape]
 
 
 def default_move_target(model: type[Queue]) -> type[Queue] | None:
@@ -397,7 +413,7 @@ def check_operation(
     if operation == "move" and (to is None or to not in move_targets(model)):
         raise InvalidArgument(
             f"{model._meta.label}'s messages can move only to a queue with the same key columns "
-            "on the same engine: "
+            "and payload type on the same engine: "
             + (", ".join(m._meta.label for m in move_targets(model)) or "there is none")
             + "."
         )

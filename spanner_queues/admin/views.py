@@ -70,6 +70,7 @@ from spanner_queues.admin.browse import (
 )
 from spanner_queues.admin.bulk import (
     FILTER_STATES,
+    OPERATION_EXPLANATIONS,
     OPERATION_LABELS,
     OPERATIONS,
     MessageFilter,
@@ -694,7 +695,7 @@ class QueuesAdmin(admin.ModelAdmin):
             **self._queue_context(model),
             operation=operation,
             operation_label=OPERATION_LABELS[operation],
-            explanation=permission_action(operation).explanation,
+            explanation=OPERATION_EXPLANATIONS[operation],
             filter_text=flt.describe(),
             filter_params=sorted(flt.params().items()),
             matching=count_matching(model, flt),
