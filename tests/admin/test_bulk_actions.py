@@ -14,6 +14,7 @@ import pytest
 from django.contrib.admin.models import LogEntry
 from django.core.management import call_command
 from django.test import Client
+from django.utils import timezone
 
 from spanner_queues import api, clock
 from spanner_queues.admin import bulk
@@ -222,3 +223,49 @@ def test_queuemessages_dry_run_counts_and_changes_nothing_then_moves_to_the_sour
     assert "batch 2: 4 done, 0 skipped" in out.getvalue()
     assert _keys(Emails) == {f"c-{i:06d}" for i in range(4)}
     assert _keys(EmailsDead) == {"d-000000"}
+
+
+@pytest.mark.requires("stores_bookkeeping_fields")  # attempts are a column of the row
+def test_failing_and_attempt_filters_read_the_attempts_column() -> None:
+    api.send_many(Jobs, [{"id": i, "payload": {}} for i in ("fresh", "tried")])
+    tried = api.receive(Jobs, max_messages=2)
+    held = next(m for m in tried if m.key == ("tried",))
+    api.release(held)  # one attempt, not leased
+    for m in tried:
+        if m.key == ("fresh",):
+            api.release(m)
+    flt = MessageFilter.from_params(Jobs, {"state": "failing"})
+    assert bulk.count(Jobs, flt) == 2  # both were delivered once
+    assert bulk.count(Jobs, MessageFilter.from_params(Jobs, {"min_attempts": "2"})) == 0
+    assert bulk.count(Jobs, MessageFilter.from_params(Jobs, {"max_attempts": "1"})) == 2
+
+
+def test_a_failing_batch_stops_the_run_keeps_the_batches_before_and_is_logged(
+    django_user_model: Any,
+) -> None:
+    user = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    _dead_lettered(3, "f-", "x")
+    Emails.send(id="f-000001", payload={"already": "there"})  # the second batch's key
+    result = run_bulk(EmailsDead, MessageFilter(), "move", to=Emails, batch_size=1, user_id=user.pk)
+    assert (result.done, result.batches, result.finished) == (1, 1, False)
+    assert result.error
+    assert _keys(Emails) == {"f-000000", "f-000001"}
+    assert _keys(EmailsDead) == {"f-000001", "f-000002"}  # the failed batch changed nothing
+    (entry,) = LogEntry.objects.values_list("change_message", flat=True)
+    assert "1 done, 0 skipped" in entry and "; stopped: " in entry
+
+
+def test_admin_delay_carries_its_time_to_every_part(
+    operator_client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("spanner_queues.admin.views.BULK_PER_REQUEST", 2)
+    api.send_many(Jobs, [{"id": f"j{i}", "payload": {}} for i in range(3)])
+    url = queue_url("testapp.Jobs") + "bulk/"
+    when = (clock.now() + timedelta(hours=5)).replace(microsecond=0)
+    local = timezone.localtime(when).strftime("%Y-%m-%dT%H:%M:%S")
+    form = {"operation": "delay", "post": "yes", "deliver_time": local}
+    part = operator_client.post(url, form)
+    assert part.status_code == 200 and part.context["done"] == 2
+    last = operator_client.post(url, {**form, "cursor": part.context["cursor"]})
+    assert last.status_code == 302
+    assert {m.deliver_time for m in Jobs.objects.all()} == {when}
