@@ -6,6 +6,11 @@ URLs (under ``admin/spanner_queues/queues/``):
 - ``<queue label>/``: the queue's messages, filtered by state, searched by key, paginated;
 - ``<queue label>/messages/<key>/``: one message;
 - ``<queue label>/actions/``: POST only; asks for confirmation, then performs the action;
+- ``<queue label>/bulk/``: POST only; a filter and an operation: the preview count and a
+  confirmation, then the operation on every matching message, ``BULK_PER_REQUEST`` at most per
+  request in batches of ``admin.bulk.BATCH_SIZE`` (one transaction each); a larger set shows
+  its counts so far and continues by itself (``static/spanner_queues/admin/bulk.js`` posts the
+  next part; without JavaScript, a button), each part one entry in the admin history;
 - ``<queue label>/pause/``: POST only; pauses or resumes the queue for every worker
   (``spanner_queues.pause_queue``).
 
@@ -63,6 +68,21 @@ from spanner_queues.admin.browse import (
     state_of,
     visible,
 )
+from spanner_queues.admin.bulk import (
+    FILTER_STATES,
+    OPERATION_EXPLANATIONS,
+    OPERATION_LABELS,
+    OPERATIONS,
+    MessageFilter,
+    cursor_token,
+    default_move_target,
+    describe_operation,
+    move_targets,
+    parse_cursor,
+    permission_action,
+    run_bulk,
+)
+from spanner_queues.admin.bulk import count as count_matching
 from spanner_queues.admin.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
 from spanner_queues.deadletter import sources_of
@@ -84,6 +104,8 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 PER_PAGE = 50
+#: the most messages one request of a bulk action reads; a larger set continues in the next
+BULK_PER_REQUEST = 2000
 SELECTED = "_selected_key"
 
 
@@ -244,6 +266,7 @@ class QueuesAdmin(admin.ModelAdmin):
             path("<str:queue>/", site.admin_view(self.messages_view), name=f"{name}_messages"),
             path("<str:queue>/actions/", site.admin_view(self.action_view), name=f"{name}_action"),
             path("<str:queue>/pause/", site.admin_view(self.pause_view), name=f"{name}_pause"),
+            path("<str:queue>/bulk/", site.admin_view(self.bulk_view), name=f"{name}_bulk"),
             path(
                 "<str:queue>/messages/<str:key>/",
                 site.admin_view(self.message_view),
@@ -285,6 +308,7 @@ class QueuesAdmin(admin.ModelAdmin):
             "queue_name": model._meta.verbose_name_plural,
             "queue_url": self._url("messages", model._meta.label_lower),
             "action_url": self._url("action", model._meta.label_lower),
+            "bulk_url": self._url("bulk", model._meta.label_lower),
             "engine": engine,
             "engine_class": type(engine).__name__,
             "bookkeeping": has_bookkeeping(engine),
@@ -449,6 +473,13 @@ class QueuesAdmin(admin.ModelAdmin):
             state_choices=_state_choices(state, query, bookkeeping=bookkeeping),
             actions=actions_for(model, request.user),
             selected_name=SELECTED,
+            bulk_operations=_bulk_operations(model, request.user),
+            bulk_states=[
+                (s, STATE_LABELS.get(s, s.replace("_", "-")))
+                for s in FILTER_STATES
+                if bookkeeping or s not in ("leased", "failing")
+            ],
+            text_keys=_text_keys(model),
             stats=stats,
             oldest_age=format_age(stats.oldest_age if stats else None),
             chart=depth_chart(
@@ -586,6 +617,117 @@ class QueuesAdmin(admin.ModelAdmin):
         )
         return back
 
+    # --- bulk actions -----------------------------------------------------------------------
+    def bulk_view(self, request: HttpRequest, queue: str) -> HttpResponse:
+        """POST a filter and ``operation``: the confirmation with the preview count; with
+        ``post=yes``, the operation on every matching message (``BULK_PER_REQUEST`` per
+        request; ``cursor`` resumes). A GET changes nothing."""
+        self._require_view(request)  # before the queue is looked up: nothing leaks
+        model = self._queue(queue)
+        back = HttpResponseRedirect(self._url("messages", model._meta.label_lower))
+        if request.method != "POST":
+            return back
+        operation = request.POST.get("operation", "")
+        if operation not in OPERATIONS:
+            messages.warning(request, "No bulk action selected.")
+            return back
+        if not permission_action(operation).allowed(request.user):
+            raise PermissionDenied
+        targets = move_targets(model)
+        try:
+            flt = MessageFilter.from_params(model, request.POST.dict())
+            cursor = parse_cursor(model, request.POST.get("cursor", ""))
+            to = None
+            if operation == "move":
+                wanted = request.POST.get("to", "")
+                default = default_move_target(model)
+                to = next((m for m in targets if m._meta.label_lower == wanted.lower()), None)
+                to = to or (default if not wanted and default in targets else None)
+        except QueueError as exc:
+            messages.error(request, f"Nothing was changed: {exc}")
+            return back
+        confirmed = request.POST.get("post") == "yes"
+        form = RescheduleForm(request.POST if confirmed else None, initial=_initial_time())
+        if confirmed and (operation != "delay" or form.is_valid()) and (operation != "move" or to):
+            when = form.cleaned_data["deliver_time"] if operation == "delay" else None
+            result = run_bulk(
+                model,
+                flt,
+                operation,
+                user_id=request.user.pk,
+                deliver_time=when,
+                to=to,
+                limit=BULK_PER_REQUEST,
+                after=cursor,
+            )
+            what = describe_operation(operation, when, to)
+            done = result.done + _int_param(request, "done")
+            skipped = result.skipped + _int_param(request, "skipped")
+            summary = (
+                f"Bulk {what} on {flt.describe()} in {model._meta.label}: {done} done, {skipped} "
+                "skipped (leased or changed since read)"
+            )
+            if result.error:
+                messages.error(request, f"{summary}; stopped: {result.error}")
+                return back
+            if result.finished:
+                messages.success(request, summary + ".")
+                return back
+            context = self._context(
+                request,
+                "Bulk action in progress",
+                **self._queue_context(model),
+                operation=operation,
+                operation_label=OPERATION_LABELS[operation],
+                what=what,
+                filter_text=flt.describe(),
+                filter_params=sorted(flt.params().items()),
+                done=done,
+                skipped=skipped,
+                cursor=cursor_token(result.cursor),
+                to=to._meta.label_lower if to else "",
+                form=form if operation == "delay" else None,
+            )
+            return TemplateResponse(request, "spanner_queues/admin/bulk.html", context)
+        context = self._context(
+            request,
+            "Are you sure?",
+            **self._queue_context(model),
+            operation=operation,
+            operation_label=OPERATION_LABELS[operation],
+            explanation=OPERATION_EXPLANATIONS[operation],
+            filter_text=flt.describe(),
+            filter_params=sorted(flt.params().items()),
+            matching=count_matching(model, flt),
+            form=form if operation == "delay" else None,
+            targets=[(m._meta.label_lower, m._meta.label) for m in targets],
+            to=(
+                to or default_move_target(model) or (targets[0] if targets else model)
+            )._meta.label_lower,
+        )
+        return TemplateResponse(request, "spanner_queues/admin/bulk_confirm.html", context)
+
+
+def _bulk_operations(model: type[Queue], user: object) -> list[tuple[str, str]]:
+    """(name, label) of the bulk operations ``user`` may run on ``model``."""
+    return [
+        (name, OPERATION_LABELS[name])
+        for name in OPERATIONS
+        if permission_action(name).allowed(user) and (name != "move" or move_targets(model))
+    ]
+
+
+def _text_keys(model: type[Queue]) -> list[str]:
+    """The key columns a prefix search applies to (text columns)."""
+    found = []
+    for name in key_names(model):
+        try:
+            MessageFilter.from_params(model, {f"prefix.{name}": "x"})
+        except QueueError:
+            continue
+        found.append(name)
+    return found
+
 
 def _state_choices(
     state: str, query: Callable[..., str], *, bookkeeping: bool
@@ -615,6 +757,15 @@ def _page_links(page: Any, query: Callable[..., str]) -> list[tuple[str, str]]:
         current = number == page.number or number == page.paginator.ELLIPSIS
         links.append((str(number), "" if current else query(p=str(number))))
     return links
+
+
+def _int_param(request: HttpRequest, name: str) -> int:
+    """A running total a bulk action's progress page carries (display only: each part's own
+    counts are in the admin history)."""
+    try:
+        return max(0, int(request.POST.get(name, "0")))
+    except ValueError:
+        return 0
 
 
 def _try_stats(model: type[Queue]) -> QueueStats | None:

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from spanner_queues import api
 from spanner_queues.monitoring import QueueDepthSample
-from tests.testapp.models import Emails, Jobs
+from tests.testapp.models import Emails, EmailsDead, Jobs
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
@@ -204,3 +204,59 @@ def test_operator_delivers_a_message_now(
     )
     later = Jobs.objects.get(id="job-01").deliver_time - timezone.now()
     assert timedelta(minutes=50) < later <= timedelta(hours=1)
+
+
+def test_operator_moves_all_matching_dead_letters_back_in_parts(
+    browser: Any, live_server: Any, django_user_model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bulk action on a filter, end to end: the filter panel, the preview count, the
+    confirmation, two parts (the progress page posts the next one by itself), the result."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as ec
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+
+    monkeypatch.setattr("spanner_queues.admin.views.BULK_PER_REQUEST", 2)  # (the server thread)
+    django_user_model.objects.create_superuser("admin", "admin@example.com", "secret-pw")
+    EmailsDead.send_many(
+        [{"id": f"dead-{i}", "payload": {"error": "carrier timeout"}} for i in range(3)]
+        + [{"id": "dead-other", "payload": {"error": "bad address"}}, {"id": "kept", "payload": {}}]
+    )
+    shots = ARTIFACTS / "screenshots" / connection.vendor
+    shots.mkdir(parents=True, exist_ok=True)
+    wait = WebDriverWait(browser, 30)
+
+    browser.get(
+        f"{live_server.url}/admin/login/?next=/admin/spanner_queues/queues/testapp.emailsdead/"
+    )
+    browser.find_element(By.ID, "id_username").send_keys("admin")
+    browser.find_element(By.ID, "id_password").send_keys("secret-pw")
+    old = browser.find_element(By.TAG_NAME, "html")
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait.until(ec.staleness_of(old))
+
+    browser.find_element(By.CSS_SELECTOR, "#sq-bulk-filter summary").click()
+    browser.find_element(By.CSS_SELECTOR, "input[name='prefix.id']").send_keys("dead-")
+    browser.find_element(By.CSS_SELECTOR, "input[name='text']").send_keys("timeout")
+    Select(browser.find_element(By.NAME, "operation")).select_by_value("move")
+    assert browser.save_screenshot(str(shots / "09-bulk-filter.png"))
+    old = browser.find_element(By.TAG_NAME, "html")
+    browser.find_element(By.CSS_SELECTOR, "#sq-bulk-filter input[type=submit]").click()
+    wait.until(ec.staleness_of(old))
+    preview = browser.find_element(By.ID, "sq-bulk-preview").text
+    assert preview.startswith("3 messages of testapp.EmailsDead match"), preview
+    assert Select(browser.find_element(By.NAME, "to")).first_selected_option.text == (
+        "testapp.Emails"
+    )
+    assert browser.save_screenshot(str(shots / "10-bulk-confirm.png"))
+
+    browser.find_element(By.CSS_SELECTOR, "input[type=submit][value^='Yes']").click()
+    note = wait.until(
+        ec.presence_of_element_located((By.CSS_SELECTOR, "ul.messagelist li.success"))
+    )
+    assert note.text == (
+        "Bulk move to testapp.Emails on id starts with 'dead-', payload contains 'timeout' in "
+        "testapp.EmailsDead: 3 done, 0 skipped (leased or changed since read)."
+    )
+    assert browser.save_screenshot(str(shots / "11-bulk-done.png"))
+    assert sorted(Emails.objects.values_list("id", flat=True)) == ["dead-0", "dead-1", "dead-2"]
+    assert sorted(EmailsDead.objects.values_list("id", flat=True)) == ["dead-other", "kept"]
