@@ -34,6 +34,7 @@ PUBSUB_KEYS = frozenset(
     {
         "PROJECT",
         "DEDUP_WINDOW_DAYS",
+        "ARCHIVE_DAYS",
         "RELAY_BATCH_SIZE",
         "PUBLISH_TIMEOUT_SECONDS",
         "PULL_MAX_MESSAGES",
@@ -63,6 +64,9 @@ class PubSubParams:
     project: str | None = None
     #: days an inbox remembers the event ids it took in (duplicates within it are dropped)
     dedup_window_days: int = DEFAULT_WINDOW_DAYS
+    #: days the relay keeps each published event in its archive (``RelayedEvent``), for
+    #: replays; 0 keeps none
+    archive_days: int = DEFAULT_WINDOW_DAYS
     #: most messages of a relayed queue one publish round takes (the relay's batch)
     relay_batch_size: int = 500
     #: seconds the relay waits for Pub/Sub to confirm a publish before it gives the message back
@@ -104,6 +108,7 @@ def parse_pubsub(raw: Any) -> PubSubParams:
     return PubSubParams(
         project=project,
         dedup_window_days=number("DEDUP_WINDOW_DAYS", DEFAULT_WINDOW_DAYS, 1, 3650, int),
+        archive_days=number("ARCHIVE_DAYS", DEFAULT_WINDOW_DAYS, 0, 3650, int),
         relay_batch_size=number("RELAY_BATCH_SIZE", 500, 1, 1000, int),
         publish_timeout=number("PUBLISH_TIMEOUT_SECONDS", 60.0, 0.1, 3600, float),
         pull_max_messages=number("PULL_MAX_MESSAGES", 100, 1, MAX_PULL_MESSAGES, int),
