@@ -59,7 +59,8 @@ class Command(BaseCommand):
     help = (
         "Publish archived events of a relayed queue again to its topic (the archive keeps "
         "SPANNER_QUEUES_PUBSUB['ARCHIVE_DAYS'] days), with their event ids, keys and ordering "
-        "keys and a replay_id attribute. Choose them by --since/--until, --key or --event-id. "
+        "keys and a replay_id attribute. Choose them by --since/--until, --key, "
+        "--ordering-key or --event-id (all given must match). "
         "An inbox drops them as duplicates unless it accepts the replay id "
         "(manage.py pubsubacceptreplay)."
     )
@@ -76,6 +77,13 @@ class Command(BaseCommand):
             default=[],
             help="Events of this message key (a value, or a JSON array of a compound key's "
             "values); repeatable.",
+        )
+        parser.add_argument(
+            "--ordering-key",
+            action="append",
+            default=[],
+            help="Events of this Pub/Sub ordering key (the ordering fields' values joined by "
+            "'/'); repeatable.",
         )
         parser.add_argument(
             "--event-id", action="append", default=[], help="This event id; repeatable."
@@ -100,8 +108,11 @@ class Command(BaseCommand):
             topic = topic_of(model._meta.label)
         except QueueError as exc:
             raise CommandError(str(exc)) from exc
-        if not (options["since"] or options["until"] or options["key"] or options["event_id"]):
-            raise CommandError("choose the events: --since, --until, --key or --event-id")
+        chosen = ("since", "until", "key", "ordering_key", "event_id")
+        if not any(options[c] for c in chosen):
+            raise CommandError(
+                "choose the events: --since, --until, --key, --ordering-key or --event-id"
+            )
         if not 1 <= options["batch_size"] <= 1000:
             raise CommandError("--batch-size must be from 1 to 1000")
         events = self.events(model._meta.label, engine_for(model).database, options)
@@ -134,6 +145,8 @@ class Command(BaseCommand):
             events = events.filter(published_at__lt=options["until"])
         if options["key"]:
             events = events.filter(key__in={t for k in options["key"] for t in key_texts(k)})
+        if options["ordering_key"]:
+            events = events.filter(ordering_key__in=options["ordering_key"])
         if options["event_id"]:
             events = events.filter(event_id__in=options["event_id"])
         return events
