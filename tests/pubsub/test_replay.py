@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
+import shlex
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -206,3 +208,27 @@ def test_the_archive_is_pruned_after_its_window(pubsub, settings, monkeypatch) -
         relay_burst()  # prunes order 1's event, 2 days and 1 hour old
         assert sorted(RelayedEvent.objects.values_list("ordering_key", flat=True)) == ["2", "3"]
     assert json.loads(bytes(RelayedEvent.objects.get(ordering_key="3").data)) == {"pk": 3}
+
+
+def test_the_howto_replay_commands_run_as_shown(pubsub) -> None:
+    """The commands of docs/howto/pubsub.md's replay section, on the test app's queues."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "howto" / "pubsub.md").read_text()
+    section = page.split("## Replay: send a range again on purpose")[1].split("\n## ")[0]
+    block = section.split("```bash\n")[1].split("```")[0]
+    lines = [line for line in block.splitlines() if line.startswith("python manage.py ")]
+    assert len(lines) == 3
+    send_orders(1, 2)
+    relay_burst()
+    assert len(pubsub.pull()) == 2
+    RelayedEvent.objects.update(published_at=datetime(2026, 12, 1, 8, 30, tzinfo=UTC))
+    renamed = {"billing.BillingInbox": "pubsubapp.BillingInbox"}
+    renamed["shop.OrderEvents"] = "pubsubapp.OrderEvents"
+    outputs = []
+    for line in lines:
+        args = [renamed.get(a, a) for a in shlex.split(line)[2:]]
+        outputs.append(command(*args))
+    assert outputs[0] == "pubsubapp.BillingInbox takes in replay fix-1042 once\n"
+    assert outputs[1].startswith("dry run: 2 event(s) of pubsubapp.OrderEvents")
+    assert outputs[2].endswith("replay fix-1042: done, 2 event(s) published\n")
+    replayed = wait_until(lambda: pubsub.pull(), 30)
+    assert {m.attributes["replay_id"] for m in replayed} == {"fix-1042"}
