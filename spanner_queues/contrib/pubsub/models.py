@@ -46,7 +46,8 @@ class RelayedEvent(models.Model):
     archived if and only if its ack committed. Pruned by the relay past the window; on Spanner a
     row deletion policy also expires rows 7 days after ``published_at``."""
 
-    #: a random id: two sends of one key and payload share an event id but are two rows
+    #: random (a run's random part, then the row's place): two sends of one key and payload
+    #: share an event id but are two rows
     id = models.CharField(primary_key=True, max_length=32)
     #: the queue's label (the ``queue`` attribute)
     queue = models.CharField(max_length=200)
