@@ -21,6 +21,12 @@ resumed before it raises.
 A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the receiver's time
 limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
 as above, and the worker's time limit never has to interrupt a run.
+
+While ``ARCHIVE_DAYS`` is on, a run acks its confirmed messages itself, in one transaction with
+a ``RelayedEvent`` row for each (the archive ``pubsubreplay`` publishes from), so an event is
+archived if and only if its ack committed; the worker then acks nothing more. Rows past the
+window are pruned (``prune_archive``, at most every ``ARCHIVE_PRUNE_EVERY_SECONDS`` per process
+and database).
 """
 
 from __future__ import annotations
