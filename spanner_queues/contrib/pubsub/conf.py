@@ -350,3 +350,41 @@ def check_dedup_window(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
             )
         )
     return problems
+
+
+def check_archive_window(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W302: ``ARCHIVE_DAYS`` is longer than the row deletion policy that expires the
+    ``RelayedEvent`` rows (migration 0002, ``POLICY_DAYS``) on the Spanner database of a
+    relayed queue: there the archive keeps ``POLICY_DAYS`` unless the policy was lengthened."""
+    try:
+        days = pubsub_params().archive_days
+    except QueueConfigurationError:
+        return []  # E301's
+    if days <= POLICY_DAYS:
+        return []
+    table = apps.get_model("spanner_queues_pubsub", "RelayedEvent")._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    for model in relayed_queues():
+        try:
+            database = engine_for(model).database
+        except QueueConfigurationError:
+            continue  # the core's E001/E002
+        if (
+            database not in settings.DATABASES
+            or not driver_for(database).supports_row_deletion_policy
+        ):
+            continue  # the core's E006; or no policy there: the relay prunes to the window
+        problems.append(
+            checks.Warning(
+                f"SPANNER_QUEUES_PUBSUB['ARCHIVE_DAYS'] = {days}, but on Spanner (database "
+                f"{database!r}) the row deletion policy of {table} deletes archived events "
+                f"{POLICY_DAYS} days after they were published: older ones cannot be replayed.",
+                hint=f"Set ARCHIVE_DAYS to {POLICY_DAYS} or less, or lengthen the policy in a "
+                f"migration of your own (RunSQL on that database: ALTER TABLE {table} REPLACE "
+                f"ROW DELETION POLICY (OLDER_THAN(published_at, INTERVAL {days} DAY))) and "
+                "silence spanner_queues.W302. See docs/howto/pubsub.md.",
+                obj=model,
+                id="spanner_queues.W302",
+            )
+        )
+    return problems
