@@ -276,6 +276,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=500, help="RELAY_BATCH_SIZE")
     parser.add_argument("--json", action="store_true")
     parser.add_argument(
+        "--archive-days",
+        type=int,
+        help="ARCHIVE_DAYS (default: the setting's, 7: each published event archived; 0: none)",
+    )
+    parser.add_argument(
         "--ds", help="a test settings module for the queue's database (default: SQLite file)"
     )
     args = parser.parse_args()
@@ -288,8 +293,13 @@ def main() -> None:
             configure_module(args.ds, args.batch)
         else:
             configure(workdir, args.batch)
+        from django.conf import settings
         from django.core.management import call_command
         from google.cloud.pubsub_v1 import PublisherClient
+
+        if args.archive_days is not None:
+            archive = {"ARCHIVE_DAYS": args.archive_days}
+            settings.SPANNER_QUEUES_PUBSUB = {**settings.SPANNER_QUEUES_PUBSUB, **archive}
 
         from spanner_queues.contrib.pubsub import relay
 

@@ -25,3 +25,29 @@ def test_the_overview_and_the_queue_pages_show_topic_and_subscription(viewer: Cl
     assert "Inbox of the Pub/Sub subscription <code>orders-billing</code>" in inbox
     plain = viewer.get(queue_url("pubsubapp.OrderEventsDead")).content.decode()
     assert "Pub/Sub" not in plain
+
+
+def test_the_archive_is_listed_read_only_with_a_replay_action(
+    pubsub, django_user_model, client: Client
+) -> None:
+    from spanner_queues.contrib.pubsub.models import RelayedEvent
+    from spanner_queues.worker import Worker
+    from tests.pubsubapp.models import OrderEvents
+
+    OrderEvents.send(order=5, message_id="m5", payload={"pk": 5})
+    Worker(["pubsubapp.OrderEvents"], burst=True, install_signal_handlers=False).run()
+    assert len(pubsub.pull()) == 1
+    [event] = RelayedEvent.objects.all()
+    client.force_login(django_user_model.objects.create_superuser("root", password="pw"))
+    url = "/admin/spanner_queues_pubsub/relayedevent/"
+    page = client.get(url, {"queue": "pubsubapp.OrderEvents"}).content.decode()
+    assert event.event_id in page
+    assert "Replay the selected events to their topics" in page
+    assert client.get(f"{url}add/").status_code == 403
+    answer = client.post(
+        url, {"action": "replay_events", "_selected_action": [event.pk]}, follow=True
+    ).content.decode()
+    assert "1 event(s) published" in answer
+    [again] = pubsub.pull()
+    assert again.attributes["event_id"] == event.event_id
+    assert again.attributes["replay_id"].startswith("replay-")

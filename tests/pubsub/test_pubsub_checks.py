@@ -150,3 +150,26 @@ def test_a_window_longer_than_spanners_row_deletion_policy_is_w304(
     assert "REPLACE ROW DELETION POLICY (OLDER_THAN(seen_at, INTERVAL 30 DAY))" in warning.hint
     monkeypatch.setattr(driver, "supports_row_deletion_policy", False)
     assert check_dedup_window() == []
+
+
+def test_an_archive_longer_than_spanners_row_deletion_policy_is_w302(
+    settings: Any, monkeypatch: Any
+) -> None:
+    """On Spanner the RelayedEvent rows expire 7 days after ``published_at`` (migration 0002):
+    a longer archive there is a warning naming the policy and how to lengthen it."""
+    from spanner_queues.contrib.pubsub.conf import check_archive_window
+    from spanner_queues.drivers import driver_for
+    from spanner_queues.engines import engine_for
+
+    driver = type(driver_for(engine_for(OrderEvents).database))
+    monkeypatch.setattr(driver, "supports_row_deletion_policy", True)
+    settings.SPANNER_QUEUES_PUBSUB = {"ARCHIVE_DAYS": 7}
+    assert check_archive_window() == []
+    settings.SPANNER_QUEUES_PUBSUB = {"ARCHIVE_DAYS": 30}
+    warnings = check_archive_window()  # one per relayed queue on Spanner (the drill's too)
+    assert {w.id for w in warnings} == {"spanner_queues.W302"}
+    [warning] = [w for w in warnings if w.obj is OrderEvents]
+    assert "30" in warning.msg and "7 days" in warning.msg
+    assert "(OLDER_THAN(published_at, INTERVAL 30 DAY))" in warning.hint
+    monkeypatch.setattr(driver, "supports_row_deletion_policy", False)
+    assert check_archive_window() == []

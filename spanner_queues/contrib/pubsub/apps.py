@@ -6,6 +6,7 @@ from django.apps import AppConfig
 from django.core import checks
 
 from spanner_queues.contrib.pubsub.conf import (
+    check_archive_window,
     check_dedup_window,
     check_queues,
     check_setting,
@@ -33,6 +34,7 @@ class PubSubConfig(AppConfig):
         checks.register(check_setting)
         checks.register(check_queues)
         checks.register(check_dedup_window)
+        checks.register(check_archive_window)
         relayed = relayed_queues()
         if not relayed:
             return  # nothing to relay: google-cloud-pubsub is not even imported

@@ -34,6 +34,7 @@ PUBSUB_KEYS = frozenset(
     {
         "PROJECT",
         "DEDUP_WINDOW_DAYS",
+        "ARCHIVE_DAYS",
         "RELAY_BATCH_SIZE",
         "PUBLISH_TIMEOUT_SECONDS",
         "PULL_MAX_MESSAGES",
@@ -63,6 +64,9 @@ class PubSubParams:
     project: str | None = None
     #: days an inbox remembers the event ids it took in (duplicates within it are dropped)
     dedup_window_days: int = DEFAULT_WINDOW_DAYS
+    #: days the relay keeps each published event in its archive (``RelayedEvent``), for
+    #: replays; 0 keeps none
+    archive_days: int = DEFAULT_WINDOW_DAYS
     #: most messages of a relayed queue one publish round takes (the relay's batch)
     relay_batch_size: int = 500
     #: seconds the relay waits for Pub/Sub to confirm a publish before it gives the message back
@@ -104,6 +108,7 @@ def parse_pubsub(raw: Any) -> PubSubParams:
     return PubSubParams(
         project=project,
         dedup_window_days=number("DEDUP_WINDOW_DAYS", DEFAULT_WINDOW_DAYS, 1, 3650, int),
+        archive_days=number("ARCHIVE_DAYS", DEFAULT_WINDOW_DAYS, 0, 3650, int),
         relay_batch_size=number("RELAY_BATCH_SIZE", 500, 1, 1000, int),
         publish_timeout=number("PUBLISH_TIMEOUT_SECONDS", 60.0, 0.1, 3600, float),
         pull_max_messages=number("PULL_MAX_MESSAGES", 100, 1, MAX_PULL_MESSAGES, int),
@@ -342,6 +347,44 @@ def check_dedup_window(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
                 "silence spanner_queues.W301. See docs/howto/pubsub.md.",
                 obj=model,
                 id="spanner_queues.W301",
+            )
+        )
+    return problems
+
+
+def check_archive_window(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """W302: ``ARCHIVE_DAYS`` is longer than the row deletion policy that expires the
+    ``RelayedEvent`` rows (migration 0002, ``POLICY_DAYS``) on the Spanner database of a
+    relayed queue: there the archive keeps ``POLICY_DAYS`` unless the policy was lengthened."""
+    try:
+        days = pubsub_params().archive_days
+    except QueueConfigurationError:
+        return []  # E301's
+    if days <= POLICY_DAYS:
+        return []
+    table = apps.get_model("spanner_queues_pubsub", "RelayedEvent")._meta.db_table
+    problems: list[checks.CheckMessage] = []
+    for model in relayed_queues():
+        try:
+            database = engine_for(model).database
+        except QueueConfigurationError:
+            continue  # the core's E001/E002
+        if (
+            database not in settings.DATABASES
+            or not driver_for(database).supports_row_deletion_policy
+        ):
+            continue  # the core's E006; or no policy there: the relay prunes to the window
+        problems.append(
+            checks.Warning(
+                f"SPANNER_QUEUES_PUBSUB['ARCHIVE_DAYS'] = {days}, but on Spanner (database "
+                f"{database!r}) the row deletion policy of {table} deletes archived events "
+                f"{POLICY_DAYS} days after they were published: older ones cannot be replayed.",
+                hint=f"Set ARCHIVE_DAYS to {POLICY_DAYS} or less, or lengthen the policy in a "
+                f"migration of your own (RunSQL on that database: ALTER TABLE {table} REPLACE "
+                f"ROW DELETION POLICY (OLDER_THAN(published_at, INTERVAL {days} DAY))) and "
+                "silence spanner_queues.W302. See docs/howto/pubsub.md.",
+                obj=model,
+                id="spanner_queues.W302",
             )
         )
     return problems

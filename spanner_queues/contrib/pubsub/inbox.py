@@ -34,8 +34,13 @@ from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransp
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
-from spanner_queues.contrib.pubsub.models import SeenEvent, seen_id
-from spanner_queues.contrib.pubsub.relay import EVENT_ID_ATTRIBUTE
+from spanner_queues.contrib.pubsub.models import (
+    AcceptedReplay,
+    SeenEvent,
+    accepted_replay_id,
+    seen_id,
+)
+from spanner_queues.contrib.pubsub.relay import EVENT_ID_ATTRIBUTE, REPLAY_ID_ATTRIBUTE
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyExists, PayloadError
 from spanner_queues.keys import key_fields
@@ -247,13 +252,13 @@ class InboxPuller:
     def take_in(self, received: Sequence[Any]) -> list[str]:
         """Write the new events of ``received`` (Pub/Sub ``ReceivedMessage``s) into the inbox
         in one transaction; return the ack ids of those taken in or dropped as duplicates."""
-        events, accepted = self._accept(received)
+        events, accepted, replays = self._accept(received)
         refused: set[str] = set()  # the queue cannot hold them: not acked
         queued: set[str] = set()  # still queued under that key: duplicates
         for _ in range(len(events) + 3):
             try:
                 sent = run_in_transaction(
-                    lambda: self._write(events, refused, queued),
+                    lambda: self._write(events, replays, refused, queued),
                     using=self.database,
                     retries=self.retries,
                 )
@@ -268,14 +273,20 @@ class InboxPuller:
         self._count(sent, dropped=len(ack_ids) - sent)
         return ack_ids
 
-    def _accept(self, received: Sequence[Any]) -> tuple[dict[str, bytes], list[tuple[str, str]]]:
-        """The events of ``received`` by event id (the first data of each), and the (ack id,
+    def _accept(
+        self, received: Sequence[Any]
+    ) -> tuple[dict[str, bytes], list[tuple[str, str]], dict[str, set[str]]]:
+        """The events of ``received`` by event id (the first data of each), the (ack id,
         event id) of every message the inbox can hold (its event id, its data: validated here,
-        before the pull's transaction, so a refused event never makes it run again); the
-        others are logged and left unacked."""
+        before the pull's transaction, so a refused event never makes it run again), and the
+        copies of each event: the ids of the accepted replays (``AcceptedReplay``) that
+        replayed it, "" for an ordinary copy (a replay this inbox does not accept included).
+        The messages the inbox cannot hold are logged and left unacked."""
         events: dict[str, bytes] = {}
         accepted: list[tuple[str, str]] = []  # (ack id, event id)
+        copies: dict[str, set[str]] = {}
         refused: set[str] = set()
+        takes = self._accepted_replays(received)
         for r in received:
             message = r.message
             eid = message.attributes.get(EVENT_ID_ATTRIBUTE) or message.message_id
@@ -299,7 +310,22 @@ class InboxPuller:
                     continue
                 events[eid] = data
             accepted.append((r.ack_id, eid))
-        return events, accepted
+            replay = message.attributes.get(REPLAY_ID_ATTRIBUTE, "")
+            copies.setdefault(eid, set()).add(replay if replay in takes else "")
+        return events, accepted, copies
+
+    def _accepted_replays(self, received: Sequence[Any]) -> set[str]:
+        """The replay ids of ``received`` this inbox accepts (one read, only when a message
+        carries a replay id)."""
+        replays = {r.message.attributes.get(REPLAY_ID_ATTRIBUTE, "") for r in received} - {""}
+        if not replays:
+            return set()
+        ids = [accepted_replay_id(self.label, r) for r in replays]
+        return set(
+            AcceptedReplay.objects.using(self.database)
+            .filter(id__in=ids)
+            .values_list("replay_id", flat=True)
+        )
 
     def _holds(self, eid: str, data: bytes) -> bool:
         """Whether the queue can hold event ``eid`` with ``data`` (``api.build_message``: what
@@ -319,25 +345,35 @@ class InboxPuller:
             return False
         return True
 
-    def _write(self, events: dict[str, bytes], refused: set[str], queued: set[str]) -> int:
+    def _write(
+        self,
+        events: dict[str, bytes],
+        copies: dict[str, set[str]],
+        refused: set[str],
+        queued: set[str],
+    ) -> int:
         """The transaction of a pull: send each event not yet seen (nor ``refused`` or
-        ``queued``) to the queue and record its ``SeenEvent``, both or neither; returns how many
-        were sent. An event the queue refuses or still holds is added to ``refused`` or
-        ``queued`` and ``_Again`` rolls the whole transaction back."""
-        ids = [seen_id(self.label, e) for e in events]
+        ``queued``) to the queue and record its ``SeenEvent``s, both or neither; returns how
+        many were sent. A copy is seen when its seen row exists: an ordinary copy's
+        ``seen_id(inbox, event id)``, an accepted replay's ``seen_id(inbox, event id, replay
+        id)``; taking an event in records both. An event the queue refuses or still holds is
+        added to ``refused`` or ``queued`` and ``_Again`` rolls the whole transaction back."""
+        label = self.label
+        decide = {e: {seen_id(label, e, r) for r in copies.get(e, {""})} for e in events}
+        record = {e: ids | {seen_id(label, e)} for e, ids in decide.items()}
+        every = [i for ids in record.values() for i in ids]
         seen = set(
-            SeenEvent.objects.using(self.database)
-            .filter(id__in=ids)
-            .values_list("event_id", flat=True)
+            SeenEvent.objects.using(self.database).filter(id__in=every).values_list("id", flat=True)
         )
-        new = [e for e in events if e not in seen and e not in refused and e not in queued]
+        new = [e for e in events if not decide[e] <= seen and e not in refused and e not in queued]
         for eid in new:
             self._send(eid, events[eid], refused, queued)
         now = clock.now()
         SeenEvent.objects.using(self.database).bulk_create(
             [
-                SeenEvent(id=seen_id(self.label, e), inbox=self.label, event_id=e, seen_at=now)
+                SeenEvent(id=i, inbox=label, event_id=e, seen_at=now)
                 for e in new
+                for i in sorted(record[e] - seen)
             ]
         )
         return len(new)

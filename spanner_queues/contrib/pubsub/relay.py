@@ -21,6 +21,12 @@ resumed before it raises.
 A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the receiver's time
 limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
 as above, and the worker's time limit never has to interrupt a run.
+
+While ``ARCHIVE_DAYS`` is on, a run acks its confirmed messages itself, in one transaction with
+a ``RelayedEvent`` row for each (the archive ``pubsubreplay`` publishes from), so an event is
+archived if and only if its ack committed; the worker then acks nothing more. Rows past the
+window are pruned (``prune_archive``, at most every ``ARCHIVE_PRUNE_EVERY_SECONDS`` per process
+and database).
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ import logging
 import random
 import threading
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
+
+from django.db import connections
 
 from spanner_queues import api, clock
 from spanner_queues.contrib.pubsub.conf import (
@@ -44,6 +53,7 @@ from spanner_queues.contrib.pubsub.conf import (
     pubsub_params,
     resource_path,
 )
+from spanner_queues.contrib.pubsub.models import RelayedEvent
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import Retry
@@ -74,6 +84,8 @@ logger = logging.getLogger("spanner_queues.pubsub")
 EVENT_ID_ATTRIBUTE = "event_id"
 QUEUE_ATTRIBUTE = "queue"
 KEY_ATTRIBUTE = "key"
+#: the attribute of a replayed message (``pubsubreplay``): the replay's id
+REPLAY_ID_ATTRIBUTE = "replay_id"
 #: Pub/Sub's limit on an attribute value (https://cloud.google.com/pubsub/quotas)
 MAX_ATTRIBUTE_BYTES = 1024
 
@@ -180,8 +192,11 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
         _dead_letter_refused(model, topic, m, error)
     if not failed:
         _recovered(model)
+        if params.archive_days:  # acked here with their archive rows: the worker acks no more
+            _ack_confirmed(model, confirmed, params.archive_days)
+            _prune_archive_if_due(model, params.archive_days)
         return  # the worker acks the confirmed ones (the dead-lettered are acked)
-    _give_back(client, model, topic, messages, confirmed, failed)
+    _give_back(client, model, topic, messages, confirmed, failed, params.archive_days)
 
 
 def _deadline(context: MessageContext, publish_timeout: float) -> float:
@@ -466,20 +481,15 @@ def _give_back(
     messages: list[Message],
     confirmed: list[Message],
     failed: list[tuple[Message, str, BaseException]],
+    archive_days: int,
 ) -> None:
     """After a failed publish: resume the paused ordering keys, ack the confirmed messages (they
-    are in Pub/Sub; only the failed ones come back), send ``publish_failed``, count the failure
-    in the queue's episode and raise ``PublishFailed`` from the first error, due after the
-    episode's back-off. Always raises."""
+    are in Pub/Sub; only the failed ones come back; archived when ``archive_days``), send
+    ``publish_failed``, count the failure in the queue's episode and raise ``PublishFailed``
+    from the first error, due after the episode's back-off. Always raises."""
     for key in {key for _, key, _ in failed if key}:
         _resume(client, topic, key)
-    if confirmed:  # they are in Pub/Sub: only the others come back
-        engine = engine_for(model)
-        run_in_transaction(
-            lambda: api.ack_many(model, confirmed),
-            using=engine.database,
-            retries=engine.params.transaction_retries,
-        )
+    _ack_confirmed(model, confirmed, archive_days)  # in Pub/Sub: only the others come back
     first = failed[0][2]
     publish_failed.send_robust(
         model, messages=[m for m, _, _ in failed], topic=topic, error=first, refused=False
@@ -490,6 +500,103 @@ def _give_back(
         reason=f"{len(failed)} of {len(messages)} message(s) of {model._meta.label} not "
         f"confirmed by Pub/Sub ({topic}): {type(first).__name__}: {first}",
     ) from first
+
+
+def _ack_confirmed(model: type[Queue], confirmed: list[Message], archive_days: int) -> None:
+    """Ack the ``confirmed`` messages in one transaction and, when ``archive_days`` (the
+    archive is on), write each one's ``RelayedEvent`` in it: an event is archived if and only
+    if its ack committed."""
+    if not confirmed:
+        return
+    engine = engine_for(model)
+    database = engine.database
+    rows = _archive_rows(model, confirmed, database) if archive_days else []
+
+    def ack() -> None:
+        if rows:
+            _archive(rows, database)
+        api.ack_many(model, confirmed)
+
+    run_in_transaction(ack, using=database, retries=engine.params.transaction_retries)
+
+
+#: the archive's fields (each its column's name), in the order of ``_archive_rows``' values
+ARCHIVE_FIELDS = ("id", "queue", "event_id", "key", "ordering_key", "data", "published_at")
+
+
+def _archive_rows(model: type[Queue], confirmed: list[Message], database: str) -> list[tuple]:
+    """The archive row of each confirmed message (its published data and attributes), as the
+    database takes them: built before the ack's transaction, which then only sends them."""
+    connection = connections[database]
+    data = RelayedEvent._meta.get_field("data")
+    at = RelayedEvent._meta.get_field("published_at").get_db_prep_save(clock.now(), connection)
+    fields = ordering_fields(model)
+    run = uuid.uuid4().hex[:24]  # random per run, then the row's place: one uuid4 a run
+    return [
+        (
+            f"{run}{i:08x}",
+            m.queue,
+            event_id(m),
+            key_text(m),
+            _ordering_key(fields, m),
+            data.get_db_prep_save(m.stored_payload, connection),
+            at,
+        )
+        for i, m in enumerate(confirmed)
+    ]
+
+
+def _archive(rows: list[tuple], database: str) -> None:
+    """Insert the archive ``rows`` in the caller's transaction: one ``executemany`` (the ORM's
+    ``bulk_create`` compiled its statement per row: most of the archive's cost)."""
+    connection = connections[database]
+    quote = connection.ops.quote_name
+    columns = ", ".join(quote(f) for f in ARCHIVE_FIELDS)  # each field's column is its name
+    sql = (
+        f"INSERT INTO {quote(RelayedEvent._meta.db_table)} ({columns}) "
+        f"VALUES ({', '.join(['%s'] * len(ARCHIVE_FIELDS))})"
+    )
+    with connection.cursor() as cursor:
+        cursor.executemany(sql, rows)
+
+
+#: seconds between two prunes of the archive of one database by one process
+ARCHIVE_PRUNE_EVERY_SECONDS = 3600.0
+#: most archived events one prune statement deletes (a prune is a loop of such deletes)
+ARCHIVE_PRUNE_BATCH = 1000
+_next_prune: dict[str, float] = {}
+_prune_lock = threading.Lock()
+
+
+def _prune_archive_if_due(model: type[Queue], days: int) -> None:
+    """Prune the archive of ``model``'s database past ``days``, at most every
+    ``ARCHIVE_PRUNE_EVERY_SECONDS`` in this process; a failure is logged, never raised."""
+    database = engine_for(model).database
+    now = time.monotonic()
+    with _prune_lock:
+        if now < _next_prune.get(database, 0.0):
+            return
+        _next_prune[database] = now + ARCHIVE_PRUNE_EVERY_SECONDS
+    try:
+        prune_archive(days, using=database)
+    except Exception:
+        logger.exception("pruning the relay's archive on %r failed", database)
+
+
+def prune_archive(days: int, *, using: str) -> int:
+    """Delete the archived events published more than ``days`` ago, ``ARCHIVE_PRUNE_BATCH`` at
+    a time; returns how many went."""
+    cutoff = clock.now() - timedelta(days=days)
+    total = 0
+    while True:
+        ids = list(
+            RelayedEvent.objects.using(using)
+            .filter(published_at__lt=cutoff)
+            .values_list("id", flat=True)[:ARCHIVE_PRUNE_BATCH]
+        )
+        if not ids:
+            return total
+        total += RelayedEvent.objects.using(using).filter(id__in=ids).delete()[0]
 
 
 def register_relays(registry: ReceiverRegistry, queues: Sequence[type[Queue]]) -> None:
