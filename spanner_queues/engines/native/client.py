@@ -297,11 +297,18 @@ def bound_aborted_replays(
 ) -> None:
     """Have ``dbapi_connection`` (django_spanner's DB-API connection) wait ``delay`` seconds
     before each replay of an aborted transaction whose ABORTED carries no ``RetryInfo``; one
-    that carries one is still waited as it says. Idempotent; a connection without the DB-API's
-    retry helper is left as it is."""
+    that carries one is still waited as it says; the rollback Django makes after a replay
+    that failed warns nothing. Idempotent; a connection without the DB-API's retry helper is
+    left as it is."""
     helper = getattr(dbapi_connection, "_transaction_helper", None)
     if helper is None or getattr(helper, "_spanner_queues_bounded", False):
         return
+    # A replay that fails (RetryAborted) ends the transaction in the driver; Django's atomic
+    # then rolls back, and the driver warned "This method is non-operational..." (a bare
+    # UserWarning in the native demo): the error itself reaches the caller.
+    variables = getattr(dbapi_connection, "_connection_variables", None)
+    if isinstance(variables, dict):
+        variables["ignore_transaction_warnings"] = True
     original = helper.retry_transaction
 
     def retry_transaction(default_retry_delay: float | None = None) -> Any:
