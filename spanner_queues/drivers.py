@@ -84,6 +84,13 @@ class Driver:
         failed so committed nothing and may be run again on the new one."""
         return False
 
+    def connection_created(self) -> None:
+        """The driver's connection was just opened (Django's ``connection_created``)."""
+
+    def connection_lost(self) -> None:
+        """The driver's connection is lost for good (``is_connection_lost``) and about to be
+        closed: forget what outlives it."""
+
     def is_duplicate_key(self, exc: BaseException) -> bool:
         """True when an INSERT failed because the primary key exists."""
         text = str(exc).lower()
@@ -255,6 +262,40 @@ class SpannerDriver(Driver):
             "session not found" in str(e).lower() for e in causes(exc)
         )
 
+    def connection_created(self) -> None:
+        """Share one google-cloud-spanner ``Database`` among every connection of this process
+        to the same database (and role): the DB-API builds a new one per connection, and with
+        it a new multiplexed session on the server that nothing deletes, so a worker that
+        reconnected after each of five outages held five more sessions (issue 37). The shared
+        one keeps one multiplexed session and one maintenance thread; closing a connection
+        leaves its pool alone (``_own_pool``). Until the session is lost:
+        ``connection_lost``."""
+        dbapi = self.connection.connection
+        database = getattr(dbapi, "database", None)
+        if database is None or getattr(database, "_instance", None) is None:
+            return
+        key = _database_key(database)
+        with _shared_lock:
+            shared = _shared_databases.setdefault(key, database)
+        dbapi._database = shared
+        dbapi._own_pool = False
+
+    def connection_lost(self) -> None:
+        """The session behind the shared ``Database`` is gone ("Session not found"): the next
+        connection builds a new one (the client would keep using the lost session), and the
+        old one's session-maintenance thread is told to stop (at its next wake-up)."""
+        dbapi = self.connection.connection
+        database = getattr(dbapi, "database", None)
+        if database is None or getattr(database, "_instance", None) is None:
+            return
+        with _shared_lock:
+            if _shared_databases.get(_database_key(database)) is database:
+                del _shared_databases[_database_key(database)]
+        manager = getattr(database, "_sessions_manager", None)
+        event = getattr(manager, "_multiplexed_session_terminate_event", None)
+        if event is not None:
+            event.set()
+
     def is_duplicate_key(self, exc: BaseException) -> bool:
         return grpc_status(exc) == "ALREADY_EXISTS"
 
@@ -265,6 +306,22 @@ class SpannerDriver(Driver):
         return grpc_status(exc) == "NOT_FOUND" and any(
             _MISSING_PARENT.search(str(e)) is not None for e in causes(exc)
         )
+
+
+#: the process's google-cloud-spanner ``Database`` per (client, instance, database, role),
+#: shared by its connections (``SpannerDriver.connection_created``): one entry per database
+_shared_databases: dict[tuple[int, str, str, str | None], Any] = {}
+_shared_lock = threading.Lock()
+
+
+def _database_key(database: Any) -> tuple[int, str, str, str | None]:
+    instance = database._instance
+    return (
+        id(instance._client),
+        instance.instance_id,
+        database.database_id,
+        database.database_role,
+    )
 
 
 #: a missing interleave parent, as Spanner and as the emulator word it

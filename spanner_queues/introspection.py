@@ -1,6 +1,8 @@
 """Keep native queues out of Django's table listings: installs, from ``AppConfig.ready``, a
-``connection_created`` hook that hands every new connection to the engines on its database
-(``BaseQueueEngine.connection_created``: the native engine wraps its introspection).
+``connection_created`` hook that hands every new connection to its driver
+(``Driver.connection_created``: on Spanner one client ``Database`` per process and database)
+and to the engines on its database (``BaseQueueEngine.connection_created``: the native engine
+wraps its introspection).
 
 Django-facing: which declared queues live on a connection's database is asked through the engine
 seam (``engine.features.supports_native_queues``, ``engine.database``).
@@ -12,6 +14,7 @@ from typing import Any
 
 from django.db.backends.signals import connection_created
 
+from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for, engines
 from spanner_queues.queues import queue_models
 
@@ -31,6 +34,7 @@ def native_queue_tables(alias: str) -> set[str]:
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     alias = connection.alias
+    driver_for(alias).connection_created()  # (Spanner: one client Database per process)
     for name in engines.settings:
         try:
             engine = engines[name]

@@ -80,6 +80,7 @@ def forget_lost_connection(exc: BaseException, using: str) -> bool:
             return False
         conn = connections[using]
         logger.warning("connection %r lost (%s); reconnecting", using, exc)
+        driver_for(using).connection_lost()
         if conn.in_atomic_block:
             conn.needs_rollback = True
             conn.__dict__[_LOST] = True
