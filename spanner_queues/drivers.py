@@ -263,38 +263,32 @@ class SpannerDriver(Driver):
         )
 
     def connection_created(self) -> None:
-        """Share one google-cloud-spanner ``Database`` among every connection of this process
-        to the same database (and role): the DB-API builds a new one per connection, and with
-        it a new multiplexed session on the server that nothing deletes, so a worker that
-        reconnected after each of five outages held five more sessions (issue 37). The shared
-        one keeps one multiplexed session and one maintenance thread; closing a connection
-        leaves its pool alone (``_own_pool``). Until the session is lost:
-        ``connection_lost``."""
+        """Give a thread that reconnects the google-cloud-spanner ``Database`` of its last
+        connection to the same database (and role): the DB-API builds a new one per
+        connection, and with it a new multiplexed session on the server that nothing deletes,
+        so a worker that reconnected after each of five outages held about two more sessions
+        each time (issue 37). One ``Database`` per thread, not per process: Google's emulator
+        refuses concurrent read-write transactions on one multiplexed session ("Invalid
+        transaction ID"), and a thread runs one at a time. It goes with its thread; a lost
+        session forgets it (``connection_lost``)."""
         dbapi = self.connection.connection
         database = getattr(dbapi, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
-        key = _database_key(database)
-        with _shared_lock:
-            shared = _shared_databases.setdefault(key, database)
-        dbapi._database = shared
-        dbapi._own_pool = False
+        kept: dict[tuple[int, str, str, str | None], Any] = _thread_databases.__dict__
+        reused = kept.setdefault(_database_key(database), database)
+        if reused is not database:
+            dbapi._database = reused
 
     def connection_lost(self) -> None:
-        """The session behind the shared ``Database`` is gone ("Session not found"): the next
-        connection builds a new one (the client would keep using the lost session), and the
-        old one's session-maintenance thread is told to stop (at its next wake-up)."""
-        dbapi = self.connection.connection
-        database = getattr(dbapi, "database", None)
+        """The session behind this thread's ``Database`` is gone ("Session not found"): the
+        next connection builds a new one (the client would keep using the lost session)."""
+        database = getattr(self.connection.connection, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
-        with _shared_lock:
-            if _shared_databases.get(_database_key(database)) is database:
-                del _shared_databases[_database_key(database)]
-        manager = getattr(database, "_sessions_manager", None)
-        event = getattr(manager, "_multiplexed_session_terminate_event", None)
-        if event is not None:
-            event.set()
+        kept = _thread_databases.__dict__
+        if kept.get(_database_key(database)) is database:
+            del kept[_database_key(database)]
 
     def is_duplicate_key(self, exc: BaseException) -> bool:
         return grpc_status(exc) == "ALREADY_EXISTS"
@@ -308,10 +302,9 @@ class SpannerDriver(Driver):
         )
 
 
-#: the process's google-cloud-spanner ``Database`` per (client, instance, database, role),
-#: shared by its connections (``SpannerDriver.connection_created``): one entry per database
-_shared_databases: dict[tuple[int, str, str, str | None], Any] = {}
-_shared_lock = threading.Lock()
+#: each thread's google-cloud-spanner ``Database`` per (client, instance, database, role),
+#: reused when the thread reconnects (``SpannerDriver.connection_created``)
+_thread_databases = threading.local()
 
 
 def _database_key(database: Any) -> tuple[int, str, str, str | None]:

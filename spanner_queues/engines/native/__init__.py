@@ -1117,16 +1117,17 @@ class NativeQueueEngine(BaseQueueEngine):
         queues on this database), or when ``information_schema.tables`` gives it a type other
         than ``BASE TABLE`` or ``VIEW`` (the value Spanner uses for queues is not
         documented). The client's streaming reads (the cursor's queries) would retry
-        UNAVAILABLE for ever, its commits for an hour: ``client.bound_streaming_reads`` (on
-        the process's one ``Database`` for this database: ``SpannerDriver.connection_created``,
-        whose session-maintenance thread lives as long as the process). An aborted
-        transaction whose ABORTED carries no ``RetryInfo`` is replayed after a short delay,
-        not ``2**attempt`` seconds (``client.bound_aborted_replays``)."""
+        UNAVAILABLE for ever, its commits for an hour: ``client.bound_streaming_reads``. A
+        closed connection stops its session-maintenance thread
+        (``client.stop_sessions_on_close``). An aborted transaction whose ABORTED carries no
+        ``RetryInfo`` is replayed after a short delay, not ``2**attempt`` seconds
+        (``client.bound_aborted_replays``)."""
         if self._no_queues_reason(connection.alias) is not None:
             return
         database = getattr(connection.connection, "database", None)
         if database is not None:
             client.bound_streaming_reads(database)
+            client.stop_sessions_on_close(connection.connection)
             client.bound_aborted_replays(connection.connection)
         introspection: Any = connection.introspection
         if getattr(introspection, "_spanner_queues_wrapped", False):

@@ -347,6 +347,30 @@ class RenewalOutcomeUnknown(Exception):
         self.renewed = dict(renewed or {})
 
 
+def stop_sessions_on_close(dbapi_connection: Any) -> None:
+    """Have ``dbapi_connection`` (django_spanner's DB-API connection) stop its ``Database``'s
+    session maintenance when it is closed: google-cloud-spanner starts one
+    ``maintenance-multiplexed-session`` thread per ``Database`` (one per Django connection),
+    which ``Connection.close()`` never stops and which holds its client for good. Once told
+    (its terminate event), the thread exits at its next wake-up, within ten minutes (it sleeps
+    uninterruptibly). Idempotent."""
+    if getattr(dbapi_connection, "_spanner_queues_stops_sessions", False):
+        return
+    close = dbapi_connection.close
+
+    def close_and_stop() -> None:
+        try:
+            close()
+        finally:
+            manager = getattr(dbapi_connection.database, "_sessions_manager", None)
+            event = getattr(manager, "_multiplexed_session_terminate_event", None)
+            if event is not None:
+                event.set()
+
+    dbapi_connection.close = close_and_stop
+    dbapi_connection._spanner_queues_stops_sessions = True
+
+
 def renew(database: Any, sql: str, params: Mapping[str, str]) -> dict[str, tuple[str | None, Any]]:
     """Run ``RENEWLEASE_<Q>`` once, each lease token a STRING parameter of ``sql``'s array
     literal: old token -> (new token, new expiry). One call with a deadline (``query``), never
