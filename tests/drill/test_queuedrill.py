@@ -84,6 +84,9 @@ def test_drill_with_sigkills_loses_nothing_handles_nothing_twice_and_writes_its_
     assert sum(1 for e in svg.iter() if e.tag.endswith("line") and e.get("stroke") == "#c0392b")
     started = 2 + figures["kills"] + figures["unexpected_exits"]  # each replaced
     assert len(list((report / "workers").iterdir())) == started
+    # the drill stops each survivor with one SIGTERM (a second one exits at once, unacked)
+    for log in (report / "workers").iterdir():
+        assert "SIGTERM received again" not in log.read_text(), log.name
     # the run's effect rows are counted, then deleted; the queue is empty
     assert not DrillEffect.objects.exists()
     assert not DrillMessage.objects.exists()

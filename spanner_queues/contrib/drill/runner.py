@@ -60,6 +60,9 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 ABORT_METHODS = ("none", "pg-terminate", "command")
+#: seconds between the drill's workers' summary lines (``--summary-interval``)
+WORKER_SUMMARY_INTERVAL = 1.0
+
 #: how a worker is stopped at a kill point: SIGKILL, SIGTERM (it drains first), either at random
 SIGNALS = ("kill", "term", "mixed")
 #: messages per send transaction (far below Spanner's mutations-per-commit limit)
@@ -179,6 +182,8 @@ class _Worker:
         self.log = log
         self.role = role
         self.started = time.monotonic()
+        #: SIGTERM sent: a second one would make it exit at once, unacked and with no summary
+        self.terminated = False
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 argv,
@@ -201,10 +206,17 @@ class _Worker:
             self.proc.send_signal(signal.SIGKILL)
             self.proc.wait()
 
-    def stop(self, grace: float) -> int | None:
-        """SIGTERM, then SIGKILL after ``grace`` seconds; the exit status."""
-        if self.alive():
+    def terminate(self) -> None:
+        """SIGTERM once: the worker finishes its in-flight messages and exits."""
+        if self.alive() and not self.terminated:
+            self.terminated = True
             self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, grace: float) -> int | None:
+        """SIGTERM (unless sent already), then SIGKILL after ``grace`` seconds; the exit
+        status."""
+        if self.alive():
+            self.terminate()
             try:
                 self.proc.wait(grace)
             except subprocess.TimeoutExpired:
@@ -464,6 +476,10 @@ class Drill:
             "--worker-id",
             f"drill-{self.run_id}-{self._spawned}",
             "-v1",
+            # a summary line each second: a worker SIGKILLed early still leaves its commit
+            # figures (the default 10 s left none when every survivor started after the drain)
+            "--summary-interval",
+            str(WORKER_SUMMARY_INTERVAL),
         ]
         if self.options.lease and self.engine.features.supports_custom_lease:
             argv += ["--lease", str(self.options.lease)]
@@ -570,7 +586,7 @@ class Drill:
             self.result.kills += 1
             self._event("kill", f"SIGKILL {victim.role} pid {victim.pid}")
         else:  # it drains its in-flight messages and exits; its successor starts meanwhile
-            victim.proc.send_signal(signal.SIGTERM)
+            victim.terminate()
             self.stopping.append(victim)
             self.result.terms += 1
             self._event("term", f"SIGTERM {victim.role} pid {victim.pid}")
@@ -604,8 +620,7 @@ class Drill:
 
     def _stop_workers(self) -> None:
         for worker in self.workers:
-            if worker.alive():
-                worker.proc.send_signal(signal.SIGTERM)
+            worker.terminate()
         for worker in [*self.workers, *self.stopping]:
             worker.stop(grace=30.0)
         self.workers.clear()
