@@ -275,7 +275,7 @@ class SpannerDriver(Driver):
         database = getattr(dbapi, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
-        kept: dict[tuple[int, str, str, str | None], Any] = _thread_databases.__dict__
+        kept = _kept_databases()
         reused = kept.setdefault(_database_key(database), database)
         if reused is not database:
             dbapi._database = reused
@@ -286,7 +286,7 @@ class SpannerDriver(Driver):
         database = getattr(self.connection.connection, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
-        kept = _thread_databases.__dict__
+        kept = _kept_databases()
         if kept.get(_database_key(database)) is database:
             del kept[_database_key(database)]
 
@@ -306,8 +306,18 @@ class SpannerDriver(Driver):
 #: reused when the thread reconnects (``SpannerDriver.connection_created``)
 _thread_databases = threading.local()
 
+_DatabaseKey = tuple[int, str, str, str | None]
 
-def _database_key(database: Any) -> tuple[int, str, str, str | None]:
+
+def _kept_databases() -> dict[_DatabaseKey, Any]:
+    """This thread's kept ``Database`` objects, by ``_database_key``."""
+    kept: dict[_DatabaseKey, Any] | None = getattr(_thread_databases, "kept", None)
+    if kept is None:
+        kept = _thread_databases.kept = {}
+    return kept
+
+
+def _database_key(database: Any) -> _DatabaseKey:
     instance = database._instance
     return (
         id(instance._client),

@@ -11,6 +11,9 @@ parser in another language::
 
 - ``id``: a new UUID4 (hex) for every send, so a ``Retry``'s re-send keeps it (it is the same
   stored event) and every other send has its own.
+
+A relayed queue (``QueueMeta.pubsub_topic``) without an envelope stores the same event
+(``RELAYED``): its ``id`` is the relay's event id, one per send; the relay publishes its data.
 - ``source``: the setting ``SPANNER_QUEUES_EVENT_SOURCE`` (a URI-reference), else
   ``/spanner_queues/<queue label>``.
 - ``type``: ``event={"type": ...}`` in the send, else the outbox's
@@ -42,7 +45,12 @@ from spanner_queues.exceptions import InvalidMessage, PayloadError, QueueConfigu
 from spanner_queues.payload import BYTES, JSON, STRING, decode_json, encode_payload
 
 CLOUDEVENTS = "cloudevents"
+#: what ``QueueMeta.envelope`` accepts
 ENVELOPES = (CLOUDEVENTS,)
+#: the envelope of a relayed queue (``QueueMeta.pubsub_topic``) that declares none: stored as
+#: a CloudEvent too, so that each send has its own ``id`` (the relay's event id), but the relay
+#: publishes the data alone, as a raw queue's payload
+RELAYED = "relayed"
 #: attributes a sender may set through ``event={...}`` (the others are the envelope's own)
 SETTABLE = frozenset({"type", "subject"})
 #: the distributed-tracing extension's attributes, filled from the tracing app's carrier

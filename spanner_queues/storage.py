@@ -16,7 +16,7 @@ from django.db import models
 from django.db.models.base import ModelBase
 
 from spanner_queues.engines import engine_for
-from spanner_queues.envelope import check_envelope, declare
+from spanner_queues.envelope import RELAYED, check_envelope, declare
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.payload import BYTES, JSON, STRING, json_value_text
 
@@ -128,7 +128,8 @@ def payload_field(payload_type: str) -> models.Field:
 class QueueBase(ModelBase):
     """The metaclass of every queue. Gives a queue declaring ``QueueMeta.payload_type`` the
     matching ``payload`` field (unless it declares the field itself; check E012 then compares
-    the two), and records a ``QueueMeta.envelope`` (``spanner_queues.envelope``)."""
+    the two), and records a ``QueueMeta.envelope`` (``spanner_queues.envelope``; a relayed queue
+    without one stores its messages as events too: each send its own event id)."""
 
     _meta: Options[Any]  # what every class this builds has (ModelBase's stub leaves it out)
 
@@ -143,6 +144,8 @@ class QueueBase(ModelBase):
             attrs["payload"] = payload_field(declared)
         # (checked before the class is made: a refused queue is never in the app registry)
         envelope = check_envelope(name, getattr(meta, "envelope", None))
+        if envelope is None and getattr(meta, "pubsub_topic", None):
+            envelope = RELAYED  # each send its own event id (spanner_queues.envelope)
         cls = super().__new__(mcs, name, bases, attrs, **kwargs)
         if envelope is not None and not cls._meta.abstract:  # (historical models declare none)
             declare(cls._meta.label, envelope)

@@ -23,12 +23,13 @@ from google.cloud import pubsub_v1
 
 from spanner_queues import api
 from spanner_queues.contrib.pubsub import relay as relay_module
+from spanner_queues.contrib.pubsub.inbox import InboxPuller
 from spanner_queues.contrib.pubsub.relay import event_id
 from spanner_queues.message import Message
 from spanner_queues.signals import messages_published, publish_failed
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
-from tests.pubsubapp.models import Order, OrderEvents, OrderEventsDead
+from tests.pubsubapp.models import BillingInbox, Order, OrderEvents, OrderEventsDead
 from tests.tracingapp.models import Events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -93,6 +94,41 @@ def test_the_event_id_is_the_same_on_every_delivery_of_one_sent_message(pubsub) 
     api.ack(again)
     other = OrderEvents.send(order=1, message_id="m2", payload={"n": 1})
     assert event_id(other) != event_id(first)
+
+
+def test_paid_refunded_paid_under_one_key_reaches_the_inbox_as_three_events(pubsub) -> None:
+    """One event per send (issue 39): the same key and the same payload sent again after the
+    first was relayed is another event, and the consumer takes in all three (a digest of the
+    key and payload made the second "paid" a copy of the first, dropped silently)."""
+    subscriber = pubsub_v1.SubscriberClient()
+    inbox = InboxPuller(BillingInbox)
+    ids = []
+    for status in ("paid", "refunded", "paid"):
+        with published_messages() as confirmed:
+            OrderEvents.send(order=7, message_id="order-7", payload={"status": status})
+            assert relay_burst().processed == 1
+        ids.append(event_id(confirmed[0]))
+    assert len(set(ids)) == 3
+    try:
+        wait_until(lambda: inbox.pull_once(subscriber) >= 0 and inbox.taken_in >= 3, 60)
+    finally:
+        subscriber.close()
+    assert inbox.taken_in == 3
+    received = api.receive(BillingInbox, max_messages=10)
+    assert sorted(m.key[0] for m in received) == sorted(ids)
+    assert sorted(m.json()["status"] for m in received) == ["paid", "paid", "refunded"]
+
+
+def test_a_relayed_queue_stores_each_send_as_an_event_and_publishes_its_data(pubsub) -> None:
+    """Each send's id is made in the send and kept by the stored message (a ``Retry`` re-sends
+    the same bytes); the topic gets the payload, as before, not the envelope."""
+    sent = OrderEvents.send(order=1, message_id="m1", payload={"n": 1})
+    assert sent.event is not None and event_id(sent) == sent.event["id"]
+    assert json.loads(sent.stored_payload)["data"] == {"n": 1}
+    assert relay_burst().processed == 1
+    [published] = pubsub.pull()
+    assert json.loads(published.data) == {"n": 1}
+    assert published.attributes["event_id"] == sent.event["id"]
 
 
 def test_one_relay_run_publishes_each_ordering_keys_messages_together_in_their_order(

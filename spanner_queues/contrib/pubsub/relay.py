@@ -56,6 +56,7 @@ from spanner_queues.contrib.pubsub.conf import (
 from spanner_queues.contrib.pubsub.models import RelayedEvent
 from spanner_queues.deadletter import dead_letter
 from spanner_queues.engines import engine_for
+from spanner_queues.envelope import CLOUDEVENTS, envelope_of
 from spanner_queues.exceptions import Retry
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
@@ -117,9 +118,11 @@ class PublishFailed(Retry):
 
 
 def event_id(message: Message) -> str:
-    """The event id of a sent message: the same on every publish of it. On an envelope queue it
-    is the CloudEvent's own ``id`` (new for every send); elsewhere a digest of the queue, the
-    key and the stored payload, which no receive, renewal or release changes."""
+    """The event id of a sent message: the same on every publish of it, and new for every send.
+    A relayed queue stores each message as an event (``spanner_queues.envelope``): its ``id``,
+    a UUID made in the send. A message stored raw (sent before its queue was relayed, or
+    before this release) has none: a digest of the queue, the key and the stored payload,
+    which no receive, renewal or release changes (two such sends alike are one event)."""
     event = message.event
     if event is not None and event.get("id"):
         return str(event["id"])
@@ -130,6 +133,15 @@ def event_id(message: Message) -> str:
     digest.update(b"\0")
     digest.update(message.stored_payload)
     return digest.hexdigest()[:32]
+
+
+def published_data(message: Message) -> bytes:
+    """What the relay publishes of a message: on a ``cloudevents`` envelope queue the whole
+    stored event (its ``traceparent`` included); elsewhere the payload (a relayed queue's
+    event's data, as a raw queue would store it)."""
+    if envelope_of(message.queue) == CLOUDEVENTS:
+        return message.stored_payload
+    return message.payload
 
 
 def key_text(message: Message) -> str:
@@ -354,7 +366,7 @@ def _publish_one(client: PublisherClient, topic: str, timeout: float, m: Message
     # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
     return client.publish(
         topic,
-        m.stored_payload,  # on an envelope queue the whole event, traceparent included
+        published_data(m),
         ordering_key=key,
         retry=None,
         timeout=timeout,
@@ -539,7 +551,7 @@ def _archive_rows(model: type[Queue], confirmed: list[Message], database: str) -
             event_id(m),
             key_text(m),
             _ordering_key(fields, m),
-            data.get_db_prep_save(m.stored_payload, connection),
+            data.get_db_prep_save(published_data(m), connection),
             at,
         )
         for i, m in enumerate(confirmed)
