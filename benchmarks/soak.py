@@ -1,7 +1,8 @@
 """The endurance harness: real ``runqueueworker`` processes on three queues for a given time, with
 a steady trickle of sends, receivers that fail sometimes (retries), keys sent again after their
 ack, pauses and resumes, ``/readyz`` and ``/livez`` probed every second, and (native) a Spanner
-outage in the middle (every call of the front answered UNAVAILABLE). Prints, at the start and at
+outage in the middle (every call of the front answered UNAVAILABLE; ``--outages N``: N of them,
+evenly spaced). Prints, at the start and at
 the end, each worker's threads, RSS, open sockets and fds, the database's Spanner sessions
 (native: the total, and the harness's own, told apart by the names it created), Spanner
 calls per minute while idle (the front's request record) and send-to-ack latency p50/p99;
@@ -96,6 +97,7 @@ class Soak:
         self.workers: list[tuple[subprocess.Popen[bytes], int, Path]] = []
         self.outage = False
         self.outage_window: tuple[float, float] | None = None
+        self.outage_windows: list[tuple[float, float]] = []
         self.idle_calls: list[dict[str, float]] = []
         self.pause_lock = threading.Lock()
         self.stale_acks = 0
@@ -414,6 +416,7 @@ class Soak:
         self.front.clear()
         self.outage = False
         self.outage_window = (time.time() - seconds, time.time())
+        self.outage_windows.append(self.outage_window)
 
     # --- the run --------------------------------------------------------------------------
     def run(self) -> int:
@@ -459,10 +462,15 @@ class Soak:
         start["latency"] = self.latencies(begun, time.time())
         start["send_ms"] = self.send_ms(begun_at, begun_at + window)
         self.steady_threads(start, begun_at, begun_at + window)
-        middle = self.started + total / 2  # the outage in the middle
-        time.sleep(max(0.0, middle - time.monotonic()))
-        self.do_outage()
         end_at = self.started + total - idle_window - 5
+        # the outages evenly between the start's window and the end's (one: in the middle)
+        first, last = time.monotonic(), end_at - window
+        for i in range(args.outages):
+            at = first + (i + 1) * (last - first) / (args.outages + 1)
+            if args.outages == 1:
+                at = self.started + total / 2
+            time.sleep(max(0.0, at - time.monotonic()))
+            self.do_outage()
         time.sleep(max(0.0, end_at - time.monotonic()))
         end = self.snapshot("end")
         end["latency"] = self.latencies(time.time() - window, time.time())
@@ -489,6 +497,7 @@ class Soak:
             "probes": self.probes,
             "idle_calls_by_kind": self.idle_calls,
             "outage_window": self.outage_window,
+            "outage_windows": self.outage_windows,
             "lost_and_doubled": details,
             "series": self.series,
             "exit_seconds": exit_seconds,
@@ -733,6 +742,9 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=5.0, help="sends per second")
     parser.add_argument("--outage-seconds", type=float, default=30.0)
+    parser.add_argument(
+        "--outages", type=int, default=1, help="outages, evenly spaced (default: one, midway)"
+    )
     parser.add_argument("--pause-every", type=float, default=45.0)
     parser.add_argument("--sample-every", type=float, default=10.0)
     parser.add_argument("--drain-seconds", type=float, default=180.0)
