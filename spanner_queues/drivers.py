@@ -411,7 +411,13 @@ def missing_spanner_packages(native: bool) -> list[str]:
 
 def driver_for(alias: str) -> Driver:
     """The driver for database ``alias`` (the one place vendor strings are matched)."""
-    connection = connections[alias]
+    return driver_of(connections[alias])
+
+
+def driver_of(connection: BaseDatabaseWrapper) -> Driver:
+    """The driver of ``connection``, which may be none of ``connections`` (a backend's
+    connection to its maintenance database, alias ``__no_db__``, made while creating a test
+    database)."""
     # One per connection (each thread has its own): the hot path asks several times a message.
     driver = connection.__dict__.get("_spanner_queues_driver")
     if driver is None:

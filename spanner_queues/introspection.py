@@ -14,7 +14,7 @@ from typing import Any
 
 from django.db.backends.signals import connection_created
 
-from spanner_queues.drivers import driver_for
+from spanner_queues.drivers import driver_of
 from spanner_queues.engines import engine_for, engines
 from spanner_queues.queues import queue_models
 
@@ -34,7 +34,7 @@ def native_queue_tables(alias: str) -> set[str]:
 
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     alias = connection.alias
-    driver_for(alias).connection_created()  # (Spanner: one client Database per process)
+    driver_of(connection).connection_created()  # (Spanner: one client Database per thread)
     for name in engines.settings:
         try:
             engine = engines[name]

@@ -53,7 +53,11 @@ def test_the_probe_names_every_answer_of_the_front_as_it_starts(front, tmp_path:
     # generous bound: the machine may be loaded; "slow" starts at 8 s, another test)
     waits = found["backoff"]["figures"]["waits_seconds"]
     assert len(waits) == 2 and all(0.5 < w < 6.0 for w in waits), waits
-    assert found["cancelled_stream"]["figures"]["stranded"] == 0  # the front gives them back
+    # the front gives a cancelled call's rows back when it sees the cancel: usually before the
+    # next 2 s call, on a loaded machine (CI) sometimes after it; then they come back later
+    cancelled = found["cancelled_stream"]
+    assert cancelled["figures"]["came_back"] == cancelled["figures"]["stranded"] < 19, cancelled
+    assert cancelled["holds"] is True
     assert found["retry_info"]["answer"].startswith("RetryInfo 0.0")
     assert found["retry_info"]["holds"] is True
     assert found["sessions"]["holds"] is None
