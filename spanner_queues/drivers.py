@@ -12,6 +12,7 @@ import os
 import platform
 import re
 import threading
+import weakref
 from collections.abc import Iterator
 from importlib import metadata
 from typing import Any
@@ -263,26 +264,36 @@ class SpannerDriver(Driver):
         )
 
     def connection_created(self) -> None:
-        """Give a thread that reconnects the google-cloud-spanner ``Database`` of its last
-        connection to the same database (and role): the DB-API builds a new one per
-        connection, and with it a new multiplexed session on the server that nothing deletes,
-        so a worker that reconnected after each of five outages held about two more sessions
-        each time (issue 37). One ``Database`` per thread, not per process: Google's emulator
-        refuses concurrent read-write transactions on one multiplexed session ("Invalid
-        transaction ID"), and a thread runs one at a time. It goes with its thread; a lost
-        session forgets it (``connection_lost``)."""
+        """Give a new connection a google-cloud-spanner ``Database`` already made for the same
+        database (and role): the DB-API builds a new one per connection, and with it a new
+        multiplexed session on the server that nothing deletes, so a worker that reconnected
+        after each of five outages held about two more sessions each time (issue 37).
+
+        A thread that reconnects gets its last one; a new thread gets one a finished thread
+        gave back (a worker replaces the threads an outage ended), else keeps its own. One
+        ``Database`` per live thread, not per process: Google's emulator refuses concurrent
+        read-write transactions on one multiplexed session ("Invalid transaction ID"), and a
+        thread runs one at a time. So the sessions a process holds are bounded by the most
+        threads it ever ran at once. A lost session forgets it (``connection_lost``)."""
         dbapi = self.connection.connection
         database = getattr(dbapi, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
         kept = _kept_databases()
-        reused = kept.setdefault(_database_key(database), database)
+        key = _database_key(database)
+        reused = kept.get(key)
+        if reused is None:
+            with _given_back_guard:
+                free = _given_back.get(key)
+                reused = free.pop() if free else database
+            kept[key] = reused
         if reused is not database:
             dbapi._database = reused
 
     def connection_lost(self) -> None:
         """The session behind this thread's ``Database`` is gone ("Session not found"): the
-        next connection builds a new one (the client would keep using the lost session)."""
+        next connection builds a new one (the client would keep using the lost session), and
+        the lost one is never given to another thread."""
         database = getattr(self.connection.connection, "database", None)
         if database is None or getattr(database, "_instance", None) is None:
             return
@@ -308,13 +319,36 @@ _thread_databases = threading.local()
 
 _DatabaseKey = tuple[int, str, str, str | None]
 
+#: the ``Database`` objects of finished threads, for the next thread that connects: at most
+#: one per thread that was alive at the same time as the others
+_given_back: dict[_DatabaseKey, list[Any]] = {}
+_given_back_guard = threading.Lock()
+
+
+def _give_back(kept: dict[_DatabaseKey, Any]) -> None:
+    with _given_back_guard:
+        for key, database in kept.items():
+            _given_back.setdefault(key, []).append(database)
+
 
 def _kept_databases() -> dict[_DatabaseKey, Any]:
     """This thread's kept ``Database`` objects, by ``_database_key``."""
-    kept: dict[_DatabaseKey, Any] | None = getattr(_thread_databases, "kept", None)
-    if kept is None:
-        kept = _thread_databases.kept = {}
-    return kept
+    holder: _KeptHolder | None = getattr(_thread_databases, "holder", None)
+    if holder is None:
+        holder = _thread_databases.holder = _KeptHolder()
+    return holder.kept
+
+
+class _KeptHolder:
+    """Lives in the thread's ``threading.local`` and nowhere else: it is collected when its
+    thread ends, and its finalizer gives the thread's databases back (the dict, not the
+    holder, is the finalizer's argument, so the holder can be collected)."""
+
+    __slots__ = ("__weakref__", "kept")
+
+    def __init__(self) -> None:
+        self.kept: dict[_DatabaseKey, Any] = {}
+        weakref.finalize(self, _give_back, self.kept)
 
 
 def _database_key(database: Any) -> _DatabaseKey:

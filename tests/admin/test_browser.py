@@ -100,7 +100,7 @@ def _seed() -> None:
 def test_operator_delivers_a_message_now(
     browser: Any, live_server: Any, django_user_model: Any
 ) -> None:
-    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -117,21 +117,28 @@ def test_operator_delivers_a_message_now(
     def click(by: str, value: str) -> None:
         old = browser.find_element(By.TAG_NAME, "html")
         browser.find_element(by, value).click()
-        wait.until(ec.staleness_of(old))
+        # (Chrome may answer a look at the old page's node, mid-navigation, with an inspector
+        # error rather than "stale": both mean the old page is going.)
+        WebDriverWait(browser, 30, ignored_exceptions=[WebDriverException]).until(
+            ec.staleness_of(old)
+        )
 
     def every_column_in_view() -> None:
-        """At 1400 px every column of the page's table is in view: no scrollbar hides any."""
-        results = browser.find_element(By.CSS_SELECTOR, "#changelist .results")
-        overflow = browser.execute_script(
-            "return arguments[0].scrollWidth - arguments[0].clientWidth;", results
+        """At 1400 px every column of the page's table is in view: no scrollbar hides any.
+
+        Measured in one script: the overview swaps its table while it refreshes itself, so a
+        node found by one call may be gone by the next."""
+        overflow, width, edges = browser.execute_script(
+            """const results = document.querySelector("#changelist .results");
+            return [results.scrollWidth - results.clientWidth,
+                    document.documentElement.clientWidth,
+                    Array.from(document.querySelectorAll("#result_list thead th"),
+                               th => [th.textContent.trim(), th.getBoundingClientRect().right])];"""
         )
         assert overflow <= 0, f"the table scrolls sideways by {overflow}px"
-        width = browser.execute_script("return document.documentElement.clientWidth;")
-        for header in browser.find_elements(By.CSS_SELECTOR, "#result_list thead th"):
-            edge = browser.execute_script(
-                "return arguments[0].getBoundingClientRect().right;", header
-            )
-            assert edge <= width, f"{header.text!r} ends at {edge}px of {width}px"
+        assert edges
+        for text, edge in edges:
+            assert edge <= width, f"{text!r} ends at {edge}px of {width}px"
 
     browser.get(f"{live_server.url}/admin/login/?next=/admin/")
     browser.find_element(By.ID, "id_username").send_keys("admin")
@@ -141,9 +148,19 @@ def test_operator_delivers_a_message_now(
     shot("02-admin-index")
 
     click(By.CSS_SELECTOR, "a[href='/admin/spanner_queues/queues/']")
-    jobs = browser.find_element(By.CSS_SELECTOR, "tr[data-queue='testapp.Jobs']")
-    assert jobs.find_element(By.CSS_SELECTOR, ".sq-total").text == "8"
-    assert jobs.find_elements(By.CSS_SELECTOR, "svg polyline")  # the depth chart
+
+    def jobs_row() -> tuple[str, int]:
+        """The Jobs row's total and its chart's lines, read in one script (see above)."""
+        total, lines = browser.execute_script(
+            """const row = document.querySelector("tr[data-queue='testapp.Jobs']");
+            return [row.querySelector(".sq-total").textContent.trim(),
+                    row.querySelectorAll("svg polyline").length];"""
+        )
+        return total, lines
+
+    total, lines = jobs_row()
+    assert total == "8"
+    assert lines  # the depth chart
     shot("03-overview")
     every_column_in_view()
     # The overview refreshes itself (no reload: the page stays, its counts change) ...
@@ -151,10 +168,7 @@ def test_operator_delivers_a_message_now(
     toggle = browser.find_element(By.ID, "sq-refresh-toggle")
     assert toggle.is_displayed() and toggle.text == "Pause"
     Jobs.send(id="job-new", payload="new")
-    total = "tr[data-queue='testapp.Jobs'] .sq-total"
-    WebDriverWait(browser, 60, ignored_exceptions=[StaleElementReferenceException]).until(
-        lambda b: b.find_element(By.CSS_SELECTOR, total).text == "9"
-    )
+    WebDriverWait(browser, 60).until(lambda b: jobs_row()[0] == "9")
     assert page.is_displayed()  # the same document: not reloaded
     # ... until paused; the choice is kept for the next visit.
     toggle.click()
@@ -211,6 +225,7 @@ def test_operator_moves_all_matching_dead_letters_back_in_parts(
 ) -> None:
     """A bulk action on a filter, end to end: the filter panel, the preview count, the
     confirmation, two parts (the progress page posts the next one by itself), the result."""
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as ec
     from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -223,7 +238,7 @@ def test_operator_moves_all_matching_dead_letters_back_in_parts(
     )
     shots = ARTIFACTS / "screenshots" / connection.vendor
     shots.mkdir(parents=True, exist_ok=True)
-    wait = WebDriverWait(browser, 30)
+    wait = WebDriverWait(browser, 30, ignored_exceptions=[WebDriverException])
 
     browser.get(
         f"{live_server.url}/admin/login/?next=/admin/spanner_queues/queues/testapp.emailsdead/"

@@ -53,3 +53,41 @@ def test_a_thread_reconnecting_keeps_its_database_and_threads_keep_their_own() -
     thread.start()
     thread.join(60)
     assert theirs and theirs[0] is not mine
+
+
+def test_a_finished_thread_gives_its_database_to_the_next_thread() -> None:
+    """A worker replaces the threads an outage ended: ten threads one after another hold one
+    session between them, not ten, and two threads alive at once still hold one each."""
+    import threading
+
+    _query()
+    start = _sessions()
+    seen: list[object] = []
+
+    def use(ready: threading.Event | None = None, go: threading.Event | None = None) -> None:
+        _query()
+        seen.append(connection.connection.database)
+        if ready is not None and go is not None:
+            ready.set()
+            go.wait(60)
+        connection.close()
+
+    for _ in range(10):
+        thread = threading.Thread(target=use)
+        thread.start()
+        thread.join(60)
+    assert len({id(database) for database in seen}) == 1
+    assert _sessions() <= start + 1
+
+    seen.clear()
+    ready = [threading.Event(), threading.Event()]
+    go = threading.Event()
+    both = [threading.Thread(target=use, args=(r, go)) for r in ready]
+    for thread in both:
+        thread.start()
+    assert all(r.wait(60) for r in ready)
+    go.set()
+    for thread in both:
+        thread.join(60)
+    assert seen[0] is not seen[1]
+    assert _sessions() <= start + 2
