@@ -102,6 +102,10 @@ class ReceiverSpec:
     #: worker's groups, ``worker.group``): None: when ``atomic``; False: always alone; True on
     #: a non-atomic receiver: its own transactions nest in the group's (savepoints)
     group: bool | None = None
+    #: ``split_match``'s answer, made at its first call (the key columns do not change)
+    _split: tuple[dict[str, Any], dict[str, Any]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def model(self) -> type[Queue]:
@@ -109,13 +113,17 @@ class ReceiverSpec:
         return get_queue(self.queue)
 
     def split_match(self) -> tuple[dict[str, Any], dict[str, Any]]:
-        """``match`` split into (key attname -> value, payload field -> value)."""
+        """``match`` split into (key attname -> value, payload field -> value); worked out
+        once per receiver (it runs for every message the worker routes)."""
+        if self._split is not None:
+            return self._split
         names: dict[str, str] = {}
         for f in key_fields(self.model):
             names[f.name] = f.attname
             names[f.attname] = f.attname
         on_key = {names[k]: v for k, v in self.match.items() if k in names}
         on_payload = {k: v for k, v in self.match.items() if k not in names}
+        object.__setattr__(self, "_split", (on_key, on_payload))  # (frozen: set once)
         return on_key, on_payload
 
     def matches(self, message: Message) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from spanner_queues.options import QueueOptions
     from spanner_queues.worker.apply import DeliveryPolicy
 
+#: seconds a wait of the main thread lasts at most before it looks again (signal handlers run)
+SIGNAL_SLICE = 0.2
 #: weight of the latest unit in the moving average of unit durations (``unit_seconds``)
 EWMA_WEIGHT = 0.2
 
@@ -134,6 +136,15 @@ class Slots:
             self.stopping = True
             self.cond.notify_all()
             self.renew_cond.notify_all()
+
+    def wait_until(self, done: Callable[[], bool]) -> None:
+        """Wait until ``done()`` (checked under ``cond``), in ``SIGNAL_SLICE`` slices: CPython
+        runs a signal handler only on the main thread, and a SIGTERM the kernel gave another
+        thread does not wake a wait with no timeout (the stop waited for the running receiver,
+        120 s)."""
+        with self.cond:
+            while not self.cond.wait_for(done, timeout=SIGNAL_SLICE):
+                pass
 
     @property
     def drained(self) -> bool:

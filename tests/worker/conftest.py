@@ -12,6 +12,26 @@ from spanner_queues.engines import engines
 from spanner_queues.worker import Worker, WorkerEvents
 
 
+def watch_receives(
+    monkeypatch: pytest.MonkeyPatch,
+    record: Callable[[dict[str, Any], list[Any]], None],
+    *models: Any,
+) -> None:
+    """Call ``record(kwargs, messages)`` after every receive of ``models``' engines: the
+    worker's intake asks each queue's engine itself (``Plan.engine``), not ``api.receive``."""
+    from spanner_queues.engines import engine_for
+
+    for engine_class in {type(engine_for(model)) for model in models}:
+        real = engine_class.receive
+
+        def receive(self: Any, model: Any, _real: Any = real, **kwargs: Any) -> list[Any]:
+            got = _real(self, model, **kwargs)
+            record(kwargs, got)
+            return got  # type: ignore[no-any-return]
+
+        monkeypatch.setattr(engine_class, "receive", receive)
+
+
 def require(feature: str) -> None:
     """Skip unless the default engine has ``feature`` (tests gate on features, not vendors)."""
     if not getattr(engines["default"].features, feature):

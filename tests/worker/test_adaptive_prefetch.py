@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-import spanner_queues.worker as sq_worker
-from spanner_queues import api
+import spanner_queues.worker.intake as sq_intake
 from spanner_queues.worker import Worker, WorkerEvents
-from tests.worker.conftest import require, running
+from tests.worker.conftest import require, running, watch_receives
 from tests.workerapp.models import WorkItems, WorkLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -22,28 +21,25 @@ MakeWorker = Callable[..., Worker]
 
 
 def _count_receives(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes asked of and returned by ``api.receive``: (max_messages, got)."""
+    """Sizes the worker asked for and got back: (max_messages, got)."""
     sizes: list[Any] = []
-    real = api.receive
-
-    def receive(*args: Any, **kwargs: Any) -> list[Any]:
-        got = real(*args, **kwargs)
-        sizes.append((kwargs.get("max_messages"), len(got)))
-        return got
-
-    monkeypatch.setattr(api, "receive", receive)
+    watch_receives(
+        monkeypatch,
+        lambda kwargs, got: sizes.append((kwargs.get("max_messages"), len(got))),
+        WorkItems,
+    )
     return sizes
 
 
 def test_adaptive_is_the_default() -> None:
     worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False)
-    assert worker.prefetch is None and worker.depth == 1
+    assert worker.prefetch is None and worker.intake.depth == 1
 
 
 def test_a_backlog_of_quick_messages_is_claimed_in_batches(
     make_worker: MakeWorker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sq_worker, "AHEAD_SECONDS", 1e6)  # every receiver is quick: half the lease
+    monkeypatch.setattr(sq_intake, "AHEAD_SECONDS", 1e6)  # every receiver is quick: half the lease
     sizes = _count_receives(monkeypatch)
     sent = WorkItems.send_many([{"payload": {}} for _ in range(120)])
     stats = make_worker(WorkItems, burst=True, concurrency=1).run()
@@ -54,13 +50,13 @@ def test_a_backlog_of_quick_messages_is_claimed_in_batches(
     got = [n for _, n in sizes if n]
     assert got[0] == 1  # nothing timed yet: one for the free thread
     assert max(got) > 2  # then the claims grew
-    assert all(asked is None or asked <= sq_worker.AUTO_PREFETCH_MAX for asked, _ in sizes)
+    assert all(asked is None or asked <= sq_intake.AUTO_PREFETCH_MAX for asked, _ in sizes)
 
 
 def test_slow_receivers_take_one_message_per_free_thread(
     make_worker: MakeWorker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sq_worker, "AHEAD_SECONDS", 0.0)  # every receiver is slow
+    monkeypatch.setattr(sq_intake, "AHEAD_SECONDS", 0.0)  # every receiver is slow
     sizes = _count_receives(monkeypatch)
     WorkItems.send_many([{"payload": {}} for _ in range(30)])
     stats = make_worker(WorkItems, burst=True, concurrency=2).run()
@@ -71,7 +67,7 @@ def test_slow_receivers_take_one_message_per_free_thread(
 def test_a_slow_receiver_holds_nothing_waiting(
     make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sq_worker, "AHEAD_SECONDS", 0.0)  # every receiver is slow
+    monkeypatch.setattr(sq_intake, "AHEAD_SECONDS", 0.0)  # every receiver is slow
     go = tmp_path / "go"
     WorkItems.send_many([{"payload": {}} for _ in range(5)])
     with running(make_worker(WorkItems, concurrency=1)) as worker:
@@ -87,23 +83,23 @@ def test_a_slow_receiver_holds_nothing_waiting(
 
 def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units() -> None:
     worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False)
-    take = worker
+    take = worker.intake
     take.lease_seconds = 10.0
-    take._adapt(full=True)
+    take.adapt(full=True)
     assert take.depth == 1  # nothing timed yet
     worker.slots.unit_seconds = 0.001  # quick: 0.25 s holds 250, capped
     depths = []
     for _ in range(9):
-        take._adapt(full=True)
+        take.adapt(full=True)
         depths.append(take.depth)
-    assert depths[:4] == [2, 4, 8, 16] and depths[-1] == sq_worker.AUTO_PREFETCH_MAX
-    take._adapt(full=False)  # a short backlog keeps it
-    assert take.depth == sq_worker.AUTO_PREFETCH_MAX
+    assert depths[:4] == [2, 4, 8, 16] and depths[-1] == sq_intake.AUTO_PREFETCH_MAX
+    take.adapt(full=False)  # a short backlog keeps it
+    assert take.depth == sq_intake.AUTO_PREFETCH_MAX
     take.lease_seconds = 0.02  # a short lease: what is held must start within half of it
-    take._adapt(full=True)
+    take.adapt(full=True)
     assert take.depth == 10
     worker.slots.unit_seconds = 0.2  # slow receivers: one each
-    take._adapt(full=True)
+    take.adapt(full=True)
     assert take.depth == 1
 
 
@@ -111,13 +107,13 @@ def test_messages_claimed_ahead_are_given_back_unstarted_at_stop(
     make_worker: MakeWorker, events: WorkerEvents, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     require("supports_release")  # as with a fixed prefetch (native: left to their lease)
-    monkeypatch.setattr(sq_worker, "AHEAD_SECONDS", 1e6)  # every receiver is quick
+    monkeypatch.setattr(sq_intake, "AHEAD_SECONDS", 1e6)  # every receiver is quick
     go = tmp_path / "go"
     WorkItems.send_many([{"payload": {}} for _ in range(5)])
     worker = make_worker(WorkItems, concurrency=1)
     with running(worker):
         assert events.wait_for("acked", 5)  # timed and grown: the next claim takes several
-        assert worker.depth > 1
+        assert worker.intake.depth > 1
         WorkItems.send_many([{"payload": {"block": str(go), "mode": "external"}} for _ in range(8)])
         assert events.wait_for("started", 6)
         ahead = events.counts["received"] - 6

@@ -16,7 +16,8 @@ from django.db import connection
 
 from spanner_queues.engines import engines
 from spanner_queues.options import queue_options
-from spanner_queues.worker import QUEUE_BACKOFF_MAX, Worker, WorkerEvents
+from spanner_queues.worker import Worker, WorkerEvents
+from spanner_queues.worker.intake import QUEUE_BACKOFF_MAX
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import Tasks, WorkItems, WorkLog
@@ -86,6 +87,6 @@ def test_a_queue_failing_for_hours_keeps_backing_off_at_the_cap(make_worker: Mak
     worker = make_worker(Tasks, WorkItems)
     health = worker.queue_health()["workerapp.Tasks"]
     for _ in range(1100):
-        worker._queue_failed(health, RuntimeError("queue dropped"))
+        worker.intake.queue_failed(health, RuntimeError("queue dropped"))
     assert health.failures == 1100
     assert 0 < health.retry_at - time.monotonic() <= QUEUE_BACKOFF_MAX

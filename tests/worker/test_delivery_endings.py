@@ -35,7 +35,7 @@ def test_graceful_stops_with_prefetch_do_not_dead_letter_a_message_that_never_ra
         worker = make_worker(WorkItems, concurrency=1, prefetch=2)
         # What run() does: one claim puts the message in the buffer; stop() comes before an
         # executor starts it; the executor then returns it (Outcomes.return_unstarted).
-        assert worker._receive(worker.plans[0], 2) == 1
+        assert worker.intake.fill(worker.plans[0], 2) == 1
         worker.stop()
         worker.units.put(None)
         executor = threading.Thread(target=worker._execute_units)

@@ -14,6 +14,7 @@ import pytest
 from spanner_queues import api
 from spanner_queues.exceptions import InvalidArgument
 from spanner_queues.worker import Worker, WorkerEvents
+from tests.worker.conftest import watch_receives
 from tests.workerapp.models import Events, WorkItems, WorkLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -21,15 +22,11 @@ MakeWorker = Callable[..., Worker]
 
 
 def _waits(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The ``wait`` of every ``api.receive`` the worker makes."""
+    """The ``wait`` of every receive the worker makes."""
     waits: list[Any] = []
-    real = api.receive
-
-    def receive(*args: Any, **kwargs: Any) -> list[Any]:
-        waits.append(kwargs.get("wait"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(api, "receive", receive)
+    watch_receives(
+        monkeypatch, lambda kwargs, got: waits.append(kwargs.get("wait")), Events, WorkItems
+    )
     return waits
 
 

@@ -18,7 +18,7 @@ from spanner_queues import transactions as sq_transactions
 from spanner_queues.drivers import driver_for
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.worker import Worker, WorkerEvents
-from tests.worker.conftest import require, running
+from tests.worker.conftest import require, running, watch_receives
 from tests.workerapp.models import WorkItems, WorkLog
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -26,16 +26,9 @@ MakeWorker = Callable[..., Worker]
 
 
 def _count_receives(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Sizes of the batches ``api.receive`` returned to the worker."""
+    """Sizes of the batches the worker received."""
     sizes: list[int] = []
-    real = api.receive
-
-    def receive(*args: Any, **kwargs: Any) -> list[Any]:
-        got = real(*args, **kwargs)
-        sizes.append(len(got))
-        return got
-
-    monkeypatch.setattr(api, "receive", receive)
+    watch_receives(monkeypatch, lambda kwargs, got: sizes.append(len(got)), WorkItems)
     return sizes
 
 
@@ -111,7 +104,7 @@ def test_stop_releases_prefetched_messages_not_started(
 def _stop_before_start(worker: Worker, claim: int) -> None:
     """What run() does when stop() comes between a claim and an executor taking the messages:
     claim into the buffer, stop, then let one executor drain the buffer."""
-    assert worker._receive(worker.plans[0], claim) >= 1
+    assert worker.intake.fill(worker.plans[0], claim) >= 1
     worker.stop()
     worker.units.put(None)
     executor = threading.Thread(target=worker._execute_units)

@@ -59,7 +59,7 @@ def test_no_renewal_rotates_a_lease_token_once_an_ack_has_read_it(
     require("supports_lease_renewal")
     WorkItems.send(id="r", payload={})
     worker = make_worker(WorkItems)
-    assert worker._receive(worker.plans[0], 1) == 1
+    assert worker.intake.fill(worker.plans[0], 1) == 1
     [delivery] = list(worker.slots.deliveries)
     token = delivery.message.lease_token
     [frozen] = worker.leases.freeze([delivery])

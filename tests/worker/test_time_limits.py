@@ -103,7 +103,7 @@ def test_a_finished_delivery_left_in_the_watch_is_not_taken_for_stuck(make_worke
     import threading
     import time
 
-    from spanner_queues.worker import Delivery
+    from spanner_queues.worker.slots import Delivery
 
     worker = make_worker(WorkItems, timeout=0.1)
     worker.time_limits.grace = 0.1
