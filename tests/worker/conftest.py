@@ -27,7 +27,7 @@ def watch_receives(
         def receive(self: Any, model: Any, _real: Any = real, **kwargs: Any) -> list[Any]:
             got = _real(self, model, **kwargs)
             record(kwargs, got)
-            return got  # type: ignore[no-any-return]
+            return got
 
         monkeypatch.setattr(engine_class, "receive", receive)
 
