@@ -18,6 +18,12 @@ Each round, alternating so that drift hits both alike:
   threads, batches of ``RELAY_BATCH_SIZE``): receive, publish, wait, ack, from the first receive
   to the empty queue.
 
+- ``drainer``: the loop a team would write instead of the relay (issue 39), in this process, on
+  the same database, client settings and topic: read the 500 oldest rows, publish them (each
+  ordering key's together, as the relay does; no ordering key when unordered), wait for every
+  confirmation, delete them by key in one statement; until the queue is empty. No lease, no
+  back-off, no dead letters, and it cannot run twice at once: the relay's goal is 0.9 of it.
+
 - ``queue``, for where the relay is bounded: the same worker with a receiver that publishes
   nothing (receive and ack alone): the queue's own ceiling on this database.
 
@@ -48,6 +54,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL = 0.80
+#: issue 39: the relay at least this share of the hand-written drainer's rate
+DRAINER_GOAL = 0.9
 #: per relay or queue round, the deliveries whose lease ran out before their ack
 REDELIVERED: list[int] = []
 ORDERS = 50
@@ -164,6 +172,56 @@ def client_round(
     ]
     for f in futures:
         f.result(60)
+    took = time.perf_counter() - started
+    client.stop()
+    return took
+
+
+def drainer_round(specs: list[dict[str, Any]], topic: str, ordered: bool) -> float:
+    """Seconds the hand-written drainer takes to publish and delete the messages."""
+    from django.db import connection
+    from google.cloud.pubsub_v1 import PublisherClient, types
+
+    from spanner_queues.contrib.pubsub import relay
+    from tests.pubsubapp.models import OrderEvents
+
+    OrderEvents.send_many(specs)
+    options = types.PublisherOptions(enable_message_ordering=True)
+    client = PublisherClient(batch_settings=relay.BATCH_SETTINGS, publisher_options=options)
+    table = connection.ops.quote_name(OrderEvents._meta.db_table)
+    order, message_id, payload, due = (
+        connection.ops.quote_name(OrderEvents._meta.get_field(name).column)
+        for name in ("order", "message_id", "payload", "deliver_time")
+    )
+    started = time.perf_counter()
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT {order}, {message_id}, {payload} FROM {table} ORDER BY {due} LIMIT 500"
+            )
+            rows = cursor.fetchall()
+        if not rows:
+            break
+        if ordered:
+            rows.sort(key=lambda row: row[0])
+        futures = [
+            client.publish(
+                topic,
+                data if isinstance(data, bytes) else str(data).encode(),
+                ordering_key=str(key) if ordered else "",
+                retry=None,
+                timeout=60,
+                event_id=event,
+            )
+            for key, event, data in rows
+        ]
+        for f in futures:
+            f.result(60)
+        with connection.cursor() as cursor:
+            marks = ", ".join(["%s"] * len(rows))
+            cursor.execute(
+                f"DELETE FROM {table} WHERE {message_id} IN ({marks})", [row[1] for row in rows]
+            )
     took = time.perf_counter() - started
     client.stop()
     return took
@@ -317,6 +375,7 @@ def main() -> None:
                 "client-default": [],
                 "client-relay": [],
                 "relay": [],
+                "drainer": [],
                 "queue": [],
             }
             relay_round(messages(200), args.concurrency)  # warm: connections, channel
@@ -328,6 +387,8 @@ def main() -> None:
                     rates[f"client-{batches}"].append(args.messages / took)
                 specs = messages(args.messages)
                 rates["relay"].append(args.messages / relay_round(specs, args.concurrency))
+                specs = messages(args.messages)
+                rates["drainer"].append(args.messages / drainer_round(specs, topic, ordered))
                 specs = messages(args.messages)
                 rates["queue"].append(args.messages / queue_round(specs, args.concurrency))
             counted[shape] = counted_round(messages(args.messages), args.concurrency)
@@ -342,6 +403,8 @@ def main() -> None:
             "client_default_per_s": medians["client-default"],
             "client_relay_batches_per_s": medians["client-relay"],
             "relay_per_s": medians["relay"],
+            "drainer_per_s": medians["drainer"],
+            "relay_to_drainer": medians["relay"] / medians["drainer"],
             "queue_per_s": medians["queue"],
             "ratio": medians["relay"] / client,
             "per_message": counted[shape],
@@ -364,6 +427,10 @@ def main() -> None:
             f"/s)   relay {s['relay_per_s']:8.0f}/s   relay/client {s['ratio']:.0%} ({verdict} "
             f"the {GOAL:.0%} goal); receive+ack alone {s['queue_per_s']:8.0f}/s (relay/that "
             f"{s['relay_per_s'] / s['queue_per_s']:.0%})"
+        )
+        print(
+            f"{'':<10} hand-written drainer {s['drainer_per_s']:8.0f}/s   relay/drainer "
+            f"{s['relay_to_drainer']:.2f} (goal {DRAINER_GOAL:.1f})"
         )
         print(f"{'':<10} per message: {s['per_message']}")
     if any(REDELIVERED):

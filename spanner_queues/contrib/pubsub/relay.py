@@ -195,7 +195,8 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
     deadline = _deadline(context, params.publish_timeout)
     client = publisher()
     wait = max(deadline - time.monotonic(), 0.1)
-    pending = _publish_all(client, topic, wait, model, messages)
+    sent: _Sent = {}
+    pending = _publish_all(client, topic, wait, model, messages, sent)
     confirmed, refused, suspect, failed = _await_confirmations(pending, deadline)
     if suspect:
         _sort_suspects(client, topic, deadline, model, suspect, confirmed, refused, failed)
@@ -205,10 +206,10 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
     if not failed:
         _recovered(model)
         if params.archive_days:  # acked here with their archive rows: the worker acks no more
-            _ack_confirmed(model, confirmed, params.archive_days)
+            _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
         return  # the worker acks the confirmed ones (the dead-lettered are acked)
-    _give_back(client, model, topic, messages, confirmed, failed, params.archive_days)
+    _give_back(client, model, topic, messages, confirmed, failed, params.archive_days, sent)
 
 
 def _deadline(context: MessageContext, publish_timeout: float) -> float:
@@ -323,6 +324,9 @@ def _recovered(model: type[Queue]) -> None:
 #: a publish under way: the message, its ordering key, and the client's future (or the error
 #: that kept it from being sent)
 _Pending = tuple[Message, str, Any]
+#: what a run published of each message (by ``id``): its attributes and data, worked out once
+#: for the publish and the archive (each is a JSON encoding or an event's parse)
+_Sent = dict[int, tuple[dict[str, str], bytes]]
 
 
 def _publish_all(
@@ -331,6 +335,7 @@ def _publish_all(
     timeout: float,
     model: type[Queue],
     messages: list[Message],
+    sent: _Sent,
 ) -> list[_Pending]:
     """Hand every message to the client without waiting; one entry per message. A message the
     client refuses before sending it (too large, a bad value) carries its error instead of a
@@ -344,21 +349,32 @@ def _publish_all(
     for i in sorted(range(len(messages)), key=keys.__getitem__):
         m, key = messages[i], keys[i]
         try:
-            future: Any = _publish_one(client, topic, timeout, m, key)
+            future: Any = _publish_one(client, topic, timeout, m, key, sent)
         except Exception as exc:  # refused before it was sent (too large, a bad value)
             future = exc
         pending.append((m, key, future))
     return pending
 
 
-def _publish_one(client: PublisherClient, topic: str, timeout: float, m: Message, key: str) -> Any:
-    """Publish one message with the relay's attributes and return the client's future; raises
-    ``ValueError`` for an attribute Pub/Sub would refuse."""
+def _publish_one(
+    client: PublisherClient,
+    topic: str,
+    timeout: float,
+    m: Message,
+    key: str,
+    sent: _Sent | None = None,
+) -> Any:
+    """Publish one message with the relay's attributes and return the client's future (what
+    was published kept in ``sent``); raises ``ValueError`` for an attribute Pub/Sub would
+    refuse."""
     attributes = {
         EVENT_ID_ATTRIBUTE: event_id(m),
         QUEUE_ATTRIBUTE: m.queue,
         KEY_ATTRIBUTE: key_text(m),
     }
+    data = published_data(m)
+    if sent is not None:
+        sent[id(m)] = (attributes, data)
     too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
     if too_long:  # Pub/Sub would refuse it (its emulator takes it: checked here)
         raise ValueError(f"attribute {too_long[0]!r} is over Pub/Sub's {MAX_ATTRIBUTE_BYTES} bytes")
@@ -366,7 +382,7 @@ def _publish_one(client: PublisherClient, topic: str, timeout: float, m: Message
     # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
     return client.publish(
         topic,
-        published_data(m),
+        data,
         ordering_key=key,
         retry=None,
         timeout=timeout,
@@ -494,6 +510,7 @@ def _give_back(
     confirmed: list[Message],
     failed: list[tuple[Message, str, BaseException]],
     archive_days: int,
+    sent: _Sent,
 ) -> None:
     """After a failed publish: resume the paused ordering keys, ack the confirmed messages (they
     are in Pub/Sub; only the failed ones come back; archived when ``archive_days``), send
@@ -501,7 +518,7 @@ def _give_back(
     from the first error, due after the episode's back-off. Always raises."""
     for key in {key for _, key, _ in failed if key}:
         _resume(client, topic, key)
-    _ack_confirmed(model, confirmed, archive_days)  # in Pub/Sub: only the others come back
+    _ack_confirmed(model, confirmed, archive_days, sent)  # in Pub/Sub: only they come back
     first = failed[0][2]
     publish_failed.send_robust(
         model, messages=[m for m, _, _ in failed], topic=topic, error=first, refused=False
@@ -514,7 +531,9 @@ def _give_back(
     ) from first
 
 
-def _ack_confirmed(model: type[Queue], confirmed: list[Message], archive_days: int) -> None:
+def _ack_confirmed(
+    model: type[Queue], confirmed: list[Message], archive_days: int, sent: _Sent
+) -> None:
     """Ack the ``confirmed`` messages in one transaction and, when ``archive_days`` (the
     archive is on), write each one's ``RelayedEvent`` in it: an event is archived if and only
     if its ack committed."""
@@ -522,7 +541,7 @@ def _ack_confirmed(model: type[Queue], confirmed: list[Message], archive_days: i
         return
     engine = engine_for(model)
     database = engine.database
-    rows = _archive_rows(model, confirmed, database) if archive_days else []
+    rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
 
     def ack() -> None:
         if rows:
@@ -536,26 +555,32 @@ def _ack_confirmed(model: type[Queue], confirmed: list[Message], archive_days: i
 ARCHIVE_FIELDS = ("id", "queue", "event_id", "key", "ordering_key", "data", "published_at")
 
 
-def _archive_rows(model: type[Queue], confirmed: list[Message], database: str) -> list[tuple]:
-    """The archive row of each confirmed message (its published data and attributes), as the
-    database takes them: built before the ack's transaction, which then only sends them."""
+def _archive_rows(
+    model: type[Queue], confirmed: list[Message], database: str, sent: _Sent
+) -> list[tuple]:
+    """The archive row of each confirmed message (its published data and attributes, as
+    ``sent`` holds them), as the database takes them: built before the ack's transaction,
+    which then only sends them."""
     connection = connections[database]
     data = RelayedEvent._meta.get_field("data")
     at = RelayedEvent._meta.get_field("published_at").get_db_prep_save(clock.now(), connection)
     fields = ordering_fields(model)
     run = uuid.uuid4().hex[:24]  # random per run, then the row's place: one uuid4 a run
-    return [
-        (
-            f"{run}{i:08x}",
-            m.queue,
-            event_id(m),
-            key_text(m),
-            _ordering_key(fields, m),
-            data.get_db_prep_save(published_data(m), connection),
-            at,
+    rows = []
+    for i, m in enumerate(confirmed):
+        attributes, published = sent[id(m)]
+        rows.append(
+            (
+                f"{run}{i:08x}",
+                m.queue,
+                attributes[EVENT_ID_ATTRIBUTE],
+                attributes[KEY_ATTRIBUTE],
+                _ordering_key(fields, m),
+                data.get_db_prep_save(published, connection),
+                at,
+            )
         )
-        for i, m in enumerate(confirmed)
-    ]
+    return rows
 
 
 def _archive(rows: list[tuple], database: str) -> None:
