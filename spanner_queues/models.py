@@ -23,6 +23,7 @@ from django.db import models
 from django.utils import timezone
 
 from spanner_queues.api import replace, send_many
+from spanner_queues.causes import FailureCause  # noqa: F401  (failures by cause)
 from spanner_queues.controls import PausedQueue, QueueRate  # noqa: F401  (operator controls)
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)

@@ -268,6 +268,7 @@ LOWER = (
     "spanner_queues.exceptions",
     "spanner_queues.semantics",
     "spanner_queues.failures",
+    "spanner_queues.causes",
     "spanner_queues.clock",
 )
 UPPER = (

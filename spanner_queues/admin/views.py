@@ -85,6 +85,7 @@ from spanner_queues.admin.bulk import (
 from spanner_queues.admin.bulk import count as count_matching
 from spanner_queues.admin.chart import DepthChart, depth_chart, recent_samples
 from spanner_queues.api import _deliver_time
+from spanner_queues.causes import FailureCause, causes_of
 from spanner_queues.deadletter import sources_of
 from spanner_queues.engines import engine_for
 from spanner_queues.engines.stats import stats_cache
@@ -491,6 +492,7 @@ class QueuesAdmin(admin.ModelAdmin):
             dead_letter_queue=dead_letter_target(model),
             replays_to=replay_target(model),
             max_attempts_limit=queue_options(model).max_attempts,
+            causes=_failure_causes(model),
             pubsub_topic=queue_options(model).pubsub_topic,
             pubsub_subscription=queue_options(model).pubsub_subscription,
         )
@@ -766,6 +768,16 @@ def _int_param(request: HttpRequest, name: str) -> int:
         return max(0, int(request.POST.get(name, "0")))
     except ValueError:
         return 0
+
+
+def _failure_causes(model: type[Queue]) -> tuple[str, list[FailureCause]]:
+    """The queue's failures by cause, the most recent first; on a dead-letter queue, those of
+    the queue its messages came from (the label shown, and the causes; none if unreadable)."""
+    label = replay_target(model) or model._meta.label
+    try:
+        return label, causes_of(label, using=engine_for(get_queue(label)).database)
+    except (DatabaseError, QueueError):
+        return label, []
 
 
 def _try_stats(model: type[Queue]) -> QueueStats | None:

@@ -21,7 +21,7 @@ from dataclasses import replace as dataclass_replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from spanner_queues import clock
+from spanner_queues import causes, clock
 from spanner_queues.exceptions import (
     InvalidMessage,
     LeaseLost,
@@ -140,6 +140,7 @@ class DeliveryPolicy:
         except Exception:
             logger.exception("%s: recording the failure failed", message)
             attempt = message.attempt
+        causes.note(model._meta.label, error, using=using)  # (best effort, its own transaction)
         return Failure(attempt=attempt, exhausted=exhausted(queue_options(model), attempt))
 
     def give_back(
@@ -323,6 +324,7 @@ class Outcomes:
             self.release(d, deliver_time=parked.due)
             return
         self.report(s.report, o, message=m)
+        causes.note(plan.label, o.error, using=plan.db, failed=0, given_up=1)
         self._gone()  # a periodic message may have gone: re-seed
 
     def _requeue(self, group: list[tuple[Outcome, Settlement]]) -> None:

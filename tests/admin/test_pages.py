@@ -232,3 +232,32 @@ def test_viewer_sees_pages_without_actions(viewer_client: Client) -> None:
     assert 'name="action"' not in response.content.decode()
     detail = viewer_client.get(f"{queue_url('testapp.Jobs')}messages/{sent.key[0]}/")
     assert detail.status_code == 200 and 'name="action"' not in detail.content.decode()
+
+
+def test_a_queue_and_its_dead_letter_queue_show_its_failures_by_cause(
+    operator_client: Client,
+) -> None:
+    from spanner_queues import causes
+    from spanner_queues.engines import engine_for
+
+    db = engine_for(Emails).database
+    for n in range(3):
+        causes.note("testapp.Emails", TimeoutError(f"connect to 10.0.0.{n}:25"), using=db)
+    causes.note("testapp.Emails", ValueError("bad address <script>"), using=db, given_up=1)
+    for url, heading in (
+        (queue_url("testapp.Emails"), "Failures by cause"),
+        (queue_url("testapp.EmailsDead"), "Failures of testapp.Emails by cause"),
+    ):
+        response = operator_client.get(url)
+        assert response.status_code == 200
+        label, found = response.context["causes"]
+        assert label == "testapp.Emails"
+        assert [(c.title, c.failures, c.given_up) for c in found] == [
+            ("ValueError: bad address <script>", 1, 1),
+            ("TimeoutError: connect to <ip>", 3, 0),
+        ]
+        page = response.content.decode()
+        assert heading in page
+        assert "TimeoutError: connect to &lt;ip&gt;" in page
+        assert "<script>" not in page.split('id="sq-causes"')[1].split("</table>")[0]
+    assert "sq-causes" not in operator_client.get(queue_url("testapp.Jobs")).content.decode()
