@@ -269,6 +269,7 @@ LOWER = (
     "spanner_queues.semantics",
     "spanner_queues.failures",
     "spanner_queues.causes",
+    "spanner_queues.once",
     "spanner_queues.clock",
 )
 UPPER = (
