@@ -10,9 +10,10 @@ options, payload and exceptions. Public names stay importable from ``spanner_que
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from django.db import models
+from django.db.models import sql
 from django.db.models.base import ModelBase
 
 from spanner_queues.engines import engine_for
@@ -44,12 +45,9 @@ def stores_bookkeeping(model: type[models.Model]) -> bool:
 
 
 class QueueQuerySet(models.QuerySet):
-    """A QuerySet that refuses UPDATE; delete (cancel or ack without assert) is allowed."""
-
-    def __init__(self, model: Any = None, query: Any = None, *args: Any, **kwargs: Any) -> None:
-        super().__init__(model, query, *args, **kwargs)
-        if query is None and model is not None and not stores_bookkeeping(model):
-            self.query.add_deferred_loading(BOOKKEEPING_FIELDS)
+    """A QuerySet that refuses UPDATE; delete (cancel or ack without assert) is allowed. Made
+    by the queue's manager and ``rows``, which defer the bookkeeping columns where the engine
+    keeps none."""
 
     def _insert(self, objs: Any, fields: Any, *args: Any, **kwargs: Any) -> Any:
         if not stores_bookkeeping(self.model):
@@ -84,6 +82,13 @@ class QueueManager(_QueueManagerBase):
 
     use_in_migrations = True
 
+    def get_queryset(self) -> QueueQuerySet:
+        """The queue's rows; the bookkeeping columns deferred where its engine keeps none."""
+        queryset = cast("QueueQuerySet", super().get_queryset())
+        if not stores_bookkeeping(self.model):
+            queryset.query.add_deferred_loading(BOOKKEEPING_FIELDS)
+        return queryset
+
     def __eq__(self, other: object) -> bool:
         # Unlike Manager.__eq__, never equal to a plain Manager: migrations must keep it.
         return type(other) is type(self) and super().__eq__(other)
@@ -93,8 +98,18 @@ class QueueManager(_QueueManagerBase):
 
 
 def rows(model: type[models.Model], using: str) -> QueueQuerySet:
-    """All rows of a queue on ``using``, ignoring custom default managers (engine use)."""
-    return QueueQuerySet(model=model, using=using)
+    """All rows of a queue on ``using``, ignoring custom default managers (engine use); the
+    bookkeeping columns deferred where the queue's engine keeps none."""
+    return rows_with(model, using, bookkeeping=stores_bookkeeping(model))
+
+
+def rows_with(model: type[models.Model], using: str, *, bookkeeping: bool) -> QueueQuerySet:
+    """``rows`` from an engine that knows whether it keeps the bookkeeping columns (the table
+    engine: always), without looking the queue's engine up."""
+    query = sql.Query(model)
+    if not bookkeeping:
+        query.add_deferred_loading(BOOKKEEPING_FIELDS)
+    return QueueQuerySet(model=model, query=query, using=using)
 
 
 class JSONPayloadField(models.TextField):

@@ -55,7 +55,7 @@ from spanner_queues.keys import (
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
 from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
-from spanner_queues.storage import rows
+from spanner_queues.storage import QueueQuerySet, rows_with
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -68,6 +68,12 @@ if TYPE_CHECKING:
 #: this process (engines are per thread; the count is the process's)
 _lease_expirations: Counter[tuple[str, str]] = Counter()
 _lease_expirations_lock = threading.Lock()
+
+
+def _rows(model: type[Queue], using: str) -> QueueQuerySet:
+    """``storage.rows`` of a queue of this engine, which keeps the bookkeeping columns (no
+    lookup of the queue's engine on the hot path)."""
+    return rows_with(model, using, bookkeeping=True)
 
 
 class TableQueueEngine(BaseQueueEngine):
@@ -142,7 +148,7 @@ class TableQueueEngine(BaseQueueEngine):
                 )
                 for m in messages
             ]
-            rows(model, using).bulk_create(new_rows)
+            _rows(model, using).bulk_create(new_rows)
         except Exception as exc:
             keys = ", ".join(str(tuple(m.key.values())) for m in messages)
             driver = driver_for(using)
@@ -175,7 +181,7 @@ class TableQueueEngine(BaseQueueEngine):
         doomed = transaction.get_rollback(using=using)
         transaction.set_rollback(False, using=using)
         try:
-            query = rows(model, using).filter(
+            query = _rows(model, using).filter(
                 functools.reduce(operator.or_, [key_filter(model, k) for k in keys])
             )
             found = set(query.values_list(*names))
@@ -256,7 +262,7 @@ class TableQueueEngine(BaseQueueEngine):
         itself asks."""
         driver = driver_for(self.database)
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
-            due_now = rows(model, self.database).filter(deliver_time__lte=clock.now())
+            due_now = _rows(model, self.database).filter(deliver_time__lte=clock.now())
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             return picked is not None, picked
         if backlog:
@@ -327,7 +333,7 @@ class TableQueueEngine(BaseQueueEngine):
         if keys is None and not one_by_one:  # the statement written once (RowStatements)
             # rows another claim holds are passed over, not waited for (skip_locked)
             return statements.select_due(now, max_messages, skip_locked=skip_locked)
-        rows_due = rows(model, self.database).filter(deliver_time__lte=now)
+        rows_due = _rows(model, self.database).filter(deliver_time__lte=now)
         rows_due = rows_due.order_by("deliver_time")
         if keys is not None:  # read (and lock) only the rows picked
             rows_due = rows_due.filter(keys)
@@ -342,7 +348,7 @@ class TableQueueEngine(BaseQueueEngine):
         return _lease_expirations[(self.alias, model._meta.label)]
 
     def renew_leases(self, model: type[Queue], messages: Sequence[Message]) -> list[Message]:
-        manager = rows(model, self.database)
+        manager = _rows(model, self.database)
         lease = self.params.lease
 
         def renew() -> list[Message]:
@@ -382,7 +388,7 @@ class TableQueueEngine(BaseQueueEngine):
     def release(
         self, model: type[Queue], message: Message, *, deliver_time: datetime | None = None
     ) -> None:
-        manager = rows(model, self.database)
+        manager = _rows(model, self.database)
 
         def release() -> None:
             now = clock.now()
@@ -441,7 +447,7 @@ class TableQueueEngine(BaseQueueEngine):
                 raise _already_acked(model, [key])
         if statements.delete(key, token) == 1:
             return
-        if token is not None and rows(model, using).filter(key_filter(model, key)).exists():
+        if token is not None and _rows(model, using).filter(key_filter(model, key)).exists():
             raise _stale(model, [key])
         raise _already_acked(model, [key])
 
@@ -462,7 +468,7 @@ class TableQueueEngine(BaseQueueEngine):
             model, keys, tokens, using
         ):
             return
-        manager = rows(model, using)
+        manager = _rows(model, using)
         by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
         condition = Q(
             *[
@@ -523,7 +529,7 @@ class TableQueueEngine(BaseQueueEngine):
     ) -> None:
         if keys:
             by_key = Q(*[key_filter(model, k) for k in keys], _connector=Q.OR)
-            rows(model, using).filter(by_key).delete()
+            _rows(model, using).filter(by_key).delete()
 
     # --- observing ------------------------------------------------------------------------
     def stats(self, model: type[Queue]) -> QueueStats:
@@ -531,7 +537,7 @@ class TableQueueEngine(BaseQueueEngine):
         up (``total = ready + scheduled + leased``) even while messages arrive and leave."""
         now = clock.now()
         leased = Q(lease_expires_at__isnull=False, lease_expires_at__gt=now)
-        counted = rows(model, self.database).aggregate(
+        counted = _rows(model, self.database).aggregate(
             total=Count("deliver_time"),
             ready=Count("deliver_time", filter=Q(deliver_time__lte=now) & ~leased),
             leased=Count("deliver_time", filter=leased),
