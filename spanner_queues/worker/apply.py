@@ -309,6 +309,9 @@ class Outcomes:
                     retries=plan.retries,
                 )
         except MessageAlreadyAcked:
+            if s.report == "cancelled":  # deleted by the cancel itself (native queues)
+                self.report(s.report, o, message=m)
+                return
             self.log("already_acked", m, o.duration, "%s: already acked; nothing to dead-letter")
             return
         except LeaseLost:  # StaleAck: delivered again or replaced meanwhile
