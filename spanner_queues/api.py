@@ -16,7 +16,7 @@ from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
@@ -646,14 +646,8 @@ def cancel(
             cancelled_at=now,
             running=leased,
         )
-        if messages_cancelled.has_listeners(model):
-            transaction.on_commit(
-                lambda: messages_cancelled.send_robust(
-                    sender=model, messages=[current], using=db, cancellation=record
-                ),
-                using=db,
-                robust=True,
-            )
+        # inside the transaction: a receiver's writes (the Tasks app's result) commit with it
+        messages_cancelled.send(sender=model, messages=[current], using=db, cancellation=record)
         return record
 
     return run_in_transaction(run, using=db)

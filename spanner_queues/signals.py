@@ -67,7 +67,8 @@ __all__ = [
 
 messages_sent = Signal(use_caching=True)
 messages_acked = Signal(use_caching=True)
-#: ``api.cancel`` committed: ``messages`` (one ``Message``), ``cancellation`` (the record)
+#: ``api.cancel``, inside its transaction: ``messages`` (one ``Message``), ``cancellation``
+#: (the ``MessageCancellation``)
 messages_cancelled = Signal(use_caching=True)
 messages_published = Signal(use_caching=True)
 publish_failed = Signal(use_caching=True)
