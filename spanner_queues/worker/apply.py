@@ -286,7 +286,7 @@ class Outcomes:
         d = o.delivery
         action = s.action
         if action is Action.ACKED or action is Action.NOTHING:
-            if s.report in ("acked", "lease_lost", "already_acked"):
+            if s.report in ("acked", "lease_lost", "already_acked", "cancelled"):
                 self.report(s.report, o)
             return
         if action is Action.RELEASE or action is Action.PARK:

@@ -120,6 +120,8 @@ def decide(
     if kind is Kind.UNMATCHED:
         return Settlement(Action.REQUEUE, "unmatched", due=now + backoff)
     if kind is Kind.CANCELLED:  # the receiver stopped on an operator's cancel: not retried
+        if outcome.acked:  # (the Tasks runner acked it with its result)
+            return Settlement(Action.NOTHING, "cancelled")
         return Settlement(Action.DISCARD, "cancelled")
     if kind is Kind.EXHAUSTED:
         return give_up(options, attempt, now + backoff)

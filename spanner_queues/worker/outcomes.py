@@ -113,7 +113,9 @@ def outcomes_of(
     elif isinstance(error, MessageAlreadyAcked):
         kind = Kind.ALREADY_ACKED
     elif isinstance(error, AckedFailure) and not atomic:  # failure recorded, acked
-        kind, error, acked = Kind.FAILED, error.error, True  # type: ignore[assignment]
+        cancelled = isinstance(error.error, Cancelled)  # (a Django task that stopped on one)
+        kind = Kind.CANCELLED if cancelled else Kind.FAILED
+        error, acked = error.error, True  # type: ignore[assignment]
     else:
         kind = Kind.FAILED
     return [Outcome(kind, d, receiver, duration, error, after, acked) for d in deliveries]

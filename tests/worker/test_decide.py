@@ -76,6 +76,8 @@ TABLE = [
      Settlement(Action.RELEASE, "released", due=NOW + BACKOFF, attempt=4)),
     ("cancelled, even with attempts left", outcome(Kind.CANCELLED, Cancelled("typo")), DEAD, 1,
      True, Settlement(Action.DISCARD, "cancelled")),
+    ("cancelled, acked by its receiver", outcome(Kind.CANCELLED, Cancelled("x"), acked=True),
+     DEAD, 1, True, Settlement(Action.NOTHING, "cancelled")),
     ("cancelled, lease lost", outcome(Kind.CANCELLED, Cancelled("typo")), DEAD, 1, False,
      Settlement(Action.NOTHING, "lease_lost")),
 ]  # fmt: skip
