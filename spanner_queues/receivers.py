@@ -59,6 +59,7 @@ __all__ = [
     "ReceiverConfigurationError",
     "ReceiverRegistry",
     "ReceiverSpec",
+    "current_run",
     "receiver",
     "receivers",
 ]

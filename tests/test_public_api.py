@@ -37,7 +37,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.receivers": {
         "MessageContext", "NoReceiver", "ReceiverConfigurationError", "ReceiverRegistry",
-        "ReceiverSpec", "receiver", "receivers",
+        "ReceiverSpec", "current_run", "receiver", "receivers",
     },
     "spanner_queues.queues": {"get_queue", "queue_models"},
     "spanner_queues.patterns": {
