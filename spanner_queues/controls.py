@@ -225,14 +225,17 @@ class MessageCancellation(models.Model):
 
 
 def cancellations(
-    messages: Sequence[tuple[str, Sequence[object], datetime | None]], *, using: str
+    messages: Sequence[tuple[str, Sequence[object], datetime | None, datetime]], *, using: str
 ) -> dict[tuple[str, str], MessageCancellation]:
-    """The cancellations on database ``using`` of ``messages`` (``(queue label, key, send
-    time)``), by ``(queue, key_text(key))``: the latest of each made at or after the message
-    was sent. One read per ``CANCEL_READ_BATCH`` messages."""
-    sent = {(q, key_text(k)): t for q, k, t in messages}
+    """The cancellations on database ``using`` of held messages (``(queue label, key, send
+    time, received at)``), by ``(queue, key_text(key))``: of each, the latest that applies to
+    it. One that left the message (``running``) applies if made at or after it was sent (None:
+    unknown, it applies); one that deleted it, if made at or after it was received (the
+    message held then was the one deleted; a message sent again since is another). One read
+    per ``CANCEL_READ_BATCH`` messages."""
+    held = {(q, key_text(k)): (sent, received) for q, k, sent, received in messages}
     found: dict[tuple[str, str], MessageCancellation] = {}
-    items = sorted(sent)
+    items = sorted(held)
     for i in range(0, len(items), CANCEL_READ_BATCH):
         chunk = items[i : i + CANCEL_READ_BATCH]
         rows = MessageCancellation.objects.using(using).filter(
@@ -240,9 +243,10 @@ def cancellations(
         )
         for row in rows.order_by("cancelled_at"):
             where = (row.queue, row.message_key)
-            if where not in sent:
+            if where not in held:
                 continue
-            send_time = sent[where]
-            if send_time is None or row.cancelled_at >= send_time:
+            sent, received = held[where]
+            since = (sent if row.running else received) or row.cancelled_at
+            if row.cancelled_at >= since:
                 found[where] = row
     return found

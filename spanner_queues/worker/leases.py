@@ -132,7 +132,11 @@ class Renewer:
         for db, group in by_db.items():
             try:
                 found = controls.cancellations(
-                    [(d.plan.label, d.message.key, d.message.send_time) for d in group], using=db
+                    [
+                        (d.plan.label, d.message.key, d.message.send_time, d.received_at)
+                        for d in group
+                    ],
+                    using=db,
                 )
             except Exception as exc:
                 forget_lost_connection(exc, db)

@@ -97,7 +97,7 @@ from spanner_queues.contrib.tasks.models import (
 )
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for
-from spanner_queues.exceptions import AckedFailure, Cancelled
+from spanner_queues.exceptions import AckedFailure, Cancelled, MessageAlreadyAcked
 from spanner_queues.message import Message
 from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
@@ -346,7 +346,16 @@ def _record_failure(
         _finish(record, db, persisted, status, errors_json=dumps(errors))
         _ack(message, db)
 
-    run_in_transaction(fail, using=db, retries=retries)
+    try:
+        run_in_transaction(fail, using=db, retries=retries)
+    except MessageAlreadyAcked:
+        if not isinstance(failure, Cancelled):
+            raise
+        # (native queues: the cancel deleted the message and finished its result itself)
+        stored = TaskResultRecord.objects.using(db).filter(id=record.id).first()
+        if stored is not None:
+            record.status, record.finished_at = stored.status, stored.finished_at
+            record.errors_json = stored.errors_json
     if again:
         mark_acked(message)
         raise AckedFailure(failure) from failure  # logged and counted: a failed run
