@@ -238,8 +238,12 @@ def cancellations(
     items = sorted(held)
     for i in range(0, len(items), CANCEL_READ_BATCH):
         chunk = items[i : i + CANCEL_READ_BATCH]
+        # (no older cancellation applies: the read stays bounded for a key used again and again)
+        oldest = min(min(t for t in held[w] if t is not None) for w in chunk)
         rows = MessageCancellation.objects.using(using).filter(
-            queue__in={q for q, _ in chunk}, message_key__in={k for _, k in chunk}
+            queue__in={q for q, _ in chunk},
+            message_key__in={k for _, k in chunk},
+            cancelled_at__gte=oldest,
         )
         for row in rows.order_by("cancelled_at"):
             where = (row.queue, row.message_key)
