@@ -22,21 +22,30 @@ from django.db.models import Model
 from django.utils import timezone
 
 from spanner_queues import clock, instrumentation, once
-from spanner_queues.controls import is_paused, pause, resume
+from spanner_queues.controls import MessageCancellation, is_paused, pause, resume
 from spanner_queues.engines import engine_for
 from spanner_queues.envelope import envelope_of, wrap
 from spanner_queues.exceptions import (
     InvalidArgument,
     InvalidMessage,
     LeaseLost,
+    MessageAlreadyAcked,
     QueueConfigurationError,
 )
-from spanner_queues.keys import key_fields, key_names, row_to_message
+from spanner_queues.failures import key_text
+from spanner_queues.keys import key_fields, key_filter, key_names, row_to_message
 from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.receivers import held_lease_token, mark_acked
-from spanner_queues.signals import messages_acked, messages_sent, requeued, send_on_commit
+from spanner_queues.signals import (
+    messages_acked,
+    messages_cancelled,
+    messages_sent,
+    requeued,
+    send_on_commit,
+)
+from spanner_queues.storage import rows as rows_of
 from spanner_queues.transactions import run_in_transaction
 
 if TYPE_CHECKING:
@@ -46,6 +55,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ack",
     "ack_many",
+    "cancel",
     "is_paused",
     "pause",
     "receive",
@@ -655,3 +665,46 @@ def release(message: Message, *, deliver_time: datetime | None = None) -> None:
     """Give a leased message back before its lease ends, due at ``deliver_time`` (or now)."""
     model = get_queue(message.queue)
     engine_for(model).release(model, message, deliver_time=_deliver_time(deliver_time, None))
+
+
+def cancel(
+    queue: str | type[Queue],
+    message: Message | Mapping[str, Any] | tuple[Any, ...],
+    *,
+    reason: str,
+    by: str = "",
+    using: str | None = None,
+) -> MessageCancellation:
+    """Cancel a message, with a record of who (``by``) and why (``reason``): one transaction
+    (the caller's, inside one). A pending message is deleted (``running`` False on the
+    returned ``MessageCancellation``); a message a worker holds (leased) is not: its receiver
+    is asked to stop (``running`` True), and sees it through ``MessageContext.cancelled``
+    within ``controls.CANCEL_CHECK_SECONDS`` (its time limit stays the hard stop). Where the
+    engine keeps no lease (native Spanner queues) the message is deleted and a receiver
+    running it is asked to stop too. ``MessageAlreadyAcked`` if no message has the key."""
+    model = get_queue(queue)
+    key = _key(model, message)
+    db = _database(model, using)
+
+    def run() -> MessageCancellation:
+        row = rows_of(model, db).filter(key_filter(model, key)).first()
+        if row is None:
+            raise MessageAlreadyAcked(f"{model._meta.label} {key!r}: no such message to cancel.")
+        current = row_to_message(model, row)
+        now = clock.now()
+        leased = current.lease_expires_at is not None and current.lease_expires_at > now
+        if not leased:
+            ack_many(model, [key], using=db)
+        record = MessageCancellation.objects.using(db).create(
+            queue=model._meta.label,
+            message_key=key_text(key),
+            reason=str(reason)[:1000],
+            by=str(by)[:200],
+            cancelled_at=now,
+            running=leased,
+        )
+        # inside the transaction: a receiver's writes (the Tasks app's result) commit with it
+        messages_cancelled.send(sender=model, messages=[current], using=db, cancellation=record)
+        return record
+
+    return run_in_transaction(run, using=db)

@@ -1,5 +1,5 @@
 """Operator controls that every worker obeys: pause and resume a queue, and the shared rate
-limit of a queue (``QueueMeta.rate_limit``).
+limit of a queue (``QueueMeta.rate_limit``), and the record of cancelled messages.
 
 A pause is a row (``PausedQueue``) in the queue's own database, so it holds for every worker
 process at once and survives restarts. Sends are still accepted while a queue is paused; workers
@@ -15,12 +15,19 @@ queue, not only this app's workers, and Google documents nothing more of it than
 The rate limit is a GCRA bucket (one row per queue, ``QueueRate``): ``take_starts`` hands out
 up to ``n`` starts in one short read-write transaction (a compare-and-set on the row, safe on
 every database), at most ``rate`` per second on average with bursts of one second's worth.
+
+A cancellation (``api.cancel``) is a row (``MessageCancellation``: queue, key, who, why, when)
+in the queue's database. A pending message is deleted in the same transaction; a running one
+stays, and every worker reads the cancellations of the messages it runs once per
+``CANCEL_CHECK_SECONDS`` (one query per database, bound to the keys it holds) and tells their
+receivers (``MessageContext.cancelled``). A cancellation applies to the message sent under its
+key before it was made, not to one sent again later.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -28,6 +35,7 @@ from django.db import IntegrityError, models
 
 from spanner_queues import clock
 from spanner_queues.engines import engine_for
+from spanner_queues.failures import key_text
 from spanner_queues.queues import get_queue
 from spanner_queues.transactions import run_in_transaction
 
@@ -35,9 +43,12 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 __all__ = [
+    "CANCEL_CHECK_SECONDS",
     "PAUSE_CHECK_SECONDS",
+    "MessageCancellation",
     "PausedQueue",
     "QueueRate",
+    "cancellations",
     "is_paused",
     "pause",
     "paused",
@@ -181,3 +192,65 @@ def take_starts(
         except (_Raced, IntegrityError):
             continue
     return 0, clock.now() + timedelta(seconds=step)
+
+
+# --- cancellations ---------------------------------------------------------------------------
+#: how often a worker reads the cancellations of the messages it runs: the bound on how long a
+#: running receiver goes on before ``context.cancelled`` turns True (plus its next check).
+CANCEL_CHECK_SECONDS = 1.0
+#: keys one read of the cancellations binds (Spanner binds at most 950 parameters a statement)
+CANCEL_READ_BATCH = 500
+
+
+class MessageCancellation(models.Model):
+    """A message an operator cancelled (``api.cancel``): deleted while pending (``running``
+    False), or asked to stop while a worker ran it (``running`` True)."""
+
+    queue = models.CharField(max_length=200)
+    message_key = models.CharField(max_length=1000)
+    reason = models.TextField(blank=True, default="")
+    by = models.CharField(max_length=200, blank=True, default="")
+    cancelled_at = models.DateTimeField()
+    #: the message was leased (running, or about to) when it was cancelled: not deleted, its
+    #: receiver asked to stop
+    running = models.BooleanField(default=False)
+
+    class Meta:
+        verbose_name = "message cancellation"
+        default_permissions = ()
+        indexes = [models.Index(fields=["queue", "message_key"], name="sq_cancellation_key")]
+
+    def __str__(self) -> str:
+        return f"{self.queue} {self.message_key} cancelled at {self.cancelled_at:%Y-%m-%d %H:%M:%S}"
+
+
+def cancellations(
+    messages: Sequence[tuple[str, Sequence[object], datetime | None, datetime]], *, using: str
+) -> dict[tuple[str, str], MessageCancellation]:
+    """The cancellations on database ``using`` of held messages (``(queue label, key, send
+    time, received at)``), by ``(queue, key_text(key))``: of each, the latest that applies to
+    it. One that left the message (``running``) applies if made at or after it was sent (None:
+    unknown, it applies); one that deleted it, if made at or after it was received (the
+    message held then was the one deleted; a message sent again since is another). One read
+    per ``CANCEL_READ_BATCH`` messages."""
+    held = {(q, key_text(k)): (sent, received) for q, k, sent, received in messages}
+    found: dict[tuple[str, str], MessageCancellation] = {}
+    items = sorted(held)
+    for i in range(0, len(items), CANCEL_READ_BATCH):
+        chunk = items[i : i + CANCEL_READ_BATCH]
+        # (no older cancellation applies: the read stays bounded for a key used again and again)
+        oldest = min(min(t for t in held[w] if t is not None) for w in chunk)
+        rows = MessageCancellation.objects.using(using).filter(
+            queue__in={q for q, _ in chunk},
+            message_key__in={k for _, k in chunk},
+            cancelled_at__gte=oldest,
+        )
+        for row in rows.order_by("cancelled_at"):
+            where = (row.queue, row.message_key)
+            if where not in held:
+                continue
+            sent, received = held[where]
+            since = (sent if row.running else received) or row.cancelled_at
+            if row.cancelled_at >= since:
+                found[where] = row
+    return found

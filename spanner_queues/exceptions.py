@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 __all__ = [
     "AckedFailure",
+    "Cancelled",
     "CommitOutcomeUnknown",
     "InvalidArgument",
     "InvalidMessage",
@@ -72,6 +73,17 @@ class InvalidMessage(QueueError, ValueError):
 
 class MessageAlreadyExists(QueueError):
     """A message with this key is already in the queue: keys are identity, as in Spanner."""
+
+
+class Cancelled(QueueError):
+    """Raised in a receiver whose message an operator cancelled (``api.cancel``) while it ran,
+    by ``MessageContext.raise_if_cancelled()``: the worker acks the message (it is not retried)
+    and reports the run as cancelled. ``reason`` and ``by`` are the cancellation's."""
+
+    def __init__(self, reason: str = "", by: str = "") -> None:
+        super().__init__(f"cancelled{f' by {by}' if by else ''}{f': {reason}' if reason else ''}")
+        self.reason = reason
+        self.by = by
 
 
 class MessageAlreadyAcked(QueueError):

@@ -24,7 +24,11 @@ from django.utils import timezone
 
 from spanner_queues.api import replace, send_many
 from spanner_queues.causes import FailureCause  # noqa: F401  (failures by cause)
-from spanner_queues.controls import PausedQueue, QueueRate  # noqa: F401  (operator controls)
+from spanner_queues.controls import (  # noqa: F401  (operator controls)
+    MessageCancellation,
+    PausedQueue,
+    QueueRate,
+)
 from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.keys import row_to_message
@@ -150,6 +154,7 @@ class Queues(models.Model):
             ("reschedule_message", "Can deliver queue messages now or reschedule them"),
             ("dead_letter_message", "Can move messages to and replay them from dead-letter queues"),
             ("pause_queue", "Can pause and resume queues for every worker"),
+            ("cancel_message", "Can cancel queue messages"),
         ]
 
     def __str__(self) -> str:

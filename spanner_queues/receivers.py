@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from django.db import transaction
 
 from spanner_queues import instrumentation
-from spanner_queues.exceptions import PayloadError, QueueConfigurationError, QueueError
+from spanner_queues.exceptions import Cancelled, PayloadError, QueueConfigurationError, QueueError
 from spanner_queues.keys import key_fields
 from spanner_queues.message import Message
 from spanner_queues.queues import get_queue
@@ -59,6 +59,7 @@ __all__ = [
     "ReceiverConfigurationError",
     "ReceiverRegistry",
     "ReceiverSpec",
+    "current_run",
     "receiver",
     "receivers",
 ]
@@ -317,6 +318,7 @@ class MessageContext:
 
     __slots__ = (
         "_acked",
+        "_cancelled",
         "_committed",
         "_freeze",
         "_keys",
@@ -357,6 +359,8 @@ class MessageContext:
         self._acked: set[tuple[str, tuple]] = set()
         #: the messages whose ack by the receiver's code committed (on the database's commit)
         self._committed: set[tuple[str, tuple]] = set()
+        #: set by the worker once an operator cancelled one of the messages (``api.cancel``)
+        self._cancelled: Cancelled | None = None
 
     def __repr__(self) -> str:
         state = "active" if self.active else "over"
@@ -408,6 +412,25 @@ class MessageContext:
         """Whether the worker is stopping (``stop()``, SIGTERM): a long receiver may then end
         early at a checkpoint (``patterns.checkpoint``) instead of running to its limit."""
         return self._stopping is not None and self._stopping()
+
+    @property
+    def cancelled(self) -> bool:
+        """Whether an operator cancelled (``api.cancel``) a message of this run while it ran:
+        the worker reads cancellations every ``controls.CANCEL_CHECK_SECONDS``. Cooperative: a
+        receiver that never looks runs on to its end or its time limit."""
+        return self._cancelled is not None
+
+    def raise_if_cancelled(self) -> None:
+        """Raise ``Cancelled`` (with the cancellation's ``reason`` and ``by``) if a message of
+        this run was cancelled: the worker then acks the messages (not retried) and reports the
+        run as cancelled; the receiver's transaction rolls back."""
+        if self._cancelled is not None:
+            raise Cancelled(self._cancelled.reason, self._cancelled.by)
+
+    def _cancel(self, reason: str, by: str) -> None:
+        """Worker use: an operator cancelled a message of this run."""
+        if self._cancelled is None:
+            self._cancelled = Cancelled(reason, by)
 
     # --- the verbs' side (through the ContextVar) --------------------------------------------
 

@@ -59,6 +59,7 @@ __all__ = [
     "inbox_pull_failed",
     "inbox_pulled",
     "messages_acked",
+    "messages_cancelled",
     "messages_published",
     "messages_sent",
     "publish_failed",
@@ -66,6 +67,9 @@ __all__ = [
 
 messages_sent = Signal(use_caching=True)
 messages_acked = Signal(use_caching=True)
+#: ``api.cancel``, inside its transaction: ``messages`` (one ``Message``), ``cancellation``
+#: (the ``MessageCancellation``)
+messages_cancelled = Signal(use_caching=True)
 messages_published = Signal(use_caching=True)
 publish_failed = Signal(use_caching=True)
 inbox_duplicates_dropped = Signal(use_caching=True)

@@ -24,8 +24,9 @@ PUBLIC: dict[str, set[str]] = {
         "JSONPayloadField", "Queue", "QueueManager", "QueueQuerySet", "Queues",
     },
     "spanner_queues.api": {
-        "ack", "ack_many", "is_paused", "pause", "receive", "release", "renew", "renew_many",
-        "replace", "requeue", "requeue_many", "resume", "row_to_message", "send", "send_many",
+        "ack", "ack_many", "cancel", "is_paused", "pause", "receive", "release", "renew",
+        "renew_many", "replace", "requeue", "requeue_many", "resume", "row_to_message", "send",
+        "send_many",
     },
     "spanner_queues.deadletter": {"dead_letter", "dead_letter_queue_for", "replay", "sources_of"},
     "spanner_queues.message": {"Message", "OutgoingMessage"},
@@ -38,7 +39,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.receivers": {
         "MessageContext", "NoReceiver", "ReceiverConfigurationError", "ReceiverRegistry",
-        "ReceiverSpec", "receiver", "receivers",
+        "ReceiverSpec", "current_run", "receiver", "receivers",
     },
     "spanner_queues.queues": {"get_queue", "queue_models"},
     "spanner_queues.patterns": {
@@ -76,7 +77,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.signals": {
         "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
-        "messages_published", "messages_sent", "publish_failed",
+        "messages_cancelled", "messages_published", "messages_sent", "publish_failed",
     },
     "spanner_queues.contrib.tasks": {"QueueBackend", "TaskMessage", "TaskResultRecord"},
     "spanner_queues.contrib.pubsub": {"PublishFailed", "SeenEvent", "event_id"},

@@ -1,4 +1,5 @@
-"""What an operator can do to messages, each through the send API or the dead-letter verbs.
+"""What an operator can do to messages, each through the send API or the dead-letter verbs
+(and ``api.cancel``).
 
 Every action runs in one transaction on the queue's database, together with its admin history
 (``LogEntry``): for a selection, all messages change or none does. Nothing here updates a row.
@@ -33,7 +34,18 @@ from spanner_queues.transactions import run_in_transaction
 
 VIEW_PERMISSION = "spanner_queues.view_queues"
 
-Apply = Callable[[type[Queue], Sequence[Message], datetime | None, str], None]
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """What the operator gave an action: a deliver time (reschedule), a reason and who they
+    are (cancel)."""
+
+    deliver_time: datetime | None = None
+    reason: str = ""
+    by: str = ""
+
+
+Apply = Callable[[type[Queue], Sequence[Message], Inputs, str], None]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -50,14 +62,20 @@ class QueueAction:
     apply: Apply
     available: Callable[[type[Queue]], bool]
     needs_time: bool = False
+    #: the operator gives a reason (cancel)
+    needs_reason: bool = False
 
     def allowed(self, user: object) -> bool:
         return bool(getattr(user, "has_perm", lambda _: False)(self.permission))
 
-    def change_message(self, model: type[Queue], deliver_time: datetime | None) -> str:
+    def change_message(
+        self, model: type[Queue], deliver_time: datetime | None, reason: str = ""
+    ) -> str:
         when = timezone.localtime(deliver_time).isoformat() if deliver_time else ""
         target = dead_letter_target(model)
-        return self.done.format(when=when, target=target or "", source=replay_target(model) or "")
+        return self.done.format(
+            when=when, target=target or "", source=replay_target(model) or "", reason=reason
+        )
 
 
 def dead_letter_target(model: type[Queue]) -> str | None:
@@ -88,30 +106,32 @@ def _unchanged(model: type[Queue], messages: Sequence[Message], db: str) -> None
             )
 
 
-def _ack(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+def _ack(model: type[Queue], messages: Sequence[Message], _: Inputs, db: str) -> None:
     _unchanged(model, messages, db)
     api.ack_many(model, messages, using=db)
 
 
-def _resend(
-    model: type[Queue], messages: Sequence[Message], when: datetime | None, db: str
-) -> None:
+def _resend(model: type[Queue], messages: Sequence[Message], given: Inputs, db: str) -> None:
     _unchanged(model, messages, db)
-    api.requeue_many(messages, deliver_time=when, using=db)
+    api.requeue_many(messages, deliver_time=given.deliver_time, using=db)
 
 
-def _dead_letter(
-    model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str
-) -> None:
+def _dead_letter(model: type[Queue], messages: Sequence[Message], _: Inputs, db: str) -> None:
     _unchanged(model, messages, db)
     for message in messages:
         deadletter.dead_letter(message, using=db)
 
 
-def _replay(model: type[Queue], messages: Sequence[Message], _: datetime | None, db: str) -> None:
+def _replay(model: type[Queue], messages: Sequence[Message], _: Inputs, db: str) -> None:
     _unchanged(model, messages, db)
     for message in messages:
         deadletter.replay(message, using=db)
+
+
+def _cancel(model: type[Queue], messages: Sequence[Message], given: Inputs, db: str) -> None:
+    _unchanged(model, messages, db)
+    for message in messages:
+        api.cancel(model, message.key, reason=given.reason, by=given.by, using=db)
 
 
 def _always(model: type[Queue]) -> bool:
@@ -184,6 +204,20 @@ ACTIONS: dict[str, QueueAction] = {
             apply=_replay,
             available=lambda model: replay_target(model) is not None,
         ),
+        QueueAction(
+            name="cancel",
+            label="Cancel selected messages…",
+            button="Cancel…",
+            done="Cancelled ({reason})",
+            explanation="Each message is cancelled, with your name and reason on record: a "
+            "pending one is deleted; one a worker runs now is asked to stop (its receiver sees "
+            "it if it checks, else its time limit stops it).",
+            permission="spanner_queues.cancel_message",
+            log_flag=CHANGE,
+            apply=_cancel,
+            available=_always,
+            needs_reason=True,
+        ),
     )
 }
 
@@ -200,16 +234,20 @@ def perform(
     *,
     user_id: Any,
     deliver_time: datetime | None = None,
+    reason: str = "",
+    by: str = "",
 ) -> None:
     """Run ``action`` on ``messages`` and record it in the admin history (as the user whose
     primary key is ``user_id``, of whatever type ``AUTH_USER_MODEL``'s is), in one transaction.
-    A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back."""
+    A ``QueueError`` (e.g. ``MessageAlreadyAcked``) rolls everything back. ``reason`` and
+    ``by`` (the user's name): a cancel's record."""
     db = engine_for(model).database
     content_type = ContentType.objects.db_manager(db).get_for_model(model, for_concrete_model=False)
-    change_message = action.change_message(model, deliver_time) + "."
+    change_message = action.change_message(model, deliver_time, reason) + "."
+    given = Inputs(deliver_time=deliver_time, reason=reason, by=by)
 
     def run() -> None:
-        action.apply(model, messages, deliver_time, db)
+        action.apply(model, messages, given, db)
         # the history goes through the queue's database, in the action's transaction
         LogEntry.objects.using(db).bulk_create(
             LogEntry(

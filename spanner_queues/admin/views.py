@@ -241,6 +241,15 @@ class RescheduleForm(forms.Form):
             raise forms.ValidationError(str(exc)) from None
 
 
+class CancelForm(forms.Form):
+    reason = forms.CharField(
+        label="Reason",
+        max_length=1000,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        help_text="Kept with the cancellation, with your name.",
+    )
+
+
 class QueuesAdmin(admin.ModelAdmin):
     """Mounts the queue pages on an admin site; registered for the table-less ``Queues``."""
 
@@ -572,8 +581,13 @@ class QueuesAdmin(admin.ModelAdmin):
             return back
         found = get_messages(model, keys)
         confirmed = request.POST.get("post") == "yes"
-        form = RescheduleForm(request.POST if confirmed else None, initial=_initial_time())
-        if confirmed and (form.is_valid() or not action.needs_time):
+        data = request.POST if confirmed else None
+        form: forms.Form | None = None
+        if action.needs_time:
+            form = RescheduleForm(data, initial=_initial_time())
+        elif action.needs_reason:
+            form = CancelForm(data)
+        if confirmed and (form is None or form.is_valid()):
             return self._perform(request, model, action, keys, found, form)
         now = clock.now()
         context = self._context(
@@ -583,7 +597,7 @@ class QueuesAdmin(admin.ModelAdmin):
             action=action,
             rows=[self._row(model, m, now) for m in found],
             missing=len(keys) - len(found),
-            form=form if action.needs_time else None,
+            form=form,
             selected_name=SELECTED,
         )
         return TemplateResponse(request, "spanner_queues/admin/confirm.html", context)
@@ -595,7 +609,7 @@ class QueuesAdmin(admin.ModelAdmin):
         action: QueueAction,
         keys: list[tuple[Any, ...]],
         found: list[Message],
-        form: RescheduleForm,
+        form: forms.Form | None,
     ) -> HttpResponse:
         back = HttpResponseRedirect(self._url("messages", model._meta.label_lower))
         if len(found) < len(keys):
@@ -605,16 +619,26 @@ class QueuesAdmin(admin.ModelAdmin):
                 "moved meanwhile). Nothing was changed.",
             )
             return back
-        when = form.cleaned_data["deliver_time"] if action.needs_time else None
+        given = form.cleaned_data if form is not None else {}
+        when, reason = given.get("deliver_time"), given.get("reason", "")
+        by = request.user.get_username() if hasattr(request.user, "get_username") else ""
         try:
-            perform(action, model, found, user_id=request.user.pk, deliver_time=when)
+            perform(
+                action,
+                model,
+                found,
+                user_id=request.user.pk,
+                deliver_time=when,
+                reason=reason,
+                by=by,
+            )
         except QueueError as exc:
             messages.error(request, f"Nothing was changed: {exc}")
             return back
         n = len(found)
         messages.success(
             request,
-            f"{action.change_message(model, when)}: {n} message{'s' if n != 1 else ''} of "
+            f"{action.change_message(model, when, reason)}: {n} message{'s' if n != 1 else ''} of "
             f"{model._meta.label}.",
         )
         return back

@@ -287,7 +287,7 @@ class Outcomes:
         d = o.delivery
         action = s.action
         if action is Action.ACKED or action is Action.NOTHING:
-            if s.report in ("acked", "lease_lost", "already_acked"):
+            if s.report in ("acked", "lease_lost", "already_acked", "cancelled"):
                 self.report(s.report, o)
             return
         if action is Action.RELEASE or action is Action.PARK:
@@ -310,6 +310,9 @@ class Outcomes:
                     retries=plan.retries,
                 )
         except MessageAlreadyAcked:
+            if s.report == "cancelled":  # deleted by the cancel itself (native queues)
+                self.report(s.report, o, message=m)
+                return
             self.log("already_acked", m, o.duration, "%s: already acked; nothing to dead-letter")
             return
         except LeaseLost:  # StaleAck: delivered again or replaced meanwhile

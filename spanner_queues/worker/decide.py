@@ -14,7 +14,7 @@ settlement         storage action
 ``REQUEUE``        ack and send again under its key, due ``due``, to this queue
 ``DEAD_LETTER``    ack and send again to the queue's dead-letter queue, due now
 ``RELEASE``        give it back before its lease ends, due ``due``
-``DISCARD``        ack it (``discard_after_max_attempts``)
+``DISCARD``        ack it (``discard_after_max_attempts``; a cancelled run)
 ``PARK``           give it back due at ``PARKED_UNTIL`` (its key clashes in the DLQ)
 ``NOTHING``        none (lease lost, acked meanwhile, a receiver that acked its failure)
 =================  ===============================================================
@@ -119,6 +119,10 @@ def decide(
         )
     if kind is Kind.UNMATCHED:
         return Settlement(Action.REQUEUE, "unmatched", due=now + backoff)
+    if kind is Kind.CANCELLED:  # the receiver stopped on an operator's cancel: not retried
+        if outcome.acked:  # (the Tasks runner acked it with its result)
+            return Settlement(Action.NOTHING, "cancelled")
+        return Settlement(Action.DISCARD, "cancelled")
     if kind is Kind.EXHAUSTED:
         return give_up(options, attempt, now + backoff)
     assert kind in FAILURES

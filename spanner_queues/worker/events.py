@@ -6,7 +6,9 @@ and lets tests wait), and ``log_extra`` (the fields of its log records).
 A listener is any callable taking a ``WorkerEvent``; one that raises is logged and the worker
 goes on. Event names are stable: ``worker_started``, ``received``, ``started``, ``acked``,
 ``failed``, ``retried``, ``released``, ``dead_lettered``, ``discarded``, ``lease_lost``,
-``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``timed_out``, ``renewed``,
+``already_acked``, ``returned``, ``unmatched``, ``crashed``, ``cancelled`` (the receiver
+stopped on a cancel: acked, not retried), ``cancel_requested`` (the worker told a running
+receiver of a cancel), ``timed_out``, ``renewed``,
 ``renewal_failed``, ``idle``, ``stopping``, ``summary``, ``stopped``, and per queue (``queue``
 set) ``receive_failed`` (each failed receive of a queue), ``queue_recovered`` (its first
 receive that succeeded after) and ``committed`` (a run's transaction committed, ``size``
@@ -46,6 +48,7 @@ FINAL_EVENTS = frozenset(
         "returned",
         "unmatched",
         "crashed",
+        "cancelled",
     }
 )
 
@@ -88,6 +91,8 @@ class WorkerStats:
     timed_out: int = 0
     #: deliveries no receiver of this worker matched, given back without spending an attempt
     unmatched: int = 0
+    #: runs that stopped on an operator's cancel (``api.cancel``): acked, not retried
+    cancelled: int = 0
     #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)
     receive_errors: int = 0
     #: transactions committed by runs: one per receiver run, one per group (a failure's own
@@ -245,6 +250,8 @@ REPORTS: dict[str, Report] = {
                                 "dead-letter queue %(queue)s already holds key %(key)r; parked "
                                 "in its queue (due %(parked)s): resolve the clash in the admin, "
                                 "then deliver it now", None, None),
+    "cancelled": Report(logging.WARNING, "%(message)s attempt %(attempt)d: %(receiver)s stopped, "
+                        "%(error)s; acked, not retried", "cancelled", "cancelled"),
     "returned": Report(logging.DEBUG, "%(message)s: prefetched, not started; given back at stop",
                        "returned", "returned"),
 }  # fmt: skip

@@ -1,24 +1,28 @@
 """Leases: ``Leases`` (the lease held now of each delivery, as an ack, a retry, a release or a
 renewal reads and writes it) and ``Renewer`` (one thread that renews the leases of every
 message the worker holds, running or waiting in the prefetch buffer, halfway through each
-lease). A renewal that loses a lease marks the delivery lost: the worker then no longer acks,
-retries or releases it. A delivery whose token an ack has read (``acking``) is left alone until
-the ack commits. Engines that cannot renew (``NotSupportedByEngine``) keep the lease they
-gave."""
+lease; every ``controls.CANCEL_CHECK_SECONDS`` it also reads the cancellations of the messages
+whose receivers run, one query per database, and tells their runs:
+``MessageContext.cancelled``). A renewal that loses a lease marks the delivery lost: the worker
+then no longer acks, retries or releases it. A delivery whose token an ack has read
+(``acking``) is left alone until the ack commits. Engines that cannot renew
+(``NotSupportedByEngine``) keep the lease they gave."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.db import connections
 
-from spanner_queues import api, clock
+from spanner_queues import api, clock, controls
 from spanner_queues.exceptions import NotSupportedByEngine
+from spanner_queues.failures import key_text
 from spanner_queues.message import Message
 from spanner_queues.transactions import forget_lost_connection, holding
 
@@ -85,6 +89,8 @@ class Renewer:
         self.slots = slots
         self.leases = leases
         self.reporter = reporter
+        #: ``time.monotonic()`` of the next read of cancellations
+        self.cancels_at = 0.0
 
     def run(self) -> None:
         """The renewer thread: until the worker stops and holds nothing."""
@@ -97,14 +103,59 @@ class Renewer:
                     now = clock.now()
                     live = slots.renewable()
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
-                    if not due:
+                    running = None
+                    if time.monotonic() >= self.cancels_at:
+                        running = [d for d in live if d.context is not None and d.context.active]
+                    if not due and running is None:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
+                        wait = min(wait, self.cancels_at - time.monotonic())
                         slots.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
                         continue
-                self.renew(due)
+                if running is not None:
+                    self.cancels_at = time.monotonic() + controls.CANCEL_CHECK_SECONDS
+                    self.check_cancels(running)
+                if due:
+                    self.renew(due)
         finally:
             connections.close_all()
+
+    def check_cancels(self, running: list[Delivery]) -> None:
+        """Read the cancellations of the messages of ``running`` (one query per database, per
+        ``controls.CANCEL_READ_BATCH`` messages) and tell each cancelled one's run. A failed
+        read is logged and tried again at the next check."""
+        by_db: dict[str, list[Delivery]] = {}
+        for d in running:
+            cancelled = d.context is None or d.context.cancelled
+            if not cancelled:
+                by_db.setdefault(d.plan.db, []).append(d)
+        for db, group in by_db.items():
+            try:
+                found = controls.cancellations(
+                    [
+                        (d.plan.label, d.message.key, d.message.send_time, d.received_at)
+                        for d in group
+                    ],
+                    using=db,
+                )
+            except Exception as exc:
+                forget_lost_connection(exc, db)
+                logger.exception("reading cancellations failed; trying again")
+                continue
+            if not found:
+                continue
+            for d in group:
+                row = found.get((d.plan.label, key_text(d.message.key)))
+                if row is not None and d.context is not None:
+                    d.context._cancel(row.reason, row.by)
+                    logger.info(
+                        "%s: cancelled by %s (%s); its receiver is asked to stop",
+                        d.message,
+                        row.by or "an operator",
+                        row.reason,
+                        extra=self.reporter.log_extra("cancel_requested", d.message),
+                    )
+                    self.reporter.emit("cancel_requested", message=d.message)
 
     def renew(self, due: list[Delivery]) -> None:
         by_plan: dict[str, list[Delivery]] = {}

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from spanner_queues.exceptions import (
     AckedFailure,
+    Cancelled,
     LeaseLost,
     MessageAlreadyAcked,
     Retry,
@@ -48,6 +49,9 @@ class Kind(enum.Enum):
     UNMATCHED = "unmatched"
     #: delivered more often than ``max_attempts`` allows: not run, given up on
     EXHAUSTED = "exhausted"
+    #: an operator cancelled it while it ran and the receiver stopped (``Cancelled``): acked,
+    #: not retried
+    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +81,7 @@ class Outcome:
     def outcome(self) -> str:
         """The kind as text: ``"acked"``, ``"retried"``, ``"failed"`` (a time limit and a
         stuck run too), ``"lease_lost"``, ``"already_acked"``, ``"unmatched"``,
-        ``"exhausted"``."""
+        ``"exhausted"``, ``"cancelled"``."""
         return "failed" if self.kind in FAILURES else self.kind.value
 
 
@@ -95,11 +99,13 @@ def outcomes_of(
 ) -> list[Outcome]:
     """The outcome of each of ``deliveries`` whose run raised ``error`` (procrastinate's
     ``get_retry_decision``): ``Retry``, a time limit, a lost lease (``StaleAck`` too), an ack
-    by someone else, ``AckedFailure`` of a non-atomic receiver, any other failure."""
+    by someone else, ``Cancelled``, ``AckedFailure`` of a non-atomic receiver, any other failure."""
     after: timedelta | None = None
     acked = False
     if isinstance(error, Retry):
         kind, after = Kind.RETRY, error.after
+    elif isinstance(error, Cancelled):
+        kind = Kind.CANCELLED
     elif isinstance(error, TimeLimitExceeded):
         kind = Kind.TIMED_OUT
     elif isinstance(error, LeaseLost):
@@ -107,7 +113,9 @@ def outcomes_of(
     elif isinstance(error, MessageAlreadyAcked):
         kind = Kind.ALREADY_ACKED
     elif isinstance(error, AckedFailure) and not atomic:  # failure recorded, acked
-        kind, error, acked = Kind.FAILED, error.error, True  # type: ignore[assignment]
+        cancelled = isinstance(error.error, Cancelled)  # (a Django task that stopped on one)
+        kind = Kind.CANCELLED if cancelled else Kind.FAILED
+        error, acked = error.error, True  # type: ignore[assignment]
     else:
         kind = Kind.FAILED
     return [Outcome(kind, d, receiver, duration, error, after, acked) for d in deliveries]

@@ -163,7 +163,7 @@ class Runner:
             """The lease held now, for an ack by the receiver's code: no longer renewed."""
             return leases.freeze([by_key[(message.queue, message.key)]])[0]
 
-        return MessageContext(
+        context = MessageContext(
             spec,
             [d.message for d in deliveries],
             worker_id=self.worker_id,
@@ -172,6 +172,9 @@ class Runner:
             freeze=freeze,
             stopping=lambda: self.slots.stopping,
         )
+        for d in deliveries:  # (the renewer tells it of a cancellation)
+            d.context = context
+        return context
 
     def _call(
         self,

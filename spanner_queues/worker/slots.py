@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from spanner_queues import clock
 from spanner_queues.message import Message
-from spanner_queues.receivers import ReceiverSpec
+from spanner_queues.receivers import MessageContext, ReceiverSpec
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
@@ -90,6 +91,12 @@ class Delivery:
     timed_out: bool = False
     #: its receiver could not be interrupted within the grace: the worker gave up on it
     stuck: bool = False
+    #: when this worker received it (a cancel that deleted a message applies to a delivery
+    #: received before it, not to one of a message sent again later under its key)
+    received_at: datetime = field(default_factory=clock.now)
+    #: the run of its receiver (set when it starts; ``active`` while it runs): the renewer
+    #: tells it of a cancellation (``MessageContext.cancelled``)
+    context: MessageContext | None = None
 
     @property
     def model(self) -> type[Queue]:

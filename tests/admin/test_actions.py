@@ -224,6 +224,7 @@ def test_no_selection_and_get_change_nothing(operator_client: Client) -> None:
         (("view_queues", "ack_message"), "reschedule"),
         (("view_queues", "reschedule_message"), "dead_letter"),
         (("ack_message",), "ack"),  # an action permission without the view permission
+        (("view_queues", "ack_message"), "cancel"),
     ],
 )
 def test_actions_need_their_permission(

@@ -38,3 +38,20 @@ def spin(seconds: float) -> None:
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         time.sleep(0.01)
+
+
+#: set once ``loop_until_cancelled`` runs
+LOOPING = __import__("threading").Event()
+
+
+@task()
+def loop_until_cancelled() -> None:
+    """Works in steps, looking for a cancel before each (``current_run``: the worker's run)."""
+    from spanner_queues.receivers import current_run
+
+    run = current_run()
+    assert run is not None
+    LOOPING.set()
+    while True:
+        run.raise_if_cancelled()
+        __import__("threading").Event().wait(0.01)  # (one step of work)

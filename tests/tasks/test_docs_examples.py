@@ -165,8 +165,16 @@ def test_every_python_block_of_the_tasks_page_is_run_by_a_test() -> None:
             "celery",
             "signup.py",
             "billing.py",
+            "indexing.py",
         ]
     )
+
+
+def test_the_cancel_example_runs_to_its_end_outside_a_worker(shop) -> None:
+    """Outside a worker ``current_run()`` is None: the task runs all its steps."""
+    from shop.indexing import rebuild_index  # type: ignore[import-not-found]
+
+    assert rebuild_index.call(3) is None
 
 
 def _block(kind: str) -> str:

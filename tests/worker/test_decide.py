@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from spanner_queues.exceptions import LeaseLost, MessageAlreadyAcked, Retry, TimeLimitExceeded
+from spanner_queues.exceptions import (
+    Cancelled,
+    LeaseLost,
+    MessageAlreadyAcked,
+    Retry,
+    TimeLimitExceeded,
+)
 from spanner_queues.options import QueueOptions
 from spanner_queues.receivers import NoReceiver
 from spanner_queues.worker.decide import PARKED_UNTIL, Action, Settlement, decide, park
@@ -68,6 +74,12 @@ TABLE = [
      Settlement(Action.DISCARD, "discarded", attempt=4)),
     ("exhausted, neither", outcome(Kind.EXHAUSTED), THREE, 4, True,
      Settlement(Action.RELEASE, "released", due=NOW + BACKOFF, attempt=4)),
+    ("cancelled, even with attempts left", outcome(Kind.CANCELLED, Cancelled("typo")), DEAD, 1,
+     True, Settlement(Action.DISCARD, "cancelled")),
+    ("cancelled, acked by its receiver", outcome(Kind.CANCELLED, Cancelled("x"), acked=True),
+     DEAD, 1, True, Settlement(Action.NOTHING, "cancelled")),
+    ("cancelled, lease lost", outcome(Kind.CANCELLED, Cancelled("typo")), DEAD, 1, False,
+     Settlement(Action.NOTHING, "lease_lost")),
 ]  # fmt: skip
 
 

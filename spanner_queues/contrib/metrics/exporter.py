@@ -122,6 +122,7 @@ OUTCOMES = (
     "discarded",
     "timed_out",
     "unmatched",
+    "cancelled",
 )
 #: events after which a started message is no longer in flight (a timed-out receiver may
 #: still be running: it is counted once it fails)
@@ -165,8 +166,9 @@ class _Metrics:
         self.outcomes = prom.Counter(
             "spanner_queues_worker_messages",
             "Messages the worker finished, by outcome: acked, retried, failed (one failed run), "
-            "dead_lettered, discarded, timed_out. A last failed run is counted as failed and "
-            "then dead_lettered or discarded; a run past its time limit as timed_out and failed.",
+            "dead_lettered, discarded, timed_out, unmatched, cancelled. A last failed run is "
+            "counted as failed and then dead_lettered or discarded; a run past its time limit as "
+            "timed_out and failed.",
             ["queue", "outcome"],
         )
         self.duration = prom.Histogram(

@@ -97,7 +97,7 @@ from spanner_queues.contrib.tasks.models import (
 )
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for
-from spanner_queues.exceptions import AckedFailure
+from spanner_queues.exceptions import AckedFailure, Cancelled, MessageAlreadyAcked
 from spanner_queues.message import Message
 from spanner_queues.queues import get_queue
 from spanner_queues.receivers import (
@@ -107,6 +107,7 @@ from spanner_queues.receivers import (
     mark_acked,
     receivers,
 )
+from spanner_queues.signals import messages_cancelled
 from spanner_queues.transactions import run_in_transaction
 
 #: the worker id recorded in results outside a worker (the test kit's ``drain``): host and
@@ -114,6 +115,12 @@ from spanner_queues.transactions import run_in_transaction
 #: lines and events carry
 WORKER_ID = f"{socket.gethostname()}-{os.getpid()}"
 RECEIVER_NAME = "spanner_queues.contrib.tasks.runner.run_task"
+
+#: the status of a cancelled task's result: Django's ``CANCELLED`` where its Tasks API has
+#: one, else ``FAILED`` (its error is the ``Cancelled``, with the reason)
+CANCELLED = str(getattr(getattr(TaskResultStatus, "CANCELLED", None), "value", FAILED))
+#: labels of the task queues (``connect``)
+_TASK_QUEUES: set[str] = set()
 
 _prune_lock = threading.Lock()
 _next_prune = [0.0]
@@ -150,6 +157,7 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
     backends = queue_backends()
     if backends:
         checks.register(check_django_tasks_installed)
+    messages_cancelled.connect(_on_cancelled, dispatch_uid="spanner_queues_tasks_cancel")
     for backend in backends:
         # (a label naming no declared queue is left out: the backend's check E102 reports it)
         for model in backend.all_queue_models(declared_only=True):
@@ -157,6 +165,7 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
             if label in labels:
                 continue
             labels.append(label)
+            _TASK_QUEUES.add(label)
             registry.register(
                 ReceiverSpec(
                     func=run_task,
@@ -170,6 +179,33 @@ def connect(registry: ReceiverRegistry | None = None) -> list[str]:
                 )
             )
     return labels
+
+
+def _on_cancelled(
+    sender: Any, messages: list[Message], using: str, cancellation: Any, **_: Any
+) -> None:
+    """``api.cancel`` of a task's message, in its transaction: a pending task's result is
+    written finished (``CANCELLED``, else ``FAILED``) with the cancellation as its error. (A
+    running task's result is written by its run, if it stops on the cancel.)"""
+    if cancellation.running or sender._meta.label not in _TASK_QUEUES:
+        return
+    for message in messages:
+        try:
+            data = message.json()
+        except Exception:
+            continue  # not a task's message
+        record = TaskResultRecord.objects.using(using).filter(id=data.get("id")).first()
+        persisted = record is not None
+        if record is None:
+            record = record_from_payload(data, queue=message.queue)
+        if record is None or record.status in (*FINISHED, CANCELLED):
+            continue
+        cancelled = Cancelled(cancellation.reason, cancellation.by)
+        error = {
+            "exception_class_path": get_module_path(Cancelled),
+            "traceback": f"{get_module_path(Cancelled)}: {cancelled}\n",
+        }
+        _finish(record, using, persisted, CANCELLED, errors_json=dumps([*record.errors, error]))
 
 
 def task_timeout(message: Message) -> float | None:
@@ -200,7 +236,7 @@ def run_task(message: Message) -> None:
     persisted = record is not None
     if record is None and "args" in data:
         record = record_from_payload(data, queue=message.queue)
-    if record is None or record.status in FINISHED:
+    if record is None or record.status in (*FINISHED, CANCELLED):
         # No row (pruned, or deleted by hand) or already finished: nothing to run.
         run_in_transaction(lambda: _ack(message, db), using=db, retries=retries)
         mark_acked(message)
@@ -299,16 +335,27 @@ def _record_failure(
     }
     errors = [*record.errors, error]
     runs = data.get("max_attempts", 1) if "args" in data else 1
-    again = not isinstance(failure, InvalidTask) and len(errors) < runs
+    # (a task that stopped on a cancel is not run again, whatever max_attempts says)
+    again = not isinstance(failure, (InvalidTask, Cancelled)) and len(errors) < runs
+    status = CANCELLED if isinstance(failure, Cancelled) else FAILED
 
     def fail() -> None:
         if again:  # QueueTask.max_attempts: READY again, its message due after the delay
             _again(record, message, data, db, persisted, errors)
             return
-        _finish(record, db, persisted, FAILED, errors_json=dumps(errors))
+        _finish(record, db, persisted, status, errors_json=dumps(errors))
         _ack(message, db)
 
-    run_in_transaction(fail, using=db, retries=retries)
+    try:
+        run_in_transaction(fail, using=db, retries=retries)
+    except MessageAlreadyAcked:
+        if not isinstance(failure, Cancelled):
+            raise
+        # (native queues: the cancel deleted the message and finished its result itself)
+        stored = TaskResultRecord.objects.using(db).filter(id=record.id).first()
+        if stored is not None:
+            record.status, record.finished_at = stored.status, stored.finished_at
+            record.errors_json = stored.errors_json
     if again:
         mark_acked(message)
         raise AckedFailure(failure) from failure  # logged and counted: a failed run
