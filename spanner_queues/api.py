@@ -4,7 +4,6 @@ engine and delegates across the seam; none knows how a queue is stored."""
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import uuid
 import warnings
@@ -17,11 +16,11 @@ from datetime import timezone as dt_timezone
 from typing import TYPE_CHECKING, Any
 
 from django.core.exceptions import ValidationError
-from django.db import models, transaction
+from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues import clock, instrumentation, once
+from spanner_queues import clock, instrumentation
 from spanner_queues.controls import MessageCancellation, is_paused, pause, resume
 from spanner_queues.engines import engine_for
 from spanner_queues.envelope import envelope_of, wrap
@@ -71,9 +70,7 @@ __all__ = [
     "send_many",
 ]
 
-logger = logging.getLogger("spanner_queues")
-
-_RESERVED = {"payload", "deliver_time", "delay", "unique_for"}
+_RESERVED = {"payload", "deliver_time", "delay"}
 #: (database, queue) pairs already warned that their engine ignores ``receive(lease=...)``:
 #: at most one entry per declared queue and engine
 _lease_warned: set[tuple[str, str]] = set()
@@ -292,70 +289,16 @@ def send_many(
     model = get_queue(queue)
     engine = engine_for(model)
     tracing = instrumentation.installed
-    specs = list(messages)
-    if any(isinstance(s, Mapping) and s.get("unique_for") is not None for s in specs):
-        return _send_once(model, specs, using=using, engine=engine)
     if tracing is None:
-        outgoing = [build_message(model, spec, engine=engine) for spec in specs]
+        outgoing = [build_message(model, spec, engine=engine) for spec in messages]
         return send_outgoing(model, outgoing, using=using, engine=engine)
+    specs = list(messages)
     with tracing.sending(model._meta.label, len(specs)) as scope:
         carrier = scope.carrier
         outgoing = [build_message(model, s, engine=engine, carrier=carrier) for s in specs]
         sent = _write(model, outgoing, using=using, engine=engine)
         scope.sent(sent)
         return sent
-
-
-def _send_once(
-    model: type[Queue],
-    specs: list[Mapping[str, Any]],
-    *,
-    using: str | None,
-    engine: BaseQueueEngine,
-) -> list[Message]:
-    """``send_many`` of messages some of which have ``unique_for`` (``spanner_queues.once``):
-    their windows are claimed and the kept messages written in one transaction (the caller's,
-    or one of its own); a message whose key's window is open comes back ``dropped``."""
-    label = model._meta.label
-    windows = [
-        None if s.get("unique_for") is None else once.check_window(s["unique_for"], label)
-        for s in specs
-    ]
-    outgoing = [build_message(model, spec, engine=engine) for spec in specs]
-    db = using or engine.database
-    once_at = [i for i, w in enumerate(windows) if w is not None]
-    with transaction.atomic(using=db):
-        go = once.claim(
-            label,
-            [outgoing[i].key for i in once_at],
-            [w for w in windows if w is not None],
-            using=db,
-        )
-        dropped = {i for i, ok in zip(once_at, go, strict=True) if not ok}
-        kept = [o for i, o in enumerate(outgoing) if i not in dropped]
-        sent = iter(send_outgoing(model, kept, using=db, engine=engine))
-    names = key_names(model)
-    result = []
-    for i, o in enumerate(outgoing):
-        if i not in dropped:
-            result.append(next(sent))
-            continue
-        logger.info(
-            "%s: a message of key %s was sent within its unique_for window; dropped",
-            label,
-            o.key,
-            extra={"action": "dropped", "queue": label},
-        )
-        message = Message(
-            queue=label,
-            key=tuple(o.key[n] for n in names),
-            key_names=names,
-            payload=o.payload,
-            deliver_time=o.deliver_time,
-        )
-        message.__dict__["_dropped"] = True  # (``Message.dropped``: not a field)
-        result.append(message)
-    return result
 
 
 def send_outgoing(

@@ -150,12 +150,6 @@ class Message:
         )
 
     @property
-    def dropped(self) -> bool:
-        """A send with ``unique_for`` found its key's window open: this message was not
-        written (``spanner_queues.once``; not a field)."""
-        return bool(self.__dict__.get("_dropped", False))
-
-    @property
     def stored_payload(self) -> bytes:
         """The bytes stored in the queue (on an envelope queue: the whole event)."""
         return self.__dict__.get("_payload", b"")

@@ -33,7 +33,6 @@ from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.keys import row_to_message
 from spanner_queues.monitoring import QueueDepthSample  # noqa: F401  (the depth chart's history)
-from spanner_queues.once import SentOnce  # noqa: F401  (send-once windows)
 from spanner_queues.payload import BYTES
 from spanner_queues.storage import (
     BOOKKEEPING_FIELDS,
@@ -93,7 +92,6 @@ class Queue(models.Model, metaclass=QueueBase):
         payload: Any = b"",
         deliver_time: datetime | None = None,
         delay: timedelta | None = None,
-        unique_for: timedelta | None = None,
         using: str | None = None,
         **key: Any,
     ) -> Message:
@@ -101,21 +99,19 @@ class Queue(models.Model, metaclass=QueueBase):
 
         The row is written through the caller's connection: it commits or rolls back with the
         caller's other writes. A key that already exists raises ``MessageAlreadyExists``.
-        ``unique_for``: send it once per window: if a send of this key with ``unique_for``
-        was kept less than its window ago, nothing is written and the returned message is
-        ``dropped`` (``spanner_queues.once``).
         """
-        spec = dict(key, payload=payload, deliver_time=deliver_time, delay=delay)
-        if unique_for is not None:
-            spec["unique_for"] = unique_for
-        return send_many(cls, [spec], using=using)[0]
+        return send_many(
+            cls,
+            [dict(key, payload=payload, deliver_time=deliver_time, delay=delay)],
+            using=using,
+        )[0]
 
     @classmethod
     def send_many(
         cls, messages: Iterable[Mapping[str, Any]], *, using: str | None = None
     ) -> list[Message]:
         """Send several messages in one statement; each dict holds key fields, ``payload``,
-        optionally ``deliver_time`` or ``delay``, and ``unique_for`` (see ``send``)."""
+        optionally ``deliver_time`` or ``delay``."""
         return send_many(cls, messages, using=using)
 
     @classmethod

@@ -269,7 +269,6 @@ LOWER = (
     "spanner_queues.semantics",
     "spanner_queues.failures",
     "spanner_queues.causes",
-    "spanner_queues.once",
     "spanner_queues.clock",
 )
 UPPER = (

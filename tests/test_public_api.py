@@ -30,8 +30,6 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.deadletter": {"dead_letter", "dead_letter_queue_for", "replay", "sources_of"},
     "spanner_queues.message": {"Message", "OutgoingMessage"},
-    "spanner_queues.causes": {"FailureCause", "causes_of", "fingerprint"},
-    "spanner_queues.once": {"SentOnce"},
     "spanner_queues.exceptions": {
         name
         for name, value in vars(exceptions).items()
