@@ -76,7 +76,9 @@ PUBLIC: dict[str, set[str]] = {
         "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
         "messages_published", "messages_sent", "publish_failed",
     },
-    "spanner_queues.contrib.tasks": {"QueueBackend", "TaskMessage", "TaskResultRecord"},
+    "spanner_queues.contrib.tasks": {
+        "QueueBackend", "TaskMessage", "TaskResultRecord", "was_dropped",
+    },
     "spanner_queues.contrib.pubsub": {"PublishFailed", "SeenEvent", "event_id"},
     "spanner_queues.contrib.metrics": {
         "METRIC_NAMES", "MetricsUnavailable", "QueueGauges", "WorkerMetrics", "enable",
