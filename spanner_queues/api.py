@@ -380,7 +380,9 @@ def _write_unique(
             send_on_commit(messages_sent, model, [m for m in out if not m.dropped], db)
         return out
 
-    return run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
+    sent = run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
+    uniqueness.prune_if_due(db)  # (outside a caller's transaction only)
+    return sent
 
 
 def send(
@@ -543,6 +545,7 @@ def receive(
     engine = engine_for(model)
     if lease is not None and not engine.features.supports_custom_lease:
         _warn_lease_ignored(model, engine.alias)
+    uniqueness.prune_if_due(engine.database)  # (a claim here marked it, at most hourly)
     return engine.receive(model, max_messages=max_messages, lease=lease, wait=wait)
 
 

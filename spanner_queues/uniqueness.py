@@ -16,7 +16,11 @@ of its own.
 
 Rows whose window ended are dead weight: on Spanner a row deletion policy removes them
 (``OLDER_THAN(window_ends_at, INTERVAL 0 DAY)``, within days of their end); ``prune`` deletes
-them on every database (``runqueueworker`` calls it now and then).
+them on every database. As the native engine's failure ledger is pruned: a claim marks its
+database's ledger due a prune at most once per ``PRUNE_INTERVAL_SECONDS`` and process, and
+the next ``api.receive`` of a queue on it outside a transaction (a worker's) or the claiming
+send itself when it ran in a transaction of its own prunes it, in a transaction of its own; a
+prune that fails is logged and never fails the caller.
 
 The Pub/Sub inbox's ``SeenEvent`` keeps event ids for a fixed ``DEDUP_WINDOW_DAYS`` in an
 optional app; this ledger keeps a window per send in the core app, so it is a table of its own.
@@ -27,12 +31,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.core.serializers.json import DjangoJSONEncoder
-from django.db import models
+from django.db import connections, models, transaction
 
 from spanner_queues import clock
 from spanner_queues.exceptions import InvalidArgument
@@ -42,6 +48,14 @@ logger = logging.getLogger("spanner_queues.uniqueness")
 DROPPED = "%s: send of key %s dropped (unique_for: sent within its window)"
 #: rows one prune deletes at most (Spanner binds at most 950 parameters a statement)
 PRUNE_BATCH = 900
+#: how often (seconds) a process prunes the ledger of a database it claimed keys in
+PRUNE_INTERVAL_SECONDS = 3600.0
+
+_prune_lock = threading.Lock()
+#: when (monotonic) this process last marked each database's ledger due a prune
+_pruned: dict[str, float] = {}
+#: databases whose ledger is due a prune
+_prune_due: set[str] = set()
 
 
 class SentKey(models.Model):
@@ -92,6 +106,7 @@ def claim(queue: str, texts: Sequence[str], window: timedelta, *, using: str) ->
     """In the caller's transaction, claim each key text of ``queue`` for ``window``: True for
     a key to send (its row now ends ``window`` from now), False for a key whose window has not
     ended (or that came earlier in ``texts``): its send is dropped."""
+    _mark_due(using)
     now = clock.now()
     until = now + window
     ids = [sent_key_id(queue, t) for t in texts]
@@ -123,6 +138,31 @@ def claim(queue: str, texts: Sequence[str], window: timedelta, *, using: str) ->
     if new:
         rows.bulk_create(new)  # a concurrent first send of a key: IntegrityError, never two
     return out
+
+
+def _mark_due(using: str) -> None:
+    last = _pruned.get(using)
+    if last is None or time.monotonic() - last > PRUNE_INTERVAL_SECONDS:
+        with _prune_lock:
+            _pruned[using] = time.monotonic()
+            _prune_due.add(using)
+
+
+def prune_if_due(using: str) -> None:
+    """``prune`` the ledger of ``using`` if a claim marked it due and the caller is in no
+    transaction, in a transaction of its own; a failure is logged (the next claim an interval
+    later marks it due again)."""
+    if using not in _prune_due or connections[using].in_atomic_block:
+        return
+    with _prune_lock:
+        if using not in _prune_due:
+            return
+        _prune_due.discard(using)
+    try:
+        with transaction.atomic(using=using):
+            prune(using=using)
+    except Exception:
+        logger.warning("pruning the unique_for ledger of %r failed", using, exc_info=True)
 
 
 def prune(*, using: str, now: datetime | None = None) -> int:

@@ -11,7 +11,7 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 
-from spanner_queues import api, clock
+from spanner_queues import api, clock, uniqueness
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidArgument
 from spanner_queues.testing.conformance.models import Account, UserTasks
@@ -124,4 +124,17 @@ def test_prune_deletes_rows_whose_window_ended(moved: _Clock) -> None:
     UserTasks.send(user_id=1, message_id="long", unique_for=HOUR)
     moved.offset = timedelta(minutes=2)
     assert prune(using=engine_for(UserTasks).database) == 1
+    assert list(SentKey.objects.values_list("pk", flat=True)) == [_ledger_id(1, "long")]
+
+
+def test_a_claim_marks_the_ledger_due_a_prune_run_outside_transactions(moved: _Clock) -> None:
+    db = engine_for(UserTasks).database
+    uniqueness._pruned.pop(db, None)  # as in a process that has not pruned yet
+    with transaction.atomic(using=db):
+        UserTasks.send(user_id=1, message_id="short", unique_for=timedelta(minutes=1))
+    moved.offset = timedelta(minutes=2)
+    with transaction.atomic(using=db):
+        UserTasks.send(user_id=1, message_id="long", unique_for=HOUR)  # due, but in a transaction
+    assert SentKey.objects.count() == 2
+    api.receive(UserTasks, wait=0)
     assert list(SentKey.objects.values_list("pk", flat=True)) == [_ledger_id(1, "long")]
