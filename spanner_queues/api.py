@@ -35,7 +35,13 @@ from spanner_queues.message import LATEST_DELIVER_TIME, Message, OutgoingMessage
 from spanner_queues.payload import encode_payload, payload_type
 from spanner_queues.queues import get_queue, queue_models
 from spanner_queues.receivers import held_lease_token, mark_acked
-from spanner_queues.signals import messages_acked, messages_sent, requeued, send_on_commit
+from spanner_queues.signals import (
+    messages_acked,
+    messages_sent,
+    requeued,
+    send_on_commit,
+    sends_dropped,
+)
 from spanner_queues.transactions import run_in_transaction
 from spanner_queues.uniqueness import checked_window, key_text
 
@@ -376,8 +382,8 @@ def _write_unique(
             )
             for m, key, ok in zip(outgoing, keys, claimed, strict=True)
         ]
-        if kept:
-            send_on_commit(messages_sent, model, [m for m in out if not m.dropped], db)
+        send_on_commit(messages_sent, model, [m for m in out if not m.dropped], db)
+        send_on_commit(sends_dropped, model, [m for m in out if m.dropped], db)
         return out
 
     sent = run_in_transaction(run, using=db, retries=engine.params.transaction_retries)

@@ -74,7 +74,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.signals": {
         "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
-        "messages_published", "messages_sent", "publish_failed",
+        "messages_published", "messages_sent", "publish_failed", "sends_dropped",
     },
     "spanner_queues.contrib.tasks": {
         "QueueBackend", "TaskMessage", "TaskResultRecord", "was_dropped",
