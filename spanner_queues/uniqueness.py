@@ -18,7 +18,7 @@ Rows whose window ended are dead weight: on Spanner a row deletion policy remove
 (``OLDER_THAN(window_ends_at, INTERVAL 0 DAY)``, within days of their end); ``prune`` deletes
 them on every database. As the native engine's failure ledger is pruned: a claim marks its
 database's ledger due a prune at most once per ``PRUNE_INTERVAL_SECONDS`` and process, and
-the next ``api.receive`` of a queue on it outside a transaction (a worker's) or the claiming
+the next ``api.receive`` outside a transaction or worker receive of a queue on it, or the claiming
 send itself when it ran in a transaction of its own prunes it, in a transaction of its own; a
 prune that fails is logged and never fails the caller.
 
