@@ -20,7 +20,7 @@ from django.db import models
 from django.db.models import Model
 from django.utils import timezone
 
-from spanner_queues import clock, instrumentation
+from spanner_queues import clock, instrumentation, uniqueness
 from spanner_queues.controls import MessageCancellation, is_paused, pause, resume
 from spanner_queues.engines import engine_for
 from spanner_queues.envelope import envelope_of, wrap
@@ -43,9 +43,11 @@ from spanner_queues.signals import (
     messages_sent,
     requeued,
     send_on_commit,
+    sends_dropped,
 )
 from spanner_queues.storage import rows as rows_of
 from spanner_queues.transactions import run_in_transaction
+from spanner_queues.uniqueness import checked_window
 
 if TYPE_CHECKING:
     from spanner_queues.engines.base import BaseQueueEngine
@@ -281,22 +283,34 @@ assert tuple(f.name for f in dataclass_fields(OutgoingMessage)) == (
 
 
 def send_many(
-    queue: str | type[Queue], messages: Iterable[Mapping[str, Any]], *, using: str | None = None
+    queue: str | type[Queue],
+    messages: Iterable[Mapping[str, Any]],
+    *,
+    using: str | None = None,
+    unique_for: timedelta | None = None,
 ) -> list[Message]:
     """Send messages in the caller's transaction (one INSERT, or one per 950 query
     parameters where the database limits them). Every message is validated first, so a bad
-    one writes nothing."""
+    one writes nothing.
+
+    ``unique_for`` (a positive ``timedelta``): send each key at most once per window. A key
+    sent with ``unique_for`` less than that long ago (handled and acked since or not), or
+    earlier in ``messages``, is dropped: nothing is written for it, its ``Message`` has
+    ``dropped=True`` and an INFO line on the ``spanner_queues.uniqueness`` logger names it.
+    The ledger (``uniqueness.SentKey``) is written in the same transaction as the messages
+    (a transaction of its own outside one); see ``spanner_queues.uniqueness``."""
+    window = None if unique_for is None else checked_window(unique_for)
     model = get_queue(queue)
     engine = engine_for(model)
     tracing = instrumentation.installed
     if tracing is None:
         outgoing = [build_message(model, spec, engine=engine) for spec in messages]
-        return send_outgoing(model, outgoing, using=using, engine=engine)
+        return send_outgoing(model, outgoing, using=using, engine=engine, unique_for=window)
     specs = list(messages)
     with tracing.sending(model._meta.label, len(specs)) as scope:
         carrier = scope.carrier
         outgoing = [build_message(model, s, engine=engine, carrier=carrier) for s in specs]
-        sent = _write(model, outgoing, using=using, engine=engine)
+        sent = _write(model, outgoing, using=using, engine=engine, unique_for=window)
         scope.sent(sent)
         return sent
 
@@ -307,15 +321,18 @@ def send_outgoing(
     *,
     using: str | None = None,
     engine: BaseQueueEngine | None = None,
+    unique_for: timedelta | None = None,
 ) -> list[Message]:
     """Write messages already validated by ``build_message`` in the caller's transaction (one
     INSERT); ``send_many`` without validating them again (the outbox builds its messages
-    before the row is written and sends them after)."""
+    before the row is written and sends them after). ``unique_for``: as ``send_many``'s."""
+    if unique_for is not None:
+        unique_for = checked_window(unique_for)
     tracing = instrumentation.installed
     if tracing is None or not outgoing:
-        return _write(model, outgoing, using=using, engine=engine)
+        return _write(model, outgoing, using=using, engine=engine, unique_for=unique_for)
     with tracing.sending(model._meta.label, len(outgoing)) as scope:
-        sent = _write(model, outgoing, using=using, engine=engine)
+        sent = _write(model, outgoing, using=using, engine=engine, unique_for=unique_for)
         scope.sent(sent)
         return sent
 
@@ -326,20 +343,68 @@ def _write(
     *,
     using: str | None,
     engine: BaseQueueEngine | None,
+    unique_for: timedelta | None = None,
 ) -> list[Message]:
     if not outgoing:
         return []
     if engine is None:
         engine = engine_for(model)
     db = using or engine.database
+    if unique_for is not None:
+        return _write_unique(model, outgoing, db=db, engine=engine, window=unique_for)
     sent = engine.send_many(model, outgoing, using=db)
     send_on_commit(messages_sent, model, sent, db)
     return sent
 
 
-def send(queue: str | type[Queue], *, using: str | None = None, **spec: Any) -> Message:
-    """Send one message; see ``Queue.send``."""
-    return send_many(queue, [spec], using=using)[0]
+def _write_unique(
+    model: type[Queue],
+    outgoing: Sequence[OutgoingMessage],
+    *,
+    db: str,
+    engine: BaseQueueEngine,
+    window: timedelta,
+) -> list[Message]:
+    """Claim the keys in the ledger and send those claimed, in one transaction (the caller's
+    when there is one); the others come back with ``dropped=True``."""
+    label, names = model._meta.label, key_names(model)
+
+    def run() -> list[Message]:
+        keys = [tuple(m.key[n] for n in names) for m in outgoing]
+        claimed = uniqueness.claim(label, [uniqueness.key_text(k) for k in keys], window, using=db)
+        kept = [m for m, ok in zip(outgoing, claimed, strict=True) if ok]
+        sent = iter(engine.send_many(model, kept, using=db) if kept else [])
+        out = [
+            next(sent)
+            if ok
+            else Message(
+                queue=label,
+                key=key,
+                key_names=names,
+                payload=m.payload,
+                deliver_time=m.deliver_time,
+                dropped=True,
+            )
+            for m, key, ok in zip(outgoing, keys, claimed, strict=True)
+        ]
+        send_on_commit(messages_sent, model, [m for m in out if not m.dropped], db)
+        send_on_commit(sends_dropped, model, [m for m in out if m.dropped], db)
+        return out
+
+    sent = run_in_transaction(run, using=db, retries=engine.params.transaction_retries)
+    uniqueness.prune_if_due(db)  # (outside a caller's transaction only)
+    return sent
+
+
+def send(
+    queue: str | type[Queue],
+    *,
+    using: str | None = None,
+    unique_for: timedelta | None = None,
+    **spec: Any,
+) -> Message:
+    """Send one message; see ``Queue.send`` (``unique_for``: see ``send_many``)."""
+    return send_many(queue, [spec], using=using, unique_for=unique_for)[0]
 
 
 def replace(
@@ -491,6 +556,7 @@ def receive(
     engine = engine_for(model)
     if lease is not None and not engine.features.supports_custom_lease:
         _warn_lease_ignored(model, engine.alias)
+    uniqueness.prune_if_due(engine.database)  # (a claim here marked it, at most hourly)
     return engine.receive(model, max_messages=max_messages, lease=lease, wait=wait)
 
 

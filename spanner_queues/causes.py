@@ -33,6 +33,8 @@ from django.db.models import F
 from spanner_queues import clock
 from spanner_queues.transactions import run_in_transaction
 
+__all__ = ["FailureCause", "causes_of", "fingerprint"]
+
 logger = logging.getLogger("spanner_queues.worker")
 
 #: the longest fingerprint kept (the folded text, cut)

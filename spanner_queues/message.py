@@ -127,6 +127,8 @@ class Message:
     of the failure ledger). Native queues read it from the failure ledger when it is first
     read (``AttemptLoader``), so a receiver that never reads it costs no read.
     ``lease_token`` and ``lease_expires_at`` are set while the message is leased to a receiver.
+    ``dropped`` is True on what a send with ``unique_for`` returns when it dropped the message
+    (its key was sent within the window): nothing was written.
     """
 
     queue: str
@@ -138,6 +140,7 @@ class Message:
     lease_token: str | None = None
     lease_expires_at: datetime | None = None
     send_time: datetime | None = None
+    dropped: bool = False
 
     def with_lease(self, lease_token: str | None, lease_expires_at: datetime | None) -> Message:
         """This message under a renewed lease; an attempt not read yet stays unread."""

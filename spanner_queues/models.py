@@ -44,6 +44,7 @@ from spanner_queues.storage import (
     payload_field,
     stores_bookkeeping,
 )
+from spanner_queues.uniqueness import SentKey  # noqa: F401  (send once per window)
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message
@@ -93,26 +94,34 @@ class Queue(models.Model, metaclass=QueueBase):
         deliver_time: datetime | None = None,
         delay: timedelta | None = None,
         using: str | None = None,
+        unique_for: timedelta | None = None,
         **key: Any,
     ) -> Message:
         """Send one message inside the current transaction of the queue's database.
 
         The row is written through the caller's connection: it commits or rolls back with the
         caller's other writes. A key that already exists raises ``MessageAlreadyExists``.
+        ``unique_for``: send the key at most once per window (``api.send_many``); a dropped
+        send returns a ``Message`` with ``dropped=True``.
         """
         return send_many(
             cls,
             [dict(key, payload=payload, deliver_time=deliver_time, delay=delay)],
             using=using,
+            unique_for=unique_for,
         )[0]
 
     @classmethod
     def send_many(
-        cls, messages: Iterable[Mapping[str, Any]], *, using: str | None = None
+        cls,
+        messages: Iterable[Mapping[str, Any]],
+        *,
+        using: str | None = None,
+        unique_for: timedelta | None = None,
     ) -> list[Message]:
         """Send several messages in one statement; each dict holds key fields, ``payload``,
-        optionally ``deliver_time`` or ``delay``."""
-        return send_many(cls, messages, using=using)
+        optionally ``deliver_time`` or ``delay``. ``unique_for``: see ``api.send_many``."""
+        return send_many(cls, messages, using=using, unique_for=unique_for)
 
     @classmethod
     def replace(

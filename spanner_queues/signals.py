@@ -34,7 +34,7 @@ the thread that did the work, once it is done (not on a commit):
   failed pull (no credentials, the subscription missing, Pub/Sub or the database failing);
   the puller tries again after a back-off.
 
-Guarantees of the verbs' two: sent on commit, in the thread that committed
+Guarantees of the verbs' three: sent on commit, in the thread that committed
 (``transaction.on_commit`` on ``using``), never for a transaction that rolls back, once for a
 transaction retried after an abort; a receiver that raises is logged by ``django.dispatch``,
 the others still run and the transaction stays committed. While no receiver is connected, the
@@ -63,6 +63,7 @@ __all__ = [
     "messages_published",
     "messages_sent",
     "publish_failed",
+    "sends_dropped",
 ]
 
 messages_sent = Signal(use_caching=True)
@@ -70,6 +71,7 @@ messages_acked = Signal(use_caching=True)
 #: ``api.cancel``, inside its transaction: ``messages`` (one ``Message``), ``cancellation``
 #: (the ``MessageCancellation``)
 messages_cancelled = Signal(use_caching=True)
+sends_dropped = Signal(use_caching=True)
 messages_published = Signal(use_caching=True)
 publish_failed = Signal(use_caching=True)
 inbox_duplicates_dropped = Signal(use_caching=True)

@@ -30,6 +30,7 @@ PUBLIC: dict[str, set[str]] = {
     },
     "spanner_queues.deadletter": {"dead_letter", "dead_letter_queue_for", "replay", "sources_of"},
     "spanner_queues.message": {"Message", "OutgoingMessage"},
+    "spanner_queues.causes": {"FailureCause", "causes_of", "fingerprint"},
     "spanner_queues.exceptions": {
         name
         for name, value in vars(exceptions).items()
@@ -76,8 +77,11 @@ PUBLIC: dict[str, set[str]] = {
     "spanner_queues.signals": {
         "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
         "messages_cancelled", "messages_published", "messages_sent", "publish_failed",
+        "sends_dropped",
     },
-    "spanner_queues.contrib.tasks": {"QueueBackend", "TaskMessage", "TaskResultRecord"},
+    "spanner_queues.contrib.tasks": {
+        "QueueBackend", "TaskMessage", "TaskResultRecord", "was_dropped",
+    },
     "spanner_queues.contrib.pubsub": {"PublishFailed", "SeenEvent", "event_id"},
     "spanner_queues.contrib.metrics": {
         "METRIC_NAMES", "MetricsUnavailable", "QueueGauges", "WorkerMetrics", "enable",

@@ -65,6 +65,8 @@ def test_native_queue_grants_in_googlesql(native: Any) -> None:
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO ROLE worker;\n"
         "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO ROLE worker;\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO ROLE web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO ROLE web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO ROLE worker;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 
@@ -86,6 +88,8 @@ def test_native_queue_grants_in_postgresql(native: Any) -> None:
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO worker;\n"
         "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO worker;\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO worker;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 
@@ -108,6 +112,8 @@ def test_table_engine_queue_grants_table_privileges_and_no_functions() -> None:
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_queuedepthsample TO worker;\n"
         "GRANT SELECT ON TABLE spanner_queues_pausedqueue TO worker;\n"
         "GRANT SELECT, INSERT, DELETE ON TABLE spanner_queues_pausedqueue TO web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO web;\n"
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON TABLE spanner_queues_sentkey TO worker;\n"
         "-- and the tables your receivers write, to worker\n"
     )
 

@@ -957,7 +957,7 @@ _set = object.__setattr__  # what a frozen dataclass's own __init__ calls per fi
 # _sent_message sets every field of Message: it must learn of any new one
 assert tuple(f.name for f in dataclass_fields(Message)) == (
     "queue", "key", "key_names", "payload", "deliver_time", "attempt", "lease_token",
-    "lease_expires_at", "send_time",
+    "lease_expires_at", "send_time", "dropped",
 ), "Message changed: update _sent_message"  # fmt: skip
 
 
@@ -981,6 +981,7 @@ def _sent_message(
     _set(message, "lease_token", None)
     _set(message, "lease_expires_at", None)
     _set(message, "send_time", send_time)
+    _set(message, "dropped", False)
     return message
 
 

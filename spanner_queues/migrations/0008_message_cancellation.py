@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('spanner_queues', '0007_send_once'),
+        ('spanner_queues', '0007_sent_key'),
     ]
 
     operations = [

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterable, Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, router
@@ -37,12 +38,13 @@ def send_for(
     Call it inside the ``atomic()`` block that makes the change (before a raw delete, while the
     rows exist). ``changed`` names the updated fields (default: every field counts). One
     ``send_many`` per queue; every message is built and validated before the first is written.
-    Raises ``TransactionRequired`` outside ``atomic()``.
+    Raises ``TransactionRequired`` outside ``atomic()``. A registration's ``unique_for`` applies
+    (a dropped message comes back with ``dropped=True``).
     """
     if event not in EVENTS:
         raise InvalidArgument(f"event must be one of {', '.join(EVENTS)}, not {event!r}.")
     names = None if changed is None else frozenset(changed)
-    batches: dict[tuple[str, str], tuple[type[Queue], list[OutgoingMessage]]] = {}
+    batches: dict[tuple[str, str, timedelta | None], tuple[type[Queue], list[OutgoingMessage]]] = {}
     for instance in objs:
         concrete = instance._meta.concrete_model or type(instance)
         db = using or instance._state.db or router.db_for_write(concrete, instance=instance)
@@ -66,10 +68,11 @@ def send_for(
                 instance, event, registration.field_names if own is None else own
             )
             queue = registration.queue_model()
-            batches.setdefault((queue._meta.label, db), (queue, []))[1].append(spec)
+            place = (queue._meta.label, db, registration.unique_for)
+            batches.setdefault(place, (queue, []))[1].append(spec)
     sent: list[Message] = []
-    for (_, db), (queue, specs) in batches.items():
-        sent.extend(send_outgoing(queue, specs, using=db))
+    for (_, db, window), (queue, specs) in batches.items():
+        sent.extend(send_outgoing(queue, specs, using=db, unique_for=window))
     return sent
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable, Mapping
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from django.apps import apps
@@ -31,6 +32,7 @@ from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
 from spanner_queues.outbox.changes import classify, possible_events, restrict
 from spanner_queues.queues import get_queue
+from spanner_queues.uniqueness import checked_window
 
 if TYPE_CHECKING:
     from spanner_queues.message import OutgoingMessage
@@ -59,6 +61,7 @@ def register(
     fields: Iterable[str] | None = None,
     key: KeyBuilder | None = None,
     payload: PayloadBuilder | None = None,
+    unique_for: timedelta | None = None,
 ) -> M: ...
 
 
@@ -71,6 +74,7 @@ def register(
     fields: Iterable[str] | None = None,
     key: KeyBuilder | None = None,
     payload: PayloadBuilder | None = None,
+    unique_for: timedelta | None = None,
 ) -> Callable[[M], M]: ...
 
 
@@ -82,6 +86,7 @@ def register(
     fields: Iterable[str] | None = None,
     key: KeyBuilder | None = None,
     payload: PayloadBuilder | None = None,
+    unique_for: timedelta | None = None,
 ) -> M | Callable[[M], M]:
     """Send a message to ``queue`` whenever ``model`` is created, updated or deleted.
 
@@ -94,6 +99,9 @@ def register(
       key.
     - ``payload(instance, event=, changed=)``: bytes, str or JSON-serialisable. Default: a small
       JSON document, see ``Registration.default_payload``.
+    - ``unique_for``: a positive ``timedelta``: send each key at most once per window
+      (``api.send_many``); a save whose key was sent less than that long ago sends nothing.
+      Give a ``key`` that names what should be sent once (the default key is new each time).
 
     Registering a proxy registers its concrete model; saves through any proxy count. The call
     returns ``model``; without ``model`` it returns a class decorator. Raises
@@ -103,7 +111,15 @@ def register(
     if model is None:
 
         def decorator(cls: M) -> M:
-            return register(cls, queue=queue, on=on, fields=fields, key=key, payload=payload)
+            return register(
+                cls,
+                queue=queue,
+                on=on,
+                fields=fields,
+                key=key,
+                payload=payload,
+                unique_for=unique_for,
+            )
 
         return decorator
 
@@ -115,6 +131,7 @@ def register(
         fields=None if fields is None else _resolve_fields(concrete, fields),
         key=key,
         payload=payload,
+        unique_for=None if unique_for is None else checked_window(unique_for),
     )
     if apps.ready or not isinstance(queue, str):
         registration.queue_model()  # resolve and check now; later on first use otherwise
@@ -183,8 +200,10 @@ class Registration:
         fields: tuple[Field, ...] | None,
         key: KeyBuilder | None,
         payload: PayloadBuilder | None,
+        unique_for: timedelta | None = None,
     ) -> None:
         self.model = model
+        self.unique_for = unique_for
         self.queue = queue
         self.on = on
         self.explicit_fields = fields is not None
@@ -400,14 +419,18 @@ def send_specs(specs: list[tuple[Registration, OutgoingMessage]], using: str) ->
     """Write the messages ``build_outgoing`` made (validated then), one INSERT per queue."""
     if len(specs) == 1:
         registration, outgoing = specs[0]
-        send_outgoing(registration.queue_model(), [outgoing], using=using)
+        send_outgoing(
+            registration.queue_model(), [outgoing], using=using, unique_for=registration.unique_for
+        )
         return
-    by_queue: dict[str, tuple[type[Queue], list[OutgoingMessage]]] = {}
+    # one INSERT per queue and window (registrations of one queue may differ in unique_for)
+    by_queue: dict[tuple[str, timedelta | None], tuple[type[Queue], list[OutgoingMessage]]] = {}
     for registration, outgoing in specs:
         queue = registration.queue_model()
-        by_queue.setdefault(queue._meta.label, (queue, []))[1].append(outgoing)
-    for queue, batch in by_queue.values():
-        send_outgoing(queue, batch, using=using)
+        place = (queue._meta.label, registration.unique_for)
+        by_queue.setdefault(place, (queue, []))[1].append(outgoing)
+    for (_, window), (queue, batch) in by_queue.items():
+        send_outgoing(queue, batch, using=using, unique_for=window)
 
 
 def poison(using: str) -> None:

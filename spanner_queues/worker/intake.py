@@ -22,7 +22,7 @@ from typing import Any
 
 from django.db import connections
 
-from spanner_queues import api, clock, controls
+from spanner_queues import api, clock, controls, uniqueness
 from spanner_queues.message import Message
 from spanner_queues.patterns import seed_schedules
 from spanner_queues.receivers import ReceiverRegistry
@@ -285,6 +285,8 @@ class Intake:
         # queues took N waits (30 queues: 15 s before a task was run). The streams go on
         # receiving in the background; the next round, ``poll_interval`` later, takes it.
         wait = 0.0 if len(self.plans) > 1 else None
+        # (as ``api.receive``: the unique_for ledger, when a claim of this process marked it)
+        uniqueness.prune_if_due(plan.engine.database)
         messages = plan.engine.receive(plan.model, max_messages=want, lease=self.lease, wait=wait)
         if not messages:
             return 0

@@ -42,6 +42,22 @@ def on() -> None:
 
 # --- counted by the verbs -------------------------------------------------------------------
 @pytest.mark.django_db(transaction=True)
+def test_a_send_dropped_by_unique_for_is_counted_as_dropped_not_sent() -> None:
+    from datetime import timedelta
+
+    sent, dropped = (
+        "spanner_queues_message_send_count_total",
+        "spanner_queues_message_send_dropped_count_total",
+    )
+    before = value(sent, queue=Q), value(dropped, queue=Q)
+    Jobs.send(id="once", unique_for=timedelta(hours=1))
+    with transaction.atomic():
+        assert Jobs.send(id="once", unique_for=timedelta(hours=1)).dropped
+        assert value(dropped, queue=Q) == before[1]  # not yet committed
+    assert (value(sent, queue=Q), value(dropped, queue=Q)) == (before[0] + 1, before[1] + 1)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_a_send_is_counted_when_its_transaction_commits_and_never_if_it_rolls_back() -> None:
     name = "spanner_queues_message_send_count_total"
     before = value(name, queue=Q)

@@ -5,6 +5,7 @@ where ``OPTIONS_REACH_THE_BACKEND``)."""
 from __future__ import annotations
 
 import time
+from datetime import timedelta
 
 from spanner_queues.contrib.tasks.framework import task
 
@@ -41,3 +42,8 @@ def overruns(seconds: float) -> None:
     until = time.monotonic() + seconds
     while time.monotonic() < until:
         time.sleep(0.01)
+
+
+@task(unique_for=timedelta(hours=1))
+def daily_digest(user_id: int) -> None:
+    _run(f"digest-{user_id}")

@@ -112,3 +112,26 @@ def test_a_tasks_own_timeout_ends_it_failed_without_a_worker_timeout(run_worker)
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class is TimeLimitExceeded
     assert events.counts["timed_out"] == 1
+
+
+@needs_options
+def test_unique_for_enqueues_the_same_arguments_once_per_window(run_worker) -> None:
+    from django.db import transaction
+
+    from spanner_queues.contrib.tasks import was_dropped
+    from spanner_queues.uniqueness import SentKey
+    from tests.tasks import option_tasks
+
+    first = option_tasks.daily_digest.enqueue(1)
+    assert not was_dropped(first)
+    run_worker(finished(first))  # handled: the window still holds
+    again = option_tasks.daily_digest.enqueue(1)
+    assert was_dropped(again) and not TaskMessage.objects.exists()
+    other = option_tasks.daily_digest.enqueue(2)
+    assert not was_dropped(other) and TaskMessage.objects.count() == 1
+    with pytest.raises(RuntimeError), transaction.atomic():
+        option_tasks.daily_digest.enqueue(3)
+        raise RuntimeError("boom")
+    assert SentKey.objects.count() == 2  # the rolled-back enqueue left no claim
+    with pytest.raises(InvalidTask, match="unique_for must be a positive timedelta"):
+        task(unique_for=timedelta(0))(undecorated)

@@ -55,6 +55,7 @@ from spanner_queues.signals import (
     messages_published,
     messages_sent,
     publish_failed,
+    sends_dropped,
 )
 
 try:
@@ -92,6 +93,7 @@ METRIC_NAMES = frozenset(
         "spanner_queues_oldest_unacked_message_age_seconds",
         "spanner_queues_queue_messages",
         "spanner_queues_message_send_count_total",
+        "spanner_queues_message_send_dropped_count_total",
         "spanner_queues_message_ack_count_total",
         "spanner_queues_lease_expiration_count_total",
         "spanner_queues_deliver_time_moved_count_total",
@@ -147,6 +149,12 @@ class _Metrics:
         self.send_count = prom.Counter(
             "spanner_queues_message_send_count",
             "Messages sent by this process (counted when the sending transaction commits).",
+            ["queue"],
+        )
+        self.dropped_count = prom.Counter(
+            "spanner_queues_message_send_dropped_count",
+            "Sends with unique_for this process dropped: the key was sent within the window "
+            "(counted when the sending transaction commits).",
             ["queue"],
         )
         self.ack_count = prom.Counter(
@@ -268,6 +276,7 @@ def enable() -> None:
             _metrics = _Metrics()
             messages_sent.connect(_count_sent, dispatch_uid="spanner_queues.contrib.metrics")
             messages_acked.connect(_count_acked, dispatch_uid="spanner_queues.contrib.metrics")
+            sends_dropped.connect(_count_dropped, dispatch_uid="spanner_queues.contrib.metrics")
             uid = "spanner_queues.contrib.metrics"
             messages_published.connect(_count_published, dispatch_uid=uid)
             publish_failed.connect(_count_publish_failed, dispatch_uid=uid)
@@ -295,6 +304,10 @@ def gauges() -> QueueGauges:
 # --- counted by the verbs (their signals, sent on commit) ------------------------------------
 def _count_sent(sender: type[Queue], messages: Sequence[Message], **kwargs: Any) -> None:
     _get().send_count.labels(sender._meta.label).inc(len(messages))
+
+
+def _count_dropped(sender: type[Queue], messages: Sequence[Message], **kwargs: Any) -> None:
+    _get().dropped_count.labels(sender._meta.label).inc(len(messages))
 
 
 def _count_acked(sender: type[Queue], messages: Sequence[Any], **kwargs: Any) -> None:

@@ -384,11 +384,8 @@ class InboxPuller:
         queue cannot hold it: logged, not acked; ``_accept`` refuses such events before the
         transaction)."""
         try:
-            api.send(
-                self.model,
-                using=self.database,
-                **{self.key_field.name: eid, "payload": data},
-            )
+            spec: dict[str, Any] = {self.key_field.name: eid, "payload": data}
+            api.send(self.model, using=self.database, **spec)
         except MessageAlreadyExists as exc:  # its seen row pruned early
             queued.add(eid)
             raise _Again() from exc

@@ -9,7 +9,8 @@ transaction: the task commits with the caller's writes or not at all. ``manage.p
 runqueueworker`` runs it. ``manage.py migrate spanner_queues_tasks`` creates its queue and
 results table. See ``docs/howto/tasks.md``.
 
-The public names: ``QueueBackend``, and the models ``TaskResultRecord`` (one row per
+The public names: ``QueueBackend``, ``was_dropped(result)`` (an ``enqueue()`` of a task with
+``unique_for`` dropped within its window), and the models ``TaskResultRecord`` (one row per
 enqueued task) and ``TaskMessage`` (the default task queue), all imported lazily from here::
 
     from spanner_queues.contrib.tasks import TaskResultRecord
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["QueueBackend", "TaskMessage", "TaskResultRecord"]
+__all__ = ["QueueBackend", "TaskMessage", "TaskResultRecord", "was_dropped"]
 
 
 def __getattr__(name: str) -> Any:
@@ -31,5 +32,5 @@ def __getattr__(name: str) -> Any:
         # the backend and the models need it ready
         from spanner_queues.contrib.tasks import backend, models
 
-        return getattr(backend if name == "QueueBackend" else models, name)
+        return getattr(backend if name in ("QueueBackend", "was_dropped") else models, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

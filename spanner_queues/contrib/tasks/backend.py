@@ -46,7 +46,7 @@ from django.core import checks
 from django.db import transaction
 from django.utils.module_loading import import_string
 
-from spanner_queues import api, clock
+from spanner_queues import api, clock, uniqueness
 from spanner_queues.contrib.tasks.framework import (
     FRAMEWORK_APP,
     BaseTaskBackend,
@@ -74,6 +74,7 @@ from spanner_queues.payload import JSON, payload_type
 from spanner_queues.queues import get_queue
 from spanner_queues.storage import rows
 from spanner_queues.transactions import run_in_transaction
+from spanner_queues.uniqueness import key_text
 
 T = TypeVar("T")
 P = ParamSpec("P")
@@ -96,6 +97,7 @@ __all__ = [
     "result_from_record",
     "task_of",
     "task_options",
+    "was_dropped",
 ]
 
 
@@ -115,7 +117,8 @@ class _RefusesUnknownOptions(type):
             raise InvalidTask(
                 f"@task() got {', '.join(map(repr, unknown))}, which "
                 "spanner_queues.contrib.tasks.QueueBackend does not know; its options are "
-                f"{', '.join(TASK_OPTIONS)} (docs/howto/tasks.md, 'Task options')."
+                f"{', '.join([*TASK_OPTIONS, 'unique_for'])} (docs/howto/tasks.md, "
+                "'Task options')."
             )
         return super().__call__(*args, **kwargs)
 
@@ -131,11 +134,21 @@ class QueueTask(Task, metaclass=_RefusesUnknownOptions):
       ``result.errors`` and the task goes back to ``READY``, due after ``retry_delay``.
     - ``retry_delay``: seconds (or a ``timedelta``) between a failed run and the next.
     - ``timeout``: this task's time limit in seconds, instead of the worker's ``--timeout``.
+    - ``unique_for``: a positive ``timedelta``: enqueue the task with the same arguments at most
+      once per window (``api.send_many``'s ``unique_for``, keyed by the task's path and
+      arguments). A dropped ``enqueue()`` writes nothing, sends no ``task_enqueued`` and
+      returns a result with ``enqueued_at=None`` (``was_dropped(result)``).
     """
 
     max_attempts: int = 1
     retry_delay: float | timedelta = 0.0
     timeout: float | None = None
+    unique_for: timedelta | None = None
+
+
+def was_dropped(result: TaskResult) -> bool:
+    """Whether ``enqueue()`` dropped the task (``unique_for``: enqueued within its window)."""
+    return result.enqueued_at is None
 
 
 def _is_number(value: Any) -> bool:
@@ -196,6 +209,12 @@ class QueueBackend(BaseTaskBackend):
         if timeout is not None and not _is_positive_number(timeout):
             raise InvalidTask(
                 f"timeout must be a positive number of seconds or None, not {timeout!r}."
+            )
+        window = getattr(task, "unique_for", None)
+        if window is not None and (not isinstance(window, timedelta) or window <= timedelta(0)):
+            raise InvalidTask(
+                f"unique_for must be a positive timedelta (longer than 0 seconds) or None, "
+                f"not {window!r}."
             )
 
     # --- configuration ----------------------------------------------------------------------
@@ -329,22 +348,25 @@ class QueueBackend(BaseTaskBackend):
         )
         pk_name = model._meta.pk.name
         payload = payload_of(result, queue_name=task.queue_name, enqueued_at=now)
+        window: timedelta | None = getattr(task, "unique_for", None)
 
-        def write() -> None:
-            api.send(
-                model,
-                using=db,
-                payload=payload,
-                deliver_time=task.run_after,
-                **{pk_name: result.id},
-            )
+        def write() -> bool:
+            if window is not None:
+                same = key_text([task.module_path, payload["args"], payload["kwargs"]])
+                if not uniqueness.claim(model._meta.label, [same], window, using=db)[0]:
+                    return False
+            key: dict[str, Any] = {pk_name: result.id}
+            api.send(model, using=db, payload=payload, deliver_time=task.run_after, **key)
+            return True
 
         if transaction.get_connection(db).in_atomic_block:
             with transaction.atomic(using=db, savepoint=False):  # the caller's transaction
-                write()
+                written = write()
         else:
             retries = engine_for(model).params.transaction_retries
-            run_in_transaction(write, using=db, retries=retries)
+            written = run_in_transaction(write, using=db, retries=retries)
+        if not written:
+            return dataclasses.replace(result, enqueued_at=None)
         task_enqueued.send(type(self), task_result=result)
         return result
 

@@ -37,6 +37,7 @@ from spanner_queues.exceptions import QueueError
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.monitoring import QueueDepthSample
 from spanner_queues.queues import get_queue, queue_models
+from spanner_queues.uniqueness import SentKey
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -205,6 +206,10 @@ def _own_grants(models: list[type[Queue]], sender: str, worker: str) -> list[Gra
     paused = PausedQueue._meta.db_table  # workers read it; the admin (web) pauses
     own.append(Grant(("SELECT",), "TABLE", paused, worker))
     own.append(Grant(("SELECT", "INSERT", "DELETE"), "TABLE", paused, sender))
+    # sends with unique_for (any sender, a receiver's send in the worker): claims and prunes
+    sent_keys = SentKey._meta.db_table
+    own.append(Grant(("SELECT", "INSERT", "UPDATE", "DELETE"), "TABLE", sent_keys, sender))
+    own.append(Grant(("SELECT", "INSERT", "UPDATE", "DELETE"), "TABLE", sent_keys, worker))
     if any(queue_settings.queue_options(m).rate_limit for m in models):  # the shared buckets
         own.append(Grant(("SELECT", "INSERT", "UPDATE"), "TABLE", QueueRate._meta.db_table, worker))
     return own + _task_result_grants(models, sender, worker)
