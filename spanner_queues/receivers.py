@@ -328,6 +328,7 @@ class MessageContext:
         "deadline",
         "messages",
         "receiver",
+        "started",
         "worker_id",
     )
 
@@ -352,6 +353,8 @@ class MessageContext:
         self.deadline = deadline
         #: True while the run lasts
         self.active = True
+        #: ``time.monotonic()`` when the run began
+        self.started = time.monotonic()
         self._keys = frozenset((m.queue, m.key) for m in self.messages)
         self._peek = lease
         self._freeze = freeze

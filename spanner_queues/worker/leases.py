@@ -2,7 +2,7 @@
 renewal reads and writes it) and ``Renewer`` (one thread that renews the leases of every
 message the worker holds, running or waiting in the prefetch buffer, halfway through each
 lease; every ``controls.CANCEL_CHECK_SECONDS`` it also reads the cancellations of the messages
-whose receivers run, one query per database, and tells their runs:
+whose receivers have run that long already, one query per database, and tells their runs:
 ``MessageContext.cancelled``). A renewal that loses a lease marks the delivery lost: the worker
 then no longer acks, retries or releases it. A delivery whose token an ack has read
 (``acking``) is left alone until the ack commits. Engines that cannot renew
@@ -105,7 +105,16 @@ class Renewer:
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     running = None
                     if time.monotonic() >= self.cancels_at:
-                        running = [d for d in live if d.context is not None and d.context.active]
+                        # runs shorter than a check's interval are not asked: a quick
+                        # receiver costs no read, a long one is asked once a second
+                        ran_since = time.monotonic() - controls.CANCEL_CHECK_SECONDS
+                        running = [
+                            d
+                            for d in live
+                            if d.context is not None
+                            and d.context.active
+                            and d.context.started <= ran_since
+                        ]
                     if not due and running is None:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
