@@ -104,17 +104,23 @@ class Renewer:
                     live = slots.renewable()
                     due = [d for d in live if d.renew_at is not None and d.renew_at <= now]
                     running = None
+                    next_cancels = 0.0
                     if time.monotonic() >= self.cancels_at:
                         # runs shorter than a check's interval are not asked: a quick
-                        # receiver costs no read, a long one is asked once a second
-                        ran_since = time.monotonic() - controls.CANCEL_CHECK_SECONDS
-                        running = [
-                            d
+                        # receiver costs no read, a long one is asked once a second from
+                        # the moment it has run one (not up to a second later)
+                        clock_now = time.monotonic()
+                        ran_since = clock_now - controls.CANCEL_CHECK_SECONDS
+                        starts = [
+                            (d.context.started, d)
                             for d in live
-                            if d.context is not None
-                            and d.context.active
-                            and d.context.started <= ran_since
+                            if d.context is not None and d.context.active
                         ]
+                        running = [d for started, d in starts if started <= ran_since]
+                        young = [started for started, _ in starts if started > ran_since]
+                        next_cancels = clock_now + controls.CANCEL_CHECK_SECONDS
+                        if young and not running:
+                            next_cancels = min(young) + controls.CANCEL_CHECK_SECONDS
                     if not due and running is None:
                         upcoming = [d.renew_at for d in live if d.renew_at is not None]
                         wait = (min(upcoming) - now).total_seconds() if upcoming else 1.0
@@ -122,8 +128,9 @@ class Renewer:
                         slots.renew_cond.wait(timeout=max(0.01, min(wait, 1.0)))
                         continue
                 if running is not None:
-                    self.cancels_at = time.monotonic() + controls.CANCEL_CHECK_SECONDS
-                    self.check_cancels(running)
+                    self.cancels_at = next_cancels
+                    if running:
+                        self.check_cancels(running)
                 if due:
                     self.renew(due)
         finally:

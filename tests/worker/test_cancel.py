@@ -59,7 +59,9 @@ def _looping_receiver(
     (ignoring any cancel) until its time limit. Not atomic: on SQLite an atomic receiver's
     transaction holds the database's one write lock, and the cancel would wait for its end."""
 
-    @receiver(WorkItemsDead, takes_context=True, registry=registry, timeout=2.0, atomic=False)
+    # (its time limit leaves a loaded machine time for the first check: a run is asked once
+    # it has lasted CANCEL_CHECK_SECONDS)
+    @receiver(WorkItemsDead, takes_context=True, registry=registry, timeout=4.0, atomic=False)
     def loop(context: MessageContext, message: Any) -> None:
         started.set()
         check = checks(context.attempt or 1)
