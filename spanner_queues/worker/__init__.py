@@ -213,15 +213,10 @@ class Worker:
         self.prefetch = prefetch
         self.batch_size = batch_size
         self.burst = burst
-        self.max_messages = max_messages
-        self.lease = lease
-        self.poll_interval = poll_interval
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.registry = registry if registry is not None else receivers
         self.install_signal_handlers = install_signal_handlers
         self.summary_interval = summary_interval
-        #: seconds between re-seeds of the periodic schedules while running (None: at start only)
-        self.reseed_interval = reseed_interval
         #: time limit in seconds of receivers that set none (None: no limit)
         self.timeout = timeout
         self.plans: list[Plan] = plan_queues(queues, self.registry, batch_size, timeout)
