@@ -15,6 +15,9 @@ connections) shared by both, ``benchmarks/worker_settings.py``:
     for up to concurrency x prefetch messages, each still acked in its own transaction); and,
     for reference (not a per-message ack), a batch
     receiver acking up to 100 messages per transaction.
+(b'') the drain at the defaults in alternating pairs (ours, then theirs, in-process and as the
+    commands), ``--pairs`` rounds of ``--pairs-drain`` messages: the medians of the ratios
+    (issue 41's goal), so both sides of a ratio meet the same machine.
 (c) latency from commit to receiver start, p50/p99, at a fixed offered rate, each worker a child
     process at its default settings (``runqueueworker``; ``db_worker``, whose default interval
     is 1 s).
@@ -146,6 +149,68 @@ def bench_drain(n: int, concurrency: list[int], prefetch: list[int]) -> dict[str
     results["django_tasks_db"] = {"msg_per_s": n / elapsed, "n": n}
     clear()
     return results
+
+
+def bench_pairs(n: int, rounds: int, workdir: Path) -> dict[str, Any]:
+    """(b'') The drain at the defaults in alternating pairs, so that both sides of each ratio
+    meet the same machine (a shared machine's load moves single figures by 2x): per round,
+    ``Worker(burst=True)`` in-process then ``db_worker --batch`` in-process, then
+    ``runqueueworker --burst`` then ``db_worker --batch --interval 0`` as child processes
+    (process start included), each on a fresh backlog of ``n``. The medians of the rounds'
+    ratios."""
+    from django.core.management import call_command
+    from django.db import connections, transaction
+    from django_tasks_db.models import DBTaskResult
+
+    from benchmarks.workerbench.models import OrderTasks
+    from benchmarks.workerbench.tasks import noop
+    from spanner_queues.worker import Worker
+
+    def backlog(ours: bool) -> None:
+        if ours:
+            for start in range(0, n, 500):
+                OrderTasks.send_many([{"payload": ""} for _ in range(min(500, n - start))])
+        else:
+            with transaction.atomic():
+                for i in range(n):
+                    noop.enqueue(str(i))
+        connections.close_all()
+
+    def theirs_done() -> None:
+        done = DBTaskResult.objects.filter(status="SUCCESSFUL").count()
+        assert done == n, f"db_worker finished {done} of {n}"
+        clear()
+
+    in_process: list[tuple[float, float]] = []
+    commands: list[tuple[float, float]] = []
+    for _ in range(rounds):
+        backlog(True)
+        t0 = time.perf_counter()
+        stats = Worker(["workerbench.OrderTasks"], burst=True, install_signal_handlers=False).run()
+        ours = n / (time.perf_counter() - t0)
+        assert stats.processed == n, stats
+        backlog(False)
+        t0 = time.perf_counter()
+        call_command("db_worker", batch=True, startup_delay=False, reload=False, verbosity=0)
+        theirs = n / (time.perf_counter() - t0)
+        theirs_done()
+        in_process.append((ours, theirs))
+
+        backlog(True)
+        args = ["runqueueworker", "workerbench.OrderTasks", "--burst", "-v0"]
+        ours = n / _timed_command(args, workdir, "cmd")
+        assert not OrderTasks.objects.exists()
+        backlog(False)
+        args = ["db_worker", "--batch", "--interval", "0", "--no-startup-delay", "-v0"]
+        theirs = n / _timed_command(args, workdir, "db_worker")
+        theirs_done()
+        commands.append((ours, theirs))
+    return {
+        "in_process": in_process,
+        "commands": commands,
+        "in_process_ratio": statistics.median(a / b for a, b in in_process),
+        "commands_ratio": statistics.median(a / b for a, b in commands),
+    }
 
 
 # --- (b') drain by the commands, process start included ---------------------------------
@@ -330,6 +395,15 @@ def main() -> None:
         default=os.environ.get("SQ_BENCH_SYNCHRONOUS", "NORMAL"),
         help="PRAGMA synchronous for both (default: NORMAL, as issue 14's goals)",
     )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=3,
+        help="rounds of the alternating drain at the defaults (b''), ours then theirs",
+    )
+    parser.add_argument(
+        "--pairs-drain", type=int, default=10000, help="the backlog of each drain in (b'')"
+    )
     parser.add_argument("--json", action="store_true", help="also print the raw figures")
     args = parser.parse_args()
     os.environ["SQ_BENCH_SYNCHRONOUS"] = args.synchronous
@@ -360,6 +434,7 @@ def main() -> None:
         commands = bench_commands(args.drain, workdir)
         drain = bench_drain(args.drain, args.concurrency, [p for p in args.prefetch if p > 1])
         latency = bench_latency(args.rate, args.seconds, workdir)
+        pairs = bench_pairs(args.pairs_drain, args.pairs, workdir) if args.pairs else None
         print(f"load after {os.getloadavg()[0]:.1f}")
 
     ours, theirs = enqueue["spanner_queues"], enqueue["django_tasks_db"]
@@ -398,6 +473,23 @@ def main() -> None:
         f"p99 {lat_ours['p99_ms'] / lat_theirs['p99_ms']:.3f}"
     )
 
+    if pairs:
+        print(
+            f"\n(b'') drain a backlog of {args.pairs_drain} at the defaults, alternating pairs "
+            f"(ours, then theirs), {args.pairs} rounds"
+        )
+        for label, key in (("in-process", "in_process"), ("commands", "commands")):
+            for i, (ours_r, theirs_r) in enumerate(pairs[key], 1):
+                print(
+                    f"  {label + ' round ' + str(i):<42} {ours_r:8.0f} / {theirs_r:5.0f} msg/s  "
+                    f"ratio {ours_r / theirs_r:.1f}x"
+                )
+        print(f"\nIssue 41's goal (reproduce: {command} --pairs {args.pairs})")
+        r = pairs["in_process_ratio"]
+        goal("SQLite drain, defaults, in-process: median of pairs", f"{r:.1f}x", ">= 20x", r >= 20)
+        r = pairs["commands_ratio"]
+        goal("SQLite drain, the commands: median of pairs", f"{r:.1f}x", ">= 20x", r >= 20)
+
     print(f"\nIssue 14's goals (reproduce: {command})")
     defaults = commands["runqueueworker --burst"]["msg_per_s"]
     batch = commands["runqueueworker --burst (batch receiver)"]["msg_per_s"]
@@ -425,6 +517,7 @@ def main() -> None:
                     "bare_sqlite": bare,
                     "drain": drain,
                     "latency": latency,
+                    "pairs": pairs,
                 },
                 indent=2,
             )

@@ -19,9 +19,30 @@ if TYPE_CHECKING:
 __all__ = ["get_queue", "queue_models"]
 
 
+#: the queues of the app registry's model list they were found in (``apps.get_models()`` is
+#: cached by the registry and replaced when models change: a new list, a new scan)
+_found: tuple[object, list[type[Queue]], dict[str, type[Queue]]] | None = None
+
+
+def _declared() -> tuple[list[type[Queue]], dict[str, type[Queue]]]:
+    """The declared queues and the names they resolve by (label and table, lower-cased),
+    found once per state of the app registry."""
+    global _found
+    models = apps.get_models()
+    found = _found
+    if found is None or found[0] is not models:
+        queues = [m for m in models if is_queue(m)]
+        names: dict[str, type[Queue]] = {}
+        for m in reversed(queues):  # (the first in app order wins, as a scan would find)
+            names[m._meta.db_table.lower()] = m
+            names[m._meta.label_lower] = m
+        found = _found = (models, queues, names)
+    return found[1], found[2]
+
+
 def queue_models() -> list[type[Queue]]:
     """All declared queues, in app order."""
-    return [m for m in apps.get_models() if is_queue(m)]
+    return list(_declared()[0])
 
 
 def get_queue(queue: str | type[Queue]) -> type[Queue]:
@@ -32,10 +53,10 @@ def get_queue(queue: str | type[Queue]) -> type[Queue]:
             return queue
         raise UnknownQueue(f"{queue!r} is not a concrete Queue model.")
     wanted = str(queue).lower()
-    models = queue_models()
-    for model in models:
-        if wanted in (model._meta.label_lower, model._meta.db_table.lower()):
-            return model
+    models, names = _declared()
+    found = names.get(wanted)
+    if found is not None:
+        return found
     by_name = [m for m in models if m._meta.model_name == wanted]
     if len(by_name) == 1:
         return by_name[0]

@@ -324,6 +324,7 @@ class MessageContext:
         "_keys",
         "_peek",
         "_stopping",
+        "acks_in_transaction",
         "active",
         "deadline",
         "messages",
@@ -342,6 +343,7 @@ class MessageContext:
         lease: Callable[[Message], Message] | None = None,
         freeze: Callable[[Message], Message] | None = None,
         stopping: Callable[[], bool] | None = None,
+        acks_in_transaction: bool = False,
     ) -> None:
         #: the ``ReceiverSpec`` being run (its ``name``, ``queue``, ``atomic``, ...)
         self.receiver = receiver
@@ -353,6 +355,10 @@ class MessageContext:
         self.deadline = deadline
         #: True while the run lasts
         self.active = True
+        #: whether the worker acks the messages once the receiver returns, in the transaction
+        #: its writes commit in (an atomic receiver's, or a group's): code that would ack them
+        #: itself with its writes (the Tasks runner) may leave the ack to it
+        self.acks_in_transaction = acks_in_transaction
         #: ``time.monotonic()`` when the run began
         self.started = time.monotonic()
         self._keys = frozenset((m.queue, m.key) for m in self.messages)

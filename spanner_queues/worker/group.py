@@ -8,15 +8,15 @@ milliseconds, whichever comes first (``GroupLimits``; ``QueueMeta.group_size`` /
 ``group_ms`` over the worker's ``group_size`` / ``group_ms``). Then it commits and the
 outcomes go to ``Outcomes.settle``, as a single run's do.
 
+- The acks of the group ride its commit in one ``ack_many`` (one statement or call for the
+  whole group, not one per message); if that ack is refused (a message acked by someone else,
+  a stale lease) the group runs again with each receiver's ack made after it, which finds
+  which one. A lease lost while the group ran drops its delivery: the group runs again
+  without it.
 - Where the database has savepoints (``transactions.has_savepoints``: SQLite, PostgreSQL) each
-  receiver runs in its own, with its ack: one that raises rolls back alone (its writes and its
-  ack) and is settled like any failure; an ack that finds its lease lost (``LeaseLost``,
-  ``StaleAck``) rolls back that delivery's savepoint only.
+  receiver runs in its own: one that raises rolls back alone and is settled like any failure.
 - Where there are none (Spanner: the table engine on Spanner and native queues) a receiver
-  that raises rolls the whole transaction back and the group runs again without it. The acks
-  of the group ride its commit in one ``ack_many`` (one call for the whole group); if that ack
-  is refused (a message acked by someone else, a stale lease) the group runs again with each
-  receiver's ack made after it, which finds which one.
+  that raises rolls the whole transaction back and the group runs again without it.
 - A receiver whose failure may leave the connection in doubt (a time limit's interrupt), a
   non-atomic receiver that raises, or one that leaves the transaction marked for rollback:
   the whole group rolls back and runs again without it.
@@ -182,7 +182,9 @@ class Groups:
         dropped: list[Outcome] = []
         #: deliveries acked by their receiver's own code (not in the group's ack)
         own: set[int] = set()
-        state = {"pulling": True, "deferred": not savepoints}
+        # every receiver's ack rides one ``ack_many`` at the end of the group until one is
+        # refused; then each receiver acks its own (in its savepoint, where there are some)
+        state = {"pulling": True, "deferred": True}
         t0 = time.monotonic()
 
         def add(unit: Unit) -> None:
@@ -270,20 +272,21 @@ class Groups:
         runner = self.runner
         limit = plan.time_limit(spec, [d.message])
         started = time.monotonic()
-        context = runner._context(spec, [d], started, limit)
+        context = runner._context(spec, [d], started, limit, grouped=True)
         try:
             with running(context):
                 if savepoints and spec.atomic:
                     with transaction.atomic(using=plan.db):
-                        runner._call(plan, spec, [d], context, limit)
+                        runner._call(plan, spec, [d], context, limit, ack=not deferred)
                 elif savepoints:  # non-atomic, group=True: its own transactions nest
                     runner._call(plan, spec, [d], context, limit)
-                    with transaction.atomic(using=plan.db):
-                        runner._ack(plan, [d], context)
+                    if not deferred:
+                        with transaction.atomic(using=plan.db):
+                            runner._ack(plan, [d], context)
                 else:
                     runner._call(plan, spec, [d], context, limit, ack=not deferred)
-                    if context.acked(d.message):
-                        own.add(id(d))
+                if context.acked(d.message):
+                    own.add(id(d))
         except Exception as exc:
             if lost_race(exc, plan.db):
                 raise  # the group lost a race (or its connection): it runs again
@@ -303,9 +306,9 @@ class Groups:
         return Outcome(Kind.ACKED, d, spec.name, time.monotonic() - started)
 
     def _ack_all(self, plan: Plan, deliveries: list[Delivery]) -> None:
-        """Where there are no savepoints: the group's acks in one ``ack_many`` riding its
-        commit. A lease lost meanwhile drops its delivery (the group runs again without it);
-        a refused ack runs the group again with each receiver acking its own."""
+        """The group's acks in one ``ack_many`` riding its commit. A lease lost meanwhile
+        drops its delivery (the group runs again without it); a refused ack runs the group
+        again with each receiver acking its own."""
         for d in deliveries:
             if d.lease_lost:
                 error = LeaseLost(f"{d.message}: lease lost while the group ran; not acked.")

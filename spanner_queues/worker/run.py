@@ -148,10 +148,17 @@ class Runner:
         return [Outcome(Kind.ACKED, d, spec.name, duration) for d in deliveries]
 
     def _context(
-        self, spec: ReceiverSpec, deliveries: list[Delivery], started: float, limit: float | None
+        self,
+        spec: ReceiverSpec,
+        deliveries: list[Delivery],
+        started: float,
+        limit: float | None,
+        *,
+        grouped: bool = False,
     ) -> MessageContext:
         """The receiver's ``MessageContext``: the leases held now, and an ack by its own code
-        freezes the lease it acks with."""
+        freezes the lease it acks with. The worker acks in the receiver's transaction for an
+        atomic receiver and for every receiver of a group (``grouped``)."""
         by_key = {(d.message.queue, d.message.key): d for d in deliveries}
         leases = self.leases
 
@@ -171,6 +178,7 @@ class Runner:
             lease=lease,
             freeze=freeze,
             stopping=lambda: self.slots.stopping,
+            acks_in_transaction=spec.atomic or grouped,
         )
         for d in deliveries:  # (the renewer tells it of a cancellation)
             d.context = context

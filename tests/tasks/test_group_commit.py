@@ -8,7 +8,9 @@ import pytest
 from django.db import transaction
 
 from spanner_queues.contrib.tasks.framework import TaskResultStatus
+from spanner_queues.contrib.tasks.models import TaskMessage
 from spanner_queues.drivers import driver_for
+from tests.statements import statements_matching
 from tests.tasksapp.models import Thing
 from tests.tasksapp.tasks import fail_after_write, make_thing
 
@@ -33,3 +35,29 @@ def test_several_tasks_commit_at_once_and_a_failed_one_rolls_back_alone(run_work
     assert sorted(Thing.objects.values_list("num", flat=True)) == list(range(8))
     stats = events.history[-1].stats
     assert stats is not None and stats.groups < stats.grouped  # shared commits
+
+
+def test_tasks_of_a_group_are_acked_in_one_statement(run_worker) -> None:
+    """The Tasks runner leaves the ack of a grouped task to the worker (it acks in the
+    transaction the result is written in): one DELETE of the task queue for the group, not
+    one a task."""
+    if not driver_for("default").has_savepoints:
+        pytest.skip("no savepoints: each task runs alone")
+    with transaction.atomic():
+        results = [make_thing.enqueue(i) for i in range(8)]
+
+    def finished() -> bool:
+        for r in results:
+            r.refresh()
+        return all(r.is_finished for r in results)
+
+    table = TaskMessage._meta.db_table
+    with statements_matching(
+        lambda sql: sql.lstrip().upper().startswith("DELETE") and table in sql
+    ) as deletes:
+        events = run_worker(finished, options={"prefetch": 20, "group_ms": 10_000})
+    assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 8
+    assert sorted(Thing.objects.values_list("num", flat=True)) == list(range(8))
+    stats = events.history[-1].stats
+    assert stats is not None and stats.grouped >= 8, stats
+    assert len(deletes) <= stats.groups, deletes

@@ -18,6 +18,7 @@ from spanner_queues.exceptions import InvalidArgument
 from spanner_queues.receivers import ReceiverRegistry, receiver
 from spanner_queues.worker import Worker, WorkerStats
 from spanner_queues.worker.events import WorkerEvents
+from tests.statements import statements_matching
 from tests.testapp.models import Account, Jobs
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -146,6 +147,29 @@ def test_a_backlog_costs_at_most_0_1_run_commits_per_message() -> None:
     stats, _ = _drain(registry, count, prefetch=50, group_size=50, group_ms=10_000)
     assert Account.objects.count() == count
     assert stats.commits / count <= 0.1, stats
+
+
+def test_a_group_acks_its_messages_in_one_statement() -> None:
+    """The acks of a group ride its commit in one statement (an ``executemany`` of the
+    lease-checked DELETE, or one set-based DELETE), not one statement a message."""
+    if engines["default"].features.supports_native_queues:
+        pytest.skip("native acks are Spanner mutations (tests/native/test_calls_per_message.py)")
+    count = 20
+    registry = ReceiverRegistry()
+
+    @receiver(Jobs, registry=registry)
+    def write(message: Any) -> None:
+        Account.objects.create(name=message.key[0])
+
+    _fill(count)
+    table = Jobs._meta.db_table
+    with statements_matching(
+        lambda sql: sql.lstrip().upper().startswith("DELETE") and table in sql
+    ) as deletes:
+        stats, _ = _drain(registry, count, prefetch=count, group_size=count, group_ms=10_000)
+    assert Account.objects.count() == count
+    assert stats.groups >= 1 and stats.grouped == count, stats
+    assert len(deletes) <= stats.groups, deletes
 
 
 def test_a_group_whose_commit_fails_runs_each_message_alone(

@@ -470,19 +470,30 @@ def _task_at(path: str) -> Task:
     return task
 
 
+#: tasks bound to a queue and backend other than their declaration's (``Task.using`` builds
+#: and validates a new one), by declared task, queue name and backend; at most
+#: ``_BOUND_MAX`` (then started afresh): tasks with a ``run_after`` are not kept
+_bound: dict[tuple[Task, str, str], Task] = {}
+_BOUND_MAX = 256
+
+
 def task_of(record: TaskResultRecord) -> Task:
     """The task of a stored row, looked up by its path (the framework's ``InvalidTask``
     if the path no longer names a task in this process)."""
     task = _task_at(record.task_path)
-    if (task.queue_name, task.backend, task.run_after) != (
-        record.queue_name,
-        record.backend,
-        record.run_after,
-    ):
-        task = task.using(
-            queue_name=record.queue_name, backend=record.backend, run_after=record.run_after
-        )
-    return task
+    wanted = (record.queue_name, record.backend, record.run_after)
+    if (task.queue_name, task.backend, task.run_after) == wanted:
+        return task
+    if record.run_after is not None:
+        return task.using(queue_name=wanted[0], backend=wanted[1], run_after=wanted[2])
+    key = (task, record.queue_name, record.backend)
+    bound = _bound.get(key)
+    if bound is None:
+        bound = task.using(queue_name=wanted[0], backend=wanted[1], run_after=None)
+        if len(_bound) >= _BOUND_MAX:
+            _bound.clear()
+        _bound[key] = bound
+    return bound
 
 
 def missing_task(record: TaskResultRecord) -> Task:

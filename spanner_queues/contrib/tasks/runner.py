@@ -247,6 +247,10 @@ def run_task(message: Message) -> None:
         run_in_transaction(lambda: _save(record, db, persisted), using=db, retries=retries)
         persisted = True
     backend = task_backends[record.backend]
+    # In a group the worker acks the message with the group, in the transaction the result is
+    # written in: the run leaves the ack to it (one statement for the group, not one a task).
+    run = current_run()
+    worker_acks = run is not None and run.acks_in_transaction and run.handles(message)
     value: Any = None
     failure: BaseException | None = None
     try:
@@ -258,13 +262,16 @@ def run_task(message: Message) -> None:
     if failure is None:
         task_started.send(type(backend), task_result=result)
         try:
-            value = _call(task, result, record, message, backend, db, persisted, retries)
+            value = _call(
+                task, result, record, message, backend, db, persisted, retries, ack=not worker_acks
+            )
         except _TaskRaised as raised:
             failure = raised.error
     if failure is not None:
         # (with attempts left: READY again, and AckedFailure raised)
         _record_failure(failure, record, message, data, db, persisted, retries)
-    mark_acked(message)  # acked above, in the task's (or the failure's) transaction
+    if failure is not None or not worker_acks:
+        mark_acked(message)  # acked above, in the task's (or the failure's) transaction
     _report(result, record, backend, value, failure)
     _maybe_prune(backend)
     if failure is not None:
@@ -281,10 +288,13 @@ def _call(
     db: str,
     persisted: bool,
     retries: int,
+    *,
+    ack: bool = True,
 ) -> Any:
-    """Call ``task`` and record it ``SUCCESSFUL`` with the ack: in one transaction with the
-    task's writes (``ATOMIC_TASKS``, the default), else after it ran in autocommit. Returns
-    its value (as JSON would); raises ``_TaskRaised`` with what it raised."""
+    """Call ``task`` and record it ``SUCCESSFUL`` with the ack (unless ``ack`` is False: the
+    worker acks it in this transaction): in one transaction with the task's writes
+    (``ATOMIC_TASKS``, the default), else after it ran in autocommit. Returns its value (as
+    JSON would); raises ``_TaskRaised`` with what it raised."""
     # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
     atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
     driver = driver_for(db)
@@ -307,7 +317,8 @@ def _call(
 
     def succeed(value: Any) -> Any:
         _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
-        _ack(message, db)
+        if ack:
+            _ack(message, db)
         return value
 
     if atomic_tasks:  # the task's writes commit with SUCCESSFUL and the ack
