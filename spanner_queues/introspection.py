@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.backends.signals import connection_created
+from django.utils.module_loading import import_string
 
+from spanner_queues.conf import parse_engine
 from spanner_queues.drivers import driver_of
 from spanner_queues.engines import engine_for, engines
 from spanner_queues.queues import queue_models
@@ -32,10 +34,38 @@ def native_queue_tables(alias: str) -> set[str]:
     return names
 
 
+#: the configured engines whose class is native, as (engine alias, database alias), found once
+#: per state of the settings (``engines.settings`` is a new dict after a settings change)
+_native: tuple[object, list[tuple[str, str]]] | None = None
+
+
+def _native_engines() -> list[tuple[str, str]]:
+    """(engine alias, database alias) of each engine whose class has native queues: a new
+    thread's connection builds no engine it does not hand the connection to."""
+    global _native
+    configured = engines.settings
+    found = _native
+    if found is None or found[0] is not configured:
+        pairs = []
+        for name in configured:
+            try:
+                params = parse_engine(name, configured[name])
+                engine_class = import_string(params.engine)
+            except Exception:  # a misconfigured alias is reported by the system checks
+                continue
+            features = getattr(engine_class, "features", None)
+            if features is not None and features.supports_native_queues:
+                pairs.append((name, params.database))
+        found = _native = (configured, pairs)
+    return found[1]
+
+
 def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
     alias = connection.alias
     driver_of(connection).connection_created()  # (Spanner: one client Database per thread)
-    for name in engines.settings:
+    for name, database in _native_engines():
+        if database != alias:
+            continue
         try:
             engine = engines[name]
         except Exception:  # a misconfigured alias is reported by the system checks

@@ -188,6 +188,10 @@ class Intake:
         """One round over the queues, from the ``start``-th: receive from each that is not
         paused, backing off or at its limit while slots are free. Returns how many came."""
         got = 0
+        for db in {p.engine.database for p in self.plans}:
+            # (as ``api.receive``: the unique_for ledger, when a claim of this process marked
+            # it, in a transaction of its own, between claims)
+            uniqueness.prune_if_due(db)
         for offset in range(len(self.plans)):
             plan = self.plans[(start + offset) % len(self.plans)]
             health = self.health[plan.label]
@@ -285,8 +289,6 @@ class Intake:
         # queues took N waits (30 queues: 15 s before a task was run). The streams go on
         # receiving in the background; the next round, ``poll_interval`` later, takes it.
         wait = 0.0 if len(self.plans) > 1 else None
-        # (as ``api.receive``: the unique_for ledger, when a claim of this process marked it)
-        uniqueness.prune_if_due(plan.engine.database)
         messages = plan.engine.receive(plan.model, max_messages=want, lease=self.lease, wait=wait)
         if not messages:
             return 0
