@@ -66,7 +66,13 @@ from spanner_queues.worker.slots import Delivery, Plan, Unit
 
 logger = logging.getLogger("spanner_queues.worker")
 
-#: messages a group holds at most, by default (``--group-size``; 1: no groups)
+#: messages a group holds at most, by default (``--group-size``; 1: no groups), on a
+#: database whose one write lock serves every writer (SQLite): there a commit is an fsync
+#: that every writer waits for, and the group's time (``DEFAULT_GROUP_MS``) bounds how long
+#: it holds the lock (groups of 100 drained 1.4-2x groups of 20, docs/benchmarks.md)
+DEFAULT_GROUP_SIZE_SINGLE_WRITER = 100
+#: ... and elsewhere (PostgreSQL, Spanner: a larger transaction holds more row locks, and on
+#: Spanner is likelier to abort and run all its receivers again)
 DEFAULT_GROUP_SIZE = 20
 #: milliseconds of receiver time after which a group commits, by default (``--group-ms``),
 #: on a database whose one write lock serves every writer (``Driver.single_writer``: SQLite),
@@ -108,9 +114,13 @@ def limits_of(plan: Plan, size: int | None, ms: float | None) -> GroupLimits:
         check_limits(options.group_size, options.group_ms, f"{plan.label}: QueueMeta.")
     except InvalidArgument as exc:
         raise QueueConfigurationError(str(exc)) from None
-    n = options.group_size or size or DEFAULT_GROUP_SIZE
-    default = DEFAULT_GROUP_MS if single_writer(plan.db) else DEFAULT_GROUP_MS_MANY_WRITERS
-    t = options.group_ms or ms or default
+    one_lock = single_writer(plan.db)
+    n = (
+        options.group_size
+        or size
+        or (DEFAULT_GROUP_SIZE_SINGLE_WRITER if one_lock else DEFAULT_GROUP_SIZE)
+    )
+    t = options.group_ms or ms or (DEFAULT_GROUP_MS if one_lock else DEFAULT_GROUP_MS_MANY_WRITERS)
     return GroupLimits(n, t / 1000)
 
 

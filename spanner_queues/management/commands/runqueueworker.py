@@ -36,6 +36,7 @@ from spanner_queues.worker.group import (
     DEFAULT_GROUP_MS,
     DEFAULT_GROUP_MS_MANY_WRITERS,
     DEFAULT_GROUP_SIZE,
+    DEFAULT_GROUP_SIZE_SINGLE_WRITER,
     MAX_GROUP_SIZE,
 )
 from spanner_queues.worker.health import WorkerHealth, serve
@@ -215,7 +216,8 @@ class Command(BaseCommand):
             default=None,
             help="Most messages whose receivers run in one transaction with one commit (group "
             "commit; 1: each message alone). A queue's QueueMeta.group_size overrides it "
-            f"(default: {DEFAULT_GROUP_SIZE}).",
+            f"(default: {DEFAULT_GROUP_SIZE_SINGLE_WRITER} on SQLite, {DEFAULT_GROUP_SIZE} "
+            "elsewhere).",
         )
         receiving.add_argument(
             "--group-ms",
