@@ -45,7 +45,20 @@ class TaskMessage(Queue):
 
 
 def dumps(value: Any) -> str:
+    """Compact JSON (Django's encoder); an empty list or dict without the encoder (most
+    tasks' kwargs, errors and first worker ids)."""
+    if not value and type(value) in (list, dict):
+        return "[]" if type(value) is list else "{}"
     return json.dumps(value, cls=DjangoJSONEncoder, separators=(",", ":"))
+
+
+def loads(text: str) -> Any:
+    """``json.loads``; ``"[]"`` and ``"{}"`` without the parser."""
+    if text == "[]":
+        return []
+    if text == "{}":
+        return {}
+    return json.loads(text)
 
 
 class TaskResultRecord(models.Model):
@@ -84,19 +97,19 @@ class TaskResultRecord(models.Model):
 
     @property
     def args(self) -> list[Any]:
-        return json.loads(self.args_json)
+        return loads(self.args_json)
 
     @property
     def kwargs(self) -> dict[str, Any]:
-        return json.loads(self.kwargs_json)
+        return loads(self.kwargs_json)
 
     @property
     def errors(self) -> list[dict[str, str]]:
-        return json.loads(self.errors_json)
+        return loads(self.errors_json)
 
     @property
     def worker_ids(self) -> list[str]:
-        return json.loads(self.worker_ids_json)
+        return loads(self.worker_ids_json)
 
     @property
     def return_value(self) -> Any:
