@@ -21,7 +21,13 @@ from django.db.models import Model
 from django.utils import timezone
 
 from spanner_queues import clock, instrumentation, uniqueness
-from spanner_queues.controls import MessageCancellation, is_paused, pause, resume
+from spanner_queues.controls import (
+    MessageCancellation,
+    is_paused,
+    pause,
+    prune_cancellations_if_due,
+    resume,
+)
 from spanner_queues.engines import engine_for
 from spanner_queues.envelope import envelope_of, wrap
 from spanner_queues.exceptions import (
@@ -716,4 +722,6 @@ def cancel(
         messages_cancelled.send(sender=model, messages=[current], using=db, cancellation=record)
         return record
 
-    return run_in_transaction(run, using=db)
+    record = run_in_transaction(run, using=db)
+    prune_cancellations_if_due(db)  # (records past CANCELLATION_KEEP_DAYS; not in a caller's)
+    return record

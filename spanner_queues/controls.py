@@ -21,17 +21,24 @@ in the queue's database. A pending message is deleted in the same transaction; a
 stays, and every worker reads the cancellations of the messages it runs once per
 ``CANCEL_CHECK_SECONDS`` (one query per database, bound to the keys it holds) and tells their
 receivers (``MessageContext.cancelled``). A cancellation applies to the message sent under its
-key before it was made, not to one sent again later.
+key before it was made, not to one sent again later. Records are kept ``CANCELLATION_KEEP_DAYS``
+(30): ``api.cancel`` deletes older ones, at most ``CANCELLATION_PRUNE_BATCH`` at a time and once
+an hour per process and database, so the table stays bounded by the cancels of a month. A
+message still retried after its running cancellation's record went is no longer asked to stop
+(its receiver runs on: a late retry, never a lost message).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import IntegrityError, models
+from django.db import IntegrityError, connections, models
 
 from spanner_queues import clock
 from spanner_queues.engines import engine_for
@@ -43,6 +50,7 @@ if TYPE_CHECKING:
     from spanner_queues.models import Queue
 
 __all__ = [
+    "CANCELLATION_KEEP_DAYS",
     "CANCEL_CHECK_SECONDS",
     "PAUSE_CHECK_SECONDS",
     "MessageCancellation",
@@ -52,9 +60,12 @@ __all__ = [
     "is_paused",
     "pause",
     "paused",
+    "prune_cancellations",
     "resume",
     "take_starts",
 ]
+
+logger = logging.getLogger("spanner_queues")
 
 #: how often a worker reads which of its queues are paused: the bound on how long it may go on
 #: receiving from a queue after ``pause`` (plus the receive call under way).
@@ -200,6 +211,14 @@ def take_starts(
 CANCEL_CHECK_SECONDS = 1.0
 #: keys one read of the cancellations binds (Spanner binds at most 950 parameters a statement)
 CANCEL_READ_BATCH = 500
+#: days a cancellation's record is kept (the admin's record of who and why)
+CANCELLATION_KEEP_DAYS = 30
+#: records one prune deletes at most (one transaction: Spanner's mutations per commit)
+CANCELLATION_PRUNE_BATCH = 500
+#: seconds between two prunes of one database by this process
+CANCELLATION_PRUNE_EVERY_SECONDS = 3600.0
+_next_prune: dict[str, float] = {}
+_prune_lock = threading.Lock()
 
 
 class MessageCancellation(models.Model):
@@ -254,3 +273,38 @@ def cancellations(
             if row.cancelled_at >= since:
                 found[where] = row
     return found
+
+
+def prune_cancellations(*, using: str, days: int = CANCELLATION_KEEP_DAYS) -> int:
+    """In the caller's transaction (or one of its own): delete up to
+    ``CANCELLATION_PRUNE_BATCH`` records made more than ``days`` days ago, the oldest first;
+    how many went."""
+    records = MessageCancellation.objects.using(using)
+    cutoff = clock.now() - timedelta(days=days)
+    old = list(
+        records.filter(cancelled_at__lt=cutoff)
+        .order_by("cancelled_at")
+        .values_list("pk", flat=True)[:CANCELLATION_PRUNE_BATCH]
+    )
+    if not old:
+        return 0
+    deleted: tuple[int, dict[str, int]] = records.filter(pk__in=old).delete()
+    return deleted[0]
+
+
+def prune_cancellations_if_due(using: str) -> None:
+    """``prune_cancellations`` of ``using`` in a transaction of its own, if this process has
+    not pruned it in the last ``CANCELLATION_PRUNE_EVERY_SECONDS`` and the caller is in no
+    transaction; best effort (a failure is logged, the next cancel an hour later tries
+    again)."""
+    if connections[using].in_atomic_block:
+        return
+    now = time.monotonic()
+    with _prune_lock:
+        if now < _next_prune.get(using, 0.0):
+            return
+        _next_prune[using] = now + CANCELLATION_PRUNE_EVERY_SECONDS
+    try:
+        run_in_transaction(lambda: prune_cancellations(using=using), using=using)
+    except Exception:
+        logger.warning("pruning the cancellations of %r failed", using, exc_info=True)

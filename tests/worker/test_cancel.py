@@ -132,3 +132,35 @@ def test_a_cancel_does_not_apply_to_a_message_sent_again_under_its_key(
     with running(make_worker(WorkItemsDead, registry=registry)):
         assert events.wait_for("acked", timeout=30)
     assert seen == [False]
+
+
+def test_cancellation_records_past_their_keep_days_are_pruned_by_a_cancel_once_an_hour(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The records stay bounded by a month of cancels: ``api.cancel`` deletes the ones made
+    more than ``CANCELLATION_KEEP_DAYS`` ago, at most once an hour per process and database."""
+    from datetime import timedelta
+
+    from spanner_queues import clock, controls
+
+    monkeypatch.setattr(controls, "_next_prune", {})
+    db = engine_for(WorkItemsDead).database
+    records = MessageCancellation.objects.using(db)
+    now = clock.now()
+    keep = timedelta(days=controls.CANCELLATION_KEEP_DAYS)
+
+    def record(key: str, age: timedelta) -> None:
+        records.create(queue="workerapp.WorkItemsDead", message_key=key, cancelled_at=now - age)
+
+    record("old-1", keep + timedelta(days=1))
+    record("old-2", keep + timedelta(hours=1))
+    record("recent", keep - timedelta(days=1))
+    WorkItemsDead.send(id="a")
+    api.cancel(WorkItemsDead, ("a",), reason="no longer needed")
+    kept = set(records.values_list("message_key", flat=True))
+    assert kept == {"recent", key_text(("a",))}
+
+    record("old-3", keep + timedelta(days=2))  # within the hour: left for the next prune
+    WorkItemsDead.send(id="b")
+    api.cancel(WorkItemsDead, ("b",), reason="no longer needed")
+    assert "old-3" in set(records.values_list("message_key", flat=True))
