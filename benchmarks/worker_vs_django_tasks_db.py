@@ -485,10 +485,12 @@ def main() -> None:
                     f"ratio {ours_r / theirs_r:.1f}x"
                 )
         print(f"\nIssue 41's goal (reproduce: {command} --pairs {args.pairs})")
+        # issue 41: SQLite >= 20x; PostgreSQL >= 5x (and procrastinate: worker_vs_procrastinate)
+        db, target = ("PostgreSQL", 5) if os.environ.get("SQ_BENCH_POSTGRES") else ("SQLite", 20)
         r = pairs["in_process_ratio"]
-        goal("SQLite drain, defaults, in-process: median of pairs", f"{r:.1f}x", ">= 20x", r >= 20)
+        goal(f"{db} drain, defaults, in-process: median", f"{r:.1f}x", f">= {target}x", r >= target)
         r = pairs["commands_ratio"]
-        goal("SQLite drain, the commands: median of pairs", f"{r:.1f}x", ">= 20x", r >= 20)
+        goal(f"{db} drain, the commands: median", f"{r:.1f}x", f">= {target}x", r >= target)
 
     print(f"\nIssue 14's goals (reproduce: {command})")
     defaults = commands["runqueueworker --burst"]["msg_per_s"]
