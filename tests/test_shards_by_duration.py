@@ -59,3 +59,16 @@ def test_the_measured_durations_include_the_conformance_suites_tests(tmp_path: P
     measured = json.loads(out.read_text())
     assert sorted(measured) == sorted([suite, ours])
     assert all(seconds > 0 for seconds in measured.values())
+
+
+@pytest.mark.parametrize("stage", ["native", "table"])
+def test_the_committed_durations_name_test_files_that_exist(stage: str) -> None:
+    """``tests/durations/<stage>.json`` cut a clean clone's shards by time (``bin/test``, when
+    the run has no durations of its own): seconds by test id, each id in a file of the tree
+    (a stale id is ignored by the cut; a test the file lacks counts the median)."""
+    durations = json.loads((ROOT / "tests" / "durations" / f"{stage}.json").read_text())
+    assert len(durations) > 500
+    assert all(isinstance(s, float | int) and s >= 0 for s in durations.values())
+    files = {test_id.split("::", 1)[0] for test_id in durations}
+    assert [f for f in files if not (ROOT / f).is_file()] == []
+    assert any(f.startswith("spanner_queues/testing/conformance/") for f in files)
