@@ -17,7 +17,7 @@ from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import InvalidArgument, TimeLimitExceeded, WorkerStuck
 from spanner_queues.failures import FailedDelivery
 from spanner_queues.receivers import ReceiverConfigurationError, ReceiverRegistry
-from spanner_queues.worker import WorkerEvents
+from spanner_queues.worker import WorkerEvents, limits
 from tests.conftest import wait_until
 from tests.worker.conftest import running
 from tests.workerapp.models import WorkItems, WorkItemsDead, WorkLog
@@ -71,8 +71,11 @@ def test_a_receivers_own_limit_applies_without_a_worker_limit(
 
 
 def test_a_receiver_that_cannot_be_interrupted_stops_the_worker(
-    make_worker, events: WorkerEvents
+    make_worker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The stuck run's failure is recorded on a thread waited for STUCK_RECORD_SECONDS (10 s);
+    # on SQLite the stuck atomic receiver holds the write lock, so the wait runs out: 1 s here.
+    monkeypatch.setattr(limits, "STUCK_RECORD_SECONDS", 1.0)
     HANGS["stuck"] = hang = __import__("threading").Event()
     WorkItems.send(id="stuck", payload={"hang": "stuck"})
     worker = make_worker(WorkItems, timeout=0.3, concurrency=2)
