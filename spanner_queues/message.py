@@ -111,6 +111,9 @@ class OutgoingMessage:
     key: dict[str, Any]
     payload: bytes
     deliver_time: datetime | None = None
+    #: on an ordered queue (``QueueMeta.ordered_by``), the send time a message given back
+    #: under its key keeps: its place among its key's messages (None: sent now, last)
+    send_time: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

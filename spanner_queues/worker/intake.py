@@ -22,11 +22,15 @@ from typing import Any
 
 from django.db import connections
 
-from spanner_queues import api, clock, controls, uniqueness
+from spanner_queues import api, clock, controls, ordering, uniqueness
 from spanner_queues.message import Message
 from spanner_queues.patterns import seed_schedules
 from spanner_queues.receivers import ReceiverRegistry
-from spanner_queues.transactions import forget_lost_connection, recycle_connections
+from spanner_queues.transactions import (
+    forget_lost_connection,
+    recycle_connections,
+    run_in_transaction,
+)
 from spanner_queues.worker.events import Reporter
 from spanner_queues.worker.group import Groups
 from spanner_queues.worker.leases import renew_at
@@ -301,6 +305,8 @@ class Intake:
                 plan.label,
                 extra={"action": "lease_expired", "queue": plan.label, "worker_id": self.worker_id},
             )
+        if plan.options.ordered_by and not plan.engine.features.supports_ordered_receive:
+            fresh = self._in_order(plan, fresh)
         deliveries = [Delivery(m, plan, renew_at(m, now)) for m in fresh]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         units = [u for u in units if u]
@@ -311,6 +317,36 @@ class Intake:
                 self.reporter.emit("received", message=d.message)
             self.units.put(unit)
         return len(messages)
+
+    def _in_order(self, plan: Plan, messages: list[Message]) -> list[Message]:
+        """An ordered queue on an engine whose receive has no order (native queues): the
+        heads of their ordering keys (``ordering.heads``, one read), to be run; the others
+        are given back under their keys due ``ordering.WAIT_SECONDS`` later, keeping their
+        place, in one transaction (they never ran: no attempt spent). If the read or the
+        give-back fails, nothing of the batch is run (its leases run out: fail closed)."""
+        if not messages:
+            return messages
+        try:
+            first, later = ordering.heads(plan.model, messages, using=plan.db)
+            if later:
+                due = clock.now() + timedelta(seconds=ordering.WAIT_SECONDS)
+                run_in_transaction(
+                    lambda: plan.policy.resend(
+                        plan.model, later, [due] * len(later), using=plan.db
+                    ),
+                    using=plan.db,
+                    retries=plan.retries,
+                )
+                self.reporter.count("waiting_in_order", len(later))
+        except Exception:
+            logger.exception(
+                "%s: keeping the order of %d received message(s) failed; left to their leases",
+                plan.label,
+                len(messages),
+                extra={"action": "error", "queue": plan.label, "worker_id": self.worker_id},
+            )
+            return []
+        return first
 
     def adapt(self, *, full: bool) -> None:
         """Adaptive prefetch: after a receive, ``depth`` becomes what one thread may hold,
