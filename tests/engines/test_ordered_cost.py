@@ -6,6 +6,8 @@ docs/howto/ordered.md."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
@@ -19,11 +21,14 @@ pytestmark = pytest.mark.django_db(transaction=True)
 def statements(action: object) -> list[str]:
     with CaptureQueriesContext(connection) as captured, transaction.atomic():
         action()  # type: ignore[operator]
-    return [
-        q["sql"].split()[0].upper()
-        for q in captured.captured_queries
-        if not q["sql"].upper().startswith(("SAVEPOINT", "RELEASE", "BEGIN", "COMMIT"))
-    ]
+    return [kind for kind in map(verb, captured.captured_queries) if kind]
+
+
+def verb(query: dict[str, str]) -> str | None:
+    """The statement's verb (the first of INSERT, UPDATE, SELECT, DELETE in its text: a
+    driver may wrap it); None for transaction control."""
+    words = re.findall(r"[A-Z]+", query["sql"].upper())
+    return next((w for w in words if w in ("INSERT", "UPDATE", "SELECT", "DELETE")), None)
 
 
 @pytest.mark.requires("supports_ordered_receive")
