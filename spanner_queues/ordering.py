@@ -248,3 +248,14 @@ def heads(
         placed = m if sent_at is None else replace(m, send_time=sent_at)
         (later if waits else first).append(placed)
     return first, later
+
+
+def recorded_places(
+    model: type[models.Model], keys: Sequence[Sequence[Any]], *, using: str
+) -> dict[tuple[Any, ...], datetime]:
+    """The send times (places) the ``OrderedMessage`` rows of the messages under ``keys``
+    hold, by key; one read (a message received outside the worker carries none)."""
+    label = model._meta.label
+    ids = {message_row_id(label, k): tuple(k) for k in keys}
+    rows = OrderedMessage.objects.using(using).filter(pk__in=sorted(ids))
+    return {ids[pk]: at for pk, at in rows.values_list("pk", "sent_at")}

@@ -10,7 +10,7 @@ these verbs."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -193,12 +193,22 @@ class BaseQueueEngine(ABC):
         keeps its place among its key's messages (its ``send_time``)."""
         keys = [m.key for m in messages]
         if not missing_ok and (to is None or to is model) and ordered_by(model):
-            outgoing = kept_in_place(model, messages, outgoing)
+            unplaced = [m.key for m in messages if m.send_time is None]
+            places = self.recorded_places(model, unplaced, using=using) if unplaced else {}
+            outgoing = kept_in_place(model, messages, outgoing, places)
         if missing_ok:
             self.delete_any(model, keys, using=using)
         elif messages:
             self.ack_many(model, keys, using=using, lease_tokens=[m.lease_token for m in messages])
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
+
+    def recorded_places(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> dict[tuple[Any, ...], datetime]:
+        """The send times (places in their ordering keys) the engine keeps of the messages
+        under ``keys`` of an ordered queue, by key, where a received message does not carry
+        it (``Message.send_time`` None); none by default."""
+        return {}
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
@@ -299,12 +309,16 @@ class SpannerSQL(Protocol):
 
 
 def kept_in_place(
-    model: type[Queue], messages: Sequence[Message], outgoing: Sequence[OutgoingMessage]
+    model: type[Queue],
+    messages: Sequence[Message],
+    outgoing: Sequence[OutgoingMessage],
+    places: Mapping[tuple[Any, ...], datetime],
 ) -> list[OutgoingMessage]:
     """``outgoing``, each one sent again under the key of one of ``messages`` carrying that
-    message's ``send_time``: its place among its ordering key's messages."""
+    message's ``send_time``: its place among its ordering key's messages (``places``, by
+    key, where a message carries none)."""
     names = key_names(model)
-    times = {m.key: m.send_time for m in messages}
+    times = {**places, **{m.key: m.send_time for m in messages if m.send_time is not None}}
     out = []
     for o in outgoing:
         at = o.send_time or times.get(tuple(o.key[n] for n in names))

@@ -994,6 +994,12 @@ class NativeQueueEngine(BaseQueueEngine):
             if ordered_by(model):
                 ordering.forget_places(model, keys, using=using)
 
+    def recorded_places(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> dict[tuple[Any, ...], datetime]:
+        """The places the ``ordering.OrderedMessage`` rows hold (one read)."""
+        return ordering.recorded_places(model, keys, using=using)
+
     def ack_mutations(
         self,
         model: type[Queue],

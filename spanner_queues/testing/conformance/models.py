@@ -94,3 +94,5 @@ class OrderedEvents(Queue):
 
     class QueueMeta:
         ordered_by = ("customer",)
+        max_attempts = 3
+        discard_after_max_attempts = True

@@ -93,3 +93,44 @@ def test_each_key_is_run_in_send_order_one_at_a_time_through_failures() -> None:
     assert dict(done) == expected
     assert overlaps == []
     wait_until(lambda: not OrderedEvents.objects.exists(), timeout=30)
+
+
+def test_a_head_given_up_lets_the_next_of_its_key_go() -> None:
+    """A head that fails on every attempt holds its key back until it is given up (discarded
+    past ``max_attempts``, as a dead letter would be), then the next message of its key runs."""
+    lock = threading.Lock()
+    events_of: list[tuple[str, int]] = []
+
+    def record(what: str, seq: int) -> None:
+        with lock:
+            events_of.append((what, seq))
+
+    registry = ReceiverRegistry()
+
+    @register_receiver(OrderedEvents, registry=registry)
+    def handle(message: Message) -> None:
+        seq = message.json()["seq"]
+        if seq == 1:
+            record("failed", 1)
+            raise RuntimeError("message 1 always fails")
+        db = engine_for(OrderedEvents).database
+        transaction.on_commit(lambda: record("done", seq), using=db)
+
+    OrderedEvents.send_many(
+        [{"customer": "c0", "message_id": f"m{9 - s}", "payload": {"seq": s}} for s in (1, 2, 3)]
+    )
+    worker = Worker([OrderedEvents], registry=registry, install_signal_handlers=False)
+
+    def run() -> None:
+        worker.run()
+        connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until(lambda: ("done", 3) in events_of, timeout=120)
+    finally:
+        worker.stop()
+        thread.join(60)
+    max_attempts = OrderedEvents.QueueMeta.max_attempts
+    assert events_of == [("failed", 1)] * max_attempts + [("done", 2), ("done", 3)]
