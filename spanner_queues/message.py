@@ -155,6 +155,16 @@ class Message:
             lease_expires_at=lease_expires_at,
         )
 
+    def placed(self, send_time: datetime | None) -> Message:
+        """This message with ``send_time`` (its place in its ordering key, which the engine
+        keeps apart: ``spanner_queues.ordering``); an attempt not read yet stays unread."""
+        return replace(
+            self,
+            payload=self.stored_payload,
+            attempt=self.__dict__.get("_attempt", 0),
+            send_time=send_time,
+        )
+
     @property
     def stored_payload(self) -> bytes:
         """The bytes stored in the queue (on an envelope queue: the whole event)."""

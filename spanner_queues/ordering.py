@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Sequence
-from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -156,6 +155,8 @@ def head_of_key_sql(model: type[models.Model], using: str) -> str:
 
 # --- engines whose receive has no order (native queues): the worker keeps it ------------------
 
+#: ids one statement names at most (Spanner binds at most 950 parameters a statement)
+CHUNK = 900
 #: how long a message that is not its key's head waits before it is delivered again (given
 #: back under its key, keeping its place: it never ran, so no attempt is spent)
 WAIT_SECONDS = 1.0
@@ -219,9 +220,10 @@ def forget_places(model: type[models.Model], keys: Sequence[Sequence[Any]], *, u
     """In the caller's transaction: delete the ``OrderedMessage`` rows of the messages under
     ``keys`` (acked, dead-lettered, discarded, deleted): the next of each key may go."""
     label = model._meta.label
-    OrderedMessage.objects.using(using).filter(
-        pk__in=sorted({message_row_id(label, k) for k in keys})
-    ).delete()
+    ids = sorted({message_row_id(label, k) for k in keys})
+    rows = OrderedMessage.objects.using(using)
+    for first in range(0, len(ids), CHUNK):  # (Spanner binds at most 950 parameters)
+        rows.filter(pk__in=ids[first : first + CHUNK]).delete()
 
 
 def heads(
@@ -245,7 +247,7 @@ def heads(
     later: list[Message] = []
     for pk, m in ids.items():
         sent_at, waits = places.get(pk, (None, False))
-        placed = m if sent_at is None else replace(m, send_time=sent_at)
+        placed = m if sent_at is None else m.placed(sent_at)
         (later if waits else first).append(placed)
     return first, later
 

@@ -34,7 +34,7 @@ from django.core import checks
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
 
-from spanner_queues import clock, ordering
+from spanner_queues import clock
 from spanner_queues.drivers import causes, driver_for
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.exceptions import (
@@ -54,7 +54,7 @@ from spanner_queues.keys import (
 )
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
-from spanner_queues.ordering import head_of_key, head_of_key_sql, ordered_by
+from spanner_queues.ordering import head_of_key, head_of_key_sql, ordered_by, send_times
 from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
 from spanner_queues.storage import QueueQuerySet, rows_with
 from spanner_queues.transactions import run_in_transaction
@@ -142,7 +142,7 @@ class TableQueueEngine(BaseQueueEngine):
         if parent_field and not driver_for(using).supports_interleave:
             self._check_parents(model, parent_field, messages, using)
         # an ordered queue's messages: each one later than the last of its ordering key
-        sent = ordering.send_times(model, messages, now, using=using) if ordered else None
+        sent = send_times(model, messages, now, using=using) if ordered else None
         try:
             if len(messages) == 1 and sent is None:
                 insert = row_statements(model, using).insert

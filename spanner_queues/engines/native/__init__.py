@@ -1044,6 +1044,10 @@ class NativeQueueEngine(BaseQueueEngine):
             for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
                 params = [v for key in chunk for v in key]
                 cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
+        if keys and ordered_by(model):
+            ordering.forget_places(
+                model, [client.key_from_row(model, k) for k in keys], using=using or self.database
+            )
 
     def present_keys(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]]
