@@ -158,8 +158,15 @@ def head_of_key_sql(model: type[models.Model], using: str) -> str:
 #: ids one statement names at most (Spanner binds at most 950 parameters a statement)
 CHUNK = 900
 #: how long a message that is not its key's head waits before it is delivered again (given
-#: back under its key, keeping its place: it never ran, so no attempt is spent)
+#: back under its key, keeping its place: it never ran, so no attempt is spent) the first
+#: time; each wait doubles it, up to ``MAX_WAIT_SECONDS``
 WAIT_SECONDS = 1.0
+MAX_WAIT_SECONDS = 30.0
+
+
+def wait(waits: int) -> timedelta:
+    """The wait of a message given back behind its key's head for the ``waits``-th time."""
+    return timedelta(seconds=min(WAIT_SECONDS * 2 ** min(max(waits, 1) - 1, 16), MAX_WAIT_SECONDS))
 
 
 class OrderedMessage(models.Model):
