@@ -239,11 +239,13 @@ def build_message(
         )
     if deliver_time is not None or delay is not None:
         deliver_time = _deliver_time(deliver_time, delay)
-    # OutgoingMessage(key=..., payload=..., deliver_time=...) without its keyword call
+    # OutgoingMessage(key=..., payload=..., deliver_time=..., send_time=None) without its
+    # keyword call
     outgoing = _new(OutgoingMessage)
     _set(outgoing, "key", key)
     _set(outgoing, "payload", payload)
     _set(outgoing, "deliver_time", deliver_time)
+    _set(outgoing, "send_time", None)
     return outgoing
 
 
@@ -284,7 +286,7 @@ def _key_of(
 _new = object.__new__
 _set = object.__setattr__  # what a frozen dataclass's own __init__ calls per field
 assert tuple(f.name for f in dataclass_fields(OutgoingMessage)) == (
-    "key", "payload", "deliver_time"
+    "key", "payload", "deliver_time", "send_time"
 ), "OutgoingMessage changed: update build_message"  # fmt: skip
 
 

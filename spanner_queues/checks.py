@@ -14,6 +14,7 @@ E013 row_deletion_policy is not {"older_than": <deliver_time or a DateTimeField 
 E014 a Spanner database or the native engine is configured, but the Spanner driver (the
      `spanner` extra: django-google-spanner, google-cloud-spanner) is not installed
 E020 concurrency_limit is not a positive int, or rate_limit not a positive number
+E021 ordered_by is not a proper prefix of the queue's key fields
 
 E104 TASKS names spanner_queues' QueueBackend but spanner_queues.contrib.tasks is not installed
      (E101-E103, the backend's own, are reported by the app when it is installed)
@@ -52,6 +53,7 @@ from spanner_queues.options import (
     KNOWN_OPTIONS,
     MAX_RATE_LIMIT,
     MIN_RATE_LIMIT,
+    ordered_by_problems,
     queue_options,
     row_deletion,
     unknown_options,
@@ -448,6 +450,16 @@ def _check_queue_model(model: Any, usable: dict[str, Any], configured: Any) -> l
             )
         )
     problems.extend(_check_dead_letter(model, options))
+    problems.extend(
+        checks.Error(
+            text,
+            hint="Name the key fields whose equal values make one ordering key, e.g. "
+            "ordered_by = ('customer',) for a key (customer, message_id).",
+            obj=model,
+            id="spanner_queues.E021",
+        )
+        for text in ordered_by_problems(model)
+    )
     try:
         row_deletion(model, options)
     except QueueConfigurationError as exc:

@@ -111,6 +111,9 @@ class OutgoingMessage:
     key: dict[str, Any]
     payload: bytes
     deliver_time: datetime | None = None
+    #: on an ordered queue (``QueueMeta.ordered_by``), the send time a message given back
+    #: under its key keeps: its place among its key's messages (None: sent now, last)
+    send_time: datetime | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -150,6 +153,16 @@ class Message:
             attempt=self.__dict__.get("_attempt", 0),
             lease_token=lease_token,
             lease_expires_at=lease_expires_at,
+        )
+
+    def placed(self, send_time: datetime | None) -> Message:
+        """This message with ``send_time`` (its place in its ordering key, which the engine
+        keeps apart: ``spanner_queues.ordering``); an attempt not read yet stays unread."""
+        return replace(
+            self,
+            payload=self.stored_payload,
+            attempt=self.__dict__.get("_attempt", 0),
+            send_time=send_time,
         )
 
     @property

@@ -33,6 +33,7 @@ from spanner_queues.exceptions import MessageUpdateRefused
 from spanner_queues.failures import FailedDelivery  # noqa: F401  (failure ledger)
 from spanner_queues.keys import row_to_message
 from spanner_queues.monitoring import QueueDepthSample  # noqa: F401  (the depth chart's history)
+from spanner_queues.ordering import KeySequence, OrderedMessage  # noqa: F401  (ordered per key)
 from spanner_queues.payload import BYTES
 from spanner_queues.storage import (
     BOOKKEEPING_FIELDS,

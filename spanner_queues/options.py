@@ -20,6 +20,7 @@ class ImageTasks(Queue):
         envelope = "cloudevents"           # store CloudEvents 1.0 JSON around the payload
         group_size = 20                    # at most 20 messages per commit (1: each alone)
         group_ms = 50                      # ... or 50 ms of receiver time, whichever first
+        ordered_by = ("upload",)           # one message of an upload at a time, in send order
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ KNOWN_OPTIONS = frozenset(
         "rate_limit",
         "pubsub_topic",
         "pubsub_ordering_key",
+        "ordered_by",
         "pubsub_subscription",
         "envelope",
         "group_size",
@@ -89,9 +91,14 @@ class QueueOptions:
     #: with ``spanner_queues.contrib.pubsub``: the Pub/Sub topic (an id in the configured
     #: project, or ``projects/P/topics/T``) each message is published to by ``runqueueworker``
     pubsub_topic: str | None = None
-    #: the key fields whose values make a relayed message's ordering key (None: every key field
-    #: but the last when the key has several, none for a one-field key; ``()``: none)
+    #: the key fields whose values make a relayed message's ordering key (None: the
+    #: ``ordered_by`` fields, else every key field but the last when the key has several,
+    #: none for a one-field key; ``()``: none)
     pubsub_ordering_key: tuple[str, ...] | None = None
+    #: the key fields (a proper prefix of the key) whose values make a message's ordering
+    #: key: each ordering key's messages are delivered one at a time in send order
+    #: (``spanner_queues.ordering``; None: no order)
+    ordered_by: tuple[str, ...] | None = None
     #: with ``spanner_queues.contrib.pubsub``: the Pub/Sub subscription (an id in the
     #: configured project, or ``projects/P/subscriptions/S``) ``runqueueworker`` pulls into
     #: this queue (an inbox: one string key field, the event id)
@@ -166,3 +173,43 @@ def unknown_options(model: type[models.Model]) -> list[str]:
     if meta is None:
         return []
     return sorted(n for n in dir(meta) if not n.startswith("_") and n not in KNOWN_OPTIONS)
+
+
+def ordered_by(model: type[models.Model]) -> tuple[str, ...]:
+    """The attnames of the key fields that make a message's ordering key (``()``: the queue
+    is not ordered). ``QueueMeta.ordered_by`` names fields by name or attname."""
+    declared = queue_options(model).ordered_by
+    if not declared:
+        return ()
+    by_name = {}
+    for f in key_fields(model):
+        by_name[f.name] = by_name[f.attname] = f.attname
+    return tuple(by_name[n] for n in declared)
+
+
+def ordered_by_problems(model: type[models.Model]) -> list[str]:
+    """What is wrong with ``QueueMeta.ordered_by`` (E021); empty when it is fine or absent."""
+    declared = queue_options(model).ordered_by
+    if declared is None:
+        return []
+    fields = key_fields(model)
+    names = [f.name for f in fields]
+    if (
+        isinstance(declared, str)
+        or not isinstance(declared, (tuple, list))
+        or not declared
+        or not all(isinstance(n, str) for n in declared)
+    ):
+        return [
+            f"QueueMeta.ordered_by must be a non-empty tuple of key field names (e.g. "
+            f"({names[0]!r},)), not {declared!r}."
+        ]
+    wanted = [f.name for f in fields[: len(declared)]]
+    given = [next((f.name for f in fields if n in (f.name, f.attname)), n) for n in declared]
+    if len(declared) >= len(fields) or given != wanted:
+        return [
+            f"QueueMeta.ordered_by = {tuple(declared)!r} must name the first key fields of "
+            f"the queue, a proper prefix of its key {tuple(names)!r} (the rest of the key "
+            "names one message of the ordering key)."
+        ]
+    return []

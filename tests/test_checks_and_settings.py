@@ -453,3 +453,27 @@ def test_a_misspelt_engine_shortcut_names_the_shortcuts_and_the_closest() -> Non
         "SPANNER_QUEUES['default']['ENGINE'] = 'tabel' is neither a shortcut ('table', "
         "'native') nor an importable dotted path. Did you mean 'table'?"
     ), error.msg
+
+
+@pytest.mark.engine_independent
+@pytest.mark.parametrize(
+    ("ordered_by", "reason"),
+    [
+        (("created",), None),
+        (["created"], None),
+        (("created", "n"), "a proper prefix of its key"),
+        (("n",), "a proper prefix of its key"),
+        (("customer",), "a proper prefix of its key"),
+        ("created", "must be a non-empty tuple of key field names"),
+        ((), "must be a non-empty tuple of key field names"),
+    ],
+)
+def test_ordered_by_must_name_a_proper_prefix_of_the_key(
+    ordered_by: object, reason: str | None
+) -> None:
+    errors = _queue_check_errors("spanner_queues.E021", {"ordered_by": ordered_by})
+    if reason is None:
+        assert errors == []
+    else:
+        [error] = errors
+        assert reason in error.msg

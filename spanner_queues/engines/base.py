@@ -10,8 +10,8 @@ these verbs."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -19,7 +19,9 @@ from django.core import checks
 
 from spanner_queues.conf import COMMON_OPTIONS, EngineParams
 from spanner_queues.exceptions import InvalidQueueEngine, NotSupportedByEngine
+from spanner_queues.keys import key_names
 from spanner_queues.message import OutgoingMessage
+from spanner_queues.options import ordered_by
 
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
@@ -50,6 +52,10 @@ class EngineFeatures:
     #: instead of deleting a newer message sent under the same key. Native Spanner acks by key
     #: (the tokens are ignored).
     supports_lease_checked_ack: bool = False
+    #: whether ``receive`` of an ordered queue (``QueueMeta.ordered_by``) hands out only each
+    #: ordering key's head (no earlier message of its key exists); False: the worker keeps
+    #: the order (``spanner_queues.ordering``)
+    supports_ordered_receive: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,13 +188,27 @@ class BaseQueueEngine(ABC):
         leases the messages carry (``MessageAlreadyAcked`` or ``StaleAck`` and nothing is
         sent). The new messages start afresh: no delivery counted, no failure on record. With
         ``missing_ok`` whatever is under the keys is deleted, held or not (``delete_any``),
-        and a missing message is no error (``api.replace``: no lease is held)."""
+        and a missing message is no error (``api.replace``: no lease is held). On an ordered
+        queue (``QueueMeta.ordered_by``) a message sent again under its key to the same queue
+        keeps its place among its key's messages (its ``send_time``)."""
         keys = [m.key for m in messages]
+        if not missing_ok and (to is None or to is model) and ordered_by(model):
+            unplaced = [m.key for m in messages if m.send_time is None]
+            places = self.recorded_places(model, unplaced, using=using) if unplaced else {}
+            outgoing = kept_in_place(model, messages, outgoing, places)
         if missing_ok:
             self.delete_any(model, keys, using=using)
         elif messages:
             self.ack_many(model, keys, using=using, lease_tokens=[m.lease_token for m in messages])
         return self.send_many(to or model, outgoing, using=using) if outgoing else []
+
+    def recorded_places(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> dict[tuple[Any, ...], datetime]:
+        """The send times (places in their ordering keys) the engine keeps of the messages
+        under ``keys`` of an ordered queue, by key, where a received message does not carry
+        it (``Message.send_time`` None); none by default."""
+        return {}
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
@@ -286,3 +306,21 @@ class SpannerSQL(Protocol):
     def receive_function(self, queue: str) -> str: ...
 
     def renew_function(self, queue: str) -> str: ...
+
+
+def kept_in_place(
+    model: type[Queue],
+    messages: Sequence[Message],
+    outgoing: Sequence[OutgoingMessage],
+    places: Mapping[tuple[Any, ...], datetime],
+) -> list[OutgoingMessage]:
+    """``outgoing``, each one sent again under the key of one of ``messages`` carrying that
+    message's ``send_time``: its place among its ordering key's messages (``places``, by
+    key, where a message carries none)."""
+    names = key_names(model)
+    times = {**places, **{m.key: m.send_time for m in messages if m.send_time is not None}}
+    out = []
+    for o in outgoing:
+        at = o.send_time or times.get(tuple(o.key[n] for n in names))
+        out.append(o if at is o.send_time else replace(o, send_time=at))
+    return out

@@ -54,6 +54,7 @@ from spanner_queues.keys import (
 )
 from spanner_queues.message import Message, OutgoingMessage
 from spanner_queues.options import queue_options
+from spanner_queues.ordering import head_of_key, head_of_key_sql, ordered_by, send_times
 from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
 from spanner_queues.storage import QueueQuerySet, rows_with
 from spanner_queues.transactions import run_in_transaction
@@ -80,7 +81,11 @@ class TableQueueEngine(BaseQueueEngine):
     """Queues as ordinary tables: SQLite (the embedded default), the Spanner emulator, any
     Spanner or PostgreSQL database."""
 
-    features = EngineFeatures(supports_native_queues=False, supports_lease_checked_ack=True)
+    features = EngineFeatures(
+        supports_native_queues=False,
+        supports_lease_checked_ack=True,
+        supports_ordered_receive=True,
+    )
 
     # --- schema ---------------------------------------------------------------------------
     def create_queue(
@@ -127,12 +132,19 @@ class TableQueueEngine(BaseQueueEngine):
     def send_many(
         self, model: type[Queue], messages: Sequence[OutgoingMessage], *, using: str
     ) -> list[Message]:
+        ordered = bool(ordered_by(model))
+        if ordered and not connections[using].in_atomic_block:
+            # the ordering keys' rows stay locked until the messages commit (``ordering``)
+            with transaction.atomic(using=using):
+                return self.send_many(model, messages, using=using)
         now = clock.now()
         parent_field = queue_options(model).interleave_in_parent
         if parent_field and not driver_for(using).supports_interleave:
             self._check_parents(model, parent_field, messages, using)
+        # an ordered queue's messages: each one later than the last of its ordering key
+        sent = send_times(model, messages, now, using=using) if ordered else None
         try:
-            if len(messages) == 1:
+            if len(messages) == 1 and sent is None:
                 insert = row_statements(model, using).insert
                 if insert.sql is not None:  # one message (an outbox send): no ORM at all
                     return [insert.send(messages[0], now)]
@@ -143,10 +155,10 @@ class TableQueueEngine(BaseQueueEngine):
                     payload=stored_text(m.payload) if text else m.payload,
                     # A deliver time in the past means "now", as Spanner does for Send.
                     deliver_time=max(m.deliver_time, now) if m.deliver_time else now,
-                    send_time=now,
+                    send_time=now if sent is None else sent[i],
                     attempts=0,
                 )
-                for m in messages
+                for i, m in enumerate(messages)
             ]
             _rows(model, using).bulk_create(new_rows)
         except Exception as exc:
@@ -263,6 +275,9 @@ class TableQueueEngine(BaseQueueEngine):
         driver = driver_for(self.database)
         if driver.claim_window:  # no SKIP LOCKED: claim due rows picked at random (Spanner)
             due_now = _rows(model, self.database).filter(deliver_time__lte=clock.now())
+            head = head_of_key(model)
+            if head is not None:  # an ordered queue: only each key's head (``ordering``)
+                due_now = due_now.filter(head)
             picked = pick_due(model, due_now, max_messages, driver.claim_window)
             return picked is not None, picked
         if backlog:
@@ -335,6 +350,9 @@ class TableQueueEngine(BaseQueueEngine):
             return statements.select_due(now, max_messages, skip_locked=skip_locked)
         rows_due = _rows(model, self.database).filter(deliver_time__lte=now)
         rows_due = rows_due.order_by("deliver_time")
+        head = head_of_key(model)
+        if head is not None:  # an ordered queue: only each key's head (``ordering``)
+            rows_due = rows_due.filter(head)
         if keys is not None:  # read (and lock) only the rows picked
             rows_due = rows_due.filter(keys)
         if skip_locked:
@@ -661,8 +679,12 @@ class RowStatements:
         self.due_columns = (*self.key, *(column_field(model, n) for n in self.DUE_COLUMNS))
         columns = ", ".join(quote(f.column) for f in self.due_columns)
         # = filter(deliver_time__lte=now).order_by("deliver_time").values_list(...)[:limit]
-        self.due_sql = f"SELECT {columns} FROM {table} WHERE {deliver} <= %s ORDER BY {deliver} ASC"
-        self.any_due_sql = f"SELECT 1 FROM {table} WHERE {deliver} <= %s"
+        due = f"{deliver} <= %s"
+        head = head_of_key_sql(model, using)
+        if head:  # an ordered queue: only each ordering key's head (``ordering``)
+            due = f"{due} AND {head}"
+        self.due_sql = f"SELECT {columns} FROM {table} WHERE {due} ORDER BY {deliver} ASC"
+        self.any_due_sql = f"SELECT 1 FROM {table} WHERE {due}"
         self.insert = InsertStatement(model, using)
 
     @staticmethod

@@ -91,6 +91,9 @@ class WorkerStats:
     timed_out: int = 0
     #: deliveries no receiver of this worker matched, given back without spending an attempt
     unmatched: int = 0
+    #: deliveries of an ordered queue given back because an earlier message of their key
+    #: was still there (native queues: ``ordering.heads``), without spending an attempt
+    waiting_in_order: int = 0
     #: runs that stopped on an operator's cancel (``api.cancel``): acked, not retried
     cancelled: int = 0
     #: receives that raised (any queue; ``Worker.queue_health`` says which are failing now)

@@ -14,6 +14,7 @@ import logging
 import random
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,16 +23,23 @@ from typing import Any
 
 from django.db import connections
 
-from spanner_queues import api, clock, controls, uniqueness
+from spanner_queues import api, clock, controls, ordering, uniqueness
 from spanner_queues.message import Message
 from spanner_queues.patterns import seed_schedules
 from spanner_queues.receivers import ReceiverRegistry
-from spanner_queues.transactions import forget_lost_connection, recycle_connections
+from spanner_queues.transactions import (
+    forget_lost_connection,
+    recycle_connections,
+    run_in_transaction,
+)
 from spanner_queues.worker.events import Reporter
 from spanner_queues.worker.group import Groups
 from spanner_queues.worker.leases import renew_at
 from spanner_queues.worker.limits import QueueLimits
 from spanner_queues.worker.slots import Delivery, Plan, Slots, Unit
+
+#: at most this many waiting messages of ordered queues are remembered (their wait grows)
+WAITS_REMEMBERED = 10_000
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -122,6 +130,9 @@ class Intake:
         self.summary_interval = summary_interval
         #: units each thread may hold now (adaptive: see ``adapt``)
         self.depth = 1 if self.prefetch is None else self.prefetch
+        #: (queue, key) -> times an ordered queue's message was given back behind its key's
+        #: head in this worker, least recent first (its wait grows: ``ordering.wait``)
+        self.waits: OrderedDict[tuple[str, tuple[Any, ...]], int] = OrderedDict()
         #: the lease the last receive got, in seconds (None: the engine gives none)
         self.lease_seconds: float | None = None
         #: labels of this worker's queues paused by an operator (``controls``): read before the
@@ -303,6 +314,8 @@ class Intake:
                 plan.label,
                 extra={"action": "lease_expired", "queue": plan.label, "worker_id": self.worker_id},
             )
+        if plan.options.ordered_by and not plan.engine.features.supports_ordered_receive:
+            fresh = self._in_order(plan, fresh)
         deliveries = [Delivery(m, plan, renew_at(m, now)) for m in fresh]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         units = [u for u in units if u]
@@ -313,6 +326,46 @@ class Intake:
                 self.reporter.emit("received", message=d.message)
             self.units.put(unit)
         return len(messages)
+
+    def _in_order(self, plan: Plan, messages: list[Message]) -> list[Message]:
+        """An ordered queue on an engine whose receive has no order (native queues): the
+        heads of their ordering keys (``ordering.heads``, one read), to be run; the others
+        are given back under their keys, keeping their place, due ``ordering.wait`` later
+        (growing with each wait, so that a burst worker sees a gap and stops), in one
+        transaction (they never ran: no attempt spent). If the read or the
+        give-back fails, nothing of the batch is run (its leases run out: fail closed)."""
+        if not messages:
+            return messages
+        try:
+            first, later = ordering.heads(plan.model, messages, using=plan.db)
+            if later:
+                now = clock.now()
+                dues = [now + ordering.wait(self._waited(m)) for m in later]
+                run_in_transaction(
+                    lambda: plan.policy.resend(plan.model, later, dues, using=plan.db),
+                    using=plan.db,
+                    retries=plan.retries,
+                )
+                self.reporter.count("waiting_in_order", len(later))
+        except Exception:
+            logger.exception(
+                "%s: keeping the order of %d received message(s) failed; left to their leases",
+                plan.label,
+                len(messages),
+                extra={"action": "error", "queue": plan.label, "worker_id": self.worker_id},
+            )
+            return []
+        return first
+
+    def _waited(self, message: Message) -> int:
+        """Count one more wait of ``message`` behind its key's head; its waits in this worker
+        (at most ``WAITS_REMEMBERED`` messages remembered, the least recent forgotten)."""
+        key = (message.queue, message.key)
+        waits = self.waits.pop(key, 0) + 1
+        self.waits[key] = waits
+        while len(self.waits) > WAITS_REMEMBERED:
+            self.waits.popitem(last=False)
+        return waits
 
     def adapt(self, *, full: bool) -> None:
         """Adaptive prefetch: after a receive, ``depth`` becomes what one thread may hold,

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import sys
 import xml.etree.ElementTree as ET
 from io import StringIO
 from pathlib import Path
@@ -17,7 +19,8 @@ from django.core.management.base import CommandError
 from django.db import connection
 
 from spanner_queues.contrib.drill import runner
-from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage, DrillOrdered
+from spanner_queues.engines import engine_for
 
 pytestmark = [pytest.mark.process, pytest.mark.django_db(transaction=True)]
 
@@ -263,3 +266,102 @@ def test_commit_figures_weigh_each_workers_last_summary_line(tmp_path: Path) -> 
     assert per_message == pytest.approx((10 + 15) / 400)
     assert size == pytest.approx(400 / (10 + 15))
     assert runner.commit_figures([none]) == (None, None)
+
+
+def _outage_command(seconds: float) -> str | None:
+    """A shell command that takes the database away for ``seconds`` under the workers: on
+    SQLite an exclusive lock on the file, on PostgreSQL a restart of the suite's private
+    cluster, behind the queue-aware front (native queues) every call answered UNAVAILABLE;
+    None where the suite has none (the table engine on the bare emulator)."""
+    python = sys.executable
+    if connection.vendor == "sqlite":
+        name = connection.settings_dict["NAME"]
+        script = (
+            f"import sqlite3, time; c = sqlite3.connect({name!r}, isolation_level=None, "
+            "timeout=30); "
+            f"c.execute('BEGIN EXCLUSIVE'); time.sleep({seconds!r}); c.execute('COMMIT')"
+        )
+        return f"{python} -c {shlex.quote(script)}"
+    if connection.vendor == "postgresql":
+        from tests.postgres_server import find_postgres
+
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW data_directory")
+            [(data,)] = cursor.fetchall()
+        log = Path(data).parent / "server.log"
+        restart = f"{find_postgres() / 'pg_ctl'} -D {data} -l {log} -m fast -w restart"
+        if os.geteuid() == 0:  # the cluster runs as SQ_PG_USER (PostgreSQL refuses root)
+            restart = f"runuser -u {os.environ.get('SQ_PG_USER', 'nobody')} -- {restart}"
+        return restart
+    if engine_for(DrillOrdered).features.supports_native_queues:
+        script = (
+            "import os, time; from spanner_queues_emulator.faults import FrontControl; "
+            "c = FrontControl(os.environ['SPANNER_EMULATOR_HOST']); "
+            "[c.fail(m, 'UNAVAILABLE', 'outage', times=100000) for m in "
+            "('ExecuteStreamingSql', 'ExecuteSql', 'Commit', 'BeginTransaction')]; "
+            f"time.sleep({seconds!r}); c.clear()"
+        )
+        return f"{python} -c {shlex.quote(script)}"
+    return None
+
+
+def test_ordered_drill_with_sigkills_and_an_outage_keeps_each_streams_order(
+    drill: DrillRun,
+) -> None:
+    """``queuedrill --ordered``: streams of numbered messages on an ordered queue, workers
+    SIGKILLed and the database taken away under them; each stream ran in send order, one at a
+    time, each message once."""
+    outage = _outage_command(2.0)
+    # every 3 s (jittered 1.5-4.5 s) on the quick databases; on native queues, whose drain is
+    # slower, every 8 s: outages every few seconds cost each lease that many renewals, and the
+    # back-off of the leases lost grows past the drill's timeout
+    native = engine_for(DrillOrdered).features.supports_native_queues
+    every = "8" if native else "3"
+    figures, output = drill(
+        *("--ordered", "--streams", "4", "--messages", str(SMALL), "--workers", "2"),
+        *("--kills", "2", "--lease", "1", "--work-ms", "5", "--sample-interval", "0.2"),
+        *("--timeout", "300", "--seed", "13"),
+        *(
+            ("--abort-method", "command", "--abort-command", outage, "--abort-every", every)
+            if outage
+            else ()
+        ),
+    )
+    assert figures["mode"] == "ordered"
+    assert figures["kills"] == 2
+    if outage:
+        assert figures["aborts"] >= 1, figures["events"]
+    assert (figures["lost"], figures["twice"], figures["order_violations"]) == (0, 0, []), figures
+    assert figures["handled"] == SMALL and figures["drained"] is True
+    assert "order_violations=0" in output
+    assert (
+        "| **out of order** (a gap, an inversion or a double in a stream) | **0** |"
+        in (drill.report / "report.md").read_text()
+    )
+
+
+def test_an_ordered_drill_counts_a_stream_run_out_of_order_and_fails(
+    drill: DrillRun, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The order check is real: an effect that says its stream had not reached the message
+    before it fails the drill."""
+    count = runner.OrderedDrill._count
+
+    def tampered(self: runner.OrderedDrill) -> None:
+        rows = DrillEffect.objects.filter(run=self.run_id, seq=2)
+        rows.filter(pk=rows.values_list("pk", flat=True)[:1]).delete()
+        DrillEffect.objects.create(
+            run=self.run_id, key=f"{self.run_id}-s000-0000002", worker="tampered", seq=2, after=0
+        )
+        count(self)
+
+    monkeypatch.setattr(runner.OrderedDrill, "_count", tampered)
+    with pytest.raises(CommandError, match="a stream ran out of order"):
+        drill(
+            *("--ordered", "--streams", "1", "--messages", "3", "--workers", "1"),
+            *("--kills", "0", "--sample-interval", "0.2", "--timeout", "120"),
+        )
+    figures = json.loads((drill.report / "report.json").read_text())
+    assert figures["order_violations"] == [
+        "s000: message 2 ran before the one before it (its stream had reached 0)"
+    ]

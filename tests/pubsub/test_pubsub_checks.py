@@ -36,7 +36,8 @@ def test_without_the_app_check_reports_the_declared_queues_and_the_setting() -> 
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     ).stdout
-    assert out.count("spanner_queues.E303") == 3, out  # the setting, the topic, the subscription
+    # the setting, the two topics (OrderEvents, OrderedOrderEvents), the subscription
+    assert out.count("spanner_queues.E303") == 4, out
     assert "pubsubapp.OrderEvents" in out and "pubsubapp.BillingInbox" in out, out
 
 

@@ -29,7 +29,13 @@ from spanner_queues.message import Message
 from spanner_queues.signals import messages_published, publish_failed
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.conftest import wait_until
-from tests.pubsubapp.models import BillingInbox, Order, OrderEvents, OrderEventsDead
+from tests.pubsubapp.models import (
+    BillingInbox,
+    Order,
+    OrderedOrderEvents,
+    OrderEvents,
+    OrderEventsDead,
+)
 from tests.tracingapp.models import Events
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -226,6 +232,59 @@ def test_a_failing_pubsub_gives_the_messages_back_and_resumed_keys_publish_them_
         wait_until(lambda: relay_burst() is not None and not OrderEvents.objects.exists(), 60)
     assert sorted(m.key[0] for m in published) == [0, 1, 2]
     assert sorted(json.loads(m.data)["n"] for m in pubsub.pull()) == [0, 1, 2]
+
+
+def test_an_ordered_queues_events_reach_the_topic_in_send_order_through_a_failing_pubsub(
+    pubsub,
+) -> None:
+    """``QueueMeta.ordered_by``: the relay is handed an order's next event only once the one
+    before was published, so while Pub/Sub fails only each order's first event is tried, and
+    once it works again each order's events are published, and pulled under its ordering key,
+    in send order."""
+    publisher = pubsub_v1.PublisherClient()
+    publisher.delete_topic(topic=pubsub.topic)  # Pub/Sub answers NOT_FOUND: a failing bus
+    for n in range(4):
+        for order in (7, 8):  # message ids against the send order
+            OrderedOrderEvents.send(order=order, message_id=f"m{9 - n}", payload={"n": n})
+
+    def relay(events: WorkerEvents | None = None) -> Any:
+        return Worker(
+            ["pubsubapp.OrderedOrderEvents"],
+            burst=True,
+            install_signal_handlers=False,
+            listeners=[events] if events is not None else [],
+        ).run()
+
+    events = WorkerEvents()
+    with published_messages() as published:
+        relay(events)
+        assert published == []
+        tried = {m.json()["n"] for m in events.messages("retried")}
+        assert tried == {0}, "a later event of an order was tried while its first failed"
+        assert OrderedOrderEvents.objects.count() == 8
+        publisher.create_topic(name=pubsub.topic)
+        subscriber = pubsub_v1.SubscriberClient()
+        subscriber.delete_subscription(subscription=pubsub.subscription)
+        subscriber.create_subscription(
+            request={
+                "name": pubsub.subscription,
+                "topic": pubsub.topic,
+                "enable_message_ordering": True,
+            }
+        )
+        wait_until(lambda: relay() is not None and not OrderedOrderEvents.objects.exists(), 60)
+    for order in (7, 8):
+        sent = [m.json()["n"] for m in published if m.key[0] == order]
+        assert sent == [0, 1, 2, 3], sent
+    pulled: dict[str, list[int]] = {}
+
+    def all_pulled() -> bool:
+        for m in pubsub.pull():
+            pulled.setdefault(m.ordering_key, []).append(json.loads(m.data)["n"])
+        return sum(map(len, pulled.values())) >= 8
+
+    wait_until(all_pulled, 30)
+    assert pulled == {"7": [0, 1, 2, 3], "8": [0, 1, 2, 3]}
 
 
 @pytest.mark.django_db

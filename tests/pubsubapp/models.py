@@ -24,6 +24,21 @@ class OrderEvents(Queue):
         dead_letter_queue = "pubsubapp.OrderEventsDead"
 
 
+class OrderedOrderEvents(Queue):
+    """``OrderEvents`` ordered per order (``QueueMeta.ordered_by``): an order's events reach the
+    topic one at a time, in send order, under the order's Pub/Sub ordering key."""
+
+    order = models.BigIntegerField()
+    message_id = models.CharField(max_length=64)
+    pk = models.CompositePrimaryKey("order", "message_id")
+    payload = JSONPayloadField()
+
+    class QueueMeta:
+        pubsub_topic = "orders"
+        ordered_by = ("order",)
+        dead_letter_queue = "pubsubapp.OrderEventsDead"
+
+
 class OrderEventsDead(Queue):
     order = models.BigIntegerField()
     message_id = models.CharField(max_length=2000)

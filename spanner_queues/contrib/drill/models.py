@@ -33,6 +33,23 @@ class DrillMessage(Queue):
         payload_type = "json"
 
 
+class DrillOrdered(Queue):
+    """The ordered drill's queue (``queuedrill --ordered``): each stream's messages one at a
+    time in send order (``QueueMeta.ordered_by``). The message id is drawn at random: the
+    order is the send order, never the key's."""
+
+    stream = models.CharField(max_length=32)
+    message_id = models.CharField(max_length=32)
+    pk = models.CompositePrimaryKey("stream", "message_id")
+
+    class Meta:
+        db_table = "sq_drill_ordered"
+
+    class QueueMeta:
+        payload_type = "json"
+        ordered_by = ("stream",)
+
+
 class DrillEffect(models.Model):
     """One committed run of the drill receiver."""
 
@@ -44,6 +61,11 @@ class DrillEffect(models.Model):
     #: the worker process's transaction retries so far (``transactions.retry_counts()``).
     retries = models.IntegerField(default=0)
     handled_at = models.DateTimeField(default=_now)
+    #: ``--ordered``: the message's number in its stream (1, 2, ...), and the highest number
+    #: of its stream whose effect had committed when this one's transaction read it: ``seq -
+    #: 1`` when the stream ran in order, one at a time
+    seq = models.IntegerField(null=True)
+    after = models.IntegerField(null=True)
 
     class Meta:
         db_table = "sq_drill_effects"

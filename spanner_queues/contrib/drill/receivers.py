@@ -12,9 +12,11 @@ import socket
 import time
 from typing import TYPE_CHECKING, Any
 
+from django.db.models import Max
+
 from spanner_queues import receiver
 from spanner_queues.contrib.drill import counting
-from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage, DrillOrdered
 from spanner_queues.engines import engine_for
 from spanner_queues.message import Message
 
@@ -43,5 +45,31 @@ def write_effect(spec: dict[str, Any], key: str, message: Message, queue: type[Q
     )
 
 
+def handle_ordered_message(message: Message) -> None:
+    """``queuedrill --ordered``: the effect of message ``seq`` of its stream, with the highest
+    number of the stream whose effect committed before (read in this transaction)."""
+    spec = message.json() or {}
+    stream, seq = str(message.key[0]), int(spec["seq"])
+    key = f"{spec.get('run', '')}-{stream}-{seq:07d}"
+    database = engine_for(DrillOrdered).database
+    before = DrillEffect.objects.using(database).filter(
+        run=str(spec.get("run", "")), key__startswith=f"{spec.get('run', '')}-{stream}-"
+    )
+    after = before.aggregate(last=Max("seq"))["last"] or 0
+    work_ms = float(spec.get("work_ms") or 0)
+    if work_ms > 0:
+        time.sleep(work_ms / 1000)
+    DrillEffect.objects.using(database).create(
+        run=str(spec.get("run", "")),
+        key=key,
+        worker=WORKER,
+        attempt=message.attempt or 0,
+        retries=counting.retries(),
+        seq=seq,
+        after=after,
+    )
+
+
 if os.environ.get("SQ_DRILL_WORKER"):
     receiver(DrillMessage)(handle_drill_message)
+    receiver(DrillOrdered)(handle_ordered_message)

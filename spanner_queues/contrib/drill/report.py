@@ -147,6 +147,7 @@ def _figures(result: DrillResult) -> list[str]:
         f"{_ratio(result.commits_per_message)} |",
         f"| messages per group (group commit) | {_ratio(result.group_size)} |",
         *(_pubsub_figures(result) if pubsub else []),
+        *(_ordered_figures(result) if result.mode == "ordered" else []),
         "",
         "![queue depth over time](depth.svg)",
         "",
@@ -178,6 +179,17 @@ def _pubsub_figures(result: DrillResult) -> list[str]:
     ]
 
 
+def _ordered_figures(result: DrillResult) -> list[str]:
+    """The figures of an ordered drill (``--ordered``)."""
+    streams = min(result.options.streams, max(result.sent, 1))
+    return [
+        f"| ordering keys (streams), messages each | {streams}, up to "
+        f"{-(-result.sent // streams)} |",
+        f"| **out of order** (a gap, an inversion or a double in a stream) | "
+        f"**{len(result.order_violations)}** |",
+    ]
+
+
 def _notes(result: DrillResult) -> list[str]:
     """The keys lost or handled twice, and the earlier runs' leftovers."""
     lines: list[str] = []
@@ -185,6 +197,10 @@ def _notes(result: DrillResult) -> list[str]:
         lines += [f"Lost: {_keys(result.lost_keys)}.", ""]
     if result.twice_keys:
         lines += [f"Handled twice: {_keys(result.twice_keys)}.", ""]
+    if result.order_violations:
+        shown = "; ".join(result.order_violations[:20])
+        more = len(result.order_violations) - 20
+        lines += [f"Out of order: {shown}{f' (and {more} more)' if more > 0 else ''}.", ""]
     if result.leftovers_at_start:
         lines += [
             f"The queue held {result.leftovers_at_start} messages of earlier runs at the start; "
@@ -281,6 +297,7 @@ def as_json(result: DrillResult) -> dict:
         "dead_lettered": result.dead_lettered,
         "lost_keys": result.lost_keys,
         "twice_keys": result.twice_keys,
+        "order_violations": result.order_violations,
         **_series_json(result),
     }
 
@@ -303,6 +320,8 @@ def _options_json(o: DrillOptions) -> dict:
         "allow_shared_database": o.allow_shared_database,
         "pubsub": o.pubsub,
         "signal": o.signal,
+        "ordered": o.ordered,
+        "streams": o.streams,
     }
 
 

@@ -47,7 +47,7 @@ from django.db.models import Count, Max
 
 import spanner_queues
 from spanner_queues import clock
-from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage
+from spanner_queues.contrib.drill.models import DrillEffect, DrillMessage, DrillOrdered
 from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import QueueError
@@ -99,6 +99,10 @@ class DrillOptions:
     #: the Pub/Sub mode (``contrib/drill/pubsub``): relay and inbox workers, two services
     pubsub: bool = False
     signal: str = "kill"
+    #: the ordered mode (``--ordered``): ``streams`` ordering keys of numbered messages,
+    #: each key's order checked as the receivers saw it
+    ordered: bool = False
+    streams: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +160,9 @@ class DrillResult:
     duplicates_dropped: int | None = None
     left_on_subscription: int | None = None
     dead_lettered: int | None = None
+    #: the ordered mode's findings, one line each: a message that ran before the one before it
+    #: had committed, or after a later one (an inversion, a gap or a second run of a stream)
+    order_violations: list[str] = field(default_factory=list)
 
     @property
     def lost(self) -> int:
@@ -167,7 +174,7 @@ class DrillResult:
 
     @property
     def passed(self) -> bool:
-        ok = self.drained and self.lost == 0 and self.twice == 0
+        ok = self.drained and self.lost == 0 and self.twice == 0 and not self.order_violations
         if self.mode == "pubsub":  # nothing left anywhere: both queues, Pub/Sub, dead letters
             ok = ok and self.left_in_queue == 0
             ok = ok and not self.left_on_subscription and not self.dead_lettered
@@ -631,7 +638,7 @@ class Drill:
         result = self.result
         rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
         per_key = {row["key"]: row["n"] for row in rows.values("key").annotate(n=Count("id"))}
-        sent = [f"{self.run_id}-{n:07d}" for n in range(result.sent)]
+        sent = self._sent_keys()
         result.handled = sum(1 for key in sent if per_key.get(key, 0) >= 1)
         result.effects = sum(per_key.values())
         result.lost_keys = [key for key in sent if key not in per_key]
@@ -644,11 +651,90 @@ class Drill:
         result.left_in_queue = self._depth_now()
         result.commits_per_message, result.group_size = commit_figures(result.worker_logs)
 
+    def _sent_keys(self) -> list[str]:
+        """The effect keys of the messages this run sent."""
+        return [f"{self.run_id}-{n:07d}" for n in range(self.result.sent)]
+
     def _delete_effects(self) -> None:
         rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
         ids = list(rows.values_list("id", flat=True))
         for first in range(0, len(ids), 500):
             DrillEffect.objects.using(self.alias).filter(id__in=ids[first : first + 500]).delete()
+
+
+class OrderedDrill(Drill):
+    """``queuedrill --ordered``: ``streams`` ordering keys of an ordered queue
+    (``QueueMeta.ordered_by``), ``messages`` numbered messages spread over them in send order,
+    under the same kills and aborts. Each effect records the highest number of its stream that
+    had committed when its transaction read it (``DrillEffect.after``); a stream ran in order,
+    one at a time, each message once, when every effect's ``after`` is its ``seq - 1``: no gap,
+    no inversion, no double."""
+
+    queue: ClassVar[type[Queue]] = DrillOrdered
+
+    def __init__(
+        self,
+        options: DrillOptions,
+        report_dir: Path,
+        *,
+        log: Callable[[str], None] = lambda line: None,
+    ) -> None:
+        if options.streams < 1:
+            raise DrillError("--ordered needs at least one stream")
+        super().__init__(options, report_dir, log=log)
+        self.result.mode = "ordered"
+
+    def _stream(self, n: int) -> tuple[str, int]:
+        """Message ``n`` of the run (from 0): its stream and its number there (from 1)."""
+        streams = min(self.options.streams, self.options.messages)
+        return f"s{n % streams:03d}", n // streams + 1
+
+    def _send(self) -> None:
+        payload = {"run": self.run_id, "work_ms": self.options.work_ms}
+        began = time.monotonic()
+        for first in range(0, self.options.messages, SEND_BATCH):
+            batch = []
+            for n in range(first, min(first + SEND_BATCH, self.options.messages)):
+                stream, seq = self._stream(n)
+                batch.append(
+                    {
+                        "stream": stream,
+                        "message_id": uuid.uuid4().hex[:16],  # not the send order
+                        "payload": {**payload, "seq": seq},
+                    }
+                )
+            run_in_transaction(
+                partial(self.queue.send_many, batch, using=self.alias), using=self.alias
+            )
+            self.result.sent += len(batch)
+        self.result.send_seconds = time.monotonic() - began
+        streams = min(self.options.streams, self.options.messages)
+        self._event(
+            "sent",
+            f"{self.result.sent} messages in {streams} streams in {self.result.send_seconds:.2f} s",
+        )
+
+    def _sent_keys(self) -> list[str]:
+        keys = []
+        for n in range(self.result.sent):
+            stream, seq = self._stream(n)
+            keys.append(f"{self.run_id}-{stream}-{seq:07d}")
+        return keys
+
+    def _count(self) -> None:
+        super()._count()
+        rows = DrillEffect.objects.using(self.alias).filter(run=self.run_id)
+        found = sorted(
+            (key.rsplit("-", 2)[1], seq or 0, after or 0)
+            for key, seq, after in rows.values_list("key", "seq", "after")
+        )
+        violations = self.result.order_violations
+        for stream, seq, after in found:
+            if after != seq - 1:
+                what = "after a later one" if after >= seq else "before the one before it"
+                violations.append(
+                    f"{stream}: message {seq} ran {what} (its stream had reached {after})"
+                )
 
 
 _SUMMARY = re.compile(r"processed=(\d+) .*?commits/msg=([\d.]+)(?: group=([\d.]+))?")

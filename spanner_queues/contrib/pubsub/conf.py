@@ -152,9 +152,17 @@ def inbox_queues() -> list[type[Queue]]:
 
 
 def ordering_fields(model: type[models.Model]) -> tuple[str, ...]:
-    """The key field names whose values make a relayed message's ordering key."""
-    declared = queue_options(model).pubsub_ordering_key
-    names = tuple(f.name for f in key_fields(model))
+    """The key field names whose values make a relayed message's ordering key: as declared
+    (``pubsub_ordering_key``), else the queue's ``ordered_by`` fields, else every key field but
+    the last."""
+    options = queue_options(model)
+    declared = options.pubsub_ordering_key
+    fields = key_fields(model)
+    names = tuple(f.name for f in fields)
+    if declared is None and options.ordered_by:
+        return tuple(
+            next(f.name for f in fields if n in (f.name, f.attname)) for n in options.ordered_by
+        )
     if declared is None:
         return names[:-1] if len(names) > 1 else ()
     return tuple(declared)

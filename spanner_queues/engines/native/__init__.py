@@ -51,7 +51,7 @@ from django.db import connections, transaction
 from django.db.backends.base.introspection import TableInfo
 from google.api_core import exceptions as gexc
 
-from spanner_queues import clock, failures
+from spanner_queues import clock, failures, ordering
 from spanner_queues.conf import EngineParams
 from spanner_queues.drivers import driver_for, grpc_status
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
@@ -76,7 +76,7 @@ from spanner_queues.exceptions import (
 )
 from spanner_queues.keys import key_fields, key_filter, key_names
 from spanner_queues.message import AttemptLoader, Message, OutgoingMessage
-from spanner_queues.options import queue_options
+from spanner_queues.options import ordered_by, queue_options
 from spanner_queues.semantics import LEASE
 from spanner_queues.storage import rows
 
@@ -432,11 +432,15 @@ class NativeQueueEngine(BaseQueueEngine):
                         params.append(m.deliver_time)
                 sql = self.cursor_dialect.insert(decl, len(chunk), with_deliver_time=timed)
                 statements.append((sql, params))
+        sent = [now] * len(messages)
         try:
             # One transaction for all statements (immediate and delayed messages, and each
             # chunk, are INSERTs of their own): all or nothing even outside the caller's
             # ``atomic``.
             with transaction.atomic(using=using), conn.cursor() as cursor:
+                if ordered_by(model):  # each message's place in its key (``ordering``)
+                    sent = ordering.send_times(model, messages, now, using=using)
+                    ordering.record_places(model, messages, sent, using=using)
                 for sql, params in statements:
                     cursor.execute(sql, params)
         except Exception as exc:
@@ -449,9 +453,9 @@ class NativeQueueEngine(BaseQueueEngine):
                 key_names=names,
                 payload=m.payload,
                 deliver_time=m.deliver_time if id(m) in timed_ids else now,
-                send_time=now,
+                send_time=at,
             )
-            for m in messages
+            for m, at in zip(messages, sent, strict=True)
         ]
 
     def send_mutations(self, model: type[Queue], messages: Sequence[OutgoingMessage]) -> Any:
@@ -966,6 +970,8 @@ class NativeQueueEngine(BaseQueueEngine):
                     ) from None
             if recorded:
                 failures.clear_failures(model._meta.label, recorded, using=using)
+            if ordered_by(model):  # the next message of each key may go (``ordering``)
+                ordering.forget_places(model, keys, using=using)
 
     def delete_any(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
@@ -985,6 +991,14 @@ class NativeQueueEngine(BaseQueueEngine):
                 params = [v for key in chunk for v in client.prep_key(model, key, conn)]
                 cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
             failures.clear_failures(model._meta.label, keys, using=using)
+            if ordered_by(model):
+                ordering.forget_places(model, keys, using=using)
+
+    def recorded_places(
+        self, model: type[Queue], keys: Sequence[tuple[Any, ...]], *, using: str
+    ) -> dict[tuple[Any, ...], datetime]:
+        """The places the ``ordering.OrderedMessage`` rows hold (one read)."""
+        return ordering.recorded_places(model, keys, using=using)
 
     def ack_mutations(
         self,
@@ -1030,6 +1044,10 @@ class NativeQueueEngine(BaseQueueEngine):
             for chunk in client.chunks(keys, MAX_QUERY_PARAMETERS // max(1, len(decl.keys))):
                 params = [v for key in chunk for v in key]
                 cursor.execute(self.cursor_dialect.delete_keys(decl, len(chunk)), params)
+        if keys and ordered_by(model):
+            ordering.forget_places(
+                model, [client.key_from_row(model, k) for k in keys], using=using or self.database
+            )
 
     def present_keys(
         self, model: type[Queue], keys: Sequence[tuple[Any, ...]]

@@ -82,3 +82,17 @@ class JsonEvents(Queue):
 
     class QueueMeta:
         payload_type = "json"
+
+
+class OrderedEvents(Queue):
+    """Ordered per key (``QueueMeta.ordered_by``): one message of a customer at a time, in
+    send order."""
+
+    customer = models.CharField(max_length=64)
+    message_id = models.CharField(max_length=64)
+    pk = models.CompositePrimaryKey("customer", "message_id")
+
+    class QueueMeta:
+        ordered_by = ("customer",)
+        max_attempts = 3
+        discard_after_max_attempts = True

@@ -23,6 +23,7 @@ from spanner_queues.contrib.drill.runner import (
     Drill,
     DrillError,
     DrillOptions,
+    OrderedDrill,
 )
 from spanner_queues.exceptions import QueueConfigurationError
 from spanner_queues.management.commands.runqueueworker import (
@@ -93,6 +94,19 @@ class Command(BaseCommand):
             "workers pull them into service B, where each writes its effect; --workers of each, "
             "killed alike. Needs the Pub/Sub emulator (PUBSUB_EMULATOR_HOST) or real Pub/Sub, "
             "and the apps " + " and ".join(PUBSUB_APPS),
+        )
+        load.add_argument(
+            "--ordered",
+            action="store_true",
+            help="an ordered queue (QueueMeta.ordered_by): --messages numbered in --streams "
+            "ordering keys; checks each stream ran in send order, one at a time, each message "
+            "once (no gap, no inversion, no double)",
+        )
+        load.add_argument(
+            "--streams",
+            type=positive_int,
+            default=10,
+            help="--ordered: ordering keys the messages are spread over (%(default)s)",
         )
         load.add_argument(
             "--worker-arg",
@@ -195,6 +209,8 @@ class Command(BaseCommand):
             allow_shared_database=options["allow_shared_database"],
             pubsub=options["pubsub"],
             signal=options["signal"],
+            ordered=options["ordered"],
+            streams=options["streams"],
         )
         verbose = options["verbosity"] >= 1
 
@@ -204,7 +220,15 @@ class Command(BaseCommand):
                 sys.stdout.flush()
 
         try:
-            drill = _pubsub_drill() if drill_options.pubsub else Drill
+            if drill_options.pubsub and drill_options.ordered:
+                raise DrillError("--ordered runs on one queue: not with --pubsub")
+            drill = (
+                _pubsub_drill()
+                if drill_options.pubsub
+                else OrderedDrill
+                if drill_options.ordered
+                else Drill
+            )
             result = drill(drill_options, report_dir, log=log).run()
         except DrillError as exc:
             raise CommandError(str(exc)) from exc
@@ -219,12 +243,19 @@ class Command(BaseCommand):
                 if result.mode == "pubsub"
                 else ""
             )
+            + (
+                f" order_violations={len(result.order_violations)}"
+                if result.mode == "ordered"
+                else ""
+            )
             + f" report={path}"
         )
         if not result.passed:
             why = "did not drain" if not result.drained else "lost or handled twice"
             if result.drained and not (result.lost or result.twice):
                 why = "a message was left in a queue, in Pub/Sub or dead-lettered"
+            if result.drained and result.order_violations and not (result.lost or result.twice):
+                why = "a stream ran out of order"
             raise CommandError(f"fault drill failed ({why}): see {path}")
 
 
@@ -260,6 +291,8 @@ def _argv(o: DrillOptions) -> list[str]:
         argv.append(f"--abort-command={o.abort_command}")
     if o.pubsub:
         argv.append("--pubsub")
+    if o.ordered:
+        argv += ["--ordered", f"--streams={o.streams}"]
     if o.signal != "kill":
         argv.append(f"--signal={o.signal}")
     argv += [f"--timeout={o.timeout:g}"]
