@@ -22,8 +22,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -190,17 +188,13 @@ def causes_of(queue: str, *, using: str, limit: int = 20) -> list[FailureCause]:
     return list(found.order_by("-last_at")[:limit])
 
 
-_next_prune: dict[str, float] = {}
-_prune_lock = threading.Lock()
+#: when this process last pruned each database's causes
+_prunes = clock.Throttle()
 
 
 def _prune_if_due(using: str) -> None:
-    now = time.monotonic()
-    with _prune_lock:
-        if now < _next_prune.get(using, 0.0):
-            return
-        _next_prune[using] = now + PRUNE_EVERY_SECONDS
-    prune(using=using)
+    if _prunes.due(using, PRUNE_EVERY_SECONDS):
+        prune(using=using)
 
 
 def prune(*, using: str, days: int = KEEP_DAYS) -> int:

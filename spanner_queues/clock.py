@@ -13,6 +13,10 @@ Installing a clock is for tests (``spanner_queues.testing.moved_clock`` does it)
 - ``uninstall(source)``: remove it; ``now()`` goes back to the clock installed before it, or to
   ``timezone.now()``. Installs nest: the latest one still installed is read.
 
+``Throttle`` (the package's own, not exported): housekeeping a busy path asks for (a prune) at
+most once per interval per key, on this process's monotonic clock (not ``now()``: an installed
+clock does not move it).
+
 Reading is lock-free (one reference read of the installed source); installing and uninstalling
 take a lock. Engines that take time from the database (native Spanner queues: commit timestamps
 decide deliver times and leases) do not follow an installed clock for what the database decides.
@@ -21,7 +25,8 @@ decide deliver times and leases) do not follow an installed clock for what the d
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Hashable
 from datetime import datetime
 
 from django.utils import timezone
@@ -69,3 +74,21 @@ def uninstall(source: Source) -> None:
         else:
             raise ValueError(f"{source!r} is not an installed clock")
         _current = _stack[-1] if _stack else None
+
+
+class Throttle:
+    """Says yes to ``due(key, seconds)`` at most once per ``seconds`` for each key, in this
+    process (thread-safe; one entry per key ever asked: callers key by database alias)."""
+
+    def __init__(self) -> None:
+        self._next: dict[Hashable, float] = {}
+        self._lock = threading.Lock()
+
+    def due(self, key: Hashable, seconds: float) -> bool:
+        """True (and the next one ``seconds`` from now) if ``key``'s interval has passed."""
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next.get(key, 0.0):
+                return False
+            self._next[key] = now + seconds
+            return True

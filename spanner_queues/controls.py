@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
@@ -217,8 +215,8 @@ CANCELLATION_KEEP_DAYS = 30
 CANCELLATION_PRUNE_BATCH = 500
 #: seconds between two prunes of one database by this process
 CANCELLATION_PRUNE_EVERY_SECONDS = 3600.0
-_next_prune: dict[str, float] = {}
-_prune_lock = threading.Lock()
+#: when this process last pruned each database's cancellations
+_prunes = clock.Throttle()
 
 
 class MessageCancellation(models.Model):
@@ -299,11 +297,8 @@ def prune_cancellations_if_due(using: str) -> None:
     again)."""
     if connections[using].in_atomic_block:
         return
-    now = time.monotonic()
-    with _prune_lock:
-        if now < _next_prune.get(using, 0.0):
-            return
-        _next_prune[using] = now + CANCELLATION_PRUNE_EVERY_SECONDS
+    if not _prunes.due(using, CANCELLATION_PRUNE_EVERY_SECONDS):
+        return
     try:
         run_in_transaction(lambda: prune_cancellations(using=using), using=using)
     except Exception:

@@ -70,8 +70,7 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
             engine = engines[name]
         except Exception:  # a misconfigured alias is reported by the system checks
             continue
-        if engine.features.supports_native_queues and engine.database == alias:
-            engine.connection_created(connection, lambda: native_queue_tables(alias))
+        engine.connection_created(connection, lambda: native_queue_tables(alias))
 
 
 def connect() -> None:

@@ -111,6 +111,8 @@ class Intake:
         summary_interval: float | None,
     ) -> None:
         self.plans = list(plans)
+        #: the databases of the plans' queues (each round prunes their ``unique_for`` ledger)
+        self.databases = sorted({p.engine.database for p in self.plans})
         self.slots = slots
         self.units = units
         self.reporter = reporter
@@ -199,7 +201,7 @@ class Intake:
         """One round over the queues, from the ``start``-th: receive from each that is not
         paused, backing off or at its limit while slots are free. Returns how many came."""
         got = 0
-        for db in {p.engine.database for p in self.plans}:
+        for db in self.databases:
             # (as ``api.receive``: the unique_for ledger, when a claim of this process marked
             # it, in a transaction of its own, between claims)
             uniqueness.prune_if_due(db)

@@ -195,7 +195,7 @@ def test_a_replay_needs_a_choice_of_events(pubsub) -> None:
 def test_the_archive_is_pruned_after_its_window(pubsub, settings, monkeypatch) -> None:
     settings.SPANNER_QUEUES_PUBSUB = {**settings.SPANNER_QUEUES_PUBSUB, "ARCHIVE_DAYS": 2}
     monkeypatch.setattr(relay_module, "ARCHIVE_PRUNE_EVERY_SECONDS", 0.0)
-    monkeypatch.setattr(relay_module, "_next_prune", {})
+    monkeypatch.setattr(relay_module, "_prunes", clock.Throttle())
     with moved_clock() as moved:
         send_orders(1)
         relay_burst()

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from django.db.backends import utils
 from django.utils import timezone
 
-from spanner_queues import api
+from spanner_queues import api, clock
 from spanner_queues.contrib.tasks import runner
 from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from tests.tasksapp import tasks
@@ -81,7 +81,7 @@ def test_every_write_of_the_web_and_the_worker_is_granted(
     # queuegrants prints Spanner's grants: it needs the Spanner driver (the `spanner` extra,
     # not installed on the Django 6.1 line)
     pytest.importorskip("google.cloud.spanner_v1")
-    monkeypatch.setattr(runner, "_next_prune", [0.0])  # (once a minute per process)
+    monkeypatch.setattr(runner, "_prunes", clock.Throttle())  # (once a minute per process)
     settings.TASKS = {
         "default": {
             "BACKEND": "spanner_queues.contrib.tasks.QueueBackend",
@@ -98,7 +98,7 @@ def test_every_write_of_the_web_and_the_worker_is_granted(
     TaskResultRecord.objects.filter(id=old.id).update(  # finished two hours ago: pruned next
         finished_at=timezone.now() - timedelta(hours=2)
     )
-    monkeypatch.setattr(runner, "_next_prune", [0.0])
+    monkeypatch.setattr(runner, "_prunes", clock.Throttle())
     writes.clear()
     # the web: enqueue a task, pause and resume a queue
     tasks.add.enqueue(2, 2)

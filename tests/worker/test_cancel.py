@@ -143,7 +143,7 @@ def test_cancellation_records_past_their_keep_days_are_pruned_by_a_cancel_once_a
 
     from spanner_queues import clock, controls
 
-    monkeypatch.setattr(controls, "_next_prune", {})
+    monkeypatch.setattr(controls, "_prunes", clock.Throttle())
     db = engine_for(WorkItemsDead).database
     records = MessageCancellation.objects.using(db)
     now = clock.now()

@@ -601,19 +601,16 @@ def _archive(rows: list[tuple], database: str) -> None:
 ARCHIVE_PRUNE_EVERY_SECONDS = 3600.0
 #: most archived events one prune statement deletes (a prune is a loop of such deletes)
 ARCHIVE_PRUNE_BATCH = 1000
-_next_prune: dict[str, float] = {}
-_prune_lock = threading.Lock()
+#: when this process last pruned each database's archive
+_prunes = clock.Throttle()
 
 
 def _prune_archive_if_due(model: type[Queue], days: int) -> None:
     """Prune the archive of ``model``'s database past ``days``, at most every
     ``ARCHIVE_PRUNE_EVERY_SECONDS`` in this process; a failure is logged, never raised."""
     database = engine_for(model).database
-    now = time.monotonic()
-    with _prune_lock:
-        if now < _next_prune.get(database, 0.0):
-            return
-        _next_prune[database] = now + ARCHIVE_PRUNE_EVERY_SECONDS
+    if not _prunes.due(database, ARCHIVE_PRUNE_EVERY_SECONDS):
+        return
     try:
         prune_archive(days, using=database)
     except Exception:

@@ -51,7 +51,6 @@ import logging
 import os
 import socket
 import threading
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -122,8 +121,8 @@ CANCELLED = str(getattr(getattr(TaskResultStatus, "CANCELLED", None), "value", F
 #: labels of the task queues (``connect``)
 _TASK_QUEUES: set[str] = set()
 
-_prune_lock = threading.Lock()
-_next_prune = [0.0]
+#: when this process last pruned the finished results
+_prunes = clock.Throttle()
 
 
 class _TaskRaised(Exception):
@@ -527,11 +526,8 @@ def _maybe_prune(backend: Any) -> None:
     """At most once a minute per process: delete finished results past their retention."""
     if getattr(backend, "result_retention", None) is None:
         return
-    with _prune_lock:
-        if time.monotonic() < _next_prune[0]:
-            return
-        _next_prune[0] = time.monotonic() + 60.0
-    backend.prune_results()
+    if _prunes.due(None, 60.0):
+        backend.prune_results()
 
 
 __all__ = ["RECEIVER_NAME", "WORKER_ID", "connect", "run_task", "task_timeout"]
