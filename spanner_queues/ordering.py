@@ -23,17 +23,16 @@ are what keeps the next send of a key after its last one.
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.core.serializers.json import DjangoJSONEncoder
 from django.db import connections, models
 from django.db.models import F
 
 from spanner_queues.keys import column_field, key_fields, key_names
 from spanner_queues.options import ordered_by
+from spanner_queues.uniqueness import key_text  # (the send-once ledger's text of a key)
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message, OutgoingMessage
@@ -63,17 +62,10 @@ class KeySequence(models.Model):
         return f"{self.queue}: {self.sent} sent"
 
 
-class _KeyEncoder(DjangoJSONEncoder):
-    def default(self, o: Any) -> Any:
-        if isinstance(o, (bytes, bytearray, memoryview)):
-            return bytes(o).hex()
-        return super().default(o)
-
-
 def sequence_id(queue: str, ordering_key: Sequence[Any]) -> str:
     """The ``KeySequence`` id of ``ordering_key`` (its values) in the queue labelled
     ``queue``."""
-    text = json.dumps(list(ordering_key), cls=_KeyEncoder, separators=(",", ":"))
+    text = key_text(list(ordering_key))
     return hashlib.sha256(f"{queue}\0{text}".encode()).hexdigest()
 
 
@@ -194,7 +186,7 @@ class OrderedMessage(models.Model):
 
 def message_row_id(queue: str, key: Sequence[Any]) -> str:
     """The ``OrderedMessage`` id of the message under ``key`` (its values) in ``queue``."""
-    text = json.dumps(list(key), cls=_KeyEncoder, separators=(",", ":"))
+    text = key_text(list(key))
     return hashlib.sha256(f"{queue}\0message\0{text}".encode()).hexdigest()
 
 
