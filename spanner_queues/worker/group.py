@@ -58,6 +58,7 @@ from spanner_queues.transactions import (
     has_savepoints,
     lost_race,
     run_in_transaction,
+    savepoint,
     single_writer,
 )
 from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
@@ -286,7 +287,7 @@ class Groups:
         try:
             with running(context):
                 if savepoints and spec.atomic:
-                    with transaction.atomic(using=plan.db):
+                    with savepoint(plan.db):
                         runner._call(plan, spec, [d], context, limit, ack=not deferred)
                 elif savepoints:  # non-atomic, group=True: its own transactions nest
                     runner._call(plan, spec, [d], context, limit)

@@ -86,6 +86,33 @@ def test_a_failing_receiver_in_a_group_commits_none_of_its_writes_and_the_others
     assert stats.groups < stats.grouped  # several messages shared a commit
 
 
+def test_a_grouped_receiver_that_swallows_its_own_database_error_is_run_again_not_acked() -> None:
+    """A receiver that catches a database error of its own write (here an ``IntegrityError``)
+    and returns leaves its transaction marked for rollback: its other writes are gone, so its
+    message must not be acked with them. Alone the ack itself refuses; in a group the ack comes
+    at the group's end, so the receiver's part is rolled back and its run counts as failed."""
+    count = 6
+    registry = ReceiverRegistry()
+    taken = Account.objects.create(name="taken")
+
+    @receiver(Jobs, registry=registry)
+    def write(message: Any) -> None:
+        Account.objects.create(name=f"{message.key[0]}-{message.attempt or 1}")
+        if message.key[0] == "c003" and (message.attempt or 1) == 1:
+            try:
+                Account.objects.create(pk=taken.pk, name="a second row under a taken key")
+            except IntegrityError:
+                pass  # swallowed: the transaction is now marked for rollback
+
+    _fill(count)
+    stats, events = _drain(registry, count, group_size=count)
+    names = [n for n in _names() if n != "taken"]
+    assert "c003-1" not in names  # the run's write was rolled back ...
+    assert names.count("c003-2") == 1  # ... so it ran again, and that run's write committed
+    assert [n for n in names if n != "c003-2"] == [f"c{i:03}-1" for i in range(count) if i != 3]
+    assert events.counts["failed"] == 1
+
+
 def test_a_receiver_that_opts_out_runs_alone() -> None:
     count = 6
     registry = ReceiverRegistry()
