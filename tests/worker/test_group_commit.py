@@ -105,7 +105,7 @@ def test_a_grouped_receiver_that_swallows_its_own_database_error_is_run_again_no
                 pass  # swallowed: the transaction is now marked for rollback
 
     _fill(count)
-    stats, events = _drain(registry, count, group_size=count)
+    _, events = _drain(registry, count, group_size=count)
     names = [n for n in _names() if n != "taken"]
     assert "c003-1" not in names  # the run's write was rolled back ...
     assert names.count("c003-2") == 1  # ... so it ran again, and that run's write committed
