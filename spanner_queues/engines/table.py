@@ -19,12 +19,13 @@ equivalent querysets is measured by ``benchmarks/hand_sql_vs_orm.py`` (docs/benc
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import random
 import secrets
 import threading
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields as dataclass_fields
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -32,7 +33,24 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 from django.core import checks
 from django.db import DatabaseError, IntegrityError, connections, transaction
-from django.db.models import BinaryField, Count, DateTimeField, Max, Min, Q, QuerySet
+from django.db.models import (
+    BigIntegerField,
+    BinaryField,
+    CharField,
+    Count,
+    DateTimeField,
+    Field,
+    IntegerField,
+    Max,
+    Min,
+    PositiveBigIntegerField,
+    PositiveIntegerField,
+    PositiveSmallIntegerField,
+    Q,
+    QuerySet,
+    SmallIntegerField,
+    TextField,
+)
 
 from spanner_queues import clock
 from spanner_queues.drivers import causes, driver_for
@@ -304,6 +322,9 @@ class TableQueueEngine(BaseQueueEngine):
         n_keys = len(names)
         expires = now + lease
         backoff = self.params.backoff
+        # each row's token is new and its own: one random part per claim, then the row's
+        # place in it (a token names one lease of one row, never compared by more than =)
+        tokens = lease_tokens()
         wanted = []
         for row in due:
             _, deliver_time, send_time, attempts, _ = row[n_keys:]
@@ -313,7 +334,7 @@ class TableQueueEngine(BaseQueueEngine):
                 Claim(
                     key=row[:n_keys],
                     was_due=deliver_time,  # compare-and-set on the deliver time just read
-                    lease_token=secrets.token_urlsafe(18),
+                    lease_token=next(tokens),
                     lease_expires_at=expires,
                     attempts=attempt,
                     deliver_time=expires + backoff.delay(attempt, age),
@@ -578,6 +599,14 @@ class TableQueueEngine(BaseQueueEngine):
         return driver_for(self.database).check()
 
 
+def lease_tokens() -> Iterator[str]:
+    """New lease tokens, each its own: 16 random URL-safe characters (96 bits) drawn once,
+    then a count (``secrets.token_urlsafe`` for each row of a claim was a tenth of the claim's
+    time). At most 64 characters, the column's size."""
+    prefix = secrets.token_urlsafe(12)
+    return (f"{prefix}.{i}" for i in itertools.count())
+
+
 def _claimed_message(
     label: str, names: tuple[str, ...], row: tuple[Any, ...], claim: Claim
 ) -> Message:
@@ -632,6 +661,40 @@ class Claim(NamedTuple):
     lease_expires_at: datetime
     attempts: int
     deliver_time: datetime
+
+
+#: the field types that prepare a value of this type (``get_prep_value``,
+#: ``get_db_prep_value``, ``get_db_prep_save``) as the value itself: the hot path's parameters
+#: skip the fields' calls for them (exact types: a subclass may prepare otherwise)
+_PLAIN_FIELDS: dict[type[Field[Any, Any]], type] = {
+    CharField: str,
+    TextField: str,
+    IntegerField: int,
+    BigIntegerField: int,
+    SmallIntegerField: int,
+    PositiveIntegerField: int,
+    PositiveBigIntegerField: int,
+    PositiveSmallIntegerField: int,
+}
+
+
+def _preparer(field: Any, connection: Any, *, save: bool = False) -> Callable[[Any], Any]:
+    """How the ORM makes ``field``'s values parameters on ``connection``: as saved (SET) with
+    ``save``, else as looked up (``=``); a plain field's value of its plain type as it is."""
+    if save:
+
+        def slow(value: Any) -> Any:
+            return field.get_db_prep_save(value, connection)
+
+    else:
+
+        def slow(value: Any) -> Any:
+            return RowStatements._lookup(field, value, connection)
+
+    plain = _PLAIN_FIELDS.get(type(field))
+    if plain is None:
+        return slow
+    return lambda value: value if type(value) is plain else slow(value)
 
 
 class RowStatements:
@@ -693,6 +756,14 @@ class RowStatements:
 
     def _key(self, key: Sequence[Any], connection: Any) -> list[Any]:
         return [self._lookup(f, v, connection) for f, v in zip(self.key, key, strict=True)]
+
+    def _key_preparer(self, connection: Any) -> Callable[[Sequence[Any]], list[Any]]:
+        """``_key`` for many keys on ``connection``: the fields' preparers found once."""
+        preparers = [_preparer(f, connection) for f in self.key]
+        if len(preparers) == 1:
+            [prepare] = preparers
+            return lambda key: [prepare(key[0])]
+        return lambda key: [p(v) for p, v in zip(preparers, key, strict=True)]
 
     def claim(self, c: Claim) -> int:
         """``c``'s compare-and-set UPDATE; the rows it updated (1 or 0)."""
@@ -777,7 +848,9 @@ class RowStatements:
         """The parameters of ``claim_sql`` for each of ``claims``, in its order: the new lease
         token, lease expiry, attempts and deliver time, the key, and the deliver time read."""
         f = self.fields
-        token_f, attempts_f = f["lease_token"], f["attempts"]
+        save_token = _preparer(f["lease_token"], connection, save=True)
+        save_attempts = _preparer(f["attempts"], connection, save=True)
+        key_of = self._key_preparer(connection)
         save_expires, save_deliver, look_due = self._claim_time_adapters(connection)
         # Each time is adapted once per claim: one lease expiry and one new deliver time per
         # attempt number for all its rows, and often the same deliver time read (a send_many).
@@ -791,11 +864,11 @@ class RowStatements:
 
         return [
             [
-                token_f.get_db_prep_save(c.lease_token, connection),
+                save_token(c.lease_token),
                 once(save_expires, c.lease_expires_at),
-                attempts_f.get_db_prep_save(c.attempts, connection),
+                save_attempts(c.attempts),
                 once(save_deliver, c.deliver_time),
-                *self._key(c.key, connection),
+                *key_of(c.key),
                 once(look_due, c.was_due),
             ]
             for c in claims
@@ -838,10 +911,10 @@ class RowStatements:
         row count, so ``len(keys)`` (distinct keys) only if every row was deleted. A driver
         that does not sum counts reports less: the caller then takes its slow path."""
         connection = connections[self.using]  # this thread's
-        token_f = self.fields["lease_token"]
+        key_of = self._key_preparer(connection)
+        look_token = _preparer(self.fields["lease_token"], connection)
         params = [
-            [*self._key(key, connection), token_f.get_db_prep_value(token, connection)]
-            for key, token in zip(keys, lease_tokens, strict=True)
+            [*key_of(key), look_token(token)] for key, token in zip(keys, lease_tokens, strict=True)
         ]
         with connection.cursor() as cursor:
             cursor.executemany(self.delete_leased_sql, params)
