@@ -50,6 +50,9 @@ class Driver:
     vendor = "generic"
     #: whether the database can hold native Spanner queues (``CREATE QUEUE``).
     supports_native_queues = False
+    #: whether a new connection is handed to ``connection_created`` (and to the native
+    #: engines on its database): only where one of them acts on it (Spanner)
+    acts_on_new_connections = False
     #: why not, for system check E007.
     no_native_queues_reason = "only Cloud Spanner has queues."
     #: whether ``INTERLEAVE IN PARENT`` exists; elsewhere the ORM cascade stands in for it.
@@ -86,7 +89,8 @@ class Driver:
         return False
 
     def connection_created(self) -> None:
-        """The driver's connection was just opened (Django's ``connection_created``)."""
+        """The driver's connection was just opened (Django's ``connection_created``): called
+        only for the drivers with ``acts_on_new_connections`` (``introspection.connect``)."""
 
     def connection_lost(self) -> None:
         """The driver's connection is lost for good (``is_connection_lost``) and about to be
@@ -230,6 +234,7 @@ class SpannerDriver(Driver):
     claim_window = 8
     #: (but Google's emulator has no queues: the native engine asks the emulator it is on)
     supports_native_queues = True
+    acts_on_new_connections = True
 
     def versions(self) -> tuple[str, str]:
         driver = ", ".join(

@@ -1,5 +1,5 @@
 """Keep native queues out of Django's table listings: installs, from ``AppConfig.ready``, a
-``connection_created`` hook that hands every new connection to its driver
+``connection_created`` hook that hands every new connection of a Spanner database to its driver
 (``Driver.connection_created``: on Spanner one client ``Database`` per process and database)
 and to the engines on its database (``BaseQueueEngine.connection_created``: the native engine
 wraps its introspection).
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.db import connections
 from django.db.backends.signals import connection_created
 from django.utils.module_loading import import_string
 
@@ -74,5 +75,16 @@ def _on_connection_created(sender: Any, connection: Any, **kwargs: Any) -> None:
 
 
 def connect() -> None:
-    """Install the hook for every future connection (called from ``AppConfig.ready``)."""
-    connection_created.connect(_on_connection_created, dispatch_uid="spanner_queues.introspection")
+    """Install the hook for every future connection of the configured databases whose driver
+    acts on one (``Driver.acts_on_new_connections``: Spanner, where native queues live),
+    by backend class (called from ``AppConfig.ready``; no connection is opened). Elsewhere a
+    new connection calls nothing of this app."""
+    for alias in connections:
+        wrapper = connections[alias]
+        if driver_of(wrapper).acts_on_new_connections:
+            cls = type(wrapper)
+            connection_created.connect(
+                _on_connection_created,
+                sender=cls,
+                dispatch_uid=f"spanner_queues.introspection.{cls.__module__}",
+            )
