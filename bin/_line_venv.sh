@@ -16,7 +16,12 @@ VENV="$ROOT/.venvs/$NAME"
 cd "$ROOT"
 line="$PY $DJANGO $EXTRAS $FRONT"
 stamp="$VENV/.installed-$( (cat pyproject.toml emulator/pyproject.toml; echo "$line") | sha1sum | cut -c1-12)"
+compile_checkout() {  # the checkout's bytecode for this line's Python (bin/_venv.sh says why)
+  "$VENV/bin/python" -m compileall -q -j 0 spanner_queues emulator/spanner_queues_emulator \
+    tests >/dev/null || true
+}
 if [ -f "$stamp" ]; then
+  compile_checkout
   exit 0
 fi
 echo "-- $VENV: Python $VERSION ($PY), $DJANGO, .[$EXTRAS]${FRONT:+ and the emulator front}"
@@ -31,4 +36,5 @@ if "$VENV/bin/python" -c 'import sys, django; sys.exit(django.VERSION < (6,))'; 
   "$VENV/bin/python" -m pip uninstall --quiet --yes django-tasks 2>&1 | grep -v "^WARNING" || true
 fi
 "$VENV/bin/python" -c 'import django, pytest_django, spanner_queues; print("Django", django.get_version())'
+compile_checkout
 rm -f "$VENV"/.installed-* && touch "$stamp"
