@@ -201,10 +201,17 @@ def savepoint(using: str) -> Iterator[None]:
       where ``atomic()`` would exit quietly with its writes gone: the caller never takes that
       block for one whose writes will commit.
 
-    Only inside an ``atomic()`` block on a database with savepoints (``has_savepoints``);
-    elsewhere (or with the transaction already marked for rollback) it is ``atomic(using)``."""
+    Inside an ``atomic()`` block on a database with savepoints (``has_savepoints``); elsewhere
+    (Spanner, no block open, or the transaction already marked for rollback) it is
+    ``atomic(using)``."""
     conn = connections[using]
-    if not conn.in_atomic_block or conn.needs_rollback or conn.connection is None:
+    features = conn.features
+    if (
+        not conn.in_atomic_block
+        or conn.needs_rollback
+        or conn.connection is None
+        or not (features.uses_savepoints and features.can_release_savepoints)
+    ):
         with transaction.atomic(using=using):
             yield
         return
@@ -266,13 +273,14 @@ def lost_race(exc: BaseException, using: str) -> bool:
 def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) -> T:
     """Run ``fn`` in ``atomic(using=...)``; retry the whole transaction on retryable errors.
 
-    In a caller's ``atomic()`` block ``fn`` runs once; if it fails with ``MessageAlreadyAcked`` or
-    ``StaleAck`` the caller's transaction is marked for rollback (Spanner's rule on every
-    database: a failed ack is never caught and continued). A lost connection is closed and,
-    outside a caller's block, the transaction runs again on a new one (it counts as a retry)."""
+    In a caller's ``atomic()`` block ``fn`` runs once, in a ``savepoint``; if it fails with
+    ``MessageAlreadyAcked`` or ``StaleAck`` the caller's transaction is marked for rollback
+    (Spanner's rule on every database: a failed ack is never caught and continued). A lost
+    connection is closed and, outside a caller's block, the transaction runs again on a new
+    one (it counts as a retry)."""
     if connections[using].in_atomic_block:
         try:
-            with transaction.atomic(using=using):
+            with savepoint(using):  # (Spanner: no savepoint, the caller's transaction)
                 return fn()
         except Exception as exc:
             forget_lost_connection(exc, using)

@@ -6,7 +6,8 @@ from datetime import timedelta
 
 import pytest
 from django.core import checks
-from django.db import OperationalError, connection
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.transaction import TransactionManagementError
 from django.test import override_settings
 
 from spanner_queues import drivers, transactions
@@ -239,6 +240,31 @@ def test_run_in_transaction_retries_from_a_clean_slate(monkeypatch: pytest.Monke
     with pytest.raises(Flaky):
         transactions.run_in_transaction(work, using="default", retries=1)
     assert Account.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_in_a_callers_block_a_swallowed_database_error_is_raised_not_lost() -> None:
+    """In a caller's block, ``fn`` runs in a savepoint (``transactions.savepoint``); one that
+    catches a database error of its own and returns has lost its writes: that raises, where
+    ``atomic()`` would return as if they were kept. The caller's other writes stay."""
+    taken = Account.objects.create(name="taken")
+
+    def swallow() -> str:
+        Account.objects.create(name="lost with the savepoint")
+        try:
+            Account.objects.create(pk=taken.pk, name="a second row under a taken key")
+        except IntegrityError:
+            pass
+        return "done"
+
+    with transaction.atomic():
+        Account.objects.create(name="the caller's")
+        if not connection.features.uses_savepoints:  # Spanner: no savepoint to roll back to
+            pytest.skip("a savepoint's rollback needs savepoints (SQLite, PostgreSQL)")
+        with pytest.raises(TransactionManagementError, match="marked for rollback"):
+            transactions.run_in_transaction(swallow, using="default")
+    names = sorted(Account.objects.values_list("name", flat=True))
+    assert names == ["taken", "the caller's"]
 
 
 @pytest.mark.engine_independent
