@@ -12,6 +12,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 __all__ = [
     "AckedFailure",
+    "BurstFailed",
     "Cancelled",
     "CommitOutcomeUnknown",
     "InvalidArgument",
@@ -131,6 +132,13 @@ class OutboxBypassed(QueueError):
 
 class TransactionRequired(QueueError):
     """The operation must run inside ``transaction.atomic()`` on the queue's database."""
+
+
+class BurstFailed(QueueError):
+    """A burst worker (``--burst``) gave up: a queue of it failed every receive for
+    ``intake.BURST_GIVE_UP_SECONDS`` while nothing else was left to do (a missing table, a wrong
+    database, a database down). What it had received was finished first; the queue's messages
+    stay in it. ``runqueueworker --burst`` exits with status 1 instead of waiting for ever."""
 
 
 class WorkerCrashed(QueueError):

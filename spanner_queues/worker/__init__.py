@@ -97,6 +97,7 @@ from django.db import connections
 from spanner_queues import api
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import (
+    BurstFailed,
     InvalidArgument,
     QueueConfigurationError,
     WorkerCrashed,
@@ -369,13 +370,19 @@ class Worker:
         watchdog.join()
 
     def _raise_if_ended_badly(self) -> None:
-        """``WorkerStuck`` when a receiver could not be interrupted, ``WorkerCrashed`` when one
-        raised a ``BaseException``."""
+        """``WorkerStuck`` when a receiver could not be interrupted, ``BurstFailed`` when a
+        burst gave up on a failing queue, ``WorkerCrashed`` when a receiver raised a
+        ``BaseException``."""
         if self.slots.stuck_units:
             raise WorkerStuck(
                 f"worker {self.worker_id} stopped: {self.slots.stuck_units} receiver(s) still "
                 f"running {self.time_limits.grace:g} s past their time limit could not be "
                 "interrupted; restart the process"
+            )
+        if self.intake.gave_up:
+            raise BurstFailed(
+                f"worker {self.worker_id} gave up its burst: every receive failed on "
+                f"{'; '.join(self.intake.gave_up)}"
             )
         if self.crashed is not None:
             raise WorkerCrashed(

@@ -51,6 +51,9 @@ AUTO_PREFETCH_MAX = 100
 #: most MAX (jittered down by a quarter)
 QUEUE_BACKOFF_MIN = 0.1
 QUEUE_BACKOFF_MAX = 5.0
+#: burst: a queue failing every receive for this long, with nothing else left to do, ends the
+#: burst with ``BurstFailed`` (a long run waits for the queue to recover, as it should)
+BURST_GIVE_UP_SECONDS = 60.0
 #: burst: most keys of messages given back unmatched that a worker remembers (past it, such a
 #: message found again counts as work, and the burst goes on while it keeps falling due)
 BURST_UNMATCHED_KEPT = 10_000
@@ -145,6 +148,8 @@ class Intake:
         self.next_seed = 0.0
         #: receive failures per queue (label): each queue fails, backs off and recovers alone
         self.health = {p.label: QueueHealth(p.label) for p in self.plans}
+        #: burst: the failing queues it gave up on (``BurstFailed``), described
+        self.gave_up: list[str] = []
         #: burst: keys of the messages given back because no receiver of this worker matches
         #: them, by queue label (at most ``BURST_UNMATCHED_KEPT`` in all): found again, they
         #: are no work of this worker's, and the burst may end with them in the queue
@@ -251,6 +256,8 @@ class Intake:
         failing = [h for h in self.health.values() if h.failing]
         if self.burst and not failing:
             return self._burst_idle(idle_before)
+        if self.burst and idle_before and self._given_up(failing):
+            return True
         self.reporter.emit("idle")
         wait = self.poll_interval * random.uniform(0.5, 1.0)
         if failing and len(failing) == len(self.plans):  # nothing to ask before a retry
@@ -261,6 +268,22 @@ class Intake:
         self._idle_wait(wait)
         recycle_connections()
         return False
+
+    def _given_up(self, failing: list[QueueHealth]) -> bool:
+        """Burst, a round that found nothing while nothing was in flight: True (over, the
+        worker raises ``BurstFailed``) when every failing queue has failed each receive for
+        ``BURST_GIVE_UP_SECONDS``; the others found nothing due."""
+        now = time.monotonic()
+        if any(h.since is None or now - h.since < BURST_GIVE_UP_SECONDS for h in failing):
+            return False
+        self.gave_up = [h.describe(now) for h in failing]
+        logger.error(
+            "burst: giving up on %s: no receive succeeded for %g s",
+            ", ".join(self.gave_up),
+            BURST_GIVE_UP_SECONDS,
+            extra={"action": "burst_failed", "worker_id": self.worker_id},
+        )
+        return True
 
     def _burst_idle(self, idle_before: bool) -> bool:
         """Burst, and a round found nothing: True (over) when nothing was in flight and every

@@ -15,8 +15,9 @@ import pytest
 from django.db import connection
 
 from spanner_queues.engines import engines
+from spanner_queues.exceptions import BurstFailed
 from spanner_queues.options import queue_options
-from spanner_queues.worker import Worker, WorkerEvents
+from spanner_queues.worker import Worker, WorkerEvents, intake
 from spanner_queues.worker.intake import QUEUE_BACKOFF_MAX
 from tests.conftest import wait_until
 from tests.worker.conftest import running
@@ -90,3 +91,36 @@ def test_a_queue_failing_for_hours_keeps_backing_off_at_the_cap(make_worker: Mak
         worker.intake.queue_failed(health, RuntimeError("queue dropped"))
     assert health.failures == 1100
     assert 0 < health.retry_at - time.monotonic() <= QUEUE_BACKOFF_MAX
+
+
+def test_a_burst_over_a_queue_that_fails_every_receive_drains_the_others_then_gives_up(
+    make_worker: MakeWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A burst worker waited for a failing queue for ever (``runqueueworker --burst`` against a
+    # missing table hung a CI job): now it finishes the other queues' messages, then raises
+    # BurstFailed once every receive of the broken one failed for BURST_GIVE_UP_SECONDS.
+    monkeypatch.setattr(intake, "BURST_GIVE_UP_SECONDS", 1.0)
+    sent = WorkItems.send_many([{"payload": {}} for _ in range(3)])
+    worker = make_worker(Tasks, WorkItems, burst=True)
+    with dropped(Tasks):
+        started = time.monotonic()
+        with pytest.raises(BurstFailed, match=r"workerapp\.Tasks"):
+            worker.run()
+        took = time.monotonic() - started
+    assert sorted(WorkLog.objects.values_list("key", flat=True)) == sorted(m.key[0] for m in sent)
+    assert worker.stats.processed == 3
+    assert 1.0 <= took < 60, took
+
+
+def test_a_long_running_worker_never_gives_up_on_a_failing_queue(
+    make_worker: MakeWorker, events: WorkerEvents, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(intake, "BURST_GIVE_UP_SECONDS", 0.2)
+    worker = make_worker(Tasks, WorkItems)
+    with running(worker), dropped(Tasks):
+        health = worker.queue_health()["workerapp.Tasks"]
+        wait_until(lambda: health.since is not None, timeout=60)
+        wait_until(lambda: time.monotonic() - (health.since or 0) > 0.5, timeout=60)
+        failed = events.counts["receive_failed"]  # a round past the burst's limit:
+        wait_until(lambda: events.counts["receive_failed"] > failed, timeout=60)
+        assert not worker.intake.gave_up and not worker.slots.stopping  # a long run waits

@@ -23,7 +23,7 @@ from django.core.management.base import BaseCommand, CommandError
 from spanner_queues.checks import METRICS_APP
 from spanner_queues.conf import MIN_SAMPLE_INTERVAL
 from spanner_queues.engines.stats import STATS_MAX_AGE_SECONDS, stats_cache
-from spanner_queues.exceptions import QueueError, WorkerCrashed, WorkerStuck
+from spanner_queues.exceptions import BurstFailed, QueueError, WorkerCrashed, WorkerStuck
 from spanner_queues.worker import (
     FINAL_EVENTS,
     MAX_CONCURRENCY,
@@ -242,7 +242,9 @@ class Command(BaseCommand):
         stopping.add_argument(
             "--burst",
             action="store_true",
-            help="Process every message that is due now, then exit 0 (cron, tests).",
+            help="Process every message that is due now, then exit 0 (cron, tests); a queue "
+            "that fails every receive for 60 s (a missing table, a database down) ends it "
+            "with status 1.",
         )
         stopping.add_argument(
             "--max-messages",
@@ -423,6 +425,8 @@ class Command(BaseCommand):
                 service.start()
             worker.run()
         except WorkerCrashed as exc:  # logged with its traceback by the worker; exit status 1
+            raise CommandError(str(exc)) from exc
+        except BurstFailed as exc:  # a queue failed every receive of a burst: exit status 1
             raise CommandError(str(exc)) from exc
         except WorkerStuck as exc:
             # A thread is stuck in a receiver (it may hold a database lock): leave at once,
