@@ -680,7 +680,9 @@ _PLAIN_FIELDS: dict[type[Field[Any, Any]], type] = {
 
 def _preparer(field: Any, connection: Any, *, save: bool = False) -> Callable[[Any], Any]:
     """How the ORM makes ``field``'s values parameters on ``connection``: as saved (SET) with
-    ``save``, else as looked up (``=``); a plain field's value of its plain type as it is."""
+    ``save``, else as looked up (``=``); a plain field's value of its plain type as it is, a
+    plain ``DateTimeField``'s aware datetime (or None) through the backend's adapter alone
+    (what the field's calls come to for it, without their checks for naive values)."""
     if save:
 
         def slow(value: Any) -> Any:
@@ -691,6 +693,15 @@ def _preparer(field: Any, connection: Any, *, save: bool = False) -> Callable[[A
         def slow(value: Any) -> Any:
             return RowStatements._lookup(field, value, connection)
 
+    if type(field) is DateTimeField:
+        adapt = connection.ops.adapt_datetimefield_value
+
+        def time(value: Any) -> Any:
+            if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
+                return adapt(value)
+            return slow(value)
+
+        return time
     plain = _PLAIN_FIELDS.get(type(field))
     if plain is None:
         return slow
@@ -851,7 +862,9 @@ class RowStatements:
         save_token = _preparer(f["lease_token"], connection, save=True)
         save_attempts = _preparer(f["attempts"], connection, save=True)
         key_of = self._key_preparer(connection)
-        save_expires, save_deliver, look_due = self._claim_time_adapters(connection)
+        save_expires = _preparer(f["lease_expires_at"], connection, save=True)
+        save_deliver = _preparer(f["deliver_time"], connection, save=True)
+        look_due = _preparer(f["deliver_time"], connection)
         # Each time is adapted once per claim: one lease expiry and one new deliver time per
         # attempt number for all its rows, and often the same deliver time read (a send_many).
         adapted: dict[tuple[Any, datetime], Any] = {}
@@ -873,30 +886,6 @@ class RowStatements:
             ]
             for c in claims
         ]
-
-    def _claim_time_adapters(
-        self, connection: Any
-    ) -> tuple[Callable[[datetime], Any], Callable[[datetime], Any], Callable[[datetime], Any]]:
-        """How a claim's times become parameters: the lease expiry and the new deliver time as
-        saved (SET), the deliver time read as looked up (WHERE)."""
-        f = self.fields
-        expires_f, deliver_f = f["lease_expires_at"], f["deliver_time"]
-        if type(expires_f) is DateTimeField and type(deliver_f) is DateTimeField:
-            # Plain DateTimeFields: get_db_prep_save (SET) and the prepared lookup (WHERE) of
-            # a datetime both come to the backend's adapter (as in InsertStatement).
-            adapt = connection.ops.adapt_datetimefield_value
-            return adapt, adapt, adapt
-
-        def save_expires(value: datetime) -> Any:
-            return expires_f.get_db_prep_save(value, connection)
-
-        def save_deliver(value: datetime) -> Any:
-            return deliver_f.get_db_prep_save(value, connection)
-
-        def look_due(value: datetime) -> Any:
-            return self._lookup(deliver_f, value, connection)
-
-        return save_expires, save_deliver, look_due
 
     def held_by(self, key: Sequence[Any]) -> list[str | None]:
         """The lease token of the row under ``key`` (``[]``: no row), as a fetch."""
