@@ -272,9 +272,12 @@ class Intake:
     def _given_up(self, failing: list[QueueHealth]) -> bool:
         """Burst, a round that found nothing while nothing was in flight: True (over, the
         worker raises ``BurstFailed``) when every failing queue has failed each receive for
-        ``BURST_GIVE_UP_SECONDS``; the others found nothing due."""
+        ``BURST_GIVE_UP_SECONDS`` and the others are settled (``_settled``: nothing due)."""
         now = time.monotonic()
         if any(h.since is None or now - h.since < BURST_GIVE_UP_SECONDS for h in failing):
+            return False
+        healthy = [p for p in self.plans if not self.health[p.label].failing]
+        if not self._settled(plans=healthy):
             return False
         self.gave_up = [h.describe(now) for h in failing]
         logger.error(
@@ -517,14 +520,15 @@ class Intake:
         health.retry_at = 0.0
         self.reporter.emit("queue_recovered", queue=health.label)
 
-    def _settled(self, wait: float | None = None) -> bool:
-        """No queue of this worker has rows leased to this process and unread, and each
-        engine's last look found nothing due but messages this worker gave back unmatched
-        (the engine's ``settle_receiving``). Every queue is asked at once first (``wait=0``: their
-        looks run together, one brief call's time, not one per queue), then each is waited
-        for. A queue whose settle raises is failing (``queue_failed``): not settled."""
+    def _settled(self, wait: float | None = None, plans: list[Plan] | None = None) -> bool:
+        """No queue of this worker (of ``plans``, when given) has rows leased to this process
+        and unread, and each engine's last look found nothing due but messages this worker
+        gave back unmatched (the engine's ``settle_receiving``). Every queue is asked at once
+        first (``wait=0``: their looks run together, one brief call's time, not one per
+        queue), then each is waited for. A queue whose settle raises is failing
+        (``queue_failed``): not settled."""
         pending = []
-        for plan in self.plans:
+        for plan in self.plans if plans is None else plans:
             if not self._settle(plan, 0):
                 pending.append(plan)
         if wait == 0:
