@@ -508,6 +508,11 @@ class Drill:
             for i in range(options.kills)
         ]
         next_abort = self._next_abort()
+        # the first abort also has a point in the batch (10-50 % handled): a drain quicker than
+        # --abort-every still has one outage in it, not a report of outages it never had
+        abort_point = (
+            options.messages * self.random.uniform(0.1, 0.5) if next_abort is not None else None
+        )
         while True:
             stats = self._sample()
             handled = self._handled_rows()
@@ -517,8 +522,10 @@ class Drill:
             while points and handled >= points[0]:  # every point passed since the last look
                 points.pop(0)
                 self._kill()
-            if next_abort is not None and time.monotonic() >= next_abort:
+            first_due = abort_point is not None and handled >= abort_point
+            if next_abort is not None and (first_due or time.monotonic() >= next_abort):
                 self._abort()
+                abort_point = None
                 next_abort = self._next_abort()
             if self._drained(stats):
                 result.drained = True
