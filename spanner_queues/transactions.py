@@ -29,13 +29,16 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from queue import SimpleQueue
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from django.db import DatabaseError, Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from spanner_queues.drivers import driver_for
 from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 __all__ = ["run_in_transaction"]
 
@@ -187,15 +190,21 @@ def has_savepoints(using: str) -> bool:
 
 
 @contextlib.contextmanager
-def savepoint(using: str) -> Iterator[None]:
+def savepoint(using: str, *, connection: BaseDatabaseWrapper | None = None) -> Iterator[None]:
     """A part of the open transaction on ``using`` that rolls back alone: Django's nested
-    ``atomic(using)`` (the same savepoint ids, ``on_commit`` callbacks registered inside
-    dropped with it, the same error handling), with two differences.
+    ``atomic(using)`` (``on_commit`` callbacks registered inside dropped with it, the same
+    error handling), with three differences.
 
     - Its ``SAVEPOINT`` and ``RELEASE SAVEPOINT`` go to the DB-API cursor, past Django's cursor
       wrappers (errors still become Django's): the worker takes one per grouped receiver, and
       Django's cost for one was most of the worker's own time per message on SQLite. They are
       not in ``connection.queries`` nor seen by ``execute_wrapper``.
+    - Its name is its depth (``sq_<n>``: unique among the savepoints open, as a name must be),
+      not a new one each time: the statements' text repeats, so the driver's statement cache
+      keeps them (and keeps the other statements of the hot path, which a new name each time
+      pushed out of sqlite3's). Released, its name is taken off the ``on_commit`` callbacks
+      registered inside it: they belong to the block around it, as Django's bookkeeping has
+      it, and a later savepoint of the same name rolling back does not drop them.
     - A block that leaves the transaction marked for rollback without raising (it caught a
       database error of its own) is rolled back and raises ``TransactionManagementError``,
       where ``atomic()`` would exit quietly with its writes gone: the caller never takes that
@@ -204,7 +213,7 @@ def savepoint(using: str) -> Iterator[None]:
     Inside an ``atomic()`` block on a database with savepoints (``has_savepoints``); elsewhere
     (Spanner, no block open, or the transaction already marked for rollback) it is
     ``atomic(using)``."""
-    conn = connections[using]
+    conn = connection if connection is not None else connections[using]
     features = conn.features
     if (
         not conn.in_atomic_block
@@ -215,8 +224,7 @@ def savepoint(using: str) -> Iterator[None]:
         with transaction.atomic(using=using):
             yield
         return
-    conn.savepoint_state += 1
-    sid = f"s{threading.get_ident()}_x{conn.savepoint_state}"
+    sid = f"sq_{len(conn.savepoint_ids) + 1}"
     with conn.wrap_database_errors:
         conn.connection.cursor().execute(conn.ops.savepoint_create_sql(sid))
     conn.savepoint_ids.append(sid)
@@ -242,6 +250,9 @@ def savepoint(using: str) -> Iterator[None]:
     except DatabaseError:
         _roll_back_to(conn, sid)
         raise
+    callbacks: list[Any] = conn.run_on_commit  # (sids, func, robust): django-stubs say two
+    if callbacks:  # released: its callbacks are the enclosing block's now
+        conn.run_on_commit = [(sids - {sid}, *rest) for sids, *rest in callbacks]
 
 
 def _roll_back_to(conn: Any, sid: str) -> None:

@@ -41,6 +41,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
@@ -64,6 +65,9 @@ from spanner_queues.transactions import (
 from spanner_queues.worker.outcomes import Kind, Outcome, outcomes_of
 from spanner_queues.worker.run import Runner
 from spanner_queues.worker.slots import Delivery, Plan, Unit
+
+if TYPE_CHECKING:
+    from django.db.backends.base.base import BaseDatabaseWrapper
 
 logger = logging.getLogger("spanner_queues.worker")
 
@@ -158,11 +162,19 @@ class Groups:
         self.size = size
         self.ms = ms
         self._limits: dict[str, GroupLimits] = {}
+        #: per database alias: whether it has savepoints (the vendor's, for the worker's life)
+        self._savepoints: dict[str, bool] = {}
 
     def limits(self, plan: Plan) -> GroupLimits:
         found = self._limits.get(plan.label)
         if found is None:
             found = self._limits[plan.label] = limits_of(plan, self.size, self.ms)
+        return found
+
+    def savepoints(self, using: str) -> bool:
+        found = self._savepoints.get(using)
+        if found is None:
+            found = self._savepoints[using] = has_savepoints(using)
         return found
 
     def longest(self, plans: list[Plan]) -> float:
@@ -179,7 +191,7 @@ class Groups:
             spec = self.runner.registry.route(plan.specs, unit[0].message)
         except NoReceiver:
             return False
-        return groupable(spec, has_savepoints(plan.db))
+        return groupable(spec, self.savepoints(plan.db))
 
     def run(self, first: Unit, pull: Callable[[], Unit | None], ran: list[Unit]) -> None:
         """Run ``first`` and the units ``pull()`` gives (None: no more) in one transaction
@@ -187,7 +199,7 @@ class Groups:
         plan = first[0].plan
         runner = self.runner
         limits = self.limits(plan)
-        savepoints = has_savepoints(plan.db)
+        savepoints = self.savepoints(plan.db)
         before: list[Outcome] = []
         todo: list[tuple[ReceiverSpec, Delivery]] = []
         dropped: list[Outcome] = []
@@ -228,7 +240,9 @@ class Groups:
                     continue
                 spec, d = todo[i]
                 i += 1
-                outcomes.append(self._one(plan, spec, d, savepoints, state["deferred"], own))
+                outcomes.append(
+                    self._one(plan, spec, d, savepoints, state["deferred"], own, connection)
+                )
             if state["deferred"]:
                 acked = [o.delivery for o in outcomes if o.kind is Kind.ACKED]
                 self._ack_all(plan, [d for d in acked if id(d) not in own])
@@ -238,6 +252,7 @@ class Groups:
         outcomes: list[Outcome] = []
         while todo or state["pulling"]:
             own.clear()
+            connection = connections[plan.db]  # this thread's (the same after a close_all)
             try:
                 outcomes = run_in_transaction(attempt, using=plan.db, retries=plan.retries)
                 break
@@ -277,6 +292,7 @@ class Groups:
         savepoints: bool,
         deferred: bool,
         own: set[int],
+        connection: BaseDatabaseWrapper,
     ) -> Outcome:
         """Run one receiver of the group (in its savepoint where there are savepoints); its
         outcome, or ``_Drop`` when the group must run again without it."""
@@ -287,7 +303,7 @@ class Groups:
         try:
             with running(context):
                 if savepoints and spec.atomic:
-                    with savepoint(plan.db):
+                    with savepoint(plan.db, connection=connection):
                         runner._call(plan, spec, [d], context, limit, ack=not deferred)
                 elif savepoints:  # non-atomic, group=True: its own transactions nest
                     runner._call(plan, spec, [d], context, limit)
@@ -304,13 +320,13 @@ class Groups:
             took = time.monotonic() - started
             [outcome] = outcomes_of(exc, [d], spec.name, took, atomic=spec.atomic)
             doubtful = isinstance(exc, TimeLimitExceeded)
-            poisoned = connections[plan.db].needs_rollback
+            poisoned = connection.needs_rollback
             if not savepoints or doubtful or poisoned:
                 raise _Drop(outcome, doubtful=doubtful) from exc
             if not spec.atomic and not isinstance(exc, AckedFailure):
                 raise _Drop(outcome) from exc  # (its own acks roll back with the group)
             return outcome
-        if connections[plan.db].needs_rollback:  # it swallowed an error of the transaction
+        if connection.needs_rollback:  # it swallowed an error of the transaction
             error = RuntimeError(f"{spec.name} left the transaction marked for rollback")
             [outcome] = outcomes_of(error, [d], spec.name, 0.0, atomic=spec.atomic)
             raise _Drop(outcome)

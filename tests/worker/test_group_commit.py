@@ -113,6 +113,33 @@ def test_a_grouped_receiver_that_swallows_its_own_database_error_is_run_again_no
     assert events.counts["failed"] == 1
 
 
+def test_on_commit_callbacks_of_a_group_run_for_the_runs_that_committed_and_no_others() -> None:
+    """Each grouped receiver's ``on_commit`` callback runs after the group commits, once per
+    run that committed: a receiver that raises drops its own callback with its savepoint, never
+    those of the receivers before it (the savepoints reuse their names: the callbacks of one
+    released belong to the group's block)."""
+    count = 6
+    registry = ReceiverRegistry()
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def record(name: str) -> None:
+        with lock:
+            ran.append(name)
+
+    @receiver(Jobs, registry=registry)
+    def write(message: Any) -> None:
+        name = f"{message.key[0]}-{message.attempt or 1}"
+        transaction.on_commit(lambda: record(name))
+        if name == "c003-1":
+            raise ValueError("the first run of c003 fails after registering its callback")
+
+    _fill(count)
+    _drain(registry, count, group_size=count)
+    expected = [f"c{i:03}-1" for i in range(count) if i != 3] + ["c003-2"]
+    assert sorted(ran) == sorted(expected)
+
+
 def test_a_receiver_that_opts_out_runs_alone() -> None:
     count = 6
     registry = ReceiverRegistry()
