@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from django.db import DatabaseError, Error, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from spanner_queues.drivers import driver_for
+from spanner_queues.drivers import driver_for, driver_of
 from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 
 if TYPE_CHECKING:
@@ -205,6 +205,9 @@ def savepoint(using: str, *, connection: BaseDatabaseWrapper | None = None) -> I
       pushed out of sqlite3's). Released, its name is taken off the ``on_commit`` callbacks
       registered inside it: they belong to the block around it, as Django's bookkeeping has
       it, and a later savepoint of the same name rolling back does not drop them.
+    - Where a statement is a round trip (``Driver.releases_savepoints`` False: PostgreSQL) a
+      savepoint that ends well is not released: the commit releases it with the others, and a
+      later one of the same name nests in it (``ROLLBACK TO`` names the innermost).
     - A block that leaves the transaction marked for rollback without raising (it caught a
       database error of its own) is rolled back and raises ``TransactionManagementError``,
       where ``atomic()`` would exit quietly with its writes gone: the caller never takes that
@@ -244,12 +247,13 @@ def savepoint(using: str, *, connection: BaseDatabaseWrapper | None = None) -> I
             "the block caught a database error and went on: its transaction was marked for "
             "rollback, so its writes were rolled back"
         )
-    try:
-        with conn.wrap_database_errors:
-            conn.connection.cursor().execute(conn.ops.savepoint_commit_sql(sid))
-    except DatabaseError:
-        _roll_back_to(conn, sid)
-        raise
+    if driver_of(conn).releases_savepoints:
+        try:
+            with conn.wrap_database_errors:
+                conn.connection.cursor().execute(conn.ops.savepoint_commit_sql(sid))
+        except DatabaseError:
+            _roll_back_to(conn, sid)
+            raise
     callbacks: list[Any] = conn.run_on_commit  # (sids, func, robust): django-stubs say two
     if callbacks:  # released: its callbacks are the enclosing block's now
         conn.run_on_commit = [(sids - {sid}, *rest) for sids, *rest in callbacks]
