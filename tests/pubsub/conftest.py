@@ -1,6 +1,7 @@
 """Fixtures of the Pub/Sub app's tests: one Google Pub/Sub emulator for the session (a missing
 emulator fails under CI and skips elsewhere), and a project of its own for each test, with the
-topic ``orders`` and the subscription ``orders-billing`` made by ``createpubsubresources``.
+topic ``orders`` and the subscriptions ``orders-billing`` and ``orders-billing-ordered`` (the
+ordered inbox's) made by ``createpubsubresources``.
 
 Collected only under ``tests.settings_pubsub`` and ``tests.settings_pubsub_native``."""
 
@@ -89,7 +90,11 @@ def pubsub(pubsub_emulator: Any, settings: Any) -> PubSubProject:
         "--topic",
         "orders-billing=orders",
         "--topic",
+        "orders-billing-ordered=orders",
+        "--topic",
         "sq-drill-inbox=sq-drill-events",  # the fault drill's (queuedrill --pubsub)
+        "--topic",
+        "sq-drill-ordered-inbox=sq-drill-ordered-events",  # --pubsub --ordered
         "--ack-deadline",
         "10",
         stdout=open(os.devnull, "w"),
@@ -99,8 +104,10 @@ def pubsub(pubsub_emulator: Any, settings: Any) -> PubSubProject:
 
 @pytest.fixture(autouse=True)
 def relay_episodes(monkeypatch: Any) -> None:
-    """The relay's failure episodes (per queue, in this process) are each test's own."""
+    """The relay's failure episodes (per queue, in this process) and the keys it gave back are
+    each test's own."""
     # (the relay imports the verbs, which need the app registry: not at this module's import)
     from spanner_queues.contrib.pubsub import relay
 
     monkeypatch.setattr(relay, "_episodes", {}, raising=False)
+    monkeypatch.setattr(relay, "_given_back", set(), raising=False)

@@ -9,6 +9,8 @@ import dataclasses
 import itertools
 import json
 import logging
+import os
+import signal
 import socket
 import threading
 import time
@@ -452,3 +454,36 @@ def test_an_outage_logs_one_traceback_per_episode_not_one_per_message(
     assert len(retried) == events.counts["retried"]  # a line each
     episode = relay_module._episodes["pubsubapp.OrderEvents"]
     assert episode.given_back == events.counts["retried"]  # counted in the episode
+
+
+def test_a_key_paused_after_its_run_stopped_waiting_is_published_by_the_next_run(
+    pubsub, pubsub_emulator, monkeypatch: Any
+) -> None:
+    """Pub/Sub stalls (the emulator stopped) past a run's wait: the run gives its message back,
+    and its resume finds the key not paused, since the publish is still under way; that publish
+    fails a moment later and the client pauses the key. Once Pub/Sub answers again, the next
+    run of the key reaches it (before: it failed at once on the paused key, without reaching
+    Pub/Sub, PublishToPausedOrderingKeyException: one more failed run, and the back-off
+    doubled, after every outage that outlasted a run's wait)."""
+    monkeypatch.setattr(relay_module, "_client", None)  # a client of this test's own
+    client = relay_module.publisher()
+    message = _message(1, b'{"n": 1}')  # ordering key "1"
+    os.killpg(pubsub_emulator.proc.pid, signal.SIGSTOP)
+    try:
+        pending = relay_module._publish_all(client, pubsub.topic, 0.5, OrderEvents, [message], {})
+        confirmed, _, _, failed = relay_module._await_confirmations(pending, time.monotonic() + 0.5)
+        assert confirmed == [] and [m for m, _, _ in failed] == [message]
+        with pytest.raises(relay_module.PublishFailed):
+            relay_module._give_back(
+                client, OrderEvents, pubsub.topic, [message], confirmed, failed, 0, {}
+            )
+        [(_, _, under_way)] = pending
+        assert under_way.exception(timeout=30) is not None  # its own failure, after the run
+    finally:
+        pubsub_emulator.resume()
+    try:
+        pending = relay_module._publish_all(client, pubsub.topic, 30, OrderEvents, [message], {})
+        confirmed, _, _, failed = relay_module._await_confirmations(pending, time.monotonic() + 30)
+        assert failed == [] and confirmed == [message]
+    finally:
+        client.stop()

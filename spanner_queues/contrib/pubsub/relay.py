@@ -16,7 +16,8 @@ after the queue's back-off, without spending an attempt; until that back-off has
 the queue publish nothing and send their messages again for that time (a circuit breaker per
 queue and process). Such a failure episode is logged once with its traceback, then one line a
 minute with its counts, and once when it ends. Ordering keys paused by a failed publish are
-resumed before it raises.
+resumed before it raises, and again before their next publish (a publish still under way when
+its run stopped waiting pauses its key later).
 
 A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the receiver's time
 limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
@@ -339,9 +340,12 @@ def _publish_all(
 ) -> list[_Pending]:
     """Hand every message to the client without waiting; one entry per message. A message the
     client refuses before sending it (too large, a bad value) carries its error instead of a
-    future."""
+    future. A key given back by an earlier run is resumed first (``_resume_given_back``): the
+    client may have paused it after that run, and would fail its messages here unsent."""
     fields = ordering_fields(model)
     keys = [_ordering_key(fields, m) for m in messages]
+    if _given_back:
+        _resume_given_back(client, topic, keys)
     pending: list[_Pending] = []
     # Each ordering key's messages one after the other, in their order (a stable sort): the
     # client then fills one batch per key, where messages interleaved by key (as a claim
@@ -465,6 +469,27 @@ def _sort_suspects(
         failed.extend(undecided)
 
 
+#: (topic, ordering key) of the keys runs of this process gave back (``_give_back``), until a
+#: later run of the key resumes it before publishing (``_resume_given_back``)
+_given_back: set[tuple[str, str]] = set()
+_given_back_lock = threading.Lock()
+
+
+def _resume_given_back(client: PublisherClient, topic: str, keys: list[str]) -> None:
+    """Resume those of ``keys`` an earlier run gave back. That run resumed them as it gave
+    them back (``_give_back``), but a publish still under way then (a stalled Pub/Sub: the run
+    stopped waiting first) fails a moment later, and the client pauses its key after that
+    resume. Its messages were given back all the same, so the pause guards nothing: this run
+    publishes them again (on an ordered queue the key's head, everything before it confirmed
+    and acked). Left paused, the first run after an outage failed at once without reaching
+    Pub/Sub, and doubled the back-off."""
+    with _given_back_lock:
+        due = {key for key in keys if (topic, key) in _given_back}
+        _given_back.difference_update((topic, key) for key in due)
+    for key in due:
+        _resume(client, topic, key)
+
+
 def _resume(client: PublisherClient, topic: str, key: str) -> None:
     """Resume ``key``'s publishes, paused by a failed one (a publish still under way, past the
     run's wait, paused nothing: the client says so with a ``RuntimeError``)."""
@@ -516,8 +541,11 @@ def _give_back(
     are in Pub/Sub; only the failed ones come back; archived when ``archive_days``), send
     ``publish_failed``, count the failure in the queue's episode and raise ``PublishFailed``
     from the first error, due after the episode's back-off. Always raises."""
-    for key in {key for _, key, _ in failed if key}:
+    keys = {key for _, key, _ in failed if key}
+    for key in keys:
         _resume(client, topic, key)
+    with _given_back_lock:  # resumed again before their next publish: see _resume_given_back
+        _given_back.update((topic, key) for key in keys)
     _ack_confirmed(model, confirmed, archive_days, sent)  # in Pub/Sub: only they come back
     first = failed[0][2]
     publish_failed.send_robust(
