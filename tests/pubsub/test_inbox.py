@@ -1,26 +1,33 @@
 """The inbox, in this process against the Pub/Sub emulator: each pulled event is written once
 into the inbox queue, keyed by its event id, with its seen row; a copy of an event already
 handled (its inbox message acked and gone) is dropped; data the queue cannot hold is not acked;
-seen ids past the window are pruned."""
+seen ids past the window are pruned. An ordered inbox keys each event by its Pub/Sub ordering
+key too, and its receiver runs each key's events in publish order."""
 
 from __future__ import annotations
 
 import json
+import threading
+from collections import defaultdict
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connections
+from django.db import connections, transaction
 from django.test.utils import CaptureQueriesContext
 from google.cloud import pubsub_v1
 
 from spanner_queues import clock
 from spanner_queues.contrib.pubsub.inbox import InboxPuller, prune
 from spanner_queues.contrib.pubsub.models import SeenEvent, seen_id
+from spanner_queues.engines import engine_for
+from spanner_queues.message import Message
+from spanner_queues.receivers import ReceiverRegistry
+from spanner_queues.receivers import receiver as register_receiver
 from spanner_queues.signals import inbox_duplicates_dropped
 from spanner_queues.worker import Worker
 from tests.conftest import wait_until
-from tests.pubsubapp.models import BillingInbox, Charge, WideKeyQueue
+from tests.pubsubapp.models import BillingInbox, Charge, OrderedBillingInbox, WideKeyQueue
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -181,3 +188,119 @@ def test_a_message_over_4_mib_does_not_stall_the_inbox_on_the_emulator(pubsub) -
     assert inbox.pull_failures == 0
     # the large one reached the puller, which refused it as any data the queue cannot hold
     assert list(BillingInbox.objects.values_list("event_id", flat=True)) == ["small"]
+
+
+def _ordered(items: list[tuple[str, str, bytes]]) -> list[Any]:
+    """Pub/Sub's received messages of (event id, ordering key, data), in that order."""
+    return [
+        pubsub_v1.types.ReceivedMessage(
+            ack_id=f"ack-{eid}",
+            message=pubsub_v1.types.PubsubMessage(
+                data=data, attributes={"event_id": eid}, message_id=f"m-{eid}", ordering_key=key
+            ),
+        )
+        for eid, key, data in items
+    ]
+
+
+def test_an_ordered_inbox_runs_each_ordering_keys_events_in_publish_order(pubsub) -> None:
+    """Events published under two ordering keys (and one without) through the emulator, on a
+    subscription with message ordering on: the ordered inbox takes each in under its ordering
+    key ("" for none), and a worker of 4 threads runs each key's events one at a time, in the
+    order they were published."""
+    publisher = pubsub_v1.PublisherClient(
+        publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True)
+    )
+    futures = [
+        publisher.publish(
+            pubsub.topic,
+            json.dumps({"seq": seq}).encode(),
+            event_id=f"{key}{seq}",
+            ordering_key=key,
+        )
+        for seq in range(4)
+        for key in ("a", "b")
+    ]
+    futures.append(publisher.publish(pubsub.topic, b'{"seq": 0}', event_id="none0"))
+    for future in futures:
+        future.result(30)
+    inbox = InboxPuller(OrderedBillingInbox)
+    subscriber = pubsub_v1.SubscriberClient()
+    try:
+        pull_until(inbox, subscriber, lambda: inbox.taken_in == 9)
+    finally:
+        subscriber.close()
+    assert sorted(OrderedBillingInbox.objects.values_list("ordering_key", "event_id")) == [
+        ("", "none0"),
+        *[("a", f"a{seq}") for seq in range(4)],
+        *[("b", f"b{seq}") for seq in range(4)],
+    ]
+
+    lock = threading.Lock()
+    ran: dict[str, list[int]] = defaultdict(list)
+    running: dict[str, int] = defaultdict(int)
+    overlaps: list[str] = []
+    registry = ReceiverRegistry()
+    database = engine_for(OrderedBillingInbox).database
+
+    def record(key: str, seq: int) -> None:
+        with lock:
+            ran[key].append(seq)
+
+    @register_receiver(OrderedBillingInbox, registry=registry)
+    def handle(message: Message) -> None:
+        key, seq = message.key_dict["ordering_key"], message.json()["seq"]
+        with lock:
+            running[key] += 1
+            if running[key] > 1:
+                overlaps.append(key)
+        try:
+            # on commit: a transaction the database aborted runs its receiver again
+            transaction.on_commit(lambda: record(key, seq), using=database)
+        finally:
+            with lock:
+                running[key] -= 1
+
+    worker = Worker(
+        [OrderedBillingInbox], registry=registry, install_signal_handlers=False, concurrency=4
+    )
+
+    def run() -> None:
+        worker.run()
+        connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_until(lambda: sum(len(v) for v in ran.values()) >= 9, 120)
+    finally:
+        worker.stop()
+        thread.join(60)
+    assert dict(ran) == {"a": [0, 1, 2, 3], "b": [0, 1, 2, 3], "": [0]}
+    assert overlaps == []
+
+
+def test_an_event_an_ordered_inbox_cannot_hold_holds_back_the_rest_of_its_key() -> None:
+    """Taken in, the events after a refused one (data the queue cannot hold) would run before
+    it: they are left unacked too, for Pub/Sub to deliver again behind it; other keys, and
+    events without a key, are taken in."""
+    inbox = InboxPuller(OrderedBillingInbox)
+    acked = inbox.take_in(
+        _ordered(
+            [
+                ("k1", "k", b'{"pk": 1}'),
+                ("k2", "k", b"not json"),
+                ("k3", "k", b'{"pk": 3}'),
+                ("j1", "j", b'{"pk": 4}'),
+                ("n1", "", b"not json"),
+                ("n2", "", b'{"pk": 6}'),
+            ]
+        )
+    )
+    assert acked == ["ack-k1", "ack-j1", "ack-n2"]
+    assert sorted(OrderedBillingInbox.objects.values_list("ordering_key", "event_id")) == [
+        ("", "n2"),
+        ("j", "j1"),
+        ("k", "k1"),
+    ]
+    assert sorted(SeenEvent.objects.values_list("event_id", flat=True)) == ["j1", "k1", "n2"]

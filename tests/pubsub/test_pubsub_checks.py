@@ -36,8 +36,9 @@ def test_without_the_app_check_reports_the_declared_queues_and_the_setting() -> 
     out = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     ).stdout
-    # the setting, the two topics (OrderEvents, OrderedOrderEvents), the subscription
-    assert out.count("spanner_queues.E303") == 4, out
+    # the setting, the two topics (OrderEvents, OrderedOrderEvents), the two subscriptions
+    # (BillingInbox, OrderedBillingInbox)
+    assert out.count("spanner_queues.E303") == 5, out
     assert "pubsubapp.OrderEvents" in out and "pubsubapp.BillingInbox" in out, out
 
 
@@ -84,6 +85,16 @@ def declared(monkeypatch: Any, model: Any, **options: Any) -> None:
             "pubsub_ordering_key must be",
         ),
         (OrderEvents, {"pubsub_subscription": "sub"}, "exactly one key field"),
+        (
+            BillingInbox,
+            {"pubsub_subscription": "sub", "ordered_by": ("event_id",)},
+            "An ordered inbox queue (pubsub_subscription and ordered_by) needs two key fields",
+        ),
+        (
+            OrderEvents,  # (order: a BigIntegerField, message_id)
+            {"pubsub_subscription": "sub", "ordered_by": ("order",)},
+            "CharFields: the Pub/Sub ordering key",
+        ),
         (BillingInbox, {"pubsub_ordering_key": ()}, "needs pubsub_topic"),
         (
             BillingInbox,

@@ -1,6 +1,8 @@
 """Service A: ``Order``, whose creation sends an event to ``OrderEvents``, relayed to the topic
 ``orders``. Service B: ``BillingInbox`` pulls the subscription ``orders-billing``; its receiver
-writes one ``Charge`` per event (no unique constraint: a duplicate would show)."""
+writes one ``Charge`` per event (no unique constraint: a duplicate would show);
+``OrderedBillingInbox`` pulls ``orders-billing-ordered`` (on the same topic), ordered per Pub/Sub
+ordering key."""
 
 from __future__ import annotations
 
@@ -52,6 +54,20 @@ class BillingInbox(Queue):
 
     class QueueMeta:
         pubsub_subscription = "orders-billing"
+
+
+class OrderedBillingInbox(Queue):
+    """An ordered inbox (``ordered_by`` its first key field): each event keyed by its Pub/Sub
+    ordering key and its event id, a key's events run one at a time in publish order."""
+
+    ordering_key = models.CharField(max_length=1024)
+    event_id = models.CharField(max_length=128)
+    pk = models.CompositePrimaryKey("ordering_key", "event_id")
+    payload = JSONPayloadField()
+
+    class QueueMeta:
+        pubsub_subscription = "orders-billing-ordered"
+        ordered_by = ("ordering_key",)
 
 
 class WideKeyQueue(Queue):

@@ -295,17 +295,41 @@ def _relay_problems(model: type[models.Model], options: QueueOptions) -> list[_P
     return problems
 
 
+def inbox_key(model: type[models.Model]) -> tuple[Any, Any]:
+    """The key fields of an inbox queue: the one holding each message's Pub/Sub ordering key
+    (an ordered inbox's first key field, its ``ordered_by``; None for an unordered inbox) and
+    the one holding its event id (the last). Checked by ``_inbox_problems`` (E302)."""
+    fields = key_fields(model)
+    ordering = fields[0] if len(fields) == 2 and queue_options(model).ordered_by else None
+    return ordering, fields[-1]
+
+
 def _inbox_problems(model: type[models.Model], options: QueueOptions) -> list[_Problem]:
-    """An inbox queue has one character key field (the event id) and no envelope."""
+    """An inbox queue has one character key field (the event id), or, ordered (``ordered_by``
+    its first), two: the ordering key and the event id; and no envelope."""
     if options.pubsub_subscription is None:
         return []
     problems: list[_Problem] = []
     fields = key_fields(model)
-    if len(fields) != 1 or fields[0].get_internal_type() not in ("CharField", "TextField"):
+    chars = all(f.get_internal_type() in ("CharField", "TextField") for f in fields)
+    if options.ordered_by:
+        if len(fields) != 2 or not chars:
+            problems.append(
+                (
+                    "An ordered inbox queue (pubsub_subscription and ordered_by) needs two key "
+                    "fields, CharFields: the Pub/Sub ordering key (its ordered_by), then the "
+                    "event id.",
+                    "e.g. ordering_key = models.CharField(max_length=1024); event_id = "
+                    "models.CharField(max_length=128); pk = models.CompositePrimaryKey("
+                    '"ordering_key", "event_id"); QueueMeta.ordered_by = ("ordering_key",)',
+                )
+            )
+    elif len(fields) != 1 or not chars:
         problems.append(
             (
                 "An inbox queue (pubsub_subscription) needs exactly one key field, a "
-                "CharField: each message is keyed by its event id.",
+                "CharField: each message is keyed by its event id (or, ordered per Pub/Sub "
+                "ordering key, two: see ordered_by).",
                 "e.g. event_id = models.CharField(max_length=128, primary_key=True)",
             )
         )

@@ -12,6 +12,14 @@ of another kind) the Pub/Sub message id. A message whose data the queue cannot h
 inbox and data that is not JSON) is not acked: Pub/Sub delivers it again, and a dead-letter
 policy on the subscription ends that. Ids are pruned past ``DEDUP_WINDOW_DAYS`` (at most once
 an hour per puller, in bounded deletes), and on Spanner also expired by a row deletion policy.
+
+An ordered inbox (``QueueMeta.ordered_by``; its key: the ordering key, then the event id) keys
+each message by its Pub/Sub ordering key too ("" for a message without one). A pull's events
+are sent in the order Pub/Sub delivered them, and on a subscription with message ordering on
+Pub/Sub delivers a key's next messages only once the earlier ones were acked (after the commit
+that took them in), so each key's messages reach the queue in publish order, and its receiver
+runs them so (the ordered queue's promise). A message the inbox cannot hold leaves the later
+messages of its key in that pull unacked too: taken in, they would run before it.
 """
 
 from __future__ import annotations
@@ -33,7 +41,13 @@ from google.cloud.pubsub_v1 import SubscriberClient
 from google.pubsub_v1.services.subscriber.transports import SubscriberGrpcTransport
 
 from spanner_queues import api, clock
-from spanner_queues.contrib.pubsub.conf import PubSubParams, pubsub_params, resource_path
+from spanner_queues.contrib.pubsub.conf import (
+    MAX_ORDERING_KEY_BYTES,
+    PubSubParams,
+    inbox_key,
+    pubsub_params,
+    resource_path,
+)
 from spanner_queues.contrib.pubsub.models import (
     AcceptedReplay,
     SeenEvent,
@@ -43,7 +57,6 @@ from spanner_queues.contrib.pubsub.models import (
 from spanner_queues.contrib.pubsub.relay import EVENT_ID_ATTRIBUTE, REPLAY_ID_ATTRIBUTE
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import MessageAlreadyExists, PayloadError
-from spanner_queues.keys import key_fields
 from spanner_queues.options import queue_options
 from spanner_queues.signals import inbox_duplicates_dropped, inbox_pull_failed, inbox_pulled
 from spanner_queues.transactions import run_in_transaction
@@ -99,9 +112,15 @@ class InboxPuller:
         engine = self.engine = engine_for(model)
         self.database = engine.database
         self.retries = engine.params.transaction_retries
-        self.key_field = key_fields(model)[0]
+        #: the key fields: the Pub/Sub ordering key's (an ordered inbox's; else None) and the
+        #: event id's
+        self.ordering_field, self.key_field = inbox_key(model)
         #: the longest event id taken in: what both the key and ``SeenEvent.event_id`` hold
         self.max_id_length = min(self.key_field.max_length or SEEN_ID_LENGTH, SEEN_ID_LENGTH)
+        #: the longest ordering key an ordered inbox takes in (its field's length)
+        self.max_ordering_length = (
+            getattr(self.ordering_field, "max_length", None) or MAX_ORDERING_KEY_BYTES
+        )
         self.label = model._meta.label
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -275,20 +294,26 @@ class InboxPuller:
 
     def _accept(
         self, received: Sequence[Any]
-    ) -> tuple[dict[str, bytes], list[tuple[str, str]], dict[str, set[str]]]:
-        """The events of ``received`` by event id (the first data of each), the (ack id,
-        event id) of every message the inbox can hold (its event id, its data: validated here,
-        before the pull's transaction, so a refused event never makes it run again), and the
-        copies of each event: the ids of the accepted replays (``AcceptedReplay``) that
-        replayed it, "" for an ordinary copy (a replay this inbox does not accept included).
-        The messages the inbox cannot hold are logged and left unacked."""
-        events: dict[str, bytes] = {}
+    ) -> tuple[dict[str, _Event], list[tuple[str, str]], dict[str, set[str]]]:
+        """The events of ``received`` by event id, in the order received (the first data and
+        ordering key of each), the (ack id, event id) of every message the inbox can hold (its
+        event id, its data, an ordered inbox's ordering key: validated here, before the pull's
+        transaction, so a refused event never makes it run again), and the copies of each
+        event: the ids of the accepted replays (``AcceptedReplay``) that replayed it, "" for an
+        ordinary copy (a replay this inbox does not accept included). The messages the inbox
+        cannot hold are logged and left unacked; in an ordered inbox so are the later messages
+        of their ordering key (but "", no key): taken in, they would run before it."""
+        events: dict[str, _Event] = {}
         accepted: list[tuple[str, str]] = []  # (ack id, event id)
         copies: dict[str, set[str]] = {}
         refused: set[str] = set()
+        held: set[str] = set()  # ordering keys with a refused message in this pull
         takes = self._accepted_replays(received)
         for r in received:
             message = r.message
+            ordering = self._ordering_key_of(message)
+            if ordering in held:
+                continue
             eid = message.attributes.get(EVENT_ID_ATTRIBUTE) or message.message_id
             if not eid or len(eid) > self.max_id_length:
                 logger.error(
@@ -300,15 +325,17 @@ class InboxPuller:
                     self.max_id_length,
                     extra={"action": "pull_refused", "queue": self.label},
                 )
-                continue
-            if eid in refused:
-                continue
-            if eid not in events:
-                data = bytes(message.data)
-                if not self._holds(eid, data):
+                eid = ""
+            elif eid not in events and eid not in refused:
+                event = (bytes(message.data), ordering)
+                if self._holds(eid, event):
+                    events[eid] = event
+                else:
                     refused.add(eid)
-                    continue
-                events[eid] = data
+            if not eid or eid in refused:
+                if ordering:
+                    held.add(ordering)
+                continue
             accepted.append((r.ack_id, eid))
             replay = message.attributes.get(REPLAY_ID_ATTRIBUTE, "")
             copies.setdefault(eid, set()).add(replay if replay in takes else "")
@@ -327,13 +354,38 @@ class InboxPuller:
             .values_list("replay_id", flat=True)
         )
 
-    def _holds(self, eid: str, data: bytes) -> bool:
-        """Whether the queue can hold event ``eid`` with ``data`` (``api.build_message``: what
-        a send checks before it writes anything); logged when it cannot."""
-        try:
-            api.build_message(
-                self.model, {self.key_field.name: eid, "payload": data}, engine=self.engine
+    def _ordering_key_of(self, message: Any) -> str:
+        """What an ordered inbox keys ``message`` by: its Pub/Sub ordering key, "" when it has
+        none (such messages share one key of the inbox: one at a time); "" in an unordered
+        inbox (not stored)."""
+        return str(message.ordering_key or "") if self.ordering_field is not None else ""
+
+    def _spec(self, eid: str, event: _Event) -> dict[str, Any]:
+        """The message of event ``eid`` as the inbox queue takes it: its key and payload."""
+        data, ordering = event
+        spec: dict[str, Any] = {self.key_field.name: eid, "payload": data}
+        if self.ordering_field is not None:
+            spec[self.ordering_field.name] = ordering
+        return spec
+
+    def _holds(self, eid: str, event: _Event) -> bool:
+        """Whether the queue can hold event ``eid`` with its data and ordering key
+        (``api.build_message``: what a send checks before it writes anything); logged when it
+        cannot."""
+        ordering = event[1]
+        if len(ordering) > self.max_ordering_length:
+            logger.error(
+                "inbox %s: event %s has an ordering key of %d characters (the key field holds "
+                "%d); not acked",
+                self.label,
+                eid,
+                len(ordering),
+                self.max_ordering_length,
+                extra={"action": "pull_refused", "queue": self.label},
             )
+            return False
+        try:
+            api.build_message(self.model, self._spec(eid, event), engine=self.engine)
         except PayloadError as exc:
             logger.error(
                 "inbox %s: event %s cannot be held by the queue (%s); not acked",
@@ -347,14 +399,15 @@ class InboxPuller:
 
     def _write(
         self,
-        events: dict[str, bytes],
+        events: dict[str, _Event],
         copies: dict[str, set[str]],
         refused: set[str],
         queued: set[str],
     ) -> int:
         """The transaction of a pull: send each event not yet seen (nor ``refused`` or
         ``queued``) to the queue and record its ``SeenEvent``s, both or neither; returns how
-        many were sent. A copy is seen when its seen row exists: an ordinary copy's
+        many were sent, in the order received (an ordered inbox's keys keep Pub/Sub's order).
+        A copy is seen when its seen row exists: an ordinary copy's
         ``seen_id(inbox, event id)``, an accepted replay's ``seen_id(inbox, event id, replay
         id)``; taking an event in records both. An event the queue refuses or still holds is
         added to ``refused`` or ``queued`` and ``_Again`` rolls the whole transaction back."""
@@ -378,14 +431,13 @@ class InboxPuller:
         )
         return len(new)
 
-    def _send(self, eid: str, data: bytes, refused: set[str], queued: set[str]) -> None:
+    def _send(self, eid: str, event: _Event, refused: set[str], queued: set[str]) -> None:
         """Send one event to the queue under its event id; raises ``_Again`` after adding it to
         ``queued`` (still queued: its seen row pruned early, which is rare) or ``refused`` (the
         queue cannot hold it: logged, not acked; ``_accept`` refuses such events before the
         transaction)."""
         try:
-            spec: dict[str, Any] = {self.key_field.name: eid, "payload": data}
-            api.send(self.model, using=self.database, **spec)
+            api.send(self.model, using=self.database, **self._spec(eid, event))
         except MessageAlreadyExists as exc:  # its seen row pruned early
             queued.add(eid)
             raise _Again() from exc
@@ -426,6 +478,10 @@ class _Episode:
     error: str
     failures: int = 0
     logged_at: float = 0.0
+
+
+#: a pulled event: its data and (an ordered inbox's) ordering key
+_Event = tuple[bytes, str]
 
 
 class _Again(Exception):
