@@ -1,17 +1,21 @@
 """Google's Pub/Sub emulator for tests (the Debian package ``google-cloud-cli-pubsub-emulator``,
 on Java): ``PubSubEmulator`` starts it on a free loopback port in its own process group and
 stops the group. Clients reach it through ``PUBSUB_EMULATOR_HOST`` (``PubSubEmulator.env``).
-It keeps nothing on disk: topics and subscriptions are made anew per run."""
+It keeps nothing on disk: topics and subscriptions are made anew per run.
+``PubSubEmulator.outage_command`` is a Pub/Sub outage for a fault drill (``queuedrill
+--abort-command``): the emulator stopped (SIGSTOP) for some seconds, then continued."""
 
 from __future__ import annotations
 
 import ctypes
 import glob
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -99,6 +103,28 @@ class PubSubEmulator:
     def env(self) -> dict[str, str]:
         """What a client process needs to use this emulator."""
         return {"PUBSUB_EMULATOR_HOST": self.host}
+
+    def outage_command(self, seconds: float) -> str:
+        """A shell command that makes an outage of ``seconds``: the emulator's process group
+        stopped (SIGSTOP), then continued (SIGCONT). Its connections stay open and nothing
+        answers, as a Pub/Sub that hangs: calls run into their deadlines, and what reached it
+        meanwhile is served when it goes on. Killed before its end, it leaves the emulator
+        stopped: ``resume()`` (a test's teardown) continues it."""
+        group = self.proc.pid  # the group's leader (_own_group_dying_with_parent)
+        script = (
+            f"import os, signal, time\nos.killpg({group}, signal.SIGSTOP)\n"
+            f"try:\n    time.sleep({float(seconds)!r})\n"
+            f"finally:\n    os.killpg({group}, signal.SIGCONT)\n"
+        )
+        return f"{shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+
+    def resume(self) -> None:
+        """Continue the emulator (SIGCONT), stopped by an ``outage_command`` cut short."""
+        if self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
     def log(self) -> str:
         self._log.seek(0)

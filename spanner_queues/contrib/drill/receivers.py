@@ -48,20 +48,25 @@ def write_effect(spec: dict[str, Any], key: str, message: Message, queue: type[Q
 def handle_ordered_message(message: Message) -> None:
     """``queuedrill --ordered``: the effect of message ``seq`` of its stream, with the highest
     number of the stream whose effect committed before (read in this transaction)."""
-    spec = message.json() or {}
-    stream, seq = str(message.key[0]), int(spec["seq"])
-    key = f"{spec.get('run', '')}-{stream}-{seq:07d}"
-    database = engine_for(DrillOrdered).database
-    before = DrillEffect.objects.using(database).filter(
-        run=str(spec.get("run", "")), key__startswith=f"{spec.get('run', '')}-{stream}-"
-    )
+    write_ordered_effect(message.json() or {}, str(message.key[0]), message, DrillOrdered)
+
+
+def write_ordered_effect(
+    spec: dict[str, Any], stream: str, message: Message, queue: type[Queue]
+) -> None:
+    """The effect of message ``spec["seq"]`` of ``stream`` on ``queue``'s database, in the
+    receiver's transaction, with the highest number of the stream whose effect had committed
+    when this transaction read it (``DrillEffect.after``)."""
+    run, seq = str(spec.get("run", "")), int(spec["seq"])
+    database = engine_for(queue).database
+    before = DrillEffect.objects.using(database).filter(run=run, key__startswith=f"{run}-{stream}-")
     after = before.aggregate(last=Max("seq"))["last"] or 0
     work_ms = float(spec.get("work_ms") or 0)
     if work_ms > 0:
         time.sleep(work_ms / 1000)
     DrillEffect.objects.using(database).create(
-        run=str(spec.get("run", "")),
-        key=key,
+        run=run,
+        key=f"{run}-{stream}-{seq:07d}",
         worker=WORKER,
         attempt=message.attempt or 0,
         retries=counting.retries(),

@@ -147,7 +147,7 @@ def _figures(result: DrillResult) -> list[str]:
         f"{_ratio(result.commits_per_message)} |",
         f"| messages per group (group commit) | {_ratio(result.group_size)} |",
         *(_pubsub_figures(result) if pubsub else []),
-        *(_ordered_figures(result) if result.mode == "ordered" else []),
+        *(_ordered_figures(result) if result.options.ordered else []),
         "",
         "![queue depth over time](depth.svg)",
         "",
@@ -171,6 +171,8 @@ def _pubsub_figures(result: DrillResult) -> list[str]:
         f"| published by the relay (confirmed; more than sent: published again) | "
         f"{result.published} |",
         f"| duplicates dropped by the inbox | {result.duplicates_dropped} |",
+        f"| Pub/Sub failures felt: publishes given back by the relay, failed inbox pulls | "
+        f"{result.publish_failures}, {result.pull_failures} |",
         f"| **left in Pub/Sub** (taken in by the closing pull) | "
         f"**{result.left_on_subscription}** |",
         f"| **dead-lettered** (refused by Pub/Sub) | **{result.dead_lettered}** |",
@@ -214,19 +216,45 @@ def _method(result: DrillResult, command: list[str]) -> list[str]:
     """How it was measured, the command and the workers' logs."""
     o = result.options
     pubsub = result.mode == "pubsub"
+    outbox, _, inbox = (
+        name.rsplit(".", 1)[-1] for name in result.queue.partition(" -> Pub/Sub -> ")
+    )
     how = (
-        "Service A's relay workers publish each event of `DrillEvent` to the topic and ack it "
+        f"Service A's relay workers publish each event of `{outbox}` to the topic and ack it "
         "once Pub/Sub confirmed the publish; service B's inbox workers pull the subscription, "
-        "take each event id in once (`SeenEvent`, the dedup window) into `DrillInbox`, whose "
+        f"take each event id in once (`SeenEvent`, the dedup window) into `{inbox}`, whose "
         "receiver writes the effect row. Relay and inbox workers were killed alike. After the "
         "drain the workers ran on until the subscription's ack deadline had passed since the "
-        "last inbox stop, then stopped; the drill then pulled the subscription itself until a "
-        "pull was empty (an event it took in was left in Pub/Sub). Published and duplicates "
-        "dropped are counted by the workers as they happen (a count of a worker SIGKILLed just "
-        "after can be missing): at least these. "
+        "last inbox stop (or abort), then stopped; the drill then pulled the subscription "
+        "itself until a pull was empty (an event it took in was left in Pub/Sub). Published "
+        "and duplicates dropped are counted by the workers as they happen (a count of a worker "
+        "SIGKILLed just after can be missing): at least these. "
         if pubsub
         else ""
     )
+    if o.ordered:
+        how += (
+            "The messages are numbered in streams, one ordering key each (the queue's "
+            "`ordered_by`"
+            + (
+                "; the relay publishes a stream's events with the stream as their Pub/Sub "
+                "ordering key, the subscription has message ordering on, and the ordered inbox "
+                "takes each in under that key"
+                if pubsub
+                else ""
+            )
+            + "). Each effect records the highest number of its stream whose effect had "
+            "committed when its transaction read it: a stream ran in order, one at a time, "
+            "each message once, when every effect says its number less one (else a gap, an "
+            "inversion or a double: out of order). "
+        )
+    verdict = (
+        "The verdict is PASS when both queues drained with 0 lost and 0 handled twice, and "
+        "nothing was left in a queue, in Pub/Sub or dead-lettered"
+        if pubsub
+        else "The verdict is PASS when the queue drained with 0 lost and 0 handled twice"
+    )
+    verdict += ", and no stream ran out of order." if o.ordered else "."
     return [
         "",
         "## How it was measured",
@@ -242,12 +270,7 @@ def _method(result: DrillResult, command: list[str]) -> list[str]:
             if o.kills
             else ""
         )
-        + (
-            "The verdict is PASS when both queues drained with 0 lost and 0 handled twice, and "
-            "nothing was left in a queue, in Pub/Sub or dead-lettered."
-            if pubsub
-            else "The verdict is PASS when the queue drained with 0 lost and 0 handled twice."
-        ),
+        + verdict,
         "",
         "## Command",
         "",
@@ -295,6 +318,8 @@ def as_json(result: DrillResult) -> dict:
         "duplicates_dropped": result.duplicates_dropped,
         "left_on_subscription": result.left_on_subscription,
         "dead_lettered": result.dead_lettered,
+        "publish_failures": result.publish_failures,
+        "pull_failures": result.pull_failures,
         "lost_keys": result.lost_keys,
         "twice_keys": result.twice_keys,
         "order_violations": result.order_violations,

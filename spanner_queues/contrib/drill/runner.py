@@ -125,7 +125,8 @@ class DrillResult:
     #: versions and host: ``spanner_queues``, ``django``, ``driver``, ``database_server``,
     #: ``python``, ``host``, ``platform``
     environment: dict[str, str] = field(default_factory=dict)
-    #: "queue" (one queue, its workers) or "pubsub" (relay, Pub/Sub, inbox)
+    #: "queue" (one queue, its workers), "ordered" (an ordered queue, its workers) or "pubsub"
+    #: (relay, Pub/Sub, inbox; ordered too when ``options.ordered``)
     mode: str = "queue"
     sent: int = 0
     send_seconds: float = 0.0
@@ -154,14 +155,20 @@ class DrillResult:
     #: the Pub/Sub mode's figures (None in the queue mode): topic and subscription paths and
     #: where Pub/Sub is; publishes the relay confirmed (more than ``sent``: published again);
     #: copies the inbox dropped as already taken in; events taken in only by the drill's
-    #: closing pull (left on the subscription); events moved to the dead-letter queue
+    #: closing pull (left on the subscription); events moved to the dead-letter queue (and
+    #: ``publish_failures``, ``pull_failures`` below)
     pubsub: dict[str, str] = field(default_factory=dict)
     published: int | None = None
     duplicates_dropped: int | None = None
     left_on_subscription: int | None = None
     dead_lettered: int | None = None
-    #: the ordered mode's findings, one line each: a message that ran before the one before it
-    #: had committed, or after a later one (an inversion, a gap or a second run of a stream)
+    #: the faults the Pub/Sub workers felt (as counted in their logs, lower bounds): messages
+    #: of relay runs Pub/Sub did not confirm (given back), and inbox pulls that failed
+    publish_failures: int | None = None
+    pull_failures: int | None = None
+    #: the ordered mode's findings (``options.ordered``), one line each: a message that ran
+    #: before the one before it had committed, or after a later one (an inversion, a gap or a
+    #: second run of a stream)
     order_violations: list[str] = field(default_factory=list)
 
     @property
@@ -316,6 +323,8 @@ class Drill:
 
     #: the queue the drill sends to
     queue: ClassVar[type[Queue]] = DrillMessage
+    #: the result's mode: "queue", "ordered" (``OrderedDrill``) or "pubsub" (``PubSubDrill``)
+    mode: ClassVar[str] = "queue"
 
     def __init__(
         self,
@@ -361,6 +370,7 @@ class Drill:
             engine=f"{type(self.engine).__module__}.{type(self.engine).__name__}",
             database=self.alias,
             database_engine=str(settings.get("ENGINE", "")),
+            mode=self.mode,
         )
 
     # --- the run ------------------------------------------------------------------------------
@@ -675,9 +685,11 @@ class OrderedDrill(Drill):
     under the same kills and aborts. Each effect records the highest number of its stream that
     had committed when its transaction read it (``DrillEffect.after``); a stream ran in order,
     one at a time, each message once, when every effect's ``after`` is its ``seq - 1``: no gap,
-    no inversion, no double."""
+    no inversion, no double. ``OrderedPubSubDrill`` (``--pubsub --ordered``) sends the same
+    streams through the relay, Pub/Sub and an ordered inbox."""
 
     queue: ClassVar[type[Queue]] = DrillOrdered
+    mode: ClassVar[str] = "ordered"
 
     def __init__(
         self,
@@ -689,7 +701,6 @@ class OrderedDrill(Drill):
         if options.streams < 1:
             raise DrillError("--ordered needs at least one stream")
         super().__init__(options, report_dir, log=log)
-        self.result.mode = "ordered"
 
     def _stream(self, n: int) -> tuple[str, int]:
         """Message ``n`` of the run (from 0): its stream and its number there (from 1)."""

@@ -8,15 +8,25 @@ Guarantees of the measurement, beside the queue mode's (lost, handled twice, dra
 
 - *drained*: both queues are empty and every event sent has an effect row;
 - *settled*: the workers keep running until the subscription's ack deadline has passed since the
-  last inbox worker was disrupted, so that every message it pulled and never acked came back
-  (and was dropped as a duplicate or taken in);
+  last inbox worker was disrupted (killed, stopped, or under an abort: ``--abort-command``,
+  e.g. the Pub/Sub emulator stopped for a few seconds, loses the answers of the pulls under
+  way), so that every message it pulled and never acked came back (and was dropped as a
+  duplicate or taken in);
 - *left on the subscription*: after the workers stopped the drill pulls the subscription itself
   until a pull comes back empty; an event it takes in (not a duplicate) was left in Pub/Sub,
   and fails the drill, as does a message left in either queue or in the dead-letter queue;
 - *duplicates dropped* and *published*: counted by the workers (``receivers.MARKER`` lines in
   their logs, written as the inbox drops copies and the relay's publishes are confirmed) plus
-  the drill's closing pull. A count written by a worker SIGKILLed a moment later can be missing:
-  they are at least these figures, and do not decide the verdict.
+  the drill's closing pull; so are the faults they felt, *publish failures* (messages of relay
+  runs Pub/Sub did not confirm, given back) and *pull failures*. A count written by a worker
+  SIGKILLed a moment later can be missing: they are at least these figures, and do not decide
+  the verdict.
+
+``OrderedPubSubDrill`` (``--pubsub --ordered``) runs the ordered drill's numbered streams
+through ordered queues: ``DrillOrderedEvent`` (``ordered_by`` the stream) relayed with the
+stream as the Pub/Sub ordering key, a subscription with message ordering on, and the ordered
+inbox ``DrillOrderedInbox``, whose receiver records how far its stream had got; each stream's
+sequence is checked as the inbox's receiver saw it (no gap, no inversion, no double).
 """
 
 from __future__ import annotations
@@ -36,9 +46,12 @@ from spanner_queues.contrib.drill.pubsub.models import (
     DrillEvent,
     DrillEventDead,
     DrillInbox,
+    DrillOrderedEvent,
+    DrillOrderedEventDead,
+    DrillOrderedInbox,
 )
 from spanner_queues.contrib.drill.pubsub.receivers import MARKER
-from spanner_queues.contrib.drill.runner import Drill, DrillError, DrillOptions
+from spanner_queues.contrib.drill.runner import Drill, DrillError, DrillOptions, OrderedDrill
 from spanner_queues.contrib.pubsub.conf import project_id, pubsub_params, resource_path
 from spanner_queues.contrib.pubsub.inbox import InboxPuller
 from spanner_queues.engines import engine_for
@@ -94,6 +107,12 @@ class PubSubDrill(Drill):
     """One run of the Pub/Sub mode (``run()`` once); see the module docstring."""
 
     queue: ClassVar[type[Queue]] = DrillEvent
+    mode: ClassVar[str] = "pubsub"
+    #: service B's inbox queue, and the dead-letter queue of service A's outbox (``queue``)
+    inbox: ClassVar[type[Queue]] = DrillInbox
+    dead: ClassVar[type[Queue]] = DrillEventDead
+    #: whether the subscription must have message ordering on (made so when the drill makes it)
+    message_ordering: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -104,20 +123,19 @@ class PubSubDrill(Drill):
     ) -> None:
         target = pubsub_target()  # before anything is written
         super().__init__(options, report_dir, log=log)
-        if engine_for(DrillInbox).database != self.alias:
+        if engine_for(self.inbox).database != self.alias:
             raise DrillError("the drill's outbox and inbox queues must share a database")
         params = pubsub_params()
-        self.topic = resource_path("topics", str(queue_options(DrillEvent).pubsub_topic), params)
+        self.topic = resource_path("topics", str(queue_options(self.queue).pubsub_topic), params)
         self.subscription = resource_path(
-            "subscriptions", str(queue_options(DrillInbox).pubsub_subscription), params
+            "subscriptions", str(queue_options(self.inbox).pubsub_subscription), params
         )
         self.ack_deadline = float(ACK_DEADLINE_SECONDS)
         self._dead_at_start = 0
         self.closing_taken_in = 0
         self.closing_duplicates = 0
         result = self.result
-        result.mode = "pubsub"
-        result.queue = f"{DrillEvent._meta.label} -> Pub/Sub -> {DrillInbox._meta.label}"
+        result.queue = f"{self.queue._meta.label} -> Pub/Sub -> {self.inbox._meta.label}"
         result.pubsub = {
             "target": target,
             "topic": self.topic,
@@ -126,11 +144,13 @@ class PubSubDrill(Drill):
 
     # --- the hooks ----------------------------------------------------------------------------
     def _depth_now(self) -> int:
-        return sum(engine_for(q).stats(q).total for q in (DrillEvent, DrillInbox))
+        return sum(engine_for(q).stats(q).total for q in (self.queue, self.inbox))
 
     def _prepare(self) -> None:
-        """The topic and subscription, made when missing (the drill's own); the
-        subscription's ack deadline; the dead-letter queue's depth at the start."""
+        """The topic and subscription, made when missing (the drill's own; the subscription
+        with message ordering on where ``message_ordering``, which a subscription found must
+        have too); the subscription's ack deadline; the dead-letter queue's depth at the
+        start."""
         publisher, subscriber = PublisherClient(), SubscriberClient()
         try:
             try:
@@ -144,6 +164,7 @@ class PubSubDrill(Drill):
                         "name": self.subscription,
                         "topic": self.topic,
                         "ack_deadline_seconds": ACK_DEADLINE_SECONDS,
+                        "enable_message_ordering": self.message_ordering,
                     }
                 )
                 self._event("pubsub", f"created subscription {self.subscription}")
@@ -161,8 +182,14 @@ class PubSubDrill(Drill):
             raise DrillError(
                 f"subscription {self.subscription} is on {found.topic}, not on {self.topic}"
             )
+        if self.message_ordering and not found.enable_message_ordering:
+            raise DrillError(
+                f"subscription {self.subscription} has message ordering off: Pub/Sub would "
+                "deliver each stream out of order (delete it: the drill makes it with ordering "
+                "on)"
+            )
         self.ack_deadline = float(found.ack_deadline_seconds or ACK_DEADLINE_SECONDS)
-        self._dead_at_start = engine_for(DrillEventDead).stats(DrillEventDead).total
+        self._dead_at_start = engine_for(self.dead).stats(self.dead).total
         self.result.environment["pubsub_client"] = _version("google-cloud-pubsub")
         self.result.environment["pubsub_server"] = self.result.pubsub["target"]
 
@@ -170,13 +197,13 @@ class PubSubDrill(Drill):
         return ("relay", "inbox")
 
     def _queue_args(self, role: str) -> list[str]:
-        return [(DrillEvent if role == "relay" else DrillInbox)._meta.label]
+        return [(self.queue if role == "relay" else self.inbox)._meta.label]
 
     def _sample(self) -> QueueStats | None:
         """The two queues' depths, summed into one sample (the chart's line)."""
         with self._db():
-            a = engine_for(DrillEvent).stats(DrillEvent)
-            b = engine_for(DrillInbox).stats(DrillInbox)
+            a = engine_for(self.queue).stats(self.queue)
+            b = engine_for(self.inbox).stats(self.inbox)
             stats = QueueStats(
                 queue=self.result.queue,
                 total=a.total + b.total,
@@ -210,6 +237,12 @@ class PubSubDrill(Drill):
             return done >= self.result.sent
         return False
 
+    def _abort(self) -> None:
+        """An abort, then an inbox disruption: a pull under way in an outage (Pub/Sub stopped,
+        its answer lost) leaves its messages unacked until the ack deadline."""
+        super()._abort()
+        self.disrupted["inbox"] = time.monotonic()
+
     def _settle(self) -> None:
         """Keep the workers running until the ack deadline passed since the last inbox
         disruption: what a killed inbox worker pulled and never acked has come back."""
@@ -225,7 +258,7 @@ class PubSubDrill(Drill):
 
     def _after_workers(self) -> None:
         """The closing pull: the subscription, pulled by the drill until a pull is empty."""
-        puller = InboxPuller(DrillInbox)
+        puller = InboxPuller(self.inbox)
         subscriber = SubscriberClient()
         try:
             for _ in range(CLOSING_PULLS):
@@ -246,8 +279,22 @@ class PubSubDrill(Drill):
         result.published = counted.get("published", 0)
         result.duplicates_dropped = counted.get("duplicates", 0) + self.closing_duplicates
         result.left_on_subscription = self.closing_taken_in
-        dead = engine_for(DrillEventDead).stats(DrillEventDead).total
+        result.publish_failures = counted.get("publish_failed", 0)
+        result.pull_failures = counted.get("pull_failed", 0)
+        dead = engine_for(self.dead).stats(self.dead).total
         result.dead_lettered = max(dead - self._dead_at_start, 0)
+
+
+class OrderedPubSubDrill(OrderedDrill, PubSubDrill):
+    """``queuedrill --pubsub --ordered``: the ordered drill's streams (``OrderedDrill``: its
+    sends, its keys, its order check) through the relay, Pub/Sub and the ordered inbox
+    (``PubSubDrill``: its workers, settling and closing pull); see the module docstring."""
+
+    queue: ClassVar[type[Queue]] = DrillOrderedEvent
+    mode: ClassVar[str] = "pubsub"
+    inbox: ClassVar[type[Queue]] = DrillOrderedInbox
+    dead: ClassVar[type[Queue]] = DrillOrderedEventDead
+    message_ordering: ClassVar[bool] = True
 
 
 def worker_counts(logs: list[Path]) -> dict[str, int]:

@@ -1,8 +1,10 @@
 """``manage.py queuedrill``: the fault drill on this project's database (app
 ``spanner_queues.contrib.drill``; ``--pubsub``: relay and inbox workers of two services through
-Pub/Sub, app ``spanner_queues.contrib.drill.pubsub``). Writes ``report.md``, ``depth.svg`` and
-``report.json`` and exits 1 when a message was lost, handled twice, or the queue did not drain
-(``--pubsub``: or was left in a queue, in Pub/Sub or dead-lettered)."""
+Pub/Sub, app ``spanner_queues.contrib.drill.pubsub``; ``--ordered``: numbered streams on an
+ordered queue, or with ``--pubsub`` through an ordered outbox, Pub/Sub ordering keys and an
+ordered inbox). Writes ``report.md``, ``depth.svg`` and ``report.json`` and exits 1 when a
+message was lost, handled twice, or the queue did not drain (``--pubsub``: or was left in a
+queue, in Pub/Sub or dead-lettered; ``--ordered``: or a stream ran out of order)."""
 
 from __future__ import annotations
 
@@ -100,7 +102,9 @@ class Command(BaseCommand):
             action="store_true",
             help="an ordered queue (QueueMeta.ordered_by): --messages numbered in --streams "
             "ordering keys; checks each stream ran in send order, one at a time, each message "
-            "once (no gap, no inversion, no double)",
+            "once (no gap, no inversion, no double). With --pubsub: an ordered outbox relayed "
+            "with Pub/Sub ordering keys to an ordered inbox, each stream checked at the inbox's "
+            "receiver",
         )
         load.add_argument(
             "--streams",
@@ -220,10 +224,8 @@ class Command(BaseCommand):
                 sys.stdout.flush()
 
         try:
-            if drill_options.pubsub and drill_options.ordered:
-                raise DrillError("--ordered runs on one queue: not with --pubsub")
             drill = (
-                _pubsub_drill()
+                _pubsub_drill(ordered=drill_options.ordered)
                 if drill_options.pubsub
                 else OrderedDrill
                 if drill_options.ordered
@@ -245,7 +247,7 @@ class Command(BaseCommand):
             )
             + (
                 f" order_violations={len(result.order_violations)}"
-                if result.mode == "ordered"
+                if result.options.ordered
                 else ""
             )
             + f" report={path}"
@@ -259,8 +261,9 @@ class Command(BaseCommand):
             raise CommandError(f"fault drill failed ({why}): see {path}")
 
 
-def _pubsub_drill() -> type[Drill]:
-    """The Pub/Sub mode's drill; ``DrillError`` naming what to install when it cannot run."""
+def _pubsub_drill(*, ordered: bool = False) -> type[Drill]:
+    """The Pub/Sub mode's drill (``ordered``: its ordered drill); ``DrillError`` naming what
+    to install when it cannot run."""
     missing = [app for app in PUBSUB_APPS if not apps.is_installed(app)]
     if missing:
         raise DrillError(
@@ -269,10 +272,10 @@ def _pubsub_drill() -> type[Drill]:
         )
     try:
         # the optional app's runner needs google-cloud-pubsub (the `pubsub` extra)
-        from spanner_queues.contrib.drill.pubsub.runner import PubSubDrill
+        from spanner_queues.contrib.drill.pubsub.runner import OrderedPubSubDrill, PubSubDrill
     except (ImportError, QueueConfigurationError) as exc:
         raise DrillError(f"--pubsub needs pip install 'spanner-queues[pubsub]' ({exc})") from exc
-    return PubSubDrill
+    return OrderedPubSubDrill if ordered else PubSubDrill
 
 
 def _argv(o: DrillOptions) -> list[str]:
