@@ -519,8 +519,7 @@ def _requeue_held(
         for m in messages
     ]
     sent = _requeue(model, held, outgoing, to=target, using=using)
-    for m in messages:
-        mark_acked(m, _database(model, using))
+    mark_acked(messages, _database(model, using))
     return sent
 
 
@@ -649,9 +648,8 @@ def ack_many(
     engine, db = engine_for(model), _database(model, using)
     tokens = [held_lease_token(m) if isinstance(m, Message) else None for m in messages]
     engine.ack_many(model, keys, using=db, lease_tokens=tokens)
-    for m in messages:  # a worker's running receiver acked its own message: not again
-        if isinstance(m, Message):
-            mark_acked(m, db)
+    # a worker's running receiver acked its own messages: not again
+    mark_acked([m for m in messages if isinstance(m, Message)], db)
     send_on_commit(messages_acked, model, messages, db)
 
 

@@ -37,7 +37,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -454,12 +454,13 @@ class MessageContext:
         or no transaction): the message is done whatever the run does next."""
         return (message.queue, message.key) in self._committed
 
-    def _record_ack(self, message: Message, using: str | None = None) -> None:
-        if self.handles(message):
-            key = (message.queue, message.key)
-            self._acked.add(key)
-            if using is not None:  # (at once outside a transaction)
-                transaction.on_commit(partial(self._committed.add, key), using=using)
+    def _record_ack(self, messages: Iterable[Message], using: str | None = None) -> None:
+        keys = [(m.queue, m.key) for m in messages if self.handles(m)]
+        if not keys:
+            return
+        self._acked.update(keys)
+        if using is not None:  # one callback for them all (at once outside a transaction)
+            transaction.on_commit(partial(self._committed.update, keys), using=using)
 
     def _restart(self) -> None:
         """A retried transaction: the acks of the attempt before rolled back."""
@@ -507,13 +508,14 @@ def held_lease_token(message: Message) -> str | None:
     return message.lease_token if context is None else context._held_token(message)
 
 
-def mark_acked(message: Message, using: str | None = None) -> None:
-    """Record that the running receiver acked ``message`` itself (the verbs and pattern
-    helpers call this), so that the worker does not ack it a second time; with ``using``, the
-    database of the ack, also when that ack commits (``MessageContext.committed``)."""
+def mark_acked(message: Message | Iterable[Message], using: str | None = None) -> None:
+    """Record that the running receiver acked ``message`` (or each of several) itself (the
+    verbs and pattern helpers call this), so that the worker does not ack it a second time;
+    with ``using``, the database of the ack, also when that ack commits
+    (``MessageContext.committed``)."""
     context = _running.get()
     if context is not None:
-        context._record_ack(message, using)
+        context._record_ack([message] if isinstance(message, Message) else message, using)
 
 
 def handled_by_running_receiver(message: Message) -> bool:
