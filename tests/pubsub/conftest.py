@@ -110,4 +110,4 @@ def relay_episodes(monkeypatch: Any) -> None:
     from spanner_queues.contrib.pubsub import relay
 
     monkeypatch.setattr(relay, "_episodes", {}, raising=False)
-    monkeypatch.setattr(relay, "_given_back", set(), raising=False)
+    monkeypatch.setattr(relay, "_given_back", {}, raising=False)

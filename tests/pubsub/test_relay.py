@@ -475,7 +475,7 @@ def test_a_key_paused_after_its_run_stopped_waiting_is_published_by_the_next_run
         assert confirmed == [] and [m for m, _, _ in failed] == [message]
         with pytest.raises(relay_module.PublishFailed):
             relay_module._give_back(
-                client, OrderEvents, pubsub.topic, [message], confirmed, failed, 0, {}
+                client, OrderEvents, pubsub.topic, [message], confirmed, failed, 0, {}, 0.0
             )
         [(_, _, under_way)] = pending
         assert under_way.exception(timeout=30) is not None  # its own failure, after the run
@@ -485,5 +485,30 @@ def test_a_key_paused_after_its_run_stopped_waiting_is_published_by_the_next_run
         pending = relay_module._publish_all(client, pubsub.topic, 30, OrderEvents, [message], {})
         confirmed, _, _, failed = relay_module._await_confirmations(pending, time.monotonic() + 30)
         assert failed == [] and confirmed == [message]
+    finally:
+        client.stop()
+
+
+def test_the_keys_given_back_are_kept_only_until_their_runs_publishes_have_ended(
+    pubsub, monkeypatch: Any
+) -> None:
+    """The record of keys given back (resumed again before their next publish) does not grow
+    with the keys a process ever gave back: a key no later run of this process publishes
+    (another worker took its messages) is resumed once more and dropped by the first run after
+    its own run's publishes have all ended (past its deadline)."""
+    monkeypatch.setattr(relay_module, "_client", None)  # a client of this test's own
+    client = relay_module.publisher()
+    now = time.monotonic()
+    try:
+        with relay_module._given_back_lock:
+            relay_module._given_back.update(
+                {(pubsub.topic, f"gone-{i}"): now - 1 for i in range(1000)}
+            )
+            relay_module._given_back[(pubsub.topic, "recent")] = now + 60
+            relay_module._given_back[(pubsub.topic, "7")] = now + 60
+        relay_module._resume_given_back(client, pubsub.topic, ["7", "8"])
+        # the run's own key "7" resumed and dropped; the 1,000 past their deadline dropped; the
+        # one whose run may still have a publish under way kept for its next run
+        assert relay_module._given_back == {(pubsub.topic, "recent"): now + 60}
     finally:
         client.stop()

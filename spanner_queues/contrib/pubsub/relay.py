@@ -210,7 +210,9 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
             _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
         return  # the worker acks the confirmed ones (the dead-lettered are acked)
-    _give_back(client, model, topic, messages, confirmed, failed, params.archive_days, sent)
+    _give_back(
+        client, model, topic, messages, confirmed, failed, params.archive_days, sent, deadline
+    )
 
 
 def _deadline(context: MessageContext, publish_timeout: float) -> float:
@@ -469,10 +471,15 @@ def _sort_suspects(
         failed.extend(undecided)
 
 
-#: (topic, ordering key) of the keys runs of this process gave back (``_give_back``), until a
-#: later run of the key resumes it before publishing (``_resume_given_back``)
-_given_back: set[tuple[str, str]] = set()
+#: (topic, ordering key) of the keys runs of this process gave back (``_give_back``) -> the
+#: monotonic time by which no publish of that run can still be under way; until a later run
+#: of the key resumes it before publishing, or that time has passed (``_resume_given_back``):
+#: a key no later run of this process publishes (another worker's, or none) is not kept
+_given_back: dict[tuple[str, str], float] = {}
 _given_back_lock = threading.Lock()
+#: seconds past a run's deadline after which its publishes under way have ended (each publish's
+#: timeout ends by the deadline; the client's callbacks follow)
+GIVEN_BACK_MARGIN = 5.0
 
 
 def _resume_given_back(client: PublisherClient, topic: str, keys: list[str]) -> None:
@@ -483,11 +490,16 @@ def _resume_given_back(client: PublisherClient, topic: str, keys: list[str]) -> 
     publishes them again (on an ordered queue the key's head, everything before it confirmed
     and acked). Left paused, the first run after an outage failed at once without reaching
     Pub/Sub, and doubled the back-off."""
+    now = time.monotonic()
     with _given_back_lock:
-        due = {key for key in keys if (topic, key) in _given_back}
-        _given_back.difference_update((topic, key) for key in due)
-    for key in due:
-        _resume(client, topic, key)
+        due = {(topic, key) for key in keys if (topic, key) in _given_back}
+        # and every key whose run's publishes have all ended: resumed once more (a publish
+        # may have paused it after its run gave it back), then no longer kept
+        due.update(pair for pair, until in _given_back.items() if until <= now)
+        for pair in due:
+            del _given_back[pair]
+    for pair_topic, key in due:
+        _resume(client, pair_topic, key)
 
 
 def _resume(client: PublisherClient, topic: str, key: str) -> None:
@@ -536,16 +548,19 @@ def _give_back(
     failed: list[tuple[Message, str, BaseException]],
     archive_days: int,
     sent: _Sent,
+    deadline: float,
 ) -> None:
-    """After a failed publish: resume the paused ordering keys, ack the confirmed messages (they
+    """After a failed publish (of a run waiting until ``deadline``, monotonic): resume the
+    paused ordering keys, ack the confirmed messages (they
     are in Pub/Sub; only the failed ones come back; archived when ``archive_days``), send
     ``publish_failed``, count the failure in the queue's episode and raise ``PublishFailed``
     from the first error, due after the episode's back-off. Always raises."""
     keys = {key for _, key, _ in failed if key}
     for key in keys:
         _resume(client, topic, key)
+    until = deadline + GIVEN_BACK_MARGIN
     with _given_back_lock:  # resumed again before their next publish: see _resume_given_back
-        _given_back.update((topic, key) for key in keys)
+        _given_back.update(((topic, key), until) for key in keys)
     _ack_confirmed(model, confirmed, archive_days, sent)  # in Pub/Sub: only they come back
     first = failed[0][2]
     publish_failed.send_robust(
