@@ -16,20 +16,27 @@ queue (released after the back-off, or given back under its key with its own ``s
 retry or an unmatched delivery), so it holds back its key, and only its key, until it is acked,
 dead-lettered or discarded: dead-lettering or discarding the head lets the next one go.
 
-The ``KeySequence`` rows outlive the messages (one per queue and ordering key ever sent): they
-are what keeps the next send of a key after its last one.
+The ``KeySequence`` rows outlive the messages: they are what keeps the next send of a key
+after its last one. A row whose key sent nothing for ``KEY_RETENTION`` (a day) is deleted by the
+worker (``prune_if_due``, at most hourly per database and process): the next send of that key
+takes the current time, later than any message of the key still queued, as the row would have
+given it (a key that sends again within a microsecond of its last send is what the row is for).
+So the table holds the keys of the last day, not every key ever sent (an inbox ordered by
+Pub/Sub ordering key, a queue ordered by order id).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections, models
+from django.db import connections, models, transaction
 from django.db.models import F
 
+from spanner_queues import clock
 from spanner_queues.keys import column_field, key_fields, key_names
 from spanner_queues.options import ordered_by
 from spanner_queues.uniqueness import key_text  # (the send-once ledger's text of a key)
@@ -37,8 +44,20 @@ from spanner_queues.uniqueness import key_text  # (the send-once ledger's text o
 if TYPE_CHECKING:
     from spanner_queues.message import Message, OutgoingMessage
 
+logger = logging.getLogger("spanner_queues.ordering")
+
 #: the least step between two send times of one ordering key
 TICK = timedelta(microseconds=1)
+#: a ``KeySequence`` row whose key sent nothing for this long is deleted (``prune``)
+KEY_RETENTION = timedelta(days=1)
+#: seconds between two prunes of one database's rows by one process
+PRUNE_EVERY_SECONDS = 3600.0
+#: rows one prune statement deletes at most (Spanner binds at most 950 parameters), and the
+#: statements one prune sends at most (18,000 rows an hour)
+PRUNE_BATCH = 900
+PRUNE_BATCHES = 20
+#: when this process last pruned each database's rows
+_prunes = clock.Throttle()
 
 
 class KeySequence(models.Model):
@@ -115,6 +134,37 @@ def send_times(
     for pk in sorted(counts):
         rows.filter(pk=pk).update(last_sent=last[pk])
     return out
+
+
+def prune_if_due(using: str) -> None:
+    """``prune`` the ``KeySequence`` rows of ``using``, at most every ``PRUNE_EVERY_SECONDS``
+    in this process and never inside a caller's transaction; a failure is logged, never
+    raised (the next one an interval later tries again)."""
+    if connections[using].in_atomic_block or not _prunes.due(using, PRUNE_EVERY_SECONDS):
+        return
+    try:
+        prune(using=using)
+    except Exception:
+        logger.warning("pruning the ordering keys of %r failed", using, exc_info=True)
+
+
+def prune(*, using: str, now: datetime | None = None) -> int:
+    """Delete the ``KeySequence`` rows of ``using`` whose key sent nothing since ``now`` less
+    ``KEY_RETENTION`` (up to ``PRUNE_BATCH`` rows a transaction, ``PRUNE_BATCHES`` of them);
+    how many were deleted. A send of such a key meanwhile updates its row's ``last_sent``,
+    which the ``DELETE`` checks again: its row stays."""
+    cutoff = (now or clock.now()) - KEY_RETENTION
+    rows = KeySequence.objects.using(using)
+    deleted = 0
+    for _ in range(PRUNE_BATCHES):
+        with transaction.atomic(using=using):
+            pks = list(rows.filter(last_sent__lt=cutoff).values_list("pk", flat=True)[:PRUNE_BATCH])
+            if pks:
+                rows.filter(pk__in=pks, last_sent__lt=cutoff).delete()
+        deleted += len(pks)
+        if len(pks) < PRUNE_BATCH:
+            break
+    return deleted
 
 
 def head_of_key(model: type[models.Model]) -> Any:

@@ -210,6 +210,7 @@ class Intake:
             # (as ``api.receive``: the unique_for ledger, when a claim of this process marked
             # it, in a transaction of its own, between claims)
             uniqueness.prune_if_due(db)
+            ordering.prune_if_due(db)  # (the ordering keys that sent nothing for a day)
         for offset in range(len(self.plans)):
             plan = self.plans[(start + offset) % len(self.plans)]
             health = self.health[plan.label]
