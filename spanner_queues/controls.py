@@ -30,19 +30,18 @@ message still retried after its running cancellation's record went is no longer 
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
-from django.db import IntegrityError, connections, models
+from django.db import IntegrityError, models
 
 from spanner_queues import clock
 from spanner_queues.engines import engine_for
 from spanner_queues.failures import key_text
 from spanner_queues.queues import get_queue
-from spanner_queues.transactions import run_in_transaction
+from spanner_queues.transactions import maintain_if_due, run_in_transaction
 
 if TYPE_CHECKING:
     from spanner_queues.models import Queue
@@ -63,7 +62,6 @@ __all__ = [
     "take_starts",
 ]
 
-logger = logging.getLogger("spanner_queues")
 
 #: how often a worker reads which of its queues are paused: the bound on how long it may go on
 #: receiving from a queue after ``pause`` (plus the receive call under way).
@@ -295,11 +293,10 @@ def prune_cancellations_if_due(using: str) -> None:
     not pruned it in the last ``CANCELLATION_PRUNE_EVERY_SECONDS`` and the caller is in no
     transaction; best effort (a failure is logged, the next cancel an hour later tries
     again)."""
-    if connections[using].in_atomic_block:
-        return
-    if not _prunes.due(using, CANCELLATION_PRUNE_EVERY_SECONDS):
-        return
-    try:
-        run_in_transaction(lambda: prune_cancellations(using=using), using=using)
-    except Exception:
-        logger.warning("pruning the cancellations of %r failed", using, exc_info=True)
+    maintain_if_due(
+        using,
+        _prunes,
+        CANCELLATION_PRUNE_EVERY_SECONDS,
+        lambda: run_in_transaction(lambda: prune_cancellations(using=using), using=using),
+        "pruning the cancellations",
+    )

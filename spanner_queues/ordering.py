@@ -28,7 +28,6 @@ Pub/Sub ordering key, a queue ordered by order id).
 from __future__ import annotations
 
 import hashlib
-import logging
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,12 +38,11 @@ from django.db.models import F
 from spanner_queues import clock
 from spanner_queues.keys import column_field, key_fields, key_names
 from spanner_queues.options import ordered_by
+from spanner_queues.transactions import maintain_if_due
 from spanner_queues.uniqueness import key_text  # (the send-once ledger's text of a key)
 
 if TYPE_CHECKING:
     from spanner_queues.message import Message, OutgoingMessage
-
-logger = logging.getLogger("spanner_queues.ordering")
 
 #: the least step between two send times of one ordering key
 TICK = timedelta(microseconds=1)
@@ -140,12 +138,9 @@ def prune_if_due(using: str) -> None:
     """``prune`` the ``KeySequence`` rows of ``using``, at most every ``PRUNE_EVERY_SECONDS``
     in this process and never inside a caller's transaction; a failure is logged, never
     raised (the next one an interval later tries again)."""
-    if connections[using].in_atomic_block or not _prunes.due(using, PRUNE_EVERY_SECONDS):
-        return
-    try:
-        prune(using=using)
-    except Exception:
-        logger.warning("pruning the ordering keys of %r failed", using, exc_info=True)
+    maintain_if_due(
+        using, _prunes, PRUNE_EVERY_SECONDS, lambda: prune(using=using), "pruning the ordering keys"
+    )
 
 
 def prune(*, using: str, now: datetime | None = None) -> int:

@@ -40,6 +40,8 @@ from spanner_queues.exceptions import MessageAlreadyAcked, StaleAck
 if TYPE_CHECKING:
     from django.db.backends.base.base import BaseDatabaseWrapper
 
+    from spanner_queues.clock import Throttle
+
 __all__ = ["run_in_transaction"]
 
 T = TypeVar("T")
@@ -181,6 +183,21 @@ class ConnectionThread:
                 with self._idle:
                     self._pending -= 1
                     self._idle.notify_all()
+
+
+def maintain_if_due(
+    using: str, throttle: Throttle, every: float, task: Callable[[], object], what: str
+) -> None:
+    """Run ``task`` (upkeep of ``using``'s tables: a prune) if this process has not run it in
+    the last ``every`` seconds (``throttle``, by database) and the caller is in no transaction;
+    best effort: a failure is logged as ``what`` failing, never raised (the next one an
+    interval later tries again)."""
+    if connections[using].in_atomic_block or not throttle.due(using, every):
+        return
+    try:
+        task()
+    except Exception:
+        logger.warning("%s of %r failed", what, using, exc_info=True)
 
 
 def has_savepoints(using: str) -> bool:

@@ -551,10 +551,10 @@ def _give_back(
     deadline: float,
 ) -> None:
     """After a failed publish (of a run waiting until ``deadline``, monotonic): resume the
-    paused ordering keys, ack the confirmed messages (they
-    are in Pub/Sub; only the failed ones come back; archived when ``archive_days``), send
-    ``publish_failed``, count the failure in the queue's episode and raise ``PublishFailed``
-    from the first error, due after the episode's back-off. Always raises."""
+    paused ordering keys, ack the confirmed messages (they are in Pub/Sub; only the failed ones
+    come back; archived when ``archive_days``), send ``publish_failed``, count the failure in
+    the queue's episode and raise ``PublishFailed`` from the first error, due after the
+    episode's back-off. Always raises."""
     keys = {key for _, key, _ in failed if key}
     for key in keys:
         _resume(client, topic, key)
