@@ -37,7 +37,7 @@ import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -323,6 +323,7 @@ class MessageContext:
         "_freeze",
         "_keys",
         "_peek",
+        "_rides",
         "_stopping",
         "acks_in_transaction",
         "active",
@@ -370,6 +371,8 @@ class MessageContext:
         self._committed: set[tuple[str, tuple]] = set()
         #: set by the worker once an operator cancelled one of the messages (``api.cancel``)
         self._cancelled: Cancelled | None = None
+        #: set by a group: takes the rows its runs hand it (``write_with_group``)
+        self._rides: Callable[[Hashable, Any, Callable[[list[Any]], None]], None] | None = None
 
     def __repr__(self) -> str:
         state = "active" if self.active else "over"
@@ -440,6 +443,19 @@ class MessageContext:
         """Worker use: an operator cancelled a message of this run."""
         if self._cancelled is None:
             self._cancelled = Cancelled(reason, by)
+
+    def write_with_group(self, key: Hashable, row: Any, write: Callable[[list[Any]], None]) -> bool:
+        """Worker use (the Tasks runner's result rows): in a group (``worker.group``), hand
+        ``row`` to it instead of writing it now. The group writes the rows its runs handed it
+        under one ``key`` with one call, ``write(rows)``, in its transaction, after its last
+        receiver and before its ack (one statement for many rows); the rows of a run that
+        fails are dropped with its other writes, and a group that runs again asks again.
+        Returns False outside a group (or once the run is over): the caller writes ``row``
+        itself."""
+        if self._rides is None or not self.active:
+            return False
+        self._rides(key, row, write)
+        return True
 
     # --- the verbs' side (through the ContextVar) --------------------------------------------
 

@@ -15,6 +15,9 @@ outcomes go to ``Outcomes.settle``, as a single run's do.
   without it.
 - Where the database has savepoints (``transactions.has_savepoints``: SQLite, PostgreSQL) each
   receiver runs in its own: one that raises rolls back alone and is settled like any failure.
+- Rows a run hands to the group (``MessageContext.write_with_group``: the Tasks runner's result
+  rows) are written after the group's last receiver and before its ack, one call a kind of row
+  for the whole group (one INSERT, not one a task); a run that fails has its rows dropped.
 - Where there are none (Spanner: the table engine on Spanner and native queues) a receiver
   that raises rolls the whole transaction back and the group runs again without it.
 - A receiver whose failure may leave the connection in doubt (a time limit's interrupt), a
@@ -39,9 +42,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
@@ -54,7 +57,7 @@ from spanner_queues.exceptions import (
     StaleAck,
     TimeLimitExceeded,
 )
-from spanner_queues.receivers import NoReceiver, ReceiverSpec, running
+from spanner_queues.receivers import MessageContext, NoReceiver, ReceiverSpec, running
 from spanner_queues.transactions import (
     has_savepoints,
     lost_race,
@@ -146,6 +149,38 @@ class _Drop(Exception):
         self.doubtful = doubtful
 
 
+class _Rows:
+    """The rows the runs of one attempt of a group handed it (``MessageContext.write_with_group``),
+    by key, each with the run that handed it: written by one call a key before the group's
+    ack; a run that failed has its rows dropped."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, tuple[Callable[[list[Any]], None], list[tuple[Any, Any]]]] = {}
+
+    def rides(self, context: MessageContext) -> Callable[..., None]:
+        """What ``context`` hands its rows to."""
+
+        def take(key: Hashable, row: Any, write: Callable[[list[Any]], None]) -> None:
+            entry = self._by_key.get(key)
+            if entry is None:
+                entry = self._by_key[key] = (write, [])
+            entry[1].append((context, row))
+
+        return take
+
+    def drop(self, context: MessageContext) -> None:
+        """Forget the rows of ``context``'s run (it failed: its writes rolled back)."""
+        for _write, rows in self._by_key.values():
+            rows[:] = [(c, row) for c, row in rows if c is not context]
+
+    def write(self) -> None:
+        for write, rows in self._by_key.values():
+            if rows:
+                write([row for _context, row in rows])
+
+
 class _AckRefused(Exception):
     """The group's one ack was refused: run again, each receiver acking its own."""
 
@@ -234,6 +269,7 @@ class Groups:
 
         def attempt() -> list[Outcome]:
             outcomes: list[Outcome] = []
+            rows = _Rows()
             i = 0
             while i < len(todo) or more():
                 if i >= len(todo):
@@ -241,8 +277,9 @@ class Groups:
                 spec, d = todo[i]
                 i += 1
                 outcomes.append(
-                    self._one(plan, spec, d, savepoints, state["deferred"], own, connection)
+                    self._one(plan, spec, d, savepoints, state["deferred"], own, connection, rows)
                 )
+            rows.write()
             if state["deferred"]:
                 acked = [o.delivery for o in outcomes if o.kind is Kind.ACKED]
                 self._ack_all(plan, [d for d in acked if id(d) not in own])
@@ -293,6 +330,7 @@ class Groups:
         deferred: bool,
         own: set[int],
         connection: BaseDatabaseWrapper,
+        rows: _Rows,
     ) -> Outcome:
         """Run one receiver of the group (in its savepoint where there are savepoints); its
         outcome, or ``_Drop`` when the group must run again without it."""
@@ -300,6 +338,7 @@ class Groups:
         limit = plan.time_limit(spec, [d.message])
         started = time.monotonic()
         context = runner._context(spec, [d], started, limit, grouped=True)
+        context._rides = rows.rides(context)
         try:
             with running(context):
                 if savepoints and spec.atomic:
@@ -317,6 +356,7 @@ class Groups:
         except Exception as exc:
             if lost_race(exc, plan.db):
                 raise  # the group lost a race (or its connection): it runs again
+            rows.drop(context)
             took = time.monotonic() - started
             [outcome] = outcomes_of(exc, [d], spec.name, took, atomic=spec.atomic)
             doubtful = isinstance(exc, TimeLimitExceeded)

@@ -8,7 +8,7 @@ import pytest
 from django.db import transaction
 
 from spanner_queues.contrib.tasks.framework import TaskResultStatus
-from spanner_queues.contrib.tasks.models import TaskMessage
+from spanner_queues.contrib.tasks.models import TaskMessage, TaskResultRecord
 from spanner_queues.drivers import driver_for
 from tests.statements import statements_matching
 from tests.tasksapp.models import Thing
@@ -61,3 +61,29 @@ def test_tasks_of_a_group_are_acked_in_one_statement(run_worker) -> None:
     stats = events.history[-1].stats
     assert stats is not None and stats.grouped >= 8, stats
     assert len(deletes) <= stats.groups, deletes
+
+
+def test_results_of_a_group_are_inserted_in_one_statement(run_worker) -> None:
+    """A grouped task's result row is handed to the group, which inserts its tasks' rows in
+    one statement before its ack: one INSERT of the result table for a group, not one a
+    task."""
+    if not driver_for("default").has_savepoints:
+        pytest.skip("no savepoints: each task runs alone")
+    with transaction.atomic():
+        results = [make_thing.enqueue(i) for i in range(8)]
+
+    def finished() -> bool:
+        for r in results:
+            r.refresh()
+        return all(r.is_finished for r in results)
+
+    table = TaskResultRecord._meta.db_table
+    with statements_matching(
+        lambda sql: sql.lstrip().upper().startswith("INSERT") and table in sql
+    ) as inserts:
+        events = run_worker(finished, options={"prefetch": 20, "group_ms": 10_000})
+    assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 8
+    assert [r.return_value for r in results] == list(range(8))
+    stats = events.history[-1].stats
+    assert stats is not None and stats.grouped >= 8, stats
+    assert len(inserts) <= stats.groups, inserts

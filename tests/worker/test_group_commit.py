@@ -140,6 +140,37 @@ def test_on_commit_callbacks_of_a_group_run_for_the_runs_that_committed_and_no_o
     assert sorted(ran) == sorted(expected)
 
 
+def test_rows_handed_to_a_group_are_written_by_one_call_and_a_failed_runs_are_not() -> None:
+    """``MessageContext.write_with_group``: the group writes the rows its runs handed it with
+    one call a key, in its transaction; the row of a run that fails after handing it is
+    dropped with its other writes (its next run's is written, once)."""
+    count = 12
+    registry = ReceiverRegistry()
+    calls: list[list[str]] = []
+
+    def write_rows(rows: list[str]) -> None:
+        calls.append(list(rows))
+        Account.objects.bulk_create([Account(name=name) for name in rows])
+
+    @receiver(Jobs, registry=registry, takes_context=True)
+    def hand(context: Any, message: Any) -> None:
+        name = f"{message.key[0]}-{message.attempt or 1}"
+        if not context.write_with_group("accounts", name, write_rows):
+            write_rows([name])
+        if name == "c005-1":
+            raise ValueError("the first run of c005 fails after handing its row")
+
+    _fill(count)
+    _, events = _drain(registry, count, group_size=count)
+    names = _names()
+    assert "c005-1" not in names
+    assert names.count("c005-2") == 1
+    assert [n for n in names if n != "c005-2"] == [f"c{i:03}-1" for i in range(count) if i != 5]
+    assert events.counts["failed"] == 1
+    assert len(calls) < count  # several runs' rows in one call
+    assert max(len(rows) for rows in calls) > 1, calls
+
+
 def test_a_receiver_that_opts_out_runs_alone() -> None:
     count = 6
     registry = ReceiverRegistry()

@@ -35,7 +35,9 @@ task's own code and is a failure like any other.
 Group commit (``spanner_queues.worker.group``): with ``ATOMIC_TASKS`` (the default) and where
 the database has savepoints (SQLite, PostgreSQL), the worker runs several tasks in one
 transaction: each transaction above is then a savepoint of the group's, and several tasks'
-results and acks commit at once (``task_finished`` is sent before that commit). A group that
+results and acks commit at once (``task_finished`` is sent before that commit). The new
+result rows of a group are inserted in one statement (``MessageContext.write_with_group``),
+after its last task and before its ack. A group that
 loses a race runs its tasks again, as a lost transaction always did. Elsewhere each task runs
 alone, as above.
 
@@ -52,6 +54,7 @@ import os
 import socket
 import threading
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -315,7 +318,7 @@ def _call(
             raise _TaskRaised(exc) from exc  # (an Exception: the transaction rolls back)
 
     def succeed(value: Any) -> Any:
-        _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value))
+        _finish(record, db, persisted, SUCCESSFUL, return_value_json=dumps(value), group=True)
         if ack:
             _ack(message, db)
         return value
@@ -471,11 +474,26 @@ def _again(
     )
 
 
-def _finish(record: TaskResultRecord, db: str, persisted: bool, status: str, **fields: Any) -> None:
+def _finish(
+    record: TaskResultRecord,
+    db: str,
+    persisted: bool,
+    status: str,
+    *,
+    group: bool = False,
+    **fields: Any,
+) -> None:
+    """``record`` finished with ``status`` and ``fields``, written: with ``group``, a new row
+    in a group is handed to the group (``MessageContext.write_with_group``), which inserts its
+    tasks' rows in one statement before its ack."""
     record.status = status
     record.finished_at = clock.now()
     for name, value in fields.items():
         setattr(record, name, value)
+    if group and not persisted:
+        run = current_run()
+        if run is not None and run.write_with_group(("task results", db), record, _writer(db)):
+            return
     _save(record, db, persisted)
 
 
@@ -487,42 +505,66 @@ def _save(record: TaskResultRecord, db: str, persisted: bool) -> None:
         _insert(record, db)
 
 
-#: per database: the result row's INSERT and its fields, compiled once by Django's compiler
-_inserts: dict[str, tuple[str, list[tuple[str, Any]]]] = {}
+#: per database: the result row's INSERT (one row) and its fields, compiled once by Django's
+#: compiler
+_inserts: dict[str, tuple[str, list[tuple[str, Any]], list[Any]]] = {}
+#: per database: ``_insert_many`` on it (the ``write`` a group is handed)
+_writers: dict[str, Any] = {}
 
 
 def _insert(record: TaskResultRecord, db: str) -> None:
-    """``record.save(force_insert=True)`` without compiling the INSERT again for every task
-    (that was a third of a task's time): the SQL Django compiles for the model on ``db``,
-    with the datetime values adapted as the model's fields adapt them. (No ``pre_save`` or
-    ``post_save`` signal is sent: the row is the worker's, written only here.)"""
+    _insert_many([record], db)
+
+
+def _writer(db: str) -> Any:
+    found = _writers.get(db)
+    if found is None:
+        found = _writers[db] = partial(_insert_many, db=db)
+    return found
+
+
+def _insert_many(records: list[TaskResultRecord], db: str) -> None:
+    """``TaskResultRecord.objects.bulk_create(records)`` without compiling the INSERT again
+    for every row (that was a third of a task's time): the SQL Django compiles for one row
+    of the model on ``db``, its ``VALUES`` row repeated (as many rows a statement as the
+    backend's ``bulk_batch_size`` allows), with the datetime values adapted as the model's
+    fields adapt them. (No ``pre_save`` or ``post_save`` signal is sent: the rows are the
+    worker's, written only here.)"""
     connection = connections[db]
     compiled = _inserts.get(db)
     if compiled is None:
         fields = list(TaskResultRecord._meta.local_concrete_fields)
         query = InsertQuery(TaskResultRecord)
-        query.insert_values(fields, [record])
+        query.insert_values(fields, [records[0]])
         [(sql, _params)] = query.get_compiler(using=db).as_sql()
         compiled = _inserts[db] = (
             sql,
             [(f.attname, f if isinstance(f, models.DateTimeField) else None) for f in fields],
+            fields,
         )
-    sql, plan = compiled
+    sql, plan, fields = compiled
     adapt = connection.ops.adapt_datetimefield_value
     params = []
-    for name, field in plan:
-        value = getattr(record, name)
-        if field is None:
-            params.append(value)
-        elif value is None or (type(field) is models.DateTimeField and _aware(value)):
-            # what get_db_prep_save comes to for an aware datetime (the worker's clock gives
-            # only those) on a plain DateTimeField: the backend's adapter, without the
-            # field's calls (they were most of the row's parameters' cost)
-            params.append(adapt(value))
-        else:
-            params.append(field.get_db_prep_save(value, connection))
+    for record in records:
+        for name, field in plan:
+            value = getattr(record, name)
+            if field is None:
+                params.append(value)
+            elif value is None or (type(field) is models.DateTimeField and _aware(value)):
+                # what get_db_prep_save comes to for an aware datetime (the worker's clock
+                # gives only those) on a plain DateTimeField: the backend's adapter, without
+                # the field's calls (they were most of the row's parameters' cost)
+                params.append(adapt(value))
+            else:
+                params.append(field.get_db_prep_save(value, connection))
+    width = len(plan)
+    per = max(1, connection.ops.bulk_batch_size(fields, records)) if len(records) > 1 else 1
+    head, _, row = sql.partition(" VALUES ")
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        for start in range(0, len(records), per):
+            n = min(per, len(records) - start)
+            text = sql if n == 1 else f"{head} VALUES {', '.join([row] * n)}"
+            cursor.execute(text, params[start * width : (start + n) * width])
 
 
 def _aware(value: Any) -> bool:
