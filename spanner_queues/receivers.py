@@ -33,11 +33,10 @@ thread started without it does not, and a context that outlives its run is inert
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Callable, Hashable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol
@@ -303,6 +302,18 @@ def receiver(
 # --- the run of a receiver, as its code sees it ----------------------------------------------
 
 
+class _GroupRows(Protocol):
+    """What a group takes its runs' rows with (``worker.group._Rows``)."""
+
+    def take(
+        self,
+        context: MessageContext,
+        key: Hashable,
+        row: Any,
+        write: Callable[[list[Any]], None],
+    ) -> None: ...
+
+
 class MessageContext:
     """One run of a receiver by the worker (or by the test kit's ``drain``), handed to
     receivers declared with ``takes_context=True`` and bound, for the run, to a
@@ -372,7 +383,7 @@ class MessageContext:
         #: set by the worker once an operator cancelled one of the messages (``api.cancel``)
         self._cancelled: Cancelled | None = None
         #: set by a group: takes the rows its runs hand it (``write_with_group``)
-        self._rides: Callable[[Hashable, Any, Callable[[list[Any]], None]], None] | None = None
+        self._rides: _GroupRows | None = None
 
     def __repr__(self) -> str:
         state = "active" if self.active else "over"
@@ -454,7 +465,7 @@ class MessageContext:
         itself."""
         if self._rides is None or not self.active:
             return False
-        self._rides(key, row, write)
+        self._rides.take(self, key, row, write)
         return True
 
     # --- the verbs' side (through the ContextVar) --------------------------------------------
@@ -495,16 +506,23 @@ def current_run() -> MessageContext | None:
     return _running.get()
 
 
-@contextlib.contextmanager
-def running(context: MessageContext) -> Iterator[MessageContext]:
+class running:
     """Worker (and test kit) use: bind ``context`` for the receiver's run; at exit the run is
-    over everywhere its context was copied to."""
-    token = _running.set(context)
-    try:
-        yield context
-    finally:
-        context.active = False
-        _running.reset(token)
+    over everywhere its context was copied to. (A class, not a generator: entered once a
+    message.)"""
+
+    __slots__ = ("_context", "_token")
+
+    def __init__(self, context: MessageContext) -> None:
+        self._context = context
+
+    def __enter__(self) -> MessageContext:
+        self._token = _running.set(self._context)
+        return self._context
+
+    def __exit__(self, *exc: object) -> None:
+        self._context.active = False
+        _running.reset(self._token)
 
 
 def call(spec: ReceiverSpec, context: MessageContext) -> Any:

@@ -53,7 +53,7 @@ from django.db.models import (
 )
 
 from spanner_queues import clock
-from spanner_queues.drivers import causes, driver_for
+from spanner_queues.drivers import causes, driver_for, driver_of
 from spanner_queues.engines.base import BaseQueueEngine, EngineFeatures, QueueStats
 from spanner_queues.exceptions import (
     InvalidMessage,
@@ -694,7 +694,7 @@ def _preparer(field: Any, connection: Any, *, save: bool = False) -> Callable[[A
             return RowStatements._lookup(field, value, connection)
 
     if type(field) is DateTimeField:
-        adapt = connection.ops.adapt_datetimefield_value
+        adapt = driver_of(connection).datetime_param()
 
         def time(value: Any) -> Any:
             if value is None or (isinstance(value, datetime) and value.tzinfo is not None):
@@ -820,9 +820,13 @@ class RowStatements:
         if not found:
             return []
         converters = []
+        fast_datetime = driver_of(connection).datetime_reader()
         for i, f in enumerate(self.due_columns):
             col = f.get_col(f.model._meta.db_table)
             funcs = ops.get_db_converters(col) + col.get_db_converters(connection)
+            if fast_datetime is not None:
+                slow = getattr(ops, "convert_datetimefield_value", None)
+                funcs = [fast_datetime if func == slow else func for func in funcs]
             if funcs:
                 converters.append((i, col, funcs))
         if not converters:

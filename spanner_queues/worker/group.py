@@ -159,16 +159,18 @@ class _Rows:
     def __init__(self) -> None:
         self._by_key: dict[Hashable, tuple[Callable[[list[Any]], None], list[tuple[Any, Any]]]] = {}
 
-    def rides(self, context: MessageContext) -> Callable[..., None]:
-        """What ``context`` hands its rows to."""
-
-        def take(key: Hashable, row: Any, write: Callable[[list[Any]], None]) -> None:
-            entry = self._by_key.get(key)
-            if entry is None:
-                entry = self._by_key[key] = (write, [])
-            entry[1].append((context, row))
-
-        return take
+    def take(
+        self,
+        context: MessageContext,
+        key: Hashable,
+        row: Any,
+        write: Callable[[list[Any]], None],
+    ) -> None:
+        """``row`` from ``context``'s run, to be written by ``write`` with the others of ``key``."""
+        entry = self._by_key.get(key)
+        if entry is None:
+            entry = self._by_key[key] = (write, [])
+        entry[1].append((context, row))
 
     def drop(self, context: MessageContext) -> None:
         """Forget the rows of ``context``'s run (it failed: its writes rolled back)."""
@@ -338,7 +340,7 @@ class Groups:
         limit = plan.time_limit(spec, [d.message])
         started = time.monotonic()
         context = runner._context(spec, [d], started, limit, grouped=True)
-        context._rides = rows.rides(context)
+        context._rides = rows
         try:
             with running(context):
                 if savepoints and spec.atomic:

@@ -345,7 +345,7 @@ class Intake:
             )
         if plan.options.ordered_by and not plan.engine.features.supports_ordered_receive:
             fresh = self._in_order(plan, fresh)
-        deliveries = [Delivery(m, plan, renew_at(m, now)) for m in fresh]
+        deliveries = [Delivery(m, plan, renew_at(m, now), received_at=now) for m in fresh]
         units = [deliveries] if plan.batch else [[d] for d in deliveries]
         units = [u for u in units if u]
         self.reporter.count("received", len(messages))

@@ -199,16 +199,19 @@ class Runner:
         its transaction (unless ``ack`` is False: a group acks them all at once)."""
         self.leases.thaw(deliveries)
         context._restart()
-        with self.time_limits.running(deliveries, limit):
-            try:
-                call(spec, context)
-            except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
-                if exc.args != (TimeLimitExceeded.INTERRUPTED,):
-                    raise
-                error = time_limit_exceeded(spec.name, deliveries, limit)
-                raise error.with_traceback(exc.__traceback__) from None
-        if any(d.timed_out for d in deliveries):  # returned late: never acked
-            raise time_limit_exceeded(spec.name, deliveries, limit)
+        if limit is None:  # nothing interrupts it, nothing to watch
+            call(spec, context)
+        else:
+            with self.time_limits.running(deliveries, limit):
+                try:
+                    call(spec, context)
+                except TimeLimitExceeded as exc:  # the interrupt: a bare class, say which run
+                    if exc.args != (TimeLimitExceeded.INTERRUPTED,):
+                        raise
+                    error = time_limit_exceeded(spec.name, deliveries, limit)
+                    raise error.with_traceback(exc.__traceback__) from None
+            if any(d.timed_out for d in deliveries):  # returned late: never acked
+                raise time_limit_exceeded(spec.name, deliveries, limit)
         if spec.atomic and ack:
             self._ack(plan, deliveries, context)
 

@@ -97,7 +97,7 @@ from spanner_queues.contrib.tasks.models import (
     TaskResultRecord,
     dumps,
 )
-from spanner_queues.drivers import driver_for
+from spanner_queues.drivers import driver_for, driver_of
 from spanner_queues.engines import engine_for
 from spanner_queues.exceptions import AckedFailure, Cancelled, MessageAlreadyAcked
 from spanner_queues.message import Message
@@ -543,7 +543,7 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
             fields,
         )
     sql, plan, fields = compiled
-    adapt = connection.ops.adapt_datetimefield_value
+    adapt = driver_of(connection).datetime_param()
     params = []
     for record in records:
         for name, field in plan:
