@@ -245,8 +245,10 @@ def savepoint(using: str, *, connection: BaseDatabaseWrapper | None = None) -> I
             yield
         return
     sid = f"sq_{len(conn.savepoint_ids) + 1}"
+    create, release = _savepoint_sql(conn, sid)
+    cursor = _raw_cursor(conn)
     with conn.wrap_database_errors:
-        conn.connection.cursor().execute(conn.ops.savepoint_create_sql(sid))
+        cursor.execute(create)
     conn.savepoint_ids.append(sid)
     try:
         yield
@@ -267,13 +269,39 @@ def savepoint(using: str, *, connection: BaseDatabaseWrapper | None = None) -> I
     if driver_of(conn).releases_savepoints:
         try:
             with conn.wrap_database_errors:
-                conn.connection.cursor().execute(conn.ops.savepoint_commit_sql(sid))
+                cursor.execute(release)
         except DatabaseError:
             _roll_back_to(conn, sid)
             raise
     callbacks: list[Any] = conn.run_on_commit  # (sids, func, robust): django-stubs say two
     if callbacks:  # released: its callbacks are the enclosing block's now
         conn.run_on_commit = [(sids - {sid}, *rest) for sids, *rest in callbacks]
+
+
+#: (the backend's operations class, savepoint name) -> its SAVEPOINT and RELEASE statements
+_savepoint_statements: dict[tuple[type, str], tuple[str, str]] = {}
+
+
+def _savepoint_sql(conn: BaseDatabaseWrapper, sid: str) -> tuple[str, str]:
+    key = (type(conn.ops), sid)  # (as many names as savepoints nest: a handful)
+    found = _savepoint_statements.get(key)
+    if found is None:
+        ops = conn.ops
+        found = _savepoint_statements[key] = (
+            ops.savepoint_create_sql(sid),
+            ops.savepoint_commit_sql(sid),
+        )
+    return found
+
+
+def _raw_cursor(conn: BaseDatabaseWrapper) -> Any:
+    """A DB-API cursor of ``conn``'s open connection, kept for its savepoints (one a thread:
+    each connection is one thread's), made again when the connection is."""
+    raw = conn.connection
+    kept = conn.__dict__.get("_spanner_queues_savepoint_cursor")
+    if kept is None or kept[0] is not raw:
+        kept = conn.__dict__["_spanner_queues_savepoint_cursor"] = (raw, raw.cursor())
+    return kept[1]
 
 
 def _roll_back_to(conn: Any, sid: str) -> None:
