@@ -4,6 +4,8 @@ own writes only, and its FAILED result commits with the others."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import transaction
 
@@ -37,10 +39,9 @@ def test_several_tasks_commit_at_once_and_a_failed_one_rolls_back_alone(run_work
     assert stats is not None and stats.groups < stats.grouped  # shared commits
 
 
-def test_tasks_of_a_group_are_acked_in_one_statement(run_worker) -> None:
-    """The Tasks runner leaves the ack of a grouped task to the worker (it acks in the
-    transaction the result is written in): one DELETE of the task queue for the group, not
-    one a task."""
+def _group_of_eight(run_worker: Any, verb: str, table: str) -> tuple[list[Any], Any, list[str]]:
+    """Eight grouped tasks run by a worker; their results, its stats and the statements of
+    ``verb`` (``DELETE``, ``INSERT``) on ``table`` it sent."""
     if not driver_for("default").has_savepoints:
         pytest.skip("no savepoints: each task runs alone")
     with transaction.atomic():
@@ -51,15 +52,22 @@ def test_tasks_of_a_group_are_acked_in_one_statement(run_worker) -> None:
             r.refresh()
         return all(r.is_finished for r in results)
 
-    table = TaskMessage._meta.db_table
     with statements_matching(
-        lambda sql: sql.lstrip().upper().startswith("DELETE") and table in sql
-    ) as deletes:
+        lambda sql: sql.lstrip().upper().startswith(verb) and table in sql
+    ) as statements:
         events = run_worker(finished, options={"prefetch": 20, "group_ms": 10_000})
     assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 8
-    assert sorted(Thing.objects.values_list("num", flat=True)) == list(range(8))
     stats = events.history[-1].stats
     assert stats is not None and stats.grouped >= 8, stats
+    return results, stats, statements
+
+
+def test_tasks_of_a_group_are_acked_in_one_statement(run_worker) -> None:
+    """The Tasks runner leaves the ack of a grouped task to the worker (it acks in the
+    transaction the result is written in): one DELETE of the task queue for the group, not
+    one a task."""
+    _, stats, deletes = _group_of_eight(run_worker, "DELETE", TaskMessage._meta.db_table)
+    assert sorted(Thing.objects.values_list("num", flat=True)) == list(range(8))
     assert len(deletes) <= stats.groups, deletes
 
 
@@ -67,23 +75,6 @@ def test_results_of_a_group_are_inserted_in_one_statement(run_worker) -> None:
     """A grouped task's result row is handed to the group, which inserts its tasks' rows in
     one statement before its ack: one INSERT of the result table for a group, not one a
     task."""
-    if not driver_for("default").has_savepoints:
-        pytest.skip("no savepoints: each task runs alone")
-    with transaction.atomic():
-        results = [make_thing.enqueue(i) for i in range(8)]
-
-    def finished() -> bool:
-        for r in results:
-            r.refresh()
-        return all(r.is_finished for r in results)
-
-    table = TaskResultRecord._meta.db_table
-    with statements_matching(
-        lambda sql: sql.lstrip().upper().startswith("INSERT") and table in sql
-    ) as inserts:
-        events = run_worker(finished, options={"prefetch": 20, "group_ms": 10_000})
-    assert [r.status for r in results] == [TaskResultStatus.SUCCESSFUL] * 8
+    results, stats, inserts = _group_of_eight(run_worker, "INSERT", TaskResultRecord._meta.db_table)
     assert [r.return_value for r in results] == list(range(8))
-    stats = events.history[-1].stats
-    assert stats is not None and stats.grouped >= 8, stats
     assert len(inserts) <= stats.groups, inserts
