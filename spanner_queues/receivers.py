@@ -302,8 +302,15 @@ def receiver(
 # --- the run of a receiver, as its code sees it ----------------------------------------------
 
 
-class _GroupRows(Protocol):
-    """What a group takes its runs' rows with (``worker.group._Rows``)."""
+class GroupRows:
+    """The rows the runs of one attempt of a group handed it (``MessageContext.write_with_group``),
+    by key, each with the run that handed it: written by one call a key before the group's
+    ack (``worker.group``); a run that failed has its rows dropped."""
+
+    __slots__ = ("_by_key",)
+
+    def __init__(self) -> None:
+        self._by_key: dict[Hashable, tuple[Callable[[list[Any]], None], list[tuple[Any, Any]]]] = {}
 
     def take(
         self,
@@ -311,7 +318,23 @@ class _GroupRows(Protocol):
         key: Hashable,
         row: Any,
         write: Callable[[list[Any]], None],
-    ) -> None: ...
+    ) -> None:
+        """``row`` from ``context``'s run, to be written by ``write`` with the others of ``key``."""
+        entry = self._by_key.get(key)
+        if entry is None:
+            entry = self._by_key[key] = (write, [])
+        entry[1].append((context, row))
+
+    def drop(self, context: MessageContext) -> None:
+        """Forget the rows of ``context``'s run (it failed: its writes rolled back)."""
+        for _write, rows in self._by_key.values():
+            rows[:] = [(c, row) for c, row in rows if c is not context]
+
+    def write(self) -> None:
+        """Write the rows handed so far: one call of each key's ``write``."""
+        for write, rows in self._by_key.values():
+            if rows:
+                write([row for _context, row in rows])
 
 
 class MessageContext:
@@ -383,7 +406,7 @@ class MessageContext:
         #: set by the worker once an operator cancelled one of the messages (``api.cancel``)
         self._cancelled: Cancelled | None = None
         #: set by a group: takes the rows its runs hand it (``write_with_group``)
-        self._rides: _GroupRows | None = None
+        self._rides: GroupRows | None = None
 
     def __repr__(self) -> str:
         state = "active" if self.active else "over"

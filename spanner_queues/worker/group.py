@@ -42,9 +42,9 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.db import connections, transaction
 
@@ -57,7 +57,7 @@ from spanner_queues.exceptions import (
     StaleAck,
     TimeLimitExceeded,
 )
-from spanner_queues.receivers import MessageContext, NoReceiver, ReceiverSpec, running
+from spanner_queues.receivers import GroupRows, NoReceiver, ReceiverSpec, running
 from spanner_queues.transactions import (
     has_savepoints,
     lost_race,
@@ -149,40 +149,6 @@ class _Drop(Exception):
         self.doubtful = doubtful
 
 
-class _Rows:
-    """The rows the runs of one attempt of a group handed it (``MessageContext.write_with_group``),
-    by key, each with the run that handed it: written by one call a key before the group's
-    ack; a run that failed has its rows dropped."""
-
-    __slots__ = ("_by_key",)
-
-    def __init__(self) -> None:
-        self._by_key: dict[Hashable, tuple[Callable[[list[Any]], None], list[tuple[Any, Any]]]] = {}
-
-    def take(
-        self,
-        context: MessageContext,
-        key: Hashable,
-        row: Any,
-        write: Callable[[list[Any]], None],
-    ) -> None:
-        """``row`` from ``context``'s run, to be written by ``write`` with the others of ``key``."""
-        entry = self._by_key.get(key)
-        if entry is None:
-            entry = self._by_key[key] = (write, [])
-        entry[1].append((context, row))
-
-    def drop(self, context: MessageContext) -> None:
-        """Forget the rows of ``context``'s run (it failed: its writes rolled back)."""
-        for _write, rows in self._by_key.values():
-            rows[:] = [(c, row) for c, row in rows if c is not context]
-
-    def write(self) -> None:
-        for write, rows in self._by_key.values():
-            if rows:
-                write([row for _context, row in rows])
-
-
 class _AckRefused(Exception):
     """The group's one ack was refused: run again, each receiver acking its own."""
 
@@ -271,7 +237,7 @@ class Groups:
 
         def attempt() -> list[Outcome]:
             outcomes: list[Outcome] = []
-            rows = _Rows()
+            rows = GroupRows()
             i = 0
             while i < len(todo) or more():
                 if i >= len(todo):
@@ -332,7 +298,7 @@ class Groups:
         deferred: bool,
         own: set[int],
         connection: BaseDatabaseWrapper,
-        rows: _Rows,
+        rows: GroupRows,
     ) -> Outcome:
         """Run one receiver of the group (in its savepoint where there are savepoints); its
         outcome, or ``_Drop`` when the group must run again without it."""

@@ -492,7 +492,8 @@ def _finish(
         setattr(record, name, value)
     if group and not persisted:
         run = current_run()
-        if run is not None and run.write_with_group(("task results", db), record, _writer(db)):
+        write = partial(_insert_many, db=db)
+        if run is not None and run.write_with_group(("task results", db), record, write):
             return
     _save(record, db, persisted)
 
@@ -502,25 +503,12 @@ def _save(record: TaskResultRecord, db: str, persisted: bool) -> None:
     if persisted:
         record.save(using=db, force_update=True)
     else:
-        _insert(record, db)
+        _insert_many([record], db)
 
 
 #: per database: the result row's INSERT (one row) and its fields, compiled once by Django's
 #: compiler
 _inserts: dict[str, tuple[str, list[tuple[str, Any]], list[Any]]] = {}
-#: per database: ``_insert_many`` on it (the ``write`` a group is handed)
-_writers: dict[str, Any] = {}
-
-
-def _insert(record: TaskResultRecord, db: str) -> None:
-    _insert_many([record], db)
-
-
-def _writer(db: str) -> Any:
-    found = _writers.get(db)
-    if found is None:
-        found = _writers[db] = partial(_insert_many, db=db)
-    return found
 
 
 def _insert_many(records: list[TaskResultRecord], db: str) -> None:
