@@ -184,6 +184,10 @@ class Groups:
         """The longest receiver time of a group of ``plans`` (0: none groups)."""
         return max((self.limits(p).seconds for p in plans if self.limits(p).size > 1), default=0)
 
+    def largest(self, plans: list[Plan]) -> int:
+        """The most messages a group of ``plans`` holds (1: none groups)."""
+        return max((self.limits(p).size for p in plans), default=1)
+
     def wants(self, unit: Unit) -> bool:
         """Whether ``unit`` runs in a group: one message of a queue whose groups hold more
         than one, routed to a receiver that may be grouped."""

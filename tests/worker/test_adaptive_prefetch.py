@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import spanner_queues.worker.group as sq_group
 import spanner_queues.worker.intake as sq_intake
 from spanner_queues.worker import Worker, WorkerEvents
 from tests.worker.conftest import require, running, watch_receives
@@ -49,7 +50,9 @@ def test_a_backlog_of_quick_messages_is_claimed_in_batches(
     got = [n for _, n in sizes if n]
     assert got[0] == 1  # nothing timed yet: one for the free thread
     assert max(got) > 2  # then the claims grew
-    assert all(asked is None or asked <= sq_intake.AUTO_PREFETCH_MAX for asked, _ in sizes)
+    # (SQLite: two groups' worth)
+    most = max(2 * sq_group.DEFAULT_GROUP_SIZE_SINGLE_WRITER, sq_intake.AUTO_PREFETCH_MAX)
+    assert all(asked is None or asked <= most for asked, _ in sizes)
 
 
 def test_slow_receivers_take_one_message_per_free_thread(
@@ -81,7 +84,7 @@ def test_a_slow_receiver_holds_nothing_waiting(
 
 
 def test_depth_grows_on_full_receives_within_the_lease_and_shrinks_on_slow_units() -> None:
-    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False)
+    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False, group_size=1)
     take = worker.intake
     take.lease_seconds = 10.0
     take.adapt(full=True)
@@ -123,3 +126,16 @@ def test_messages_claimed_ahead_are_given_back_unstarted_at_stop(
     assert events.counts["returned"] == ahead and worker.stats.returned == ahead
     left = list(WorkItems.objects.all())
     assert len(left) == 7 and all(row.attempts == 0 for row in left)  # no attempt spent
+
+
+@pytest.mark.parametrize("group_size", [1, 20, 100, 300])
+def test_a_thread_that_groups_may_hold_two_of_its_largest_groups(group_size: int) -> None:
+    """So that one group fills while the next is claimed: a group closes full, not at the end
+    of what one claim brought."""
+    worker = Worker(["workerapp.WorkItems"], install_signal_handlers=False, group_size=group_size)
+    take = worker.intake
+    take.lease_seconds = 1e6
+    worker.slots.unit_seconds = 1e-6  # quick: only the cap binds
+    for _ in range(12):
+        take.adapt(full=True)
+    assert take.depth == max(sq_intake.AUTO_PREFETCH_MAX, 2 * group_size)
