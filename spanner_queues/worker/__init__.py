@@ -78,6 +78,7 @@ and by whoever reads a delivery's lease token to ack, retry, release or dead-let
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -307,7 +308,10 @@ class Worker:
         use_signals = (
             self.install_signal_handlers and threading.current_thread() is threading.main_thread()
         )
-        with on_stop(self._on_signal) if use_signals else contextlib.nullcontext():
+        with (
+            on_stop(self._on_signal) if use_signals else contextlib.nullcontext(),
+            heap_frozen(),
+        ):
             threads = self._start_threads()
             logger.info(
                 "worker %s started: queues=%s concurrency=%d",
@@ -615,3 +619,33 @@ def on_stop(callback: Callable[[int], None]) -> Iterator[None]:
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+
+
+_frozen_lock = threading.Lock()
+#: workers running in this process, and whether the first of them froze the heap
+_frozen = {"runs": 0, "ours": False}
+
+
+@contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """While a worker runs, the objects the process held when the first running worker
+    started are left out of the cyclic garbage collector's scans (``gc.freeze()``, given back
+    with ``gc.unfreeze()`` when the last running worker returns; nothing is done where the
+    process had frozen objects of its own, a pre-fork server's). A worker allocates a few
+    dozen objects a message, and each full collection walked the whole heap of Django, the
+    drivers and the project: on SQLite 16-21 us of the 80-85 us of CPU a message went to the
+    collector, 7 us after. Nothing is freed that would not be; a cycle among those objects
+    that becomes garbage during the run is collected after it."""
+    with _frozen_lock:
+        _frozen["runs"] += 1
+        if _frozen["runs"] == 1 and gc.get_freeze_count() == 0:
+            gc.freeze()
+            _frozen["ours"] = True
+    try:
+        yield
+    finally:
+        with _frozen_lock:
+            _frozen["runs"] -= 1
+            if _frozen["runs"] == 0 and _frozen["ours"]:
+                gc.unfreeze()
+                _frozen["ours"] = False
