@@ -338,9 +338,11 @@ def run_in_transaction(fn: Callable[[], T], *, using: str, retries: int = 20) ->
     (Spanner's rule on every database: a failed ack is never caught and continued). A lost
     connection is closed and, outside a caller's block, the transaction runs again on a new
     one (it counts as a retry)."""
-    if connections[using].in_atomic_block:
+    connection = connections[using]
+    if connection.in_atomic_block:
         try:
-            with savepoint(using):  # (Spanner: no savepoint, the caller's transaction)
+            # (Spanner: no savepoint, the caller's transaction)
+            with savepoint(using, connection=connection):
                 return fn()
         except Exception as exc:
             forget_lost_connection(exc, using)

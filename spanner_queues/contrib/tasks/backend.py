@@ -545,22 +545,29 @@ def record_from_payload(data: dict[str, Any], *, queue: str) -> TaskResultRecord
     if "args" not in data:
         return None
     run_after = data.get("run_after")
+    # Every field by position, in the model's order (the worker builds one a task: by keyword,
+    # Django's constructor took twice as long); test_record_from_payload pins the order.
     return TaskResultRecord(
-        id=data["id"],
-        task_path=data["task"],
-        backend=data["backend"],
-        queue_name=data["queue_name"],
-        queue=queue,
-        priority=data.get("priority", 0),
-        takes_context=data.get("takes_context", False),
-        status=READY,
-        args_json=dumps(data["args"]),
-        kwargs_json=dumps(data["kwargs"]),
+        data["id"],  # id
+        data["task"],  # task_path
+        data["backend"],  # backend
+        data["queue_name"],  # queue_name
+        queue,  # queue
+        data.get("priority", 0),  # priority
+        data.get("takes_context", False),  # takes_context
+        READY,  # status
+        dumps(data["args"]),  # args_json
+        dumps(data["kwargs"]),  # kwargs_json
+        "",  # return_value_json
         # (a task run again after a failed run: its earlier runs, see QueueTask.max_attempts)
-        errors_json=dumps(data.get("errors", [])),
-        worker_ids_json=dumps(data.get("worker_ids", [])),
-        enqueued_at=datetime.fromisoformat(data["enqueued_at"]),
-        run_after=datetime.fromisoformat(run_after) if run_after else None,
+        dumps(data.get("errors", [])),  # errors_json
+        dumps(data.get("worker_ids", [])),  # worker_ids_json
+        0,  # attempts
+        datetime.fromisoformat(data["enqueued_at"]),  # enqueued_at
+        datetime.fromisoformat(run_after) if run_after else None,  # run_after
+        None,  # started_at
+        None,  # last_attempted_at
+        None,  # finished_at
     )
 
 

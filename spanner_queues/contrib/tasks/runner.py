@@ -299,7 +299,6 @@ def _call(
     JSON would); raises ``_TaskRaised`` with what it raised."""
     # records are written by QueueBackend only; ATOMIC_TASKS defaults to True
     atomic_tasks: bool = getattr(backend, "atomic_tasks", True)
-    driver = driver_for(db)
 
     def call() -> Any:
         try:
@@ -309,7 +308,7 @@ def _call(
                 value = task.call(*result.args, **result.kwargs)
             return normalize_json(value)
         except Exception as exc:
-            if atomic_tasks and driver.is_retryable(exc):
+            if atomic_tasks and driver_for(db).is_retryable(exc):
                 raise  # the transaction lost a race: run it again
             raise _TaskRaised(exc) from exc
         except BaseException as exc:  # SystemExit, GeneratorExit, KeyboardInterrupt...
@@ -532,17 +531,23 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
         )
     sql, plan, fields = compiled
     adapt = driver_of(connection).datetime_param()
+    adapted: dict[datetime, Any] = {}  # (a task's start and last attempt: one reading)
     params = []
     for record in records:
         for name, field in plan:
             value = getattr(record, name)
             if field is None:
                 params.append(value)
-            elif value is None or (type(field) is models.DateTimeField and _aware(value)):
+            elif value is None:
+                params.append(None)
+            elif type(field) is models.DateTimeField and _aware(value):
                 # what get_db_prep_save comes to for an aware datetime (the worker's clock
                 # gives only those) on a plain DateTimeField: the backend's adapter, without
                 # the field's calls (they were most of the row's parameters' cost)
-                params.append(adapt(value))
+                found = adapted.get(value)
+                if found is None:
+                    found = adapted[value] = adapt(value)
+                params.append(found)
             else:
                 params.append(field.get_db_prep_save(value, connection))
     width = len(plan)
