@@ -40,12 +40,12 @@ def test_a_running_worker_leaves_the_heap_it_started_with_out_of_the_collectors_
 
 
 def test_the_heap_is_given_back_when_the_last_running_worker_returns() -> None:
+    # (counts only: a frozen object may still be freed by its reference count meanwhile)
     with heap_frozen():
-        first = gc.get_freeze_count()
-        assert first > 0
+        assert gc.get_freeze_count() > 1000
         with heap_frozen():  # a second worker, started while the first runs
-            assert gc.get_freeze_count() == first
-        assert gc.get_freeze_count() == first  # the first still runs
+            assert gc.get_freeze_count() > 1000
+        assert gc.get_freeze_count() > 1000  # the first still runs: still frozen
     assert gc.get_freeze_count() == 0
 
 
