@@ -17,10 +17,11 @@ Guarantees:
   (``prefetch=None``) the prefetch adapts: one unit per free thread until a unit was timed,
   then, while receives come back full, doubling up to what a thread can start within
   ``min(AHEAD_SECONDS, lease / 2)`` at the measured average run time (at most
-  ``AUTO_PREFETCH_MAX``); it drops at once when receivers slow down, and slow receivers take
-  one. ``prefetch=N`` fixes it (1: claim only for free threads). Each message is still
-  processed on its own, in its own transaction with its ack; waiting messages' leases are
-  renewed like running ones; a waiting message whose lease was lost or has expired is not run.
+  ``Intake.most_ahead()``: ``AUTO_PREFETCH_MAX``, or two of the thread's largest groups); it
+  drops at once when receivers slow down, and slow receivers take one. ``prefetch=N`` fixes
+  it (1: claim only for free threads). Each message is still processed on its own, in its own
+  transaction with its ack; waiting messages' leases are renewed like running ones; a waiting
+  message whose lease was lost or has expired is not run.
   On ``stop()`` messages that were prefetched but not started are given back due now without
   spending an attempt (first delivery: ack and re-send in one transaction) or, if they had
   failed before, run first.

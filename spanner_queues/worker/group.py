@@ -185,8 +185,9 @@ class Groups:
         return max((self.limits(p).seconds for p in plans if self.limits(p).size > 1), default=0)
 
     def largest(self, plans: list[Plan]) -> int:
-        """The most messages a group of ``plans`` holds (1: none groups)."""
-        return max((self.limits(p).size for p in plans), default=1)
+        """The most messages a group of ``plans`` holds (1: none groups; a batch receiver's
+        queue never does)."""
+        return max((self.limits(p).size for p in plans if not p.batch), default=1)
 
     def wants(self, unit: Unit) -> bool:
         """Whether ``unit`` runs in a group: one message of a queue whose groups hold more

@@ -139,3 +139,8 @@ def test_a_thread_that_groups_may_hold_two_of_its_largest_groups(group_size: int
     for _ in range(12):
         take.adapt(full=True)
     assert take.depth == max(sq_intake.AUTO_PREFETCH_MAX, 2 * group_size)
+
+
+def test_a_batch_receivers_queue_holds_no_more_for_groups_it_never_forms() -> None:
+    worker = Worker(["workerapp.Dirty"], install_signal_handlers=False, group_size=300)
+    assert worker.intake.most_ahead() == sq_intake.AUTO_PREFETCH_MAX
