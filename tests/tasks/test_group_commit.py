@@ -78,3 +78,9 @@ def test_results_of_a_group_are_inserted_in_one_statement(run_worker) -> None:
     results, stats, inserts = _group_of_eight(run_worker, "INSERT", TaskResultRecord._meta.db_table)
     assert [r.return_value for r in results] == list(range(8))
     assert len(inserts) <= stats.groups, inserts
+    # where executemany is one round trip (psycopg 3's pipeline), a group's rows go as one
+    # executemany of the one-row INSERT (whose placeholders the driver parses once), not as
+    # one INSERT of many rows
+    pipelined = driver_for("default").pipelines_executemany
+    assert all(many == pipelined for _sql, many in inserts if _sql.count("%s") > 19), inserts
+    assert any(many for _sql, many in inserts) == pipelined, inserts

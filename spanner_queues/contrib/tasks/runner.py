@@ -514,9 +514,10 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
     """``TaskResultRecord.objects.bulk_create(records)`` without compiling the INSERT again
     for every row (that was a third of a task's time): the SQL Django compiles for one row
     of the model on ``db``, its ``VALUES`` row repeated (as many rows a statement as the
-    backend's ``bulk_batch_size`` allows), with the datetime values adapted as the model's
-    fields adapt them. (No ``pre_save`` or ``post_save`` signal is sent: the rows are the
-    worker's, written only here.)"""
+    backend's ``bulk_batch_size`` allows; where the driver pipelines ``executemany``, that one
+    row's statement for every row in one ``executemany``), with the datetime values adapted as
+    the model's fields adapt them. (No ``pre_save`` or ``post_save`` signal is sent: the rows
+    are the worker's, written only here.)"""
     connection = connections[db]
     compiled = _inserts.get(db)
     if compiled is None:
@@ -551,6 +552,10 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
             else:
                 params.append(field.get_db_prep_save(value, connection))
     width = len(plan)
+    if len(records) > 1 and driver_of(connection).pipelines_executemany:
+        with connection.cursor() as cursor:
+            cursor.executemany(sql, [params[i : i + width] for i in range(0, len(params), width)])
+        return
     per = max(1, connection.ops.bulk_batch_size(fields, records)) if len(records) > 1 else 1
     head, _, row = sql.partition(" VALUES ")
     with connection.cursor() as cursor:
