@@ -39,9 +39,11 @@ def test_several_tasks_commit_at_once_and_a_failed_one_rolls_back_alone(run_work
     assert stats is not None and stats.groups < stats.grouped  # shared commits
 
 
-def _group_of_eight(run_worker: Any, verb: str, table: str) -> tuple[list[Any], Any, list[str]]:
+def _group_of_eight(
+    run_worker: Any, verb: str, table: str
+) -> tuple[list[Any], Any, list[tuple[str, bool]]]:
     """Eight grouped tasks run by a worker; their results, its stats and the statements of
-    ``verb`` (``DELETE``, ``INSERT``) on ``table`` it sent."""
+    ``verb`` (``DELETE``, ``INSERT``) on ``table`` it sent, each ``(sql, many)``."""
     if not driver_for("default").has_savepoints:
         pytest.skip("no savepoints: each task runs alone")
     with transaction.atomic():
@@ -82,5 +84,5 @@ def test_results_of_a_group_are_inserted_in_one_statement(run_worker) -> None:
     # executemany of the one-row INSERT (whose placeholders the driver parses once), not as
     # one INSERT of many rows
     pipelined = driver_for("default").pipelines_executemany
-    assert all(many == pipelined for _sql, many in inserts if _sql.count("%s") > 19), inserts
+    assert all(many == pipelined for sql, many in inserts if sql.count("%s") > 19), inserts
     assert any(many for _sql, many in inserts) == pipelined, inserts

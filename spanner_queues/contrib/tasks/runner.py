@@ -531,7 +531,8 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
             fields,
         )
     sql, plan, fields = compiled
-    adapt = driver_of(connection).datetime_param()
+    driver = driver_of(connection)
+    adapt = driver.datetime_param()
     adapted: dict[datetime, Any] = {}  # (a task's start and last attempt: one reading)
     params = []
     for record in records:
@@ -552,7 +553,7 @@ def _insert_many(records: list[TaskResultRecord], db: str) -> None:
             else:
                 params.append(field.get_db_prep_save(value, connection))
     width = len(plan)
-    if len(records) > 1 and driver_of(connection).pipelines_executemany:
+    if len(records) > 1 and driver.pipelines_executemany:
         with connection.cursor() as cursor:
             cursor.executemany(sql, [params[i : i + width] for i in range(0, len(params), width)])
         return
