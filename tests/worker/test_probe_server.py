@@ -150,7 +150,12 @@ def test_a_trickling_connection_is_closed_at_the_request_deadline(server: int) -
                 closed = True
                 break
             readable, _, _ = select.select([conn], [], [], 0.1)
-            closed = bool(readable) and conn.recv(1) == b""
+            try:
+                closed = bool(readable) and conn.recv(1) == b""
+            except ConnectionResetError:
+                # the server closed with our unread bytes in its buffer: the kernel sends RST,
+                # not FIN; the connection was closed all the same
+                closed = True
         assert closed
 
 
