@@ -7,8 +7,8 @@ emulator (issue 39: where the relay's time would come from).
 Each round, alternating, publishes the same N messages (the relay's three attributes, 50
 ordering keys interleaved as a claim returns them, or none) and waits for every confirmation:
 
-- ``client``: ``PublisherClient.publish`` per message, ``relay.BATCH_SETTINGS`` and ordering on,
-  no client retry (as the relay publishes today);
+- ``client``: ``PublisherClient.publish`` per message, batches of up to 1,000 and ordering on,
+  no client retry (as the relay published before ``spanner_queues.contrib.pubsub.publish``);
 - ``raw``: one ``PublishRequest`` per 500 messages of raw protobufs (``PubsubMessage.pb()``),
   sent on the client's own gRPC channel with the topic's routing header, all requests in flight
   at once (each key's messages stay in request order; the requests of one key would have to go

@@ -11,7 +11,7 @@ Each round, alternating so that drift hits both alike:
   ordering keys (the payloads and keys of the queue's messages, built before the clock), then
   waits for every confirmation: the rate the bus takes. Twice, and the better is the reference:
   with the client's default batches in the queue's order (``client-default``) and with the
-  relay's (``client-relay``: ``relay.BATCH_SETTINGS``, each ordering key's messages together);
+  relay's old ones (``client-relay``: ``BATCH_SETTINGS``, each ordering key's messages together);
   message ordering on in both, as it must be for ordering keys, no client retry;
 - ``relay``: the same N messages sent to ``pubsubapp.OrderEvents`` (SQLite, WAL, as in
   tests/settings.py) are relayed by a ``Worker`` in this process (``--burst``, ``--concurrency``
@@ -59,6 +59,15 @@ DRAINER_GOAL = 0.9
 #: per relay or queue round, the deliveries whose lease ran out before their ack
 REDELIVERED: list[int] = []
 ORDERS = 50
+
+
+def batch_settings() -> Any:
+    """The client's batches of the reference rounds and the drainer: up to Pub/Sub's 1,000
+    messages a publish request (the client's default is 100), as the relay used them before it
+    sent its own requests (``spanner_queues.contrib.pubsub.publish``)."""
+    from google.cloud.pubsub_v1 import types
+
+    return types.BatchSettings(max_messages=1000)
 
 
 def configure_module(module: str, batch: int) -> None:
@@ -141,7 +150,6 @@ def client_round(
     from google.cloud.pubsub_v1 import PublisherClient, types
 
     from spanner_queues import api
-    from spanner_queues.contrib.pubsub import relay
     from spanner_queues.contrib.pubsub.relay import event_id, key_text, ordering_key
     from spanner_queues.message import Message
     from tests.pubsubapp.models import OrderEvents
@@ -162,7 +170,7 @@ def client_round(
     options = types.PublisherOptions(enable_message_ordering=True)
     if batches == "relay":  # and in the relay's order: each ordering key's messages together
         rows.sort(key=lambda row: row[1])
-        client = PublisherClient(batch_settings=relay.BATCH_SETTINGS, publisher_options=options)
+        client = PublisherClient(batch_settings=batch_settings(), publisher_options=options)
     else:
         client = PublisherClient(publisher_options=options)
     started = time.perf_counter()
@@ -182,12 +190,11 @@ def drainer_round(specs: list[dict[str, Any]], topic: str, ordered: bool) -> flo
     from django.db import connection
     from google.cloud.pubsub_v1 import PublisherClient, types
 
-    from spanner_queues.contrib.pubsub import relay
     from tests.pubsubapp.models import OrderEvents
 
     OrderEvents.send_many(specs)
     options = types.PublisherOptions(enable_message_ordering=True)
-    client = PublisherClient(batch_settings=relay.BATCH_SETTINGS, publisher_options=options)
+    client = PublisherClient(batch_settings=batch_settings(), publisher_options=options)
     table = connection.ops.quote_name(OrderEvents._meta.db_table)
     order, message_id, payload, due = (
         connection.ops.quote_name(OrderEvents._meta.get_field(name).column)

@@ -104,10 +104,8 @@ def pubsub(pubsub_emulator: Any, settings: Any) -> PubSubProject:
 
 @pytest.fixture(autouse=True)
 def relay_episodes(monkeypatch: Any) -> None:
-    """The relay's failure episodes (per queue, in this process) and the keys it gave back are
-    each test's own."""
+    """The relay's failure episodes (per queue, in this process) are each test's own."""
     # (the relay imports the verbs, which need the app registry: not at this module's import)
     from spanner_queues.contrib.pubsub import relay
 
     monkeypatch.setattr(relay, "_episodes", {}, raising=False)
-    monkeypatch.setattr(relay, "_given_back", {}, raising=False)

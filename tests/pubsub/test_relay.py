@@ -14,7 +14,6 @@ import signal
 import socket
 import threading
 import time
-from concurrent import futures
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +25,7 @@ from google.cloud import pubsub_v1
 from spanner_queues import api
 from spanner_queues.contrib.pubsub import relay as relay_module
 from spanner_queues.contrib.pubsub.inbox import InboxPuller
+from spanner_queues.contrib.pubsub.publish import Outgoing, Publisher
 from spanner_queues.contrib.pubsub.relay import event_id
 from spanner_queues.message import Message
 from spanner_queues.signals import messages_published, publish_failed
@@ -142,26 +142,24 @@ def test_a_relayed_queue_stores_each_send_as_an_event_and_publishes_its_data(pub
 def test_one_relay_run_publishes_each_ordering_keys_messages_together_in_their_order(
     pubsub, monkeypatch
 ) -> None:
-    """Messages of several ordering keys come interleaved from a claim; the relay publishes
-    each key's together (in their order) in each run, so the client fills one batch per key
-    per run instead of a publish request every few messages (``benchmarks/pubsub_relay.py``).
-    A run ends on its thread with ``messages_published``."""
-    client = relay_module.publisher()
-    runs: dict[tuple[int, int], list[tuple[str, str]]] = {}
-    ended: dict[int, int] = {}
-    real = client.publish
+    """Messages of several ordering keys come interleaved from a claim; a run publishes them in
+    one request, each key's messages together and in their order (``Publisher``). A run ends
+    on its thread with ``messages_published``."""
+    requests: list[list[tuple[str, str]]] = []
+    runs = 0
+    real = Publisher._send
 
-    def recording(topic: str, data: bytes, ordering_key: str = "", **kwargs: Any) -> Any:
-        thread = threading.get_ident()
-        run = runs.setdefault((thread, ended.get(thread, 0)), [])
-        run.append((ordering_key, json.loads(kwargs["key"])[1]))
-        return real(topic, data, ordering_key=ordering_key, **kwargs)
+    def recording(self: Publisher, request: Any, deadline: float) -> Any:
+        requests.append(
+            [(m.ordering_key, json.loads(m.attributes["key"])[1]) for m in request.messages]
+        )
+        return real(self, request, deadline)
 
     def run_ended(sender: Any, **kwargs: Any) -> None:
-        thread = threading.get_ident()
-        ended[thread] = ended.get(thread, 0) + 1
+        nonlocal runs
+        runs += 1
 
-    monkeypatch.setattr(client, "publish", recording)
+    monkeypatch.setattr(Publisher, "_send", recording)
     messages_published.connect(run_ended, dispatch_uid="test-run-ended")
     try:
         for i in range(12):  # one by one: each later than the last, claimed in this order
@@ -169,15 +167,15 @@ def test_one_relay_run_publishes_each_ordering_keys_messages_together_in_their_o
         assert relay_burst().processed == 12
     finally:
         messages_published.disconnect(dispatch_uid="test-run-ended")
-    assert sum(len(run) for run in runs.values()) == 12
-    assert any(len({key for key, _ in run}) > 1 for run in runs.values())  # keys interleaved
-    for run in runs.values():
-        keys = [key for key, _ in run]
+    assert sum(len(request) for request in requests) == 12
+    assert len(requests) == runs  # one request a run
+    for request in requests:
+        keys = [key for key, _ in request]
         changes = sum(a != b for a, b in itertools.pairwise(keys))
-        assert changes == len(set(keys)) - 1, run  # each key's messages together
+        assert changes == len(set(keys)) - 1, request  # each key's messages together
         for key in set(keys):
-            ids = [m for k, m in run if k == key]
-            assert ids == sorted(ids), run  # in their order
+            ids = [m for k, m in request if k == key]
+            assert ids == sorted(ids), request  # in their order
     got: list[Any] = []
     assert wait_until(lambda: got.extend(pubsub.pull()) or len(got) >= 12, 30)
     assert len(got) == 12
@@ -337,43 +335,72 @@ def test_a_message_pubsub_refuses_alone_is_dead_lettered_once_another_got_throug
         def __init__(self) -> None:
             self.alone: list[bytes] = []
 
-        def publish(self, topic: str, data: bytes, **kwargs: Any) -> Any:
-            self.alone.append(data)
-            future: Any = futures.Future()
-            if data == b"poison":
-                future.set_exception(google_exceptions.InvalidArgument("schema"))
-            else:
-                future.set_result("id")
-            return future
-
-        def resume_publish(self, topic: str, key: str) -> None:
-            pass
+        def publish(self, batch: list[Outgoing], deadline: float) -> list[Any]:
+            [out] = batch
+            self.alone.append(out.data)
+            return [google_exceptions.InvalidArgument("schema") if out.data == b"poison" else None]
 
     messages = [_message(i, data) for i, data in enumerate([b"poison", b"a", b"b"])]
-    suspects = [(m, "", google_exceptions.InvalidArgument("request")) for m in messages]
+    outgoing: list[Any] = [Outgoing("t", m.stored_payload, "", {}) for m in messages]
+    suspects = [
+        (m, i, google_exceptions.InvalidArgument("request")) for i, m in enumerate(messages)
+    ]
     confirmed: list[Any] = []
     refused: list[Any] = []
     failed: list[Any] = []
-    client = Client()
+    client: Any = Client()
     relay_module._sort_suspects(
-        client, "t", time.monotonic() + 30, OrderEvents, suspects, confirmed, refused, failed
+        client, time.monotonic() + 30, OrderEvents, suspects, outgoing, confirmed, refused, failed
     )
+    assert client.alone == [b"poison", b"a", b"b"]
     assert [m.stored_payload for m in confirmed] == [b"a", b"b"]
     assert [m.stored_payload for m, _ in refused] == [b"poison"]
     assert failed == []
     confirmed, refused, failed = [], [], []
-    everything_refused = [(m, "", e) for m, _, e in suspects if m.stored_payload == b"poison"] * 9
+    everything_refused = [(m, i, e) for m, i, e in suspects if m.stored_payload == b"poison"] * 9
     relay_module._sort_suspects(
         client,
-        "t",
         time.monotonic() + 30,
         OrderEvents,
         everything_refused,
+        outgoing,
         confirmed,
         refused,
         failed,
     )
     assert confirmed == [] and refused == [] and len(failed) == 9  # the topic's: given back
+
+
+def test_a_suspect_after_a_failed_one_of_its_key_is_given_back_untried() -> None:
+    # sorting suspects alone must not publish a key's later message once an earlier one of
+    # the key failed (its order would break): given back, with the failed one
+    class Client:
+        def __init__(self) -> None:
+            self.alone: list[bytes] = []
+
+        def publish(self, batch: list[Outgoing], deadline: float) -> list[Any]:
+            [out] = batch
+            self.alone.append(out.data)
+            return [google_exceptions.ServiceUnavailable("down") if out.data == b"a1" else None]
+
+    messages = [_message(i, data) for i, data in enumerate([b"a1", b"a2", b"b1"])]
+    keys = ["a", "a", "b"]
+    outgoing: list[Any] = [
+        Outgoing("t", m.stored_payload, key, {}) for m, key in zip(messages, keys, strict=True)
+    ]
+    suspects = [
+        (m, i, google_exceptions.InvalidArgument("request")) for i, m in enumerate(messages)
+    ]
+    confirmed: list[Any] = []
+    refused: list[Any] = []
+    failed: list[Any] = []
+    client: Any = Client()
+    relay_module._sort_suspects(
+        client, time.monotonic() + 30, OrderEvents, suspects, outgoing, confirmed, refused, failed
+    )
+    assert client.alone == [b"a1", b"b1"]
+    assert [m.stored_payload for m in confirmed] == [b"b1"]
+    assert sorted(m.stored_payload for m, _, _ in failed) == [b"a1", b"a2"]
 
 
 def _message(i: int, data: bytes) -> Message:
@@ -389,14 +416,14 @@ def _message(i: int, data: bytes) -> Message:
 @pytest.fixture
 def stalled_pubsub(monkeypatch: Any) -> Any:
     """A Pub/Sub that never answers: a port whose connections are never served (the relay's
-    client is made anew against it)."""
+    publisher is made anew against it)."""
     hole = socket.create_server(("127.0.0.1", 0), backlog=64)
     monkeypatch.setenv("PUBSUB_EMULATOR_HOST", f"127.0.0.1:{hole.getsockname()[1]}")
-    monkeypatch.setattr(relay_module, "_client", None)
+    monkeypatch.setattr(relay_module, "_publisher", None)
     yield hole
-    client = relay_module._client
-    if client is not None:
-        client.stop()
+    publisher = relay_module._publisher
+    if publisher is not None:
+        publisher.close()
     hole.close()
 
 
@@ -456,59 +483,23 @@ def test_an_outage_logs_one_traceback_per_episode_not_one_per_message(
     assert episode.given_back == events.counts["retried"]  # counted in the episode
 
 
-def test_a_key_paused_after_its_run_stopped_waiting_is_published_by_the_next_run(
+def test_a_key_whose_run_stopped_waiting_is_published_by_the_next_run(
     pubsub, pubsub_emulator, monkeypatch: Any
 ) -> None:
-    """Pub/Sub stalls (the emulator stopped) past a run's wait: the run gives its message back,
-    and its resume finds the key not paused, since the publish is still under way; that publish
-    fails a moment later and the client pauses the key. Once Pub/Sub answers again, the next
-    run of the key reaches it (before: it failed at once on the paused key, without reaching
-    Pub/Sub, PublishToPausedOrderingKeyException: one more failed run, and the back-off
-    doubled, after every outage that outlasted a run's wait)."""
-    monkeypatch.setattr(relay_module, "_client", None)  # a client of this test's own
-    client = relay_module.publisher()
-    message = _message(1, b'{"n": 1}')  # ordering key "1"
+    """Pub/Sub stalls (the emulator stopped) past a run's wait: the run's message is not
+    confirmed, and once Pub/Sub answers again the next run of its key reaches it at once (with
+    Google's client, the key stayed paused by the stalled publish's late failure, and the next
+    run failed without reaching Pub/Sub: one more failed run after every such outage)."""
+    monkeypatch.setattr(relay_module, "_publisher", None)  # a publisher of this test's own
+    publisher = relay_module.publisher()
+    out = Outgoing(pubsub.topic, b'{"n": 1}', "1", {"event_id": "e1"})
     os.killpg(pubsub_emulator.proc.pid, signal.SIGSTOP)
     try:
-        pending = relay_module._publish_all(client, pubsub.topic, 0.5, OrderEvents, [message], {})
-        confirmed, _, _, failed = relay_module._await_confirmations(pending, time.monotonic() + 0.5)
-        assert confirmed == [] and [m for m, _, _ in failed] == [message]
-        with pytest.raises(relay_module.PublishFailed):
-            relay_module._give_back(
-                client, OrderEvents, pubsub.topic, [message], confirmed, failed, 0, {}, 0.0
-            )
-        [(_, _, under_way)] = pending
-        assert under_way.exception(timeout=30) is not None  # its own failure, after the run
+        [error] = publisher.publish([out], time.monotonic() + 0.5)
+        assert isinstance(error, google_exceptions.DeadlineExceeded)
     finally:
         pubsub_emulator.resume()
     try:
-        pending = relay_module._publish_all(client, pubsub.topic, 30, OrderEvents, [message], {})
-        confirmed, _, _, failed = relay_module._await_confirmations(pending, time.monotonic() + 30)
-        assert failed == [] and confirmed == [message]
+        assert publisher.publish([out], time.monotonic() + 30) == [None]
     finally:
-        client.stop()
-
-
-def test_the_keys_given_back_are_kept_only_until_their_runs_publishes_have_ended(
-    pubsub, monkeypatch: Any
-) -> None:
-    """The record of keys given back (resumed again before their next publish) does not grow
-    with the keys a process ever gave back: a key no later run of this process publishes
-    (another worker took its messages) is resumed once more and dropped by the first run after
-    its own run's publishes have all ended (past its deadline)."""
-    monkeypatch.setattr(relay_module, "_client", None)  # a client of this test's own
-    client = relay_module.publisher()
-    now = time.monotonic()
-    try:
-        with relay_module._given_back_lock:
-            relay_module._given_back.update(
-                {(pubsub.topic, f"gone-{i}"): now - 1 for i in range(1000)}
-            )
-            relay_module._given_back[(pubsub.topic, "recent")] = now + 60
-            relay_module._given_back[(pubsub.topic, "7")] = now + 60
-        relay_module._resume_given_back(client, pubsub.topic, ["7", "8"])
-        # the run's own key "7" resumed and dropped; the 1,000 past their deadline dropped; the
-        # one whose run may still have a publish under way kept for its next run
-        assert relay_module._given_back == {(pubsub.topic, "recent"): now + 60}
-    finally:
-        client.stop()
+        publisher.close()

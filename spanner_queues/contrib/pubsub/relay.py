@@ -15,9 +15,11 @@ the run raises ``PublishFailed``, a ``Retry``: the rest are sent again under the
 after the queue's back-off, without spending an attempt; until that back-off has passed, runs of
 the queue publish nothing and send their messages again for that time (a circuit breaker per
 queue and process). Such a failure episode is logged once with its traceback, then one line a
-minute with its counts, and once when it ends. Ordering keys paused by a failed publish are
-resumed before it raises, and again before their next publish (a publish still under way when
-its run stopped waiting pauses its key later).
+minute with its counts, and once when it ends.
+
+A run publishes with ``Publisher`` (``spanner_queues.contrib.pubsub.publish``): each ordering
+key's messages of the run in one request, in their order, all requests at once, on the channel of
+Google's client; nothing is kept between runs (no key is left paused by a failure).
 
 A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the receiver's time
 limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
@@ -67,8 +69,10 @@ from spanner_queues.transactions import run_in_transaction
 
 try:
     from google.api_core import exceptions as google_exceptions
-    from google.cloud.pubsub_v1 import PublisherClient, types
+    from google.cloud.pubsub_v1 import PublisherClient
     from google.cloud.pubsub_v1.publisher import exceptions as publisher_exceptions
+
+    from spanner_queues.contrib.pubsub.publish import Outgoing, Publisher
 except ImportError:
     raise PubSubUnavailable(
         "spanner_queues.contrib.pubsub needs google-cloud-pubsub: "
@@ -163,25 +167,18 @@ def _ordering_key(fields: tuple[str, ...], message: Message) -> str:
     return text if len(text.encode()) <= MAX_ORDERING_KEY_BYTES else ""
 
 
-#: the relay's client batches: up to Pub/Sub's 1,000 messages a publish request (the client's
-#: default is 100); bytes and latency are the client's defaults (1 MB, 10 ms)
-BATCH_SETTINGS = types.BatchSettings(max_messages=1000)
-#: ordering on: messages with an ordering key are published in order, one batch in flight per key
-PUBLISHER_OPTIONS = types.PublisherOptions(enable_message_ordering=True)
-
-_client: PublisherClient | None = None
-_client_lock = threading.Lock()
+_publisher: Publisher | None = None
+_publisher_lock = threading.Lock()
 
 
-def publisher() -> PublisherClient:
-    """This process's publisher (one, thread-safe; ``PUBSUB_EMULATOR_HOST`` is the client's)."""
-    global _client
-    with _client_lock:
-        if _client is None:
-            _client = PublisherClient(
-                batch_settings=BATCH_SETTINGS, publisher_options=PUBLISHER_OPTIONS
-            )
-        return _client
+def publisher() -> Publisher:
+    """This process's publisher (one, thread-safe), on the channel of one ``PublisherClient``
+    (its credentials and endpoint; ``PUBSUB_EMULATOR_HOST`` is the client's)."""
+    global _publisher
+    with _publisher_lock:
+        if _publisher is None:
+            _publisher = Publisher(PublisherClient())
+        return _publisher
 
 
 def relay(context: MessageContext, messages: list[Message]) -> None:
@@ -195,12 +192,12 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
         episode.hold(model, messages)  # raises PublishFailed while the back-off lasts
     deadline = _deadline(context, params.publish_timeout)
     client = publisher()
-    wait = max(deadline - time.monotonic(), 0.1)
     sent: _Sent = {}
-    pending = _publish_all(client, topic, wait, model, messages, sent)
-    confirmed, refused, suspect, failed = _await_confirmations(pending, deadline)
+    outgoing = _outgoing(topic, model, messages, sent)
+    outcomes = client.publish([out for out in outgoing if isinstance(out, Outgoing)], deadline)
+    confirmed, refused, suspect, failed = _sort_outcomes(messages, outgoing, iter(outcomes))
     if suspect:
-        _sort_suspects(client, topic, deadline, model, suspect, confirmed, refused, failed)
+        _sort_suspects(client, deadline, model, suspect, outgoing, confirmed, refused, failed)
     _report_confirmed(model, topic, confirmed)
     for m, error in refused:
         _dead_letter_refused(model, topic, m, error)
@@ -210,9 +207,7 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
             _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
         return  # the worker acks the confirmed ones (the dead-lettered are acked)
-    _give_back(
-        client, model, topic, messages, confirmed, failed, params.archive_days, sent, deadline
-    )
+    _give_back(model, topic, messages, confirmed, failed, params.archive_days, sent)
 
 
 def _deadline(context: MessageContext, publish_timeout: float) -> float:
@@ -324,115 +319,76 @@ def _recovered(model: type[Queue]) -> None:
         )
 
 
-#: a publish under way: the message, its ordering key, and the client's future (or the error
-#: that kept it from being sent)
-_Pending = tuple[Message, str, Any]
 #: what a run published of each message (by ``id``): its attributes and data, worked out once
 #: for the publish and the archive (each is a JSON encoding or an event's parse)
 _Sent = dict[int, tuple[dict[str, str], bytes]]
 
 
-def _publish_all(
-    client: PublisherClient,
-    topic: str,
-    timeout: float,
-    model: type[Queue],
-    messages: list[Message],
-    sent: _Sent,
-) -> list[_Pending]:
-    """Hand every message to the client without waiting; one entry per message. A message the
-    client refuses before sending it (too large, a bad value) carries its error instead of a
-    future. A key given back by an earlier run is resumed first (``_resume_given_back``): the
-    client may have paused it after that run, and would fail its messages here unsent."""
+def _outgoing(
+    topic: str, model: type[Queue], messages: list[Message], sent: _Sent
+) -> list[Outgoing | BaseException]:
+    """What each message publishes (in ``messages``' order; what was published is also kept in
+    ``sent``), or why it cannot be published (``ValueError``: an attribute over Pub/Sub's
+    limit, which its emulator would take: checked here)."""
     fields = ordering_fields(model)
-    keys = [_ordering_key(fields, m) for m in messages]
-    if _given_back:
-        _resume_given_back(client, topic, keys)
-    pending: list[_Pending] = []
-    # Each ordering key's messages one after the other, in their order (a stable sort): the
-    # client then fills one batch per key, where messages interleaved by key (as a claim
-    # returns them) were cut into a publish request every few messages by its 10 ms timer.
-    for i in sorted(range(len(messages)), key=keys.__getitem__):
-        m, key = messages[i], keys[i]
-        try:
-            future: Any = _publish_one(client, topic, timeout, m, key, sent)
-        except Exception as exc:  # refused before it was sent (too large, a bad value)
-            future = exc
-        pending.append((m, key, future))
-    return pending
-
-
-def _publish_one(
-    client: PublisherClient,
-    topic: str,
-    timeout: float,
-    m: Message,
-    key: str,
-    sent: _Sent | None = None,
-) -> Any:
-    """Publish one message with the relay's attributes and return the client's future (what
-    was published kept in ``sent``); raises ``ValueError`` for an attribute Pub/Sub would
-    refuse."""
-    attributes = {
-        EVENT_ID_ATTRIBUTE: event_id(m),
-        QUEUE_ATTRIBUTE: m.queue,
-        KEY_ATTRIBUTE: key_text(m),
-    }
-    data = published_data(m)
-    if sent is not None:
+    outgoing: list[Outgoing | BaseException] = []
+    for m in messages:
+        attributes = {
+            EVENT_ID_ATTRIBUTE: event_id(m),
+            QUEUE_ATTRIBUTE: m.queue,
+            KEY_ATTRIBUTE: key_text(m),
+        }
+        data = published_data(m)
         sent[id(m)] = (attributes, data)
-    too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
-    if too_long:  # Pub/Sub would refuse it (its emulator takes it: checked here)
-        raise ValueError(f"attribute {too_long[0]!r} is over Pub/Sub's {MAX_ATTRIBUTE_BYTES} bytes")
-    # retry=None: with ordering on, the client would retry for ever; the worker's
-    # back-off retries instead, and nothing piles up in the client while Pub/Sub fails
-    return client.publish(
-        topic,
-        data,
-        ordering_key=key,
-        retry=None,
-        timeout=timeout,
-        **attributes,
-    )
+        too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
+        if too_long:
+            outgoing.append(
+                ValueError(
+                    f"attribute {too_long[0]!r} is over Pub/Sub's {MAX_ATTRIBUTE_BYTES} bytes"
+                )
+            )
+        else:
+            outgoing.append(Outgoing(topic, data, _ordering_key(fields, m), attributes))
+    return outgoing
 
 
 _Refused = list[tuple[Message, BaseException]]
-_Failed = list[tuple[Message, str, BaseException]]
+_Failed = list[tuple[Message, int, BaseException]]
 
 
-def _await_confirmations(
-    pending: list[_Pending], deadline: float
+def _sort_outcomes(
+    messages: list[Message], outgoing: list[Outgoing | BaseException], outcomes: Any
 ) -> tuple[list[Message], _Refused, _Failed, _Failed]:
-    """Wait for every publish until ``deadline`` (monotonic) and sort the messages: confirmed
-    by Pub/Sub; refused by the client before it sent them (dead-lettered); refused by Pub/Sub
-    (``REFUSED``: suspects, the message's fault or the topic's); or failed (given back; a
-    publish not confirmed by the deadline too), the last two with their ordering key."""
+    """Sort the messages by what became of them: confirmed by Pub/Sub; refused before they were
+    sent (the client's checks or ours: dead-lettered); refused by Pub/Sub (``REFUSED``:
+    suspects, the message's fault or the topic's); or failed (given back; not confirmed by the
+    deadline too), the last two with their place in ``messages``. ``outcomes`` yields one
+    outcome for each ``Outgoing`` of ``outgoing``, in order."""
     confirmed: list[Message] = []
     refused: _Refused = []
     suspect: _Failed = []
     failed: _Failed = []
-    for m, key, future in pending:
-        if isinstance(future, BaseException):
-            refused.append((m, future))  # the client refused it: it never left this process
-            continue
-        try:
-            future.result(timeout=max(deadline - time.monotonic(), 0.0))
-        except Exception as exc:
-            if isinstance(exc, REFUSED):
-                suspect.append((m, key, exc))
-            else:
-                failed.append((m, key, exc))
-        else:
+    for i, (m, out) in enumerate(zip(messages, outgoing, strict=True)):
+        error = out if isinstance(out, BaseException) else next(outcomes)
+        if error is None:
             confirmed.append(m)
+        elif isinstance(out, BaseException) or isinstance(
+            error, (publisher_exceptions.MessageTooLargeError, TypeError, ValueError)
+        ):
+            refused.append((m, error))  # never left this process
+        elif isinstance(error, REFUSED):
+            suspect.append((m, i, error))
+        else:
+            failed.append((m, i, error))
     return confirmed, refused, suspect, failed
 
 
 def _sort_suspects(
-    client: PublisherClient,
-    topic: str,
+    client: Publisher,
     deadline: float,
     model: type[Queue],
     suspect: _Failed,
+    outgoing: list[Outgoing | BaseException],
     confirmed: list[Message],
     refused: _Refused,
     failed: _Failed,
@@ -443,74 +399,37 @@ def _sort_suspects(
     is the message's fault (``refused``: dead-lettered) once another message of the run got
     through; while none did, it is undecided, and after ``ALONE_PROBES`` undecided in a row
     (or at the end with none through) the topic's fault: every undecided or untried suspect is
-    ``failed`` (the queue's failure, given back), none dead-lettered."""
+    ``failed`` (the queue's failure, given back), none dead-lettered. A suspect after a failed
+    one of its ordering key is given back untried (its order kept)."""
     undecided: _Failed = []
-    for i, (m, key, _first_error) in enumerate(suspect):
-        _resume(client, topic, key)
-        left = deadline - time.monotonic()
-        if left <= 0:  # no time left to tell: given back
-            failed.extend(undecided + suspect[i:])
+    held: set[str] = set()  # ordering keys with a suspect given back: their later ones too
+    for n, (m, i, first_error) in enumerate(suspect):
+        out = outgoing[i]
+        assert isinstance(out, Outgoing)
+        if out.ordering_key and out.ordering_key in held:
+            failed.append((m, i, first_error))
+            continue
+        if deadline - time.monotonic() <= 0:  # no time left to tell: given back
+            failed.extend(undecided + suspect[n:])
             return
-        try:
-            _publish_one(client, topic, left, m, key).result(timeout=left)
-        except Exception as exc:
-            if not isinstance(exc, REFUSED):
-                failed.append((m, key, exc))
-            elif confirmed:
-                refused.append((m, exc))
-            else:
-                undecided.append((m, key, exc))
-                if len(undecided) >= ALONE_PROBES:  # the topic's refusal, not the messages'
-                    failed.extend(undecided + suspect[i + 1 :])
-                    return
-        else:
+        [error] = client.publish([out], deadline)
+        if error is None:
             confirmed.append(m)
+        elif not isinstance(error, REFUSED):
+            failed.append((m, i, error))
+            if out.ordering_key:
+                held.add(out.ordering_key)
+        elif confirmed:
+            refused.append((m, error))
+        else:
+            undecided.append((m, i, error))
+            if len(undecided) >= ALONE_PROBES:  # the topic's refusal, not the messages'
+                failed.extend(undecided + suspect[n + 1 :])
+                return
     if confirmed:
-        refused.extend((m, exc) for m, _key, exc in undecided)
+        refused.extend((m, exc) for m, _i, exc in undecided)
     else:
         failed.extend(undecided)
-
-
-#: (topic, ordering key) of the keys runs of this process gave back (``_give_back``) -> the
-#: monotonic time by which no publish of that run can still be under way; until a later run
-#: of the key resumes it before publishing, or that time has passed (``_resume_given_back``):
-#: a key no later run of this process publishes (another worker's, or none) is not kept
-_given_back: dict[tuple[str, str], float] = {}
-_given_back_lock = threading.Lock()
-#: seconds past a run's deadline after which its publishes under way have ended (each publish's
-#: timeout ends by the deadline; the client's callbacks follow)
-GIVEN_BACK_MARGIN = 5.0
-
-
-def _resume_given_back(client: PublisherClient, topic: str, keys: list[str]) -> None:
-    """Resume those of ``keys`` an earlier run gave back. That run resumed them as it gave
-    them back (``_give_back``), but a publish still under way then (a stalled Pub/Sub: the run
-    stopped waiting first) fails a moment later, and the client pauses its key after that
-    resume. Its messages were given back all the same, so the pause guards nothing: this run
-    publishes them again (on an ordered queue the key's head, everything before it confirmed
-    and acked). Left paused, the first run after an outage failed at once without reaching
-    Pub/Sub, and doubled the back-off."""
-    now = time.monotonic()
-    with _given_back_lock:
-        due = {(topic, key) for key in keys if (topic, key) in _given_back}
-        # and every key whose run's publishes have all ended: resumed once more (a publish
-        # may have paused it after its run gave it back), then no longer kept
-        due.update(pair for pair, until in _given_back.items() if until <= now)
-        for pair in due:
-            del _given_back[pair]
-    for pair_topic, key in due:
-        _resume(client, pair_topic, key)
-
-
-def _resume(client: PublisherClient, topic: str, key: str) -> None:
-    """Resume ``key``'s publishes, paused by a failed one (a publish still under way, past the
-    run's wait, paused nothing: the client says so with a ``RuntimeError``)."""
-    if not key:
-        return
-    try:
-        client.resume_publish(topic, key)
-    except RuntimeError:  # not paused
-        pass
 
 
 def _report_confirmed(model: type[Queue], topic: str, confirmed: list[Message]) -> None:
@@ -540,27 +459,18 @@ def _dead_letter_refused(model: type[Queue], topic: str, m: Message, error: Base
 
 
 def _give_back(
-    client: PublisherClient,
     model: type[Queue],
     topic: str,
     messages: list[Message],
     confirmed: list[Message],
-    failed: list[tuple[Message, str, BaseException]],
+    failed: _Failed,
     archive_days: int,
     sent: _Sent,
-    deadline: float,
 ) -> None:
-    """After a failed publish (of a run waiting until ``deadline``, monotonic): resume the
-    paused ordering keys, ack the confirmed messages (they are in Pub/Sub; only the failed ones
-    come back; archived when ``archive_days``), send ``publish_failed``, count the failure in
-    the queue's episode and raise ``PublishFailed`` from the first error, due after the
+    """After a failed publish: ack the confirmed messages (they are in Pub/Sub; only the failed
+    ones come back; archived when ``archive_days``), send ``publish_failed``, count the failure
+    in the queue's episode and raise ``PublishFailed`` from the first error, due after the
     episode's back-off. Always raises."""
-    keys = {key for _, key, _ in failed if key}
-    for key in keys:
-        _resume(client, topic, key)
-    until = deadline + GIVEN_BACK_MARGIN
-    with _given_back_lock:  # resumed again before their next publish: see _resume_given_back
-        _given_back.update(((topic, key), until) for key in keys)
     _ack_confirmed(model, confirmed, archive_days, sent)  # in Pub/Sub: only they come back
     first = failed[0][2]
     publish_failed.send_robust(

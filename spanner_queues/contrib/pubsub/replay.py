@@ -6,6 +6,7 @@ takes each replayed event in once more, and once only."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime
@@ -15,12 +16,12 @@ from django.db.models import Q, QuerySet
 from spanner_queues import clock
 from spanner_queues.contrib.pubsub.conf import pubsub_params, resource_path
 from spanner_queues.contrib.pubsub.models import RelayedEvent
+from spanner_queues.contrib.pubsub.publish import Outgoing
 from spanner_queues.contrib.pubsub.relay import (
     EVENT_ID_ATTRIBUTE,
     KEY_ATTRIBUTE,
     QUEUE_ATTRIBUTE,
     REPLAY_ID_ATTRIBUTE,
-    _resume,
     publisher,
 )
 from spanner_queues.exceptions import QueueConfigurationError
@@ -86,36 +87,27 @@ def replay(
     topics: dict[str, str] = {}
     done = 0
     for batch in batches(events, batch_size):
-        pending = []
+        outgoing = []
         for event in batch:
             if event.queue not in topics:
                 topics[event.queue] = topic_of(event.queue)
-            topic = topics[event.queue]
-            future = client.publish(
-                topic,
-                bytes(event.data),
-                ordering_key=event.ordering_key,
-                retry=None,
-                timeout=timeout,
-                **{
-                    EVENT_ID_ATTRIBUTE: event.event_id,
-                    QUEUE_ATTRIBUTE: event.queue,
-                    KEY_ATTRIBUTE: event.key,
-                    REPLAY_ID_ATTRIBUTE: replay_id,
-                },
+            attributes = {
+                EVENT_ID_ATTRIBUTE: event.event_id,
+                QUEUE_ATTRIBUTE: event.queue,
+                KEY_ATTRIBUTE: event.key,
+                REPLAY_ID_ATTRIBUTE: replay_id,
+            }
+            outgoing.append(
+                Outgoing(topics[event.queue], bytes(event.data), event.ordering_key, attributes)
             )
-            pending.append((event, topic, future))
-        for event, _topic, future in pending:
-            try:
-                future.result(timeout=timeout)
-            except Exception as exc:
-                for e, t in {(e.ordering_key, t) for e, t, _f in pending}:
-                    _resume(client, t, e)  # the keys the failure paused
+        outcomes = client.publish(outgoing, time.monotonic() + timeout)
+        for event, error in zip(batch, outcomes, strict=True):
+            if error is not None:
                 raise ReplayFailed(
                     f"event {event.event_id} of {event.queue} not confirmed by Pub/Sub "
-                    f"({type(exc).__name__}: {exc}); {done} replayed before it",
+                    f"({type(error).__name__}: {error}); {done} replayed before it",
                     done,
-                ) from exc
+                ) from error
             done += 1
         if progress is not None:
             progress(done)
