@@ -149,9 +149,13 @@ def published_data(message: Message) -> bytes:
     return message.payload
 
 
+#: one encoder for every ``key_text`` (``json.dumps`` with arguments builds one a call)
+_KEY_ENCODER = json.JSONEncoder(default=str, separators=(",", ":"))
+
+
 def key_text(message: Message) -> str:
     """The message key as the ``key`` attribute: a JSON array of its values."""
-    return json.dumps(list(message.key), default=str, separators=(",", ":"))
+    return _KEY_ENCODER.encode(list(message.key))
 
 
 def ordering_key(model: type[models.Model], message: Message) -> str:
