@@ -4,6 +4,7 @@ Pub/Sub emulator.
     .venv/bin/python benchmarks/pubsub_relay.py                      # 5000 messages a round
     .venv/bin/python benchmarks/pubsub_relay.py --messages 20000 --concurrency 4 --json
     .venv/bin/python benchmarks/pubsub_relay.py --ds tests.settings_pubsub_native  # native queues
+    .venv/bin/python benchmarks/pubsub_relay.py --postgres --concurrency 1
 
 Each round, alternating so that drift hits both alike:
 
@@ -31,7 +32,8 @@ After the timed rounds one more relay round is counted, not timed: publish reque
 Pub/Sub) and, on a SQL database, statements and commits, or on Spanner the API calls by
 method (``tests.native.grpc_calls``), per message. ``--ds`` runs the queue on a test settings
 module's database instead of SQLite (``tests.settings_pubsub_native``: native queues on the
-emulator front, which it starts).
+emulator front, which it starts); ``--postgres`` on a private PostgreSQL server with durable
+commits (``sqlite_bench.postgres_database``).
 
 Two key shapes: ``keyed`` (50 orders, so 50 ordering keys: the default ordering key, the
 order) and ``unordered`` (``pubsub_ordering_key = ()``). The goal (issue 32): the relay at least
@@ -89,9 +91,35 @@ def configure_module(module: str, batch: int) -> None:
     connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
 
 
-def configure(workdir: str, batch: int) -> None:
+def configure(workdir: str, batch: int, postgres: str | None = None) -> None:
+    """Django on a fresh SQLite file in ``workdir`` or, given ``host:port/name``
+    (``sqlite_bench.postgres_database``), on that PostgreSQL database."""
     sys.path.insert(0, str(ROOT))
     from django.conf import settings
+
+    database: dict[str, Any] = {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(workdir, "bench.sqlite3"),
+        "OPTIONS": {
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        },
+        "CONN_MAX_AGE": None,
+    }
+    if postgres is not None:
+        from tests.postgres_server import SUPERUSER
+
+        address, name = postgres.split("/")
+        host, port = address.rsplit(":", 1)
+        database = {
+            "ENGINE": "django.db.backends.postgresql",
+            "HOST": host,
+            "PORT": port,
+            "NAME": name,
+            "USER": SUPERUSER,
+            "CONN_MAX_AGE": None,
+        }
 
     settings.configure(
         SECRET_KEY="benchmarks-only-not-secret",
@@ -105,18 +133,7 @@ def configure(workdir: str, batch: int) -> None:
             "spanner_queues.contrib.pubsub",
             "tests.pubsubapp",
         ],
-        DATABASES={
-            "default": {
-                "ENGINE": "django.db.backends.sqlite3",
-                "NAME": os.path.join(workdir, "bench.sqlite3"),
-                "OPTIONS": {
-                    "init_command": "PRAGMA journal_mode=WAL;",
-                    "transaction_mode": "IMMEDIATE",
-                    "timeout": 20,
-                },
-                "CONN_MAX_AGE": None,
-            }
-        },
+        DATABASES={"default": database},
         SPANNER_QUEUES={
             "default": {
                 "ENGINE": "spanner_queues.engines.table.TableQueueEngine",
@@ -349,6 +366,11 @@ def main() -> None:
     parser.add_argument(
         "--ds", help="a test settings module for the queue's database (default: SQLite file)"
     )
+    parser.add_argument(
+        "--postgres",
+        action="store_true",
+        help="the queue on a private PostgreSQL server (tests.postgres_server), durable commits",
+    )
     args = parser.parse_args()
 
     from spanner_queues.testing.pubsub import PubSubEmulator
@@ -358,7 +380,14 @@ def main() -> None:
         if args.ds:
             configure_module(args.ds, args.batch)
         else:
-            configure(workdir, args.batch)
+            postgres = None
+            if args.postgres:
+                sys.path.insert(0, str(ROOT / "benchmarks"))
+                sys.path.insert(0, str(ROOT))
+                from sqlite_bench import postgres_database
+
+                postgres = postgres_database()
+            configure(workdir, args.batch, postgres)
         from django.conf import settings
         from django.core.management import call_command
         from google.cloud.pubsub_v1 import PublisherClient
@@ -422,9 +451,10 @@ def main() -> None:
     if args.json:
         print(json.dumps(summary, indent=2))
         return
+    where = args.ds or ("PostgreSQL" if args.postgres else "SQLite")
     print(
         f"{args.messages} messages a round, {args.rounds} rounds, relay --concurrency "
-        f"{args.concurrency}, RELAY_BATCH_SIZE {args.batch}, queue on {args.ds or 'SQLite'}; "
+        f"{args.concurrency}, RELAY_BATCH_SIZE {args.batch}, queue on {where}; "
         f"{platform.python_version()}, {os.cpu_count()} cores"
     )
     for shape, s in summary.items():
