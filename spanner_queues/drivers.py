@@ -78,6 +78,14 @@ class Driver:
     #: where it does, many rows go as one statement each in one ``executemany``, not as one
     #: statement of many rows, which the driver would parse again for every call
     pipelines_executemany = False
+    #: whether a claim of the due rows from the head is one statement (PostgreSQL: ``UPDATE
+    #: ... FROM (SELECT ... FOR UPDATE SKIP LOCKED) RETURNING``, one lease token for the
+    #: claim), not a read and then a compare-and-set for each row
+    claims_in_one_statement = False
+    #: whether many rows can go as one array parameter per column (PostgreSQL's ``unnest``):
+    #: a batch's acks (the rows whose key and token are among the arrays') and the relay's
+    #: archive rows are then one statement, not one a row
+    supports_array_parameters = False
 
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
@@ -442,6 +450,10 @@ class PostgreSQLDriver(Driver):
     # a RELEASE is a round trip (half of a grouped no-op receiver's cost); a savepoint left
     # open nests the next one of the same name, and ROLLBACK TO names the innermost
     releases_savepoints = False
+    # one UPDATE ... RETURNING leases a claim's rows: a row's UPDATE cost the server more than
+    # the message's whole delivery otherwise (the relay's claims: docs/benchmarks.md)
+    claims_in_one_statement = True
+    supports_array_parameters = True
 
     @cached_property
     def pipelines_executemany(self) -> bool:  # type: ignore[override]

@@ -316,6 +316,8 @@ class TableQueueEngine(BaseQueueEngine):
         one_by_one = driver.replays_aborted_transactions
         now = clock.now()
         names = key_names(model)
+        if keys is None and driver.claims_in_one_statement:
+            return self._claim_in_one_statement(model, statements, max_messages, now, lease)
         due = self._due_rows(
             model, statements, keys, max_messages, now, one_by_one=one_by_one, names=names
         )
@@ -359,6 +361,48 @@ class TableQueueEngine(BaseQueueEngine):
                 claimed.append(_claimed_message(model._meta.label, names, row, c))
                 # a lease still set: the last one ran out (acks delete, releases clear it)
                 expired += row[-1] is not None  # (lease_expires_at, the last of DUE_COLUMNS)
+        return claimed, expired
+
+    def _claim_in_one_statement(
+        self,
+        model: type[Queue],
+        statements: RowStatements,
+        max_messages: int,
+        now: datetime,
+        lease: timedelta,
+    ) -> tuple[list[Message], int]:
+        """``_claim`` of the due rows from the head as one statement (``claims_in_one_statement``):
+        one lease token for the claim, and the deliver time after the lease drawn once per
+        attempt (as ``_claim`` draws it), written by the statement for each row by its
+        attempts and age."""
+        names = key_names(model)
+        n_keys = len(names)
+        expires = now + lease
+        backoff = self.params.backoff
+        young = timedelta(0)
+        after_lease: list[tuple[int, datetime]] = []  # (attempts before, deliver time)
+        for attempts in range(64):
+            after_lease.append((attempts, expires + backoff.delay(attempts + 1, young)))
+            if backoff.longest(attempts + 1, young) >= backoff.maximum:
+                break
+        old = (now - backoff.hourly_after, expires + backoff.delay(1, backoff.hourly_after))
+        token = next(lease_tokens())
+        rows = statements.claim_due(now, max_messages, token, expires, after_lease, old)
+        # (RETURNING has no order: oldest due first, as the read of ``_claim``)
+        rows.sort(key=lambda row: row[n_keys + 1])
+        claimed, expired = [], 0
+        label = model._meta.label
+        for row in rows:
+            claim = Claim(
+                key=row[:n_keys],
+                was_due=row[n_keys + 1],
+                lease_token=token,
+                lease_expires_at=expires,
+                attempts=row[n_keys + 3] + 1,
+                deliver_time=expires,
+            )
+            claimed.append(_claimed_message(label, names, row, claim))
+            expired += row[-1] is not None  # the lease it had ran out
         return claimed, expired
 
     def _due_rows(
@@ -731,9 +775,11 @@ class RowStatements:
         "delete_sql",
         "due_columns",
         "due_sql",
+        "due_where",
         "fields",
         "insert",
         "key",
+        "table",
         "token_sql",
         "using",
     )
@@ -766,6 +812,8 @@ class RowStatements:
         head = head_of_key_sql(model, using)
         if head:  # an ordered queue: only each ordering key's head (``ordering``)
             due = f"{due} AND {head}"
+        self.table = table
+        self.due_where = due
         self.due_sql = f"SELECT {columns} FROM {table} WHERE {due} ORDER BY {deliver} ASC"
         self.any_due_sql = f"SELECT 1 FROM {table} WHERE {due}"
         self.insert = InsertStatement(model, using)
@@ -826,8 +874,68 @@ class RowStatements:
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             found = cursor.fetchall()
+        return self._converted(found, connection)
+
+    def claim_due(
+        self,
+        now: datetime,
+        limit: int,
+        token: str,
+        expires: datetime,
+        after_lease: Sequence[tuple[int, datetime]],
+        old: tuple[datetime, datetime],
+    ) -> list[tuple[Any, ...]]:
+        """Lease the first ``limit`` rows due at ``now`` (those another claim holds passed
+        over) in one statement: each gets ``token``, ``expires``, one more attempt and the
+        deliver time of ``after_lease`` for its attempts so far (the last for more), or of
+        ``old`` (sent before its first value: the second) for a message that old. Returns
+        the rows as ``select_due`` does, the deliver time and lease expiry they had, and their
+        attempts before this claim, in no order."""
+        connection = connections[self.using]  # this thread's
+        ops = connection.ops
+        quote = ops.quote_name
+        table, where_due = self.table, self.due_where
+        keys = [quote(f.column) for f in self.key]
+        rest = self.due_columns[len(self.key) :]
+        column = {n: quote(f.column) for n, f in zip(self.DUE_COLUMNS, rest, strict=True)}
+        token_col = quote(self.fields["lease_token"].column)
+        deliver, expires_col = column["deliver_time"], column["lease_expires_at"]
+        attempts_col, sent = column["attempts"], column["send_time"]
+        whens = " ".join(f"WHEN {table}.{attempts_col} = %s THEN %s" for _ in after_lease[:-1])
+        sql = (
+            f"WITH picked AS (SELECT {', '.join(keys)}, {deliver} AS was_due, "
+            f"{expires_col} AS had_lease FROM {table} WHERE {where_due} ORDER BY {deliver} ASC "
+            f"{ops.limit_offset_sql(0, limit)} {ops.for_update_sql(skip_locked=True)}) "
+            f"UPDATE {table} SET {token_col} = %s, {expires_col} = %s, "
+            f"{attempts_col} = {table}.{attempts_col} + 1, "
+            f"{deliver} = CASE WHEN {table}.{sent} <= %s THEN %s {whens} ELSE %s END "
+            f"FROM picked WHERE "
+            + " AND ".join(f"{table}.{k} = picked.{k}" for k in keys)
+            + f" RETURNING {', '.join(f'{table}.{k}' for k in keys)}, {table}.{column['payload']}, "
+            f"picked.was_due, {table}.{sent}, {table}.{attempts_col} - 1, picked.had_lease"
+        )
+        save_time = _preparer(self.fields["deliver_time"], connection, save=True)
+        params: list[Any] = [
+            self._lookup(self.fields["deliver_time"], now, connection),
+            token,
+            _preparer(self.fields["lease_expires_at"], connection, save=True)(expires),
+            self._lookup(self.fields["deliver_time"], old[0], connection),
+            save_time(old[1]),
+        ]
+        for attempts, due_again in after_lease[:-1]:
+            params.extend((attempts, save_time(due_again)))
+        params.append(save_time(after_lease[-1][1]))
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            found = cursor.fetchall()
+        return self._converted(found, connection)
+
+    def _converted(self, found: list[Any], connection: Any) -> list[tuple[Any, ...]]:
+        """Rows of the key columns then ``DUE_COLUMNS``, as the ORM's ``values_list`` returns
+        them (the backend's and the fields' converters applied)."""
         if not found:
             return []
+        ops = connection.ops
         converters = []
         fast_datetime = driver_of(connection).datetime_reader()
         for i, f in enumerate(self.due_columns):
@@ -918,9 +1026,24 @@ class RowStatements:
         params = [
             [*key_of(key), look_token(token)] for key, token in zip(keys, lease_tokens, strict=True)
         ]
+        if driver_of(connection).supports_array_parameters:
+            # one DELETE of the rows whose (key, token) is among the arrays' (unnest)
+            columns = [list(column) for column in zip(*params, strict=True)]
+            with connection.cursor() as cursor:
+                cursor.execute(self._delete_unnest_sql(connection), columns)
+                return cursor.rowcount
         with connection.cursor() as cursor:
             cursor.executemany(self.delete_leased_sql, params)
             return cursor.rowcount
+
+    def _delete_unnest_sql(self, connection: Any) -> str:
+        """``DELETE ... WHERE (key..., token) IN (SELECT * FROM unnest(%s::type[], ...))``:
+        one array parameter for each key column and the token (PostgreSQL)."""
+        quote = connection.ops.quote_name
+        fields = [*self.key, self.fields["lease_token"]]
+        columns = ", ".join(quote(f.column) for f in fields)
+        arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
+        return f"DELETE FROM {self.table} WHERE ({columns}) IN (SELECT * FROM unnest({arrays}))"
 
     def delete(self, key: Sequence[Any], lease_token: str | None = None) -> int:
         """Delete by key; with ``lease_token``, only while the row still holds that token."""

@@ -7,10 +7,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import transaction
+from django.db import connections, transaction
 from django.utils import timezone
 
 from spanner_queues import api
+from spanner_queues.drivers import driver_for
 from spanner_queues.engines import engines
 from spanner_queues.engines.table import Claim, row_statements
 from spanner_queues.storage import rows
@@ -51,18 +52,66 @@ def test_a_row_whose_deliver_time_moved_is_not_claimed_the_others_are() -> None:
     assert b.key == (1, "b")
 
 
-def test_one_claim_leases_each_row_once_with_tokens_of_its_own() -> None:
+def test_one_claim_leases_each_row_once_under_a_token_no_other_claim_holds() -> None:
+    # one token for the whole claim where it is one statement (PostgreSQL), else one a row;
+    # never one another claim holds (an ack compares the key and the token)
+    db = engines["default"].database
     for i in range(25):
         UserTasks.send(user_id=2, message_id=f"m{i:02d}", payload=str(i))
     got = api.receive(UserTasks, max_messages=25)
     assert sorted(m.key for m in got) == [(2, f"m{i:02d}") for i in range(25)]
-    assert len({m.lease_token for m in got}) == 25
-    statements = row_statements(UserTasks, engines["default"].database)
+    one_statement = driver_for(db).claims_in_one_statement
+    assert len({m.lease_token for m in got}) == (1 if one_statement else 25)
+    statements = row_statements(UserTasks, db)
     for m in got:
         sent = str(int(m.key[1][1:]))
         assert m.attempt == 1 and m.payload in (sent, sent.encode())  # (a bytes queue)
         assert statements.held_by(m.key) == [m.lease_token]
     assert api.receive(UserTasks) == []
+    UserTasks.send(user_id=2, message_id="later", payload="x")
+    [later] = api.receive(UserTasks)
+    assert later.lease_token not in {m.lease_token for m in got}
+
+
+def _set(db: str, message_id: str, **values: Any) -> None:
+    """Set columns of a queue row by hand (queue rows refuse the ORM's updates)."""
+    connection = connections[db]
+    quote = connection.ops.quote_name
+    fields = {name: UserTasks._meta.get_field(name) for name in (*values, "message_id")}
+    sets = ", ".join(f"{quote(fields[n].column)} = %s" for n in values)
+    params = [fields[n].get_db_prep_save(v, connection) for n, v in values.items()]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {quote(UserTasks._meta.db_table)} SET {sets} "
+            f"WHERE {quote(fields['message_id'].column)} = %s",
+            [*params, message_id],
+        )
+
+
+def test_a_claim_in_one_statement_takes_the_oldest_due_and_counts_expired_leases() -> None:
+    db = engines["default"].database
+    if not driver_for(db).claims_in_one_statement:
+        pytest.skip("the claim reads its rows, then sets each (this database)")
+    base = timezone.now() - timedelta(minutes=5)
+    for i in (5, 3, 1, 0, 2, 4):  # sent out of order, due in order (a past time, as stored)
+        UserTasks.send(user_id=3, message_id=f"m{i}", payload=str(i))
+        _set(db, f"m{i}", deliver_time=base + timedelta(seconds=i))
+    UserTasks.send(user_id=3, message_id="later", payload="x", delay=timedelta(minutes=5))
+    first = api.receive(UserTasks, max_messages=4)
+    assert [m.key[1] for m in first] == ["m0", "m1", "m2", "m3"]  # oldest due first
+    assert [m.deliver_time for m in first] == [base + timedelta(seconds=i) for i in range(4)]
+    # m4's lease ran out (set as a claim would have left it): claimed again, counted
+    _set(db, "m4", attempts=2, lease_token="gone", lease_expires_at=base)
+    engine = engines["default"]
+    before = engine.lease_expirations(UserTasks)
+    second = api.receive(UserTasks, max_messages=10)
+    assert [(m.key[1], m.attempt) for m in second] == [("m4", 3), ("m5", 1)]
+    assert engine.lease_expirations(UserTasks) == before + 1
+    due_again = dict(rows(UserTasks, db).values_list("message_id", "deliver_time"))
+    lease_end = second[0].lease_expires_at
+    assert lease_end is not None
+    # after the lease, each by its attempts: the third (m4) waits longer than the first (m5)
+    assert due_again["m4"] - lease_end > due_again["m5"] - lease_end > timedelta(0)
 
 
 def test_idle_receives_open_no_transaction_after_a_backlog_ends(
