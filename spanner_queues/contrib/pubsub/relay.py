@@ -58,6 +58,7 @@ from spanner_queues.contrib.pubsub.conf import (
 )
 from spanner_queues.contrib.pubsub.models import RelayedEvent
 from spanner_queues.deadletter import dead_letter
+from spanner_queues.drivers import driver_of
 from spanner_queues.engines import engine_for
 from spanner_queues.envelope import CLOUDEVENTS, envelope_of
 from spanner_queues.exceptions import Retry
@@ -541,15 +542,23 @@ def _archive_rows(
 
 
 def _archive(rows: list[tuple], database: str) -> None:
-    """Insert the archive ``rows`` in the caller's transaction: one ``executemany`` (the ORM's
+    """Insert the archive ``rows`` in the caller's transaction: one ``INSERT`` of an array a
+    column where the database takes them (PostgreSQL), else one ``executemany`` (the ORM's
     ``bulk_create`` compiled its statement per row: most of the archive's cost)."""
     connection = connections[database]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f) for f in ARCHIVE_FIELDS)  # each field's column is its name
-    sql = (
-        f"INSERT INTO {quote(RelayedEvent._meta.db_table)} ({columns}) "
-        f"VALUES ({', '.join(['%s'] * len(ARCHIVE_FIELDS))})"
-    )
+    table = quote(RelayedEvent._meta.db_table)
+    if driver_of(connection).supports_array_parameters:  # one array a column (PostgreSQL)
+        fields = {f.name: f for f in RelayedEvent._meta.concrete_fields}
+        arrays = ", ".join(f"%s::{fields[f].db_type(connection)}[]" for f in ARCHIVE_FIELDS)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) SELECT * FROM unnest({arrays})",
+                [list(column) for column in zip(*rows, strict=True)],
+            )
+        return
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({', '.join(['%s'] * len(ARCHIVE_FIELDS))})"
     with connection.cursor() as cursor:
         cursor.executemany(sql, rows)
 
