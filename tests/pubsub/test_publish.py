@@ -56,20 +56,33 @@ def _pulled_by_key(pubsub: Any, subscription: str, count: int) -> dict[str, list
     return got
 
 
+def _requests_sent(monkeypatch: Any, show: Any, failing: BaseException | None = None) -> list[Any]:
+    """What ``show`` makes of each request ``Publisher`` sends, in order; with ``failing``, the
+    first request is answered with it instead of being sent."""
+    sent: list[Any] = []
+    real = Publisher._send
+
+    def recording(self: Publisher, request: Any, deadline: float) -> Any:
+        sent.append(show(request))
+        if failing is not None and len(sent) == 1:
+            return failing
+        return real(self, request, deadline)
+
+    monkeypatch.setattr(Publisher, "_send", recording)
+    return sent
+
+
+def _keys(request: Any) -> list[str]:
+    return [m.ordering_key for m in request.messages]
+
+
 def test_each_keys_messages_reach_pubsub_in_order_across_requests(
     pubsub: Any, publisher: Publisher, monkeypatch: Any
 ) -> None:
     # three messages a request: key "a" (7 messages) takes three requests, which go one after
     # the other; "b" shares a request with "a" and keeps its own order
     monkeypatch.setattr(publish, "MAX_REQUEST_MESSAGES", 3)
-    sent: list[list[str]] = []
-    real = Publisher._send
-
-    def recording(self: Publisher, request: Any, deadline: float) -> Any:
-        sent.append([m.ordering_key for m in request.messages])
-        return real(self, request, deadline)
-
-    monkeypatch.setattr(Publisher, "_send", recording)
+    sent = _requests_sent(monkeypatch, _keys)
     batch = [_out(pubsub.topic, k, n) for n in range(7) for k in ("a", "b") if n < 4 or k == "a"]
     ordered = f"{pubsub.subscription}-ordered"
     assert publisher.publish(batch, time.monotonic() + 30) == [None] * len(batch)
@@ -81,17 +94,8 @@ def test_a_failed_request_leaves_its_keys_later_requests_unsent(
     pubsub: Any, publisher: Publisher, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(publish, "MAX_REQUEST_MESSAGES", 2)
-    sent: list[list[str]] = []
-    real = Publisher._send
-
-    def failing_first(self: Publisher, request: Any, deadline: float) -> Any:
-        keys = [m.ordering_key for m in request.messages]
-        sent.append(keys)
-        if len(sent) == 1:
-            return google_exceptions.ServiceUnavailable("Pub/Sub is down")
-        return real(self, request, deadline)
-
-    monkeypatch.setattr(Publisher, "_send", failing_first)
+    down = google_exceptions.ServiceUnavailable("Pub/Sub is down")
+    sent = _requests_sent(monkeypatch, _keys, failing=down)
     batch = [_out(pubsub.topic, "a", n) for n in range(5)] + [_out(pubsub.topic, "", 9)]
     outcomes = publisher.publish(batch, time.monotonic() + 30)
     # the unordered message and "a"'s first share the failed request; "a"'s later ones
@@ -118,14 +122,7 @@ def test_requests_are_cut_by_bytes_as_well_as_by_count(
     pubsub: Any, publisher: Publisher, monkeypatch: Any
 ) -> None:
     monkeypatch.setattr(publish, "MAX_REQUEST_BYTES", 3000)
-    sizes: list[int] = []
-    real = Publisher._send
-
-    def recording(self: Publisher, request: Any, deadline: float) -> Any:
-        sizes.append(sum(len(m.data) for m in request.messages))
-        return real(self, request, deadline)
-
-    monkeypatch.setattr(Publisher, "_send", recording)
+    sizes = _requests_sent(monkeypatch, lambda request: sum(len(m.data) for m in request.messages))
     batch = [_out(pubsub.topic, "", n, b"%d" % n + b"x" * 999) for n in range(5)]
     assert publisher.publish(batch, time.monotonic() + 30) == [None] * 5
     assert sizes == [2000, 2000, 1000]  # two of about 1,050 bytes a request of 3,000

@@ -14,6 +14,7 @@ import signal
 import socket
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -328,79 +329,72 @@ def test_a_topic_pubsub_refuses_every_publish_to_fails_the_queue_not_its_message
     assert episode.runs >= 1 and episode.retry_at > 0
 
 
-def test_a_message_pubsub_refuses_alone_is_dead_lettered_once_another_got_through() -> None:
-    # one poison message makes Pub/Sub refuse its whole request: each refused message is
-    # published again alone, and only the one refused alone is the message's fault
-    class Client:
-        def __init__(self) -> None:
-            self.alone: list[bytes] = []
+class _AlonePublisher:
+    """A ``Publisher`` that takes one message at a time and answers by its data."""
 
-        def publish(self, batch: list[Outgoing], deadline: float) -> list[Any]:
-            [out] = batch
-            self.alone.append(out.data)
-            return [google_exceptions.InvalidArgument("schema") if out.data == b"poison" else None]
+    def __init__(self, answer: Callable[[bytes], BaseException | None]) -> None:
+        self.answer = answer
+        self.alone: list[bytes] = []
 
-    messages = [_message(i, data) for i, data in enumerate([b"poison", b"a", b"b"])]
-    outgoing: list[Any] = [Outgoing("t", m.stored_payload, "", {}) for m in messages]
-    suspects = [
-        (m, i, google_exceptions.InvalidArgument("request")) for i, m in enumerate(messages)
-    ]
+    def publish(self, batch: list[Outgoing], deadline: float) -> list[Any]:
+        [out] = batch
+        self.alone.append(out.data)
+        return [self.answer(out.data)]
+
+
+def _sort_suspects(
+    client: Any, suspects: list[Any], outgoing: list[Any]
+) -> tuple[list[Any], list[Any], list[Any]]:
+    """``relay._sort_suspects`` of ``suspects``: (confirmed, refused, failed)."""
     confirmed: list[Any] = []
     refused: list[Any] = []
     failed: list[Any] = []
-    client: Any = Client()
     relay_module._sort_suspects(
         client, time.monotonic() + 30, OrderEvents, suspects, outgoing, confirmed, refused, failed
     )
+    return confirmed, refused, failed
+
+
+def _suspects(payloads: list[bytes], keys: list[str]) -> tuple[list[Any], list[Any]]:
+    """Messages of ``payloads`` under the ordering ``keys``, all refused in their request:
+    (suspects, outgoing)."""
+    messages = [_message(i, data) for i, data in enumerate(payloads)]
+    outgoing: list[Any] = [
+        Outgoing("t", m.stored_payload, key, {}) for m, key in zip(messages, keys, strict=True)
+    ]
+    refusal = google_exceptions.InvalidArgument("request")
+    return [(m, i, refusal) for i, m in enumerate(messages)], outgoing
+
+
+def test_a_message_pubsub_refuses_alone_is_dead_lettered_once_another_got_through() -> None:
+    # one poison message makes Pub/Sub refuse its whole request: each refused message is
+    # published again alone, and only the one refused alone is the message's fault
+    client = _AlonePublisher(
+        lambda data: google_exceptions.InvalidArgument("schema") if data == b"poison" else None
+    )
+    suspects, outgoing = _suspects([b"poison", b"a", b"b"], ["", "", ""])
+    confirmed, refused, failed = _sort_suspects(client, suspects, outgoing)
     assert client.alone == [b"poison", b"a", b"b"]
     assert [m.stored_payload for m in confirmed] == [b"a", b"b"]
     assert [m.stored_payload for m, _ in refused] == [b"poison"]
     assert failed == []
-    confirmed, refused, failed = [], [], []
-    everything_refused = [(m, i, e) for m, i, e in suspects if m.stored_payload == b"poison"] * 9
-    relay_module._sort_suspects(
-        client,
-        time.monotonic() + 30,
-        OrderEvents,
-        everything_refused,
-        outgoing,
-        confirmed,
-        refused,
-        failed,
-    )
+    everything_refused = [s for s in suspects if s[0].stored_payload == b"poison"] * 9
+    confirmed, refused, failed = _sort_suspects(client, everything_refused, outgoing)
     assert confirmed == [] and refused == [] and len(failed) == 9  # the topic's: given back
 
 
 def test_a_suspect_after_a_failed_one_of_its_key_is_given_back_untried() -> None:
     # sorting suspects alone must not publish a key's later message once an earlier one of
     # the key failed (its order would break): given back, with the failed one
-    class Client:
-        def __init__(self) -> None:
-            self.alone: list[bytes] = []
-
-        def publish(self, batch: list[Outgoing], deadline: float) -> list[Any]:
-            [out] = batch
-            self.alone.append(out.data)
-            return [google_exceptions.ServiceUnavailable("down") if out.data == b"a1" else None]
-
-    messages = [_message(i, data) for i, data in enumerate([b"a1", b"a2", b"b1"])]
-    keys = ["a", "a", "b"]
-    outgoing: list[Any] = [
-        Outgoing("t", m.stored_payload, key, {}) for m, key in zip(messages, keys, strict=True)
-    ]
-    suspects = [
-        (m, i, google_exceptions.InvalidArgument("request")) for i, m in enumerate(messages)
-    ]
-    confirmed: list[Any] = []
-    refused: list[Any] = []
-    failed: list[Any] = []
-    client: Any = Client()
-    relay_module._sort_suspects(
-        client, time.monotonic() + 30, OrderEvents, suspects, outgoing, confirmed, refused, failed
+    client = _AlonePublisher(
+        lambda data: google_exceptions.ServiceUnavailable("down") if data == b"a1" else None
     )
+    suspects, outgoing = _suspects([b"a1", b"a2", b"b1"], ["a", "a", "b"])
+    confirmed, refused, failed = _sort_suspects(client, suspects, outgoing)
     assert client.alone == [b"a1", b"b1"]
     assert [m.stored_payload for m in confirmed] == [b"b1"]
     assert sorted(m.stored_payload for m, _, _ in failed) == [b"a1", b"a2"]
+    assert refused == []
 
 
 def _message(i: int, data: bytes) -> Message:
