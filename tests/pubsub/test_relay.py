@@ -204,6 +204,27 @@ def test_a_message_pubsub_refuses_is_dead_lettered_and_the_others_published(pubs
     assert [json.loads(m.data) for m in pubsub.pull()] == [{"n": 1}]
 
 
+def test_a_message_the_relay_cannot_build_is_dead_lettered_and_the_others_published(
+    pubsub, monkeypatch
+) -> None:
+    # a stored value it cannot encode for publishing: that message's fault, not the run's
+    # (an error out of the run would charge every message of the batch an attempt)
+    real = relay_module.published_data
+
+    def failing(message: Message) -> bytes:
+        if message.key[0] == 2:
+            raise ValueError("not encodable")
+        return real(message)
+
+    monkeypatch.setattr(relay_module, "published_data", failing)
+    OrderEvents.send(order=1, message_id="ok", payload={"n": 1})
+    OrderEvents.send(order=2, message_id="bad", payload={"n": 2})
+    stats = relay_burst()
+    assert stats.processed == 2 and stats.failed == 0
+    assert list(OrderEventsDead.objects.values_list("order", flat=True)) == [2]
+    assert [json.loads(m.data) for m in pubsub.pull()] == [{"n": 1}]
+
+
 def test_a_failing_pubsub_gives_the_messages_back_and_resumed_keys_publish_them_later(
     pubsub,
 ) -> None:

@@ -333,17 +333,23 @@ def _outgoing(
     topic: str, model: type[Queue], messages: list[Message], sent: _Sent
 ) -> list[Outgoing | BaseException]:
     """What each message publishes (in ``messages``' order; what was published is also kept in
-    ``sent``), or why it cannot be published (``ValueError``: an attribute over Pub/Sub's
-    limit, which its emulator would take: checked here)."""
+    ``sent``), or why it cannot be published: ``ValueError`` for an attribute over Pub/Sub's
+    limit (which its emulator would take: checked here), or the error that building it
+    raised (a stored value it cannot encode). Either is refused: dead-lettered, the others
+    published."""
     fields = ordering_fields(model)
     outgoing: list[Outgoing | BaseException] = []
     for m in messages:
-        attributes = {
-            EVENT_ID_ATTRIBUTE: event_id(m),
-            QUEUE_ATTRIBUTE: m.queue,
-            KEY_ATTRIBUTE: key_text(m),
-        }
-        data = published_data(m)
+        try:
+            attributes = {
+                EVENT_ID_ATTRIBUTE: event_id(m),
+                QUEUE_ATTRIBUTE: m.queue,
+                KEY_ATTRIBUTE: key_text(m),
+            }
+            data = published_data(m)
+        except Exception as exc:  # a stored message it cannot publish (a bad value)
+            outgoing.append(exc)
+            continue
         sent[id(m)] = (attributes, data)
         too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
         if too_long:
