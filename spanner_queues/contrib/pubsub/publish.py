@@ -54,6 +54,10 @@ class Outgoing:
     attributes: dict[str, str]
 
 
+#: what ``Publisher.publish`` answers for a message it never sent (the message's own fault)
+UNSENT = (publisher_exceptions.MessageTooLargeError, TypeError, ValueError)
+
+
 class KeyFailed(google_exceptions.Aborted):
     """Not sent: a request before it holding the same ordering key was not confirmed (so the
     key's order holds: nothing after a failure is published)."""
@@ -110,23 +114,25 @@ class Publisher:
         current: _Request | None = None
         for i in order:
             out = batch[i]
-            size = _size_bound(out)
-            if size > MAX_REQUEST_BYTES - len(out.topic) - 8:
-                refused = _refusal(out)
-                if refused is not None:
-                    outcomes[i] = refused
-                    continue
             try:
                 pb = _MessagePb(data=out.data, ordering_key=out.ordering_key)
                 pb.attributes.update(out.attributes)
             except (TypeError, ValueError) as exc:
                 outcomes[i] = exc
                 continue
+            size = _size_bound(out)
+            room = MAX_REQUEST_BYTES - len(out.topic) - 8  # (the request's topic field)
+            if size > room and _too_large(out.topic, pb):
+                outcomes[i] = publisher_exceptions.MessageTooLargeError(
+                    f"the message would make a publish request over Pub/Sub's "
+                    f"{MAX_REQUEST_BYTES} bytes"
+                )
+                continue
             if (
                 current is None
                 or current.topic != out.topic
                 or len(current.messages) >= MAX_REQUEST_MESSAGES
-                or current.size + size > MAX_REQUEST_BYTES - len(out.topic) - 8
+                or current.size + size > room
             ):
                 follows = (
                     current is not None
@@ -182,21 +188,12 @@ def _size_bound(out: Outgoing) -> int:
     return size
 
 
-def _refusal(out: Outgoing) -> BaseException | None:
-    """``MessageTooLargeError`` when ``out`` alone makes a request over Pub/Sub's bytes
-    (measured exactly: called only when the bound is over)."""
-    try:
-        pb = _MessagePb(data=out.data, ordering_key=out.ordering_key)
-        pb.attributes.update(out.attributes)
-        request = _RequestPb(topic=out.topic)
-        request.messages.append(pb)
-    except (TypeError, ValueError) as exc:
-        return exc
-    if request.ByteSize() > MAX_REQUEST_BYTES:
-        return publisher_exceptions.MessageTooLargeError(
-            f"the message would make a publish request over Pub/Sub's {MAX_REQUEST_BYTES} bytes"
-        )
-    return None
+def _too_large(topic: str, pb: Any) -> bool:
+    """Whether the message ``pb`` alone makes a request to ``topic`` over Pub/Sub's bytes
+    (measured exactly: asked only when the bound is over)."""
+    request = _RequestPb(topic=topic)
+    request.messages.append(pb)
+    return bool(request.ByteSize() > MAX_REQUEST_BYTES)
 
 
 def _wait(call: Any, deadline: float) -> BaseException | None:

@@ -73,7 +73,7 @@ try:
     from google.cloud.pubsub_v1 import PublisherClient
     from google.cloud.pubsub_v1.publisher import exceptions as publisher_exceptions
 
-    from spanner_queues.contrib.pubsub.publish import Outgoing, Publisher
+    from spanner_queues.contrib.pubsub.publish import UNSENT, Outgoing, Publisher
 except ImportError:
     raise PubSubUnavailable(
         "spanner_queues.contrib.pubsub needs google-cloud-pubsub: "
@@ -383,9 +383,7 @@ def _sort_outcomes(
         error = out if isinstance(out, BaseException) else next(outcomes)
         if error is None:
             confirmed.append(m)
-        elif isinstance(out, BaseException) or isinstance(
-            error, (publisher_exceptions.MessageTooLargeError, TypeError, ValueError)
-        ):
+        elif isinstance(out, BaseException) or isinstance(error, UNSENT):
             refused.append((m, error))  # never left this process
         elif isinstance(error, REFUSED):
             suspect.append((m, i, error))
