@@ -381,9 +381,9 @@ class TableQueueEngine(BaseQueueEngine):
         backoff = self.params.backoff
         young = timedelta(0)
         after_lease: list[tuple[int, datetime]] = []  # (attempts before, deliver time)
-        for attempts in range(64):
+        for attempts in range(64):  # until the wait stops growing (the policy's maximum)
             after_lease.append((attempts, expires + backoff.delay(attempts + 1, young)))
-            if backoff.longest(attempts + 1, young) >= backoff.maximum:
+            if backoff.longest(attempts + 2, young) == backoff.longest(attempts + 1, young):
                 break
         old = (now - backoff.hourly_after, expires + backoff.delay(1, backoff.hourly_after))
         token = next(lease_tokens())
@@ -399,7 +399,7 @@ class TableQueueEngine(BaseQueueEngine):
                 lease_token=token,
                 lease_expires_at=expires,
                 attempts=row[n_keys + 3] + 1,
-                deliver_time=expires,
+                deliver_time=expires,  # (unread here: the statement set it by the attempts)
             )
             claimed.append(_claimed_message(label, names, row, claim))
             expired += row[-1] is not None  # the lease it had ran out
@@ -782,6 +782,7 @@ class RowStatements:
         "table",
         "token_sql",
         "using",
+        "written",
     )
 
     #: what ``select_due`` reads after the key columns, in this order
@@ -814,6 +815,8 @@ class RowStatements:
             due = f"{due} AND {head}"
         self.table = table
         self.due_where = due
+        #: statements written on first use (``_written``): a few per queue and database
+        self.written: dict[tuple[Any, ...], str] = {}
         self.due_sql = f"SELECT {columns} FROM {table} WHERE {due} ORDER BY {deliver} ASC"
         self.any_due_sql = f"SELECT 1 FROM {table} WHERE {due}"
         self.insert = InsertStatement(model, using)
@@ -892,31 +895,11 @@ class RowStatements:
         the rows as ``select_due`` does, the deliver time and lease expiry they had, and their
         attempts before this claim, in no order."""
         connection = connections[self.using]  # this thread's
-        ops = connection.ops
-        quote = ops.quote_name
-        table, where_due = self.table, self.due_where
-        keys = [quote(f.column) for f in self.key]
-        rest = self.due_columns[len(self.key) :]
-        column = {n: quote(f.column) for n, f in zip(self.DUE_COLUMNS, rest, strict=True)}
-        token_col = quote(self.fields["lease_token"].column)
-        deliver, expires_col = column["deliver_time"], column["lease_expires_at"]
-        attempts_col, sent = column["attempts"], column["send_time"]
-        whens = " ".join(f"WHEN {table}.{attempts_col} = %s THEN %s" for _ in after_lease[:-1])
-        sql = (
-            f"WITH picked AS (SELECT {', '.join(keys)}, {deliver} AS was_due, "
-            f"{expires_col} AS had_lease FROM {table} WHERE {where_due} ORDER BY {deliver} ASC "
-            f"{ops.limit_offset_sql(0, limit)} {ops.for_update_sql(skip_locked=True)}) "
-            f"UPDATE {table} SET {token_col} = %s, {expires_col} = %s, "
-            f"{attempts_col} = {table}.{attempts_col} + 1, "
-            f"{deliver} = CASE WHEN {table}.{sent} <= %s THEN %s {whens} ELSE %s END "
-            f"FROM picked WHERE "
-            + " AND ".join(f"{table}.{k} = picked.{k}" for k in keys)
-            + f" RETURNING {', '.join(f'{table}.{k}' for k in keys)}, {table}.{column['payload']}, "
-            f"picked.was_due, {table}.{sent}, {table}.{attempts_col} - 1, picked.had_lease"
-        )
+        sql = self._written(("claim_due", len(after_lease)), self._claim_due_sql)
         save_time = _preparer(self.fields["deliver_time"], connection, save=True)
         params: list[Any] = [
             self._lookup(self.fields["deliver_time"], now, connection),
+            limit,
             token,
             _preparer(self.fields["lease_expires_at"], connection, save=True)(expires),
             self._lookup(self.fields["deliver_time"], old[0], connection),
@@ -929,6 +912,39 @@ class RowStatements:
             cursor.execute(sql, params)
             found = cursor.fetchall()
         return self._converted(found, connection)
+
+    def _written(self, key: tuple[Any, ...], write: Callable[..., str]) -> str:
+        """The statement ``write(*key[1:])`` writes, written once per ``key`` (the same for
+        every thread's connection to the database, as the other statements here)."""
+        sql = self.written.get(key)
+        if sql is None:
+            sql = self.written[key] = write(*key[1:])
+        return sql
+
+    def _claim_due_sql(self, levels: int) -> str:
+        """``claim_due``'s statement for ``levels`` deliver times (the limit a parameter)."""
+        ops = connections[self.using].ops
+        quote = ops.quote_name
+        table, where_due = self.table, self.due_where
+        keys = [quote(f.column) for f in self.key]
+        rest = self.due_columns[len(self.key) :]
+        column = {n: quote(f.column) for n, f in zip(self.DUE_COLUMNS, rest, strict=True)}
+        token_col = quote(self.fields["lease_token"].column)
+        deliver, expires_col = column["deliver_time"], column["lease_expires_at"]
+        attempts_col, sent = column["attempts"], column["send_time"]
+        whens = " ".join(f"WHEN {table}.{attempts_col} = %s THEN %s" for _ in range(levels - 1))
+        return (
+            f"WITH picked AS (SELECT {', '.join(keys)}, {deliver} AS was_due, "
+            f"{expires_col} AS had_lease FROM {table} WHERE {where_due} ORDER BY {deliver} ASC "
+            f"LIMIT %s {ops.for_update_sql(skip_locked=True)}) "
+            f"UPDATE {table} SET {token_col} = %s, {expires_col} = %s, "
+            f"{attempts_col} = {table}.{attempts_col} + 1, "
+            f"{deliver} = CASE WHEN {table}.{sent} <= %s THEN %s {whens} ELSE %s END "
+            f"FROM picked WHERE "
+            + " AND ".join(f"{table}.{k} = picked.{k}" for k in keys)
+            + f" RETURNING {', '.join(f'{table}.{k}' for k in keys)}, {table}.{column['payload']}, "
+            f"picked.was_due, {table}.{sent}, {table}.{attempts_col} - 1, picked.had_lease"
+        )
 
     def _converted(self, found: list[Any], connection: Any) -> list[tuple[Any, ...]]:
         """Rows of the key columns then ``DUE_COLUMNS``, as the ORM's ``values_list`` returns
@@ -1030,15 +1046,16 @@ class RowStatements:
             # one DELETE of the rows whose (key, token) is among the arrays' (unnest)
             columns = [list(column) for column in zip(*params, strict=True)]
             with connection.cursor() as cursor:
-                cursor.execute(self._delete_unnest_sql(connection), columns)
+                cursor.execute(self._written(("delete_unnest",), self._delete_unnest_sql), columns)
                 return cursor.rowcount
         with connection.cursor() as cursor:
             cursor.executemany(self.delete_leased_sql, params)
             return cursor.rowcount
 
-    def _delete_unnest_sql(self, connection: Any) -> str:
+    def _delete_unnest_sql(self) -> str:
         """``DELETE ... WHERE (key..., token) IN (SELECT * FROM unnest(%s::type[], ...))``:
         one array parameter for each key column and the token (PostgreSQL)."""
+        connection = connections[self.using]
         quote = connection.ops.quote_name
         fields = [*self.key, self.fields["lease_token"]]
         columns = ", ".join(quote(f.column) for f in fields)
