@@ -484,7 +484,10 @@ def main() -> None:
                     f"  {label + ' round ' + str(i):<42} {ours_r:8.0f} / {theirs_r:5.0f} msg/s  "
                     f"ratio {ours_r / theirs_r:.1f}x"
                 )
-        print(f"\nIssue 41's goal (reproduce: {command} --pairs {args.pairs})")
+        print(
+            f"\nIssue 41's goal (reproduce: {command} --pairs {args.pairs}"
+            f" --pairs-drain {args.pairs_drain})"
+        )
         # issue 41: SQLite >= 20x; PostgreSQL >= 5x (and procrastinate: worker_vs_procrastinate)
         db, target = ("PostgreSQL", 5) if os.environ.get("SQ_BENCH_POSTGRES") else ("SQLite", 20)
         r = pairs["in_process_ratio"]
