@@ -87,6 +87,16 @@ class Driver:
     #: archive rows are then one statement, not one a row
     supports_array_parameters = False
 
+    @property
+    def supports_json_each(self) -> bool:
+        """Whether many rows can go as one JSON array parameter read by ``json_each`` (SQLite
+        with its JSON functions): a claim of the due rows from the head is then a read of them
+        with their ``rowid`` and one ``UPDATE`` of those rowids, one lease token for the claim
+        (SQLite's ``RETURNING`` cannot name the read's columns: the deliver time and lease a
+        row had; its one writer holds the rows between the two), and a batch's acks one
+        ``DELETE`` of the rows whose key and token are among the array's, not one a row."""
+        return False
+
     def __init__(self, connection: BaseDatabaseWrapper) -> None:
         self.connection = connection
 
@@ -192,6 +202,11 @@ class SQLiteDriver(Driver):
     vendor = "sqlite"
     no_native_queues_reason = "SQLite has no queues (CREATE QUEUE is Cloud Spanner DDL)."
     single_writer = True
+
+    @property
+    def supports_json_each(self) -> bool:
+        """Where SQLite has its JSON functions (Django's own flag; built in since 3.38)."""
+        return bool(self.connection.features.supports_json_field)
 
     def is_retryable(self, exc: BaseException) -> bool:
         text = str(exc).lower()

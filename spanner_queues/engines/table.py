@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import operator
 import random
 import secrets
@@ -316,7 +317,7 @@ class TableQueueEngine(BaseQueueEngine):
         one_by_one = driver.replays_aborted_transactions
         now = clock.now()
         names = key_names(model)
-        if keys is None and driver.claims_in_one_statement:
+        if keys is None and (driver.claims_in_one_statement or driver.supports_json_each):
             return self._claim_in_one_statement(model, statements, max_messages, now, lease)
         due = self._due_rows(
             model, statements, keys, max_messages, now, one_by_one=one_by_one, names=names
@@ -371,10 +372,10 @@ class TableQueueEngine(BaseQueueEngine):
         now: datetime,
         lease: timedelta,
     ) -> tuple[list[Message], int]:
-        """``_claim`` of the due rows from the head as one statement (``claims_in_one_statement``):
-        one lease token for the claim, and the deliver time after the lease drawn once per
-        attempt (as ``_claim`` draws it), written by the statement for each row by its
-        attempts and age."""
+        """``_claim`` of the due rows from the head as one statement (``claims_in_one_statement``;
+        SQLite: a read and one statement, ``supports_json_each``): one lease token for the claim,
+        and the deliver time after the lease drawn once per attempt (as ``_claim`` draws it),
+        written by the statement for each row by its attempts and age."""
         names = key_names(model)
         n_keys = len(names)
         expires = now + lease
@@ -895,23 +896,44 @@ class RowStatements:
         the rows as ``select_due`` does, the deliver time and lease expiry they had, and their
         attempts before this claim, in no order."""
         connection = connections[self.using]  # this thread's
-        sql = self._written(("claim_due", len(after_lease)), self._claim_due_sql)
+        by_rowid = driver_of(connection).supports_json_each
+        sql = self._written(("claim_due", len(after_lease), by_rowid), self._claim_due_sql)
         save_time = _preparer(self.fields["deliver_time"], connection, save=True)
-        params: list[Any] = [
-            self._lookup(self.fields["deliver_time"], now, connection),
-            limit,
+        leased: list[Any] = [
             token,
             _preparer(self.fields["lease_expires_at"], connection, save=True)(expires),
             self._lookup(self.fields["deliver_time"], old[0], connection),
             save_time(old[1]),
         ]
         for attempts, due_again in after_lease[:-1]:
-            params.extend((attempts, save_time(due_again)))
-        params.append(save_time(after_lease[-1][1]))
+            leased.extend((attempts, save_time(due_again)))
+        leased.append(save_time(after_lease[-1][1]))
+        due_at = self._lookup(self.fields["deliver_time"], now, connection)
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
+            if not by_rowid:
+                cursor.execute(sql, [due_at, limit, *leased])
+                return self._converted(cursor.fetchall(), connection)
+            # SQLite: the due rows with their rowid (last), then one UPDATE of those rowids;
+            # the transaction's write lock holds them between the two
+            cursor.execute(self.due_rowid_sql(connection), [due_at, limit])
             found = cursor.fetchall()
-        return self._converted(found, connection)
+            if found:
+                rowids = json.dumps([row[-1] for row in found])
+                cursor.execute(sql, [*leased, rowids])
+        return [row[:-1] for row in self._converted(found, connection)]
+
+    def due_rowid_sql(self, connection: Any) -> str:
+        """``due_sql`` with each row's ``rowid`` after its columns (SQLite), the limit a
+        parameter."""
+        return self._written(("due_rowid",), lambda: self._due_rowid_sql(connection.ops))
+
+    def _due_rowid_sql(self, ops: Any) -> str:
+        columns = ", ".join(ops.quote_name(f.column) for f in self.due_columns)
+        deliver = ops.quote_name(self.fields["deliver_time"].column)
+        return (
+            f"SELECT {columns}, rowid FROM {self.table} WHERE {self.due_where} "
+            f"ORDER BY {deliver} ASC LIMIT %s"
+        )
 
     def _written(self, key: tuple[Any, ...], write: Callable[..., str]) -> str:
         """The statement ``write(*key[1:])`` writes, written once per ``key`` (the same for
@@ -921,8 +943,10 @@ class RowStatements:
             sql = self.written[key] = write(*key[1:])
         return sql
 
-    def _claim_due_sql(self, levels: int) -> str:
-        """``claim_due``'s statement for ``levels`` deliver times (the limit a parameter)."""
+    def _claim_due_sql(self, levels: int, by_rowid: bool) -> str:
+        """``claim_due``'s statement for ``levels`` deliver times (the limit a parameter); with
+        ``by_rowid``, SQLite's ``UPDATE`` of the rowids read (a JSON array, the last
+        parameter)."""
         ops = connections[self.using].ops
         quote = ops.quote_name
         table, where_due = self.table, self.due_where
@@ -933,6 +957,13 @@ class RowStatements:
         deliver, expires_col = column["deliver_time"], column["lease_expires_at"]
         attempts_col, sent = column["attempts"], column["send_time"]
         whens = " ".join(f"WHEN {table}.{attempts_col} = %s THEN %s" for _ in range(levels - 1))
+        if by_rowid:
+            return (
+                f"UPDATE {table} SET {token_col} = %s, {expires_col} = %s, "
+                f"{attempts_col} = {table}.{attempts_col} + 1, "
+                f"{deliver} = CASE WHEN {table}.{sent} <= %s THEN %s {whens} ELSE %s END "
+                "WHERE rowid IN (SELECT value FROM json_each(%s))"
+            )
         return (
             f"WITH picked AS (SELECT {', '.join(keys)}, {deliver} AS was_due, "
             f"{expires_col} AS had_lease FROM {table} WHERE {where_due} ORDER BY {deliver} ASC "
@@ -1042,11 +1073,18 @@ class RowStatements:
         params = [
             [*key_of(key), look_token(token)] for key, token in zip(keys, lease_tokens, strict=True)
         ]
-        if driver_of(connection).supports_array_parameters:
+        driver = driver_of(connection)
+        if driver.supports_array_parameters:
             # one DELETE of the rows whose (key, token) is among the arrays' (unnest)
             columns = [list(column) for column in zip(*params, strict=True)]
             with connection.cursor() as cursor:
                 cursor.execute(self._written(("delete_unnest",), self._delete_unnest_sql), columns)
+                return cursor.rowcount
+        if driver.supports_json_each and all(type(v) in _JSON_KEYS for row in params for v in row):
+            # one DELETE of the rows whose (key, token) is among the JSON array's (SQLite)
+            with connection.cursor() as cursor:
+                sql = self._written(("delete_json",), self._delete_json_sql)
+                cursor.execute(sql, [json.dumps(params)])
                 return cursor.rowcount
         with connection.cursor() as cursor:
             cursor.executemany(self.delete_leased_sql, params)
@@ -1062,6 +1100,23 @@ class RowStatements:
         arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in fields)
         return f"DELETE FROM {self.table} WHERE ({columns}) IN (SELECT * FROM unnest({arrays}))"
 
+    def _delete_json_sql(self) -> str:
+        """``DELETE`` of the rows whose key and token are a ``[key..., token]`` of one JSON
+        array (SQLite), each row found from its array entry by the key's index (a join:
+        ``(key..., token) IN (SELECT json_extract(...) ...)`` searched by the first key column
+        alone)."""
+        quote = connections[self.using].ops.quote_name
+        table = self.table
+        fields = [*self.key, self.fields["lease_token"]]
+        on = " AND ".join(
+            f"{table}.{quote(f.column)} = json_extract(j.value, '$[{i}]')"
+            for i, f in enumerate(fields)
+        )
+        return (
+            f"DELETE FROM {table} WHERE rowid IN "
+            f"(SELECT {table}.rowid FROM json_each(%s) AS j JOIN {table} ON {on})"
+        )
+
     def delete(self, key: Sequence[Any], lease_token: str | None = None) -> int:
         """Delete by key; with ``lease_token``, only while the row still holds that token."""
         connection = connections[self.using]
@@ -1074,6 +1129,10 @@ class RowStatements:
             cursor.execute(sql, params)
             return cursor.rowcount
 
+
+#: the parameter types a JSON array carries as SQLite compares them (``delete_many``):
+#: others (bytes, floats, decimals) go one statement a row
+_JSON_KEYS = frozenset({int, str})
 
 #: per (queue model, alias): the SQL is the same for every thread's connection
 _cache: dict[tuple[type[Queue], str], RowStatements] = {}

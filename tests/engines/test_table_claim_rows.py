@@ -53,14 +53,16 @@ def test_a_row_whose_deliver_time_moved_is_not_claimed_the_others_are() -> None:
 
 
 def test_one_claim_leases_each_row_once_under_a_token_no_other_claim_holds() -> None:
-    # one token for the whole claim where it is one statement (PostgreSQL), else one a row;
-    # never one another claim holds (an ack compares the key and the token)
+    # one token for the whole claim where it is one statement (PostgreSQL; SQLite: a read
+    # and one UPDATE), else one a row; never one another claim holds (an ack compares the key
+    # and the token)
     db = engines["default"].database
     for i in range(25):
         UserTasks.send(user_id=2, message_id=f"m{i:02d}", payload=str(i))
     got = api.receive(UserTasks, max_messages=25)
     assert sorted(m.key for m in got) == [(2, f"m{i:02d}") for i in range(25)]
-    one_statement = driver_for(db).claims_in_one_statement
+    driver = driver_for(db)
+    one_statement = driver.claims_in_one_statement or driver.supports_json_each
     assert len({m.lease_token for m in got}) == (1 if one_statement else 25)
     statements = row_statements(UserTasks, db)
     for m in got:
@@ -89,8 +91,10 @@ def _set(db: str, message_id: str, **values: Any) -> None:
 
 
 def test_a_claim_in_one_statement_takes_the_oldest_due_and_counts_expired_leases() -> None:
+    # (SQLite: a read of the due rows and one UPDATE of their rowids)
     db = engines["default"].database
-    if not driver_for(db).claims_in_one_statement:
+    driver = driver_for(db)
+    if not (driver.claims_in_one_statement or driver.supports_json_each):
         pytest.skip("the claim reads its rows, then sets each (this database)")
     base = timezone.now() - timedelta(minutes=5)
     for i in (5, 3, 1, 0, 2, 4):  # sent out of order, due in order (a past time, as stored)
@@ -140,3 +144,53 @@ def test_idle_receives_open_no_transaction_after_a_backlog_ends(
     for _ in range(3):
         assert api.receive(UserTasks, max_messages=2) == []
     assert len(opened) == idle_from  # idle: no transaction opened
+
+
+def _statements(db: str) -> Any:
+    """A context counting the statements sent on ``db``: (kind, executemany?) each."""
+    import contextlib
+
+    sent: list[tuple[str, bool]] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        sent.append((sql.split(None, 1)[0].upper(), many))
+        return execute(sql, params, many, context)
+
+    @contextlib.contextmanager
+    def counting() -> Any:
+        with connections[db].execute_wrapper(wrapper):
+            yield sent
+
+    return counting()
+
+
+@pytest.mark.parametrize("size", [1, 40])
+def test_a_claim_of_the_head_on_sqlite_is_one_read_and_one_update_whatever_its_size(
+    size: int,
+) -> None:
+    db = engines["default"].database
+    if not driver_for(db).supports_json_each:
+        pytest.skip("SQLite with its JSON functions")
+    UserTasks.send_many([{"user_id": 4, "message_id": f"r{i:02d}"} for i in range(size)])
+    with _statements(db) as sent:
+        got = api.receive(UserTasks, max_messages=size)
+    assert len(got) == size
+    writes = [s for s in sent if s[0] in ("UPDATE", "INSERT", "DELETE")]
+    assert writes == [("UPDATE", False)]  # before: one executemany of an UPDATE a row
+
+
+def test_acks_of_a_batch_on_sqlite_are_one_delete_of_a_json_array() -> None:
+    db = engines["default"].database
+    if not driver_for(db).supports_json_each:
+        pytest.skip("SQLite with its JSON functions")
+    UserTasks.send_many([{"user_id": 5, "message_id": f"a{i:02d}"} for i in range(30)])
+    got = api.receive(UserTasks, max_messages=30)
+    stale = got[-1]
+    _set(db, stale.key[1], lease_token="someone-else")  # its lease went to another claim
+    with _statements(db) as sent:
+        api.ack_many(UserTasks, got[:-1])
+    assert [s for s in sent if s[0] == "DELETE"] == [("DELETE", False)]  # not executemany
+    assert sorted(rows(UserTasks, db).values_list("message_id", flat=True)) == [stale.key[1]]
+    with pytest.raises(Exception, match="no longer the message's"), transaction.atomic(using=db):
+        api.ack_many(UserTasks, [stale])  # compared by key and token, as one a row was
+    assert rows(UserTasks, db).count() == 1
