@@ -890,11 +890,12 @@ class RowStatements:
         old: tuple[datetime, datetime],
     ) -> list[tuple[Any, ...]]:
         """Lease the first ``limit`` rows due at ``now`` (those another claim holds passed
-        over) in one statement: each gets ``token``, ``expires``, one more attempt and the
-        deliver time of ``after_lease`` for its attempts so far (the last for more), or of
-        ``old`` (sent before its first value: the second) for a message that old. Returns
-        the rows as ``select_due`` does, the deliver time and lease expiry they had, and their
-        attempts before this claim, in no order."""
+        over) in one statement (SQLite, ``supports_json_each``: a read of them and one
+        statement): each gets ``token``, ``expires``, one more attempt and the deliver time of
+        ``after_lease`` for its attempts so far (the last for more), or of ``old`` (sent
+        before its first value: the second) for a message that old. Returns the rows as
+        ``select_due`` does, the deliver time and lease expiry they had, and their attempts
+        before this claim, in no order."""
         connection = connections[self.using]  # this thread's
         by_rowid = driver_of(connection).supports_json_each
         sql = self._written(("claim_due", len(after_lease), by_rowid), self._claim_due_sql)
