@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -184,15 +185,33 @@ class _QuickFlush:
 
     def flush(self) -> None:
         """Empty every table but the kept ones; if those changed, Django's flush (with
-        post_migrate) instead."""
+        post_migrate) instead. Run again when it loses a race: on the emulator, one read-write
+        transaction at a time, a worker process's last transaction can still be open."""
         from django.core.management import call_command
+
+        from spanner_queues.transactions import lost_race
+
+        for attempt in range(50):
+            try:
+                emptied = self._empty()  # (Spanner's flush: a DELETE a table, autocommit)
+                break
+            except Exception as exc:
+                if attempt == 49 or not lost_race(exc, self.connection.alias):
+                    raise
+                time.sleep(0.05)
+        if emptied:
+            return
+
+        call_command("flush", verbosity=0, interactive=False, database=self.connection.alias)
+        self.kept = {t: n for t, n in self.census().items() if t in _KEPT_BY_MIGRATE}
+
+    def _empty(self) -> bool:
+        """Empty the tables that hold rows; False, emptying nothing, if a kept one changed."""
         from django.core.management.color import no_style
 
         census = self.census()
         if any(census[t] != rows for t, rows in self.kept.items()):
-            call_command("flush", verbosity=0, interactive=False, database=self.connection.alias)
-            self.kept = {t: n for t, n in self.census().items() if t in _KEPT_BY_MIGRATE}
-            return
+            return False
         full = [t for t, (count, _) in census.items() if count and t not in self.kept]
         if full:
             ops = self.connection.ops
@@ -200,6 +219,7 @@ class _QuickFlush:
                 ops.execute_sql_flush([f"DELETE FROM {ops.quote_name(t)}" for t in full])
             else:
                 ops.execute_sql_flush(ops.sql_flush(no_style(), full))
+        return True
 
 
 class QuickFlushPlugin:
