@@ -1,8 +1,10 @@
 """The front's own calls to the emulator behind it, in raw protobuf over one gRPC channel.
 
 Queue work that no Spanner API call expresses (a claim, a renewal) runs here as ordinary
-read-write transactions on sessions the front creates for itself. The emulator allows one
-read-write transaction at a time and aborts the loser; ``run_in_transaction`` retries.
+read-write transactions on sessions the front creates for itself, begun by their first read
+(no ``BeginTransaction`` call) and run one at a time: the emulator allows one read-write
+transaction at a time and aborts the loser, so two of the front's own would only abort each
+other; one a client runs still can, and ``run_in_transaction`` retries.
 """
 
 from __future__ import annotations
@@ -70,13 +72,44 @@ def _call(channel: grpc.Channel, path: str, response: Any) -> Callable[..., Any]
     )
 
 
+class Txn:
+    """A read-write transaction of the front's own (``Backend.transact``): begun by its first
+    read or query, Spanner's inline begin; ``id`` is None until then. One that reads nothing
+    commits its mutations as a single-use transaction."""
+
+    __slots__ = ("id",)
+
+    def __init__(self) -> None:
+        self.id: bytes | None = None
+
+
+def _selector(transaction: bytes | Txn | None) -> Any:
+    """The ``TransactionSelector`` of a read in ``transaction``: a strong single-use read when
+    None, an inline begin for a ``Txn`` not begun yet."""
+    if transaction is None:
+        return TransactionSelector(
+            single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
+        )
+    if isinstance(transaction, Txn):
+        if transaction.id is None:
+            return TransactionSelector(begin=_READ_WRITE)
+        return TransactionSelector(id=transaction.id)
+    return TransactionSelector(id=transaction)
+
+
+def _begun(transaction: bytes | Txn | None, result: Any) -> Any:
+    """``result`` of a read in ``transaction``, whose id it records when the read began it."""
+    if isinstance(transaction, Txn) and transaction.id is None:
+        transaction.id = result.metadata.transaction.id
+    return result
+
+
 class Backend:
     """Calls to the emulator the front stands before."""
 
     def __init__(self, channel: grpc.Channel) -> None:
         self.channel = channel
         self._create_session = _call(channel, SPANNER + "CreateSession", Session)
-        self._begin = _call(channel, SPANNER + "BeginTransaction", Transaction)
         self._execute = _call(channel, SPANNER + "ExecuteSql", ResultSet)
         self._read = _call(channel, SPANNER + "Read", ResultSet)
         self._commit = _call(channel, SPANNER + "Commit", CommitResponse)
@@ -84,6 +117,8 @@ class Backend:
         self._ddl = _call(channel, ADMIN + "GetDatabaseDdl", GetDatabaseDdlResponse)
         self._sessions: dict[str, queue.SimpleQueue[str]] = {}
         self._lock = threading.Lock()
+        #: held by each attempt of the front's own read-write transactions (``transact``)
+        self._serial = threading.Lock()
 
     # --- sessions ------------------------------------------------------------------------
     @contextmanager
@@ -112,32 +147,23 @@ class Backend:
     def database_ddl(self, database: str) -> list[str]:
         return list(self._ddl(GetDatabaseDdlRequest(database=database)).statements)
 
-    def begin(self, session: str) -> bytes:
-        options = TransactionOptions(read_write=TransactionOptions.ReadWrite())
-        return self._begin(BeginTransactionRequest(session=session, options=options)).id
-
     def query(
         self,
         session: str,
         sql: str,
         *,
-        transaction_id: bytes | None = None,
+        transaction_id: bytes | Txn | None = None,
         params: dict[str, tuple[Any, int]] | None = None,
         seqno: int = 0,
     ) -> Any:
-        """Run ``sql``; in ``transaction_id`` or a strong single-use read. ``params`` maps a
-        name to (protobuf ``Value``, ``TypeCode``)."""
-        if transaction_id is not None:
-            selector = TransactionSelector(id=transaction_id)
-        else:
-            selector = TransactionSelector(
-                single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
-            )
+        """Run ``sql``; in ``transaction_id`` (a client's, or the front's own ``Txn``) or a
+        strong single-use read. ``params`` maps a name to (protobuf ``Value``, ``TypeCode``)."""
+        selector = _selector(transaction_id)
         request = ExecuteSqlRequest(session=session, sql=sql, transaction=selector, seqno=seqno)
         for name, (value, code) in (params or {}).items():
             request.params.fields[name].CopyFrom(value)
             request.param_types[name].CopyFrom(_type(code))
-        return self._execute(request)
+        return _begun(transaction_id, self._execute(request))
 
     def read(
         self,
@@ -146,34 +172,35 @@ class Backend:
         columns: Sequence[str],
         key_values: Sequence[Any],
         *,
-        transaction_id: bytes | None = None,
+        transaction_id: bytes | Txn | None = None,
     ) -> Any:
         """Read ``columns`` of the rows whose keys are ``key_values`` (``ListValue`` each)."""
-        if transaction_id is not None:
-            selector = TransactionSelector(id=transaction_id)
-        else:
-            selector = TransactionSelector(
-                single_use=TransactionOptions(read_only=TransactionOptions.ReadOnly(strong=True))
-            )
         key_set = KeySet()
         for key in key_values:
             key_set.keys.add().CopyFrom(key)
-        return self._read(
-            ReadRequest(
-                session=session,
-                table=table,
-                columns=list(columns),
-                key_set=key_set,
-                transaction=selector,
-            )
+        request = ReadRequest(
+            session=session,
+            table=table,
+            columns=list(columns),
+            key_set=key_set,
+            transaction=_selector(transaction_id),
         )
+        return _begun(transaction_id, self._read(request))
 
-    def commit(self, session: str, transaction_id: bytes, mutations: Sequence[Any]) -> Any:
-        request = CommitRequest(session=session, transaction_id=transaction_id)
+    def commit(self, session: str, transaction_id: bytes | Txn, mutations: Sequence[Any]) -> Any:
+        if isinstance(transaction_id, Txn) and transaction_id.id is None:
+            request = CommitRequest(session=session, single_use_transaction=_READ_WRITE)
+        else:
+            begun = transaction_id.id if isinstance(transaction_id, Txn) else transaction_id
+            request = CommitRequest(session=session, transaction_id=begun)
         request.mutations.extend(mutations)
         return self._commit(request)
 
-    def rollback(self, session: str, transaction_id: bytes) -> None:
+    def rollback(self, session: str, transaction_id: bytes | Txn) -> None:
+        if isinstance(transaction_id, Txn):
+            if transaction_id.id is None:
+                return  # never begun (or its first read was refused): nothing to undo
+            transaction_id = transaction_id.id
         try:
             self._rollback(RollbackRequest(session=session, transaction_id=transaction_id))
         except grpc.RpcError:
@@ -182,7 +209,7 @@ class Backend:
     def run_in_transaction(
         self,
         database: str,
-        work: Callable[[str, bytes], tuple[T, Sequence[Any]]],
+        work: Callable[[str, Txn], tuple[T, Sequence[Any]]],
         *,
         attempts: int = 100,
     ) -> T:
@@ -193,15 +220,15 @@ class Backend:
     def transact(
         self,
         database: str,
-        work: Callable[[str, bytes], tuple[T, Sequence[Any]]],
+        work: Callable[[str, Txn], tuple[T, Sequence[Any]]],
         *,
         attempts: int = 100,
     ) -> tuple[T, Any]:
         """``run_in_transaction`` that also returns the ``CommitResponse``."""
         delay = 0.002
         for attempt in range(attempts):
-            with self.session(database) as session:
-                txn = self.begin(session)
+            with self._serial, self.session(database) as session:
+                txn = Txn()
                 try:
                     result, mutations = work(session, txn)
                     return result, self.commit(session, txn, mutations)
@@ -219,6 +246,9 @@ class Backend:
 
 def _type(code: int) -> Any:
     return Type(code=code)
+
+
+_READ_WRITE = TransactionOptions(read_write=TransactionOptions.ReadWrite())
 
 
 def rows(result: Any) -> list[list[Any]]:

@@ -349,7 +349,7 @@ class Front:
         """A blind batch whose Acks must find their messages, as one read-write transaction
         on the front's own session (again on ABORTED); its ``CommitResponse``."""
 
-        def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
+        def work(session: str, txn: b.Txn) -> tuple[None, list[Any]]:
             if translated.must_exist:
                 missing = q.missing_acks(self.backend, session, txn, translated.must_exist)
                 if missing:

@@ -220,7 +220,7 @@ def claim(
     )
     n = len(queue.keys)
 
-    def work(session: str, txn: bytes) -> tuple[Claimed, list[Any]]:
+    def work(session: str, txn: b.Txn) -> tuple[Claimed, list[Any]]:
         at = now()
         result = backend.query(
             session,
@@ -324,7 +324,7 @@ def renew(
     n = len(queue.keys)
     columns = [*queue.keys, LEASE_TOKEN, LEASE_EXPIRES, ATTEMPTS, SEND_TIME]
 
-    def work(session: str, txn: bytes) -> tuple[list[list[Any]], list[Any]]:
+    def work(session: str, txn: b.Txn) -> tuple[list[list[Any]], list[Any]]:
         at = now()
         current: dict[str, list[Any]] = {}
         if live:
@@ -515,7 +515,7 @@ def translate_mutations(mutations: Sequence[Any], catalog: dict[str, QueueSchema
 def missing_acks(
     backend: b.Backend,
     session: str,
-    transaction_id: bytes,
+    transaction_id: bytes | b.Txn,
     must_exist: Sequence[tuple[QueueSchema, Any]],
 ) -> list[tuple[QueueSchema, Any]]:
     """The Acks among ``must_exist`` whose message is not there, read in the transaction."""

@@ -335,7 +335,7 @@ def unclaim(backend: b.Backend, database: str, queue: s.QueueSchema, claimed: q.
     tokens = {row[token_at].string_value: row[:n] for row in claimed.rows}
     columns = [*queue.keys, s.LEASE_TOKEN, s.ATTEMPTS, s.DELIVER_TIME]
 
-    def work(session: str, txn: bytes) -> tuple[None, list[Any]]:
+    def work(session: str, txn: b.Txn) -> tuple[None, list[Any]]:
         result = backend.read(
             session,
             queue.name,
