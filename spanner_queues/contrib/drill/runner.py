@@ -529,15 +529,15 @@ class Drill:
             if not self._reap(handled):
                 result.drain_seconds = self._elapsed()
                 return
-            while points and handled >= points[0]:  # every point passed since the last look
-                points.pop(0)
-                self._kill()
+            self._kill_at(points, handled)
             first_due = abort_point is not None and handled >= abort_point
             if next_abort is not None and (first_due or time.monotonic() >= next_abort):
                 self._abort()
                 abort_point = None
                 next_abort = self._next_abort()
             if self._drained(stats):
+                if points:  # a batch taken in at once since ``handled`` was read passed them
+                    self._kill_at(points, self._handled_rows())
                 result.drained = True
                 result.drain_seconds = self._elapsed()
                 self._event("drained", f"queue empty; {handled} effect rows")
@@ -547,6 +547,12 @@ class Drill:
                 self._event("timeout", f"gave up after {options.timeout:.0f} s")
                 return
             time.sleep(options.sample_interval)
+
+    def _kill_at(self, points: list[float], handled: int) -> None:
+        """A kill for every point ``handled`` has passed since the last look."""
+        while points and handled >= points[0]:
+            points.pop(0)
+            self._kill()
 
     def _next_abort(self) -> float | None:
         if self.options.abort_every <= 0:
