@@ -34,6 +34,22 @@ SAMPLE_QUEUE = (
 )
 
 
+#: the instance on a module's own front (``in_process_front``)
+IN_PROCESS = "in-process"
+
+
+@pytest.fixture(scope="module")
+def in_process_front() -> Iterator[Any]:
+    """A front of the module's own, in this process (``QueueEmulator``), so a test can count
+    what it does; ``SPANNER_EMULATOR_HOST`` names it meanwhile, its instance ``IN_PROCESS``."""
+    from spanner_queues_emulator import QueueEmulator, ensure_instance
+
+    with pytest.MonkeyPatch.context() as patch, QueueEmulator() as emulator:
+        patch.setenv("SPANNER_EMULATOR_HOST", emulator.host)
+        ensure_instance(IN_PROCESS)
+        yield emulator
+
+
 @pytest.fixture(scope="session")
 def spanner_client() -> Any:
     from google.cloud import spanner

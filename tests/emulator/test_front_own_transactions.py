@@ -19,19 +19,14 @@ from typing import Any
 
 import pytest
 
-from .conftest import Q1, USERS
+from .conftest import IN_PROCESS, Q1, USERS
 
 _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def front() -> Iterator[Any]:
-    from spanner_queues_emulator import QueueEmulator, ensure_instance
-
-    with pytest.MonkeyPatch.context() as patch, QueueEmulator() as emulator:
-        patch.setenv("SPANNER_EMULATOR_HOST", emulator.host)
-        ensure_instance("own")
-        yield emulator
+def front(in_process_front: Any) -> Any:
+    return in_process_front
 
 
 @pytest.fixture
@@ -63,7 +58,7 @@ def database(front: Any) -> Iterator[Any]:
     from google.cloud import spanner
 
     client = spanner.Client(project="test-project")
-    db = client.instance("own").database(
+    db = client.instance(IN_PROCESS).database(
         f"own{os.getpid()}x{next(_names)}", ddl_statements=[USERS, Q1]
     )
     db.create().result(60)

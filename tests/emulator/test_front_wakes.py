@@ -22,20 +22,15 @@ import pytest
 
 from tests.conftest import wait_until
 
-from .conftest import Q1, SAMPLE_QUEUE, USERS
+from .conftest import IN_PROCESS, Q1, SAMPLE_QUEUE, USERS
 
 _names = itertools.count()
 RECEIVE_Q1 = "SELECT Id FROM RECEIVE_Q1(max_batch_size => 1, max_duration => '30s')"
 
 
 @pytest.fixture(scope="module")
-def front() -> Iterator[Any]:
-    from spanner_queues_emulator import QueueEmulator, ensure_instance
-
-    with pytest.MonkeyPatch.context() as patch, QueueEmulator() as emulator:
-        patch.setenv("SPANNER_EMULATOR_HOST", emulator.host)
-        ensure_instance("wakes")
-        yield emulator
+def front(in_process_front: Any) -> Any:
+    return in_process_front
 
 
 @pytest.fixture
@@ -60,7 +55,7 @@ def database(front: Any) -> Iterator[Any]:
     from google.cloud import spanner
 
     client = spanner.Client(project="test-project")
-    db = client.instance("wakes").database(
+    db = client.instance(IN_PROCESS).database(
         f"wk{os.getpid()}x{next(_names)}", ddl_statements=[USERS, Q1, SAMPLE_QUEUE]
     )
     db.create().result(60)

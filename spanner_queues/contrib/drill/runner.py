@@ -537,7 +537,8 @@ class Drill:
                 next_abort = self._next_abort()
             if self._drained(stats):
                 if points:  # a batch taken in at once since ``handled`` was read passed them
-                    self._kill_at(points, self._handled_rows())
+                    handled = self._handled_rows()
+                    self._kill_at(points, handled)
                 result.drained = True
                 result.drain_seconds = self._elapsed()
                 self._event("drained", f"queue empty; {handled} effect rows")
