@@ -34,6 +34,13 @@ the thread that did the work, once it is done (not on a commit):
   failed pull (no credentials, the subscription missing, Pub/Sub or the database failing);
   the puller tries again after a back-off.
 
+The worker sends one of its own:
+
+- ``worker_stopped``: ``sender`` is the ``Worker`` class, ``worker_id`` the worker's id. Sent by
+  ``Worker.run`` in its thread once every run it started has settled and its threads ended,
+  before it returns: work a receiver left in the background (the relay's acks) is finished
+  by its receiver here, so a ``run()`` that returned leaves nothing behind.
+
 Guarantees of the verbs' three: sent on commit, in the thread that committed
 (``transaction.on_commit`` on ``using``), never for a transaction that rolls back, once for a
 transaction retried after an abort; a receiver that raises is logged by ``django.dispatch``,
@@ -64,6 +71,7 @@ __all__ = [
     "messages_sent",
     "publish_failed",
     "sends_dropped",
+    "worker_stopped",
 ]
 
 messages_sent = Signal(use_caching=True)
@@ -77,6 +85,7 @@ publish_failed = Signal(use_caching=True)
 inbox_duplicates_dropped = Signal(use_caching=True)
 inbox_pulled = Signal(use_caching=True)
 inbox_pull_failed = Signal(use_caching=True)
+worker_stopped = Signal()
 
 
 def send_on_commit(signal: Signal, model: type[Queue], messages: Sequence[Any], using: str) -> None:

@@ -111,6 +111,7 @@ from spanner_queues.receivers import (
     ReceiverRegistry,
     receivers,
 )
+from spanner_queues.signals import worker_stopped
 from spanner_queues.transactions import (
     recycle_connections,
 )
@@ -330,6 +331,8 @@ class Worker:
                 self.slots.wait_until(lambda: self.slots.stopping or self.slots.in_flight == 0)
             finally:
                 self._shut_down(*threads)
+                # what receivers left in the background (the relay's acks) ends here
+                worker_stopped.send_robust(Worker, worker_id=self.worker_id)
             self.reporter.emit("summary", stats=self.stats.copy())
             self.reporter.emit("stopped", stats=self.stats.copy())
             logger.info("worker %s stopped", self.worker_id, extra={"action": "stopped"})

@@ -133,8 +133,11 @@ class Runner:
                             )
                             return own
                         raise  # the outcome below is the others'
-                    ack = partial(self._ack, plan, deliveries, context)
-                    run_in_transaction(ack, using=plan.db, retries=plan.retries)
+                    if any(d.lease_lost or not context.acked(d.message) for d in deliveries):
+                        ack = partial(self._ack, plan, deliveries, context)
+                        run_in_transaction(ack, using=plan.db, retries=plan.retries)
+                    # (else the receiver acked them all itself: no transaction of ours, which
+                    # on SQLite would wait for the write lock its acks hold: the relay's)
         except Exception as exc:
             if isinstance(exc, TimeLimitExceeded):
                 # the interrupt may have landed anywhere in the receiver's database code:
