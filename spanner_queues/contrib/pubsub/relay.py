@@ -2,10 +2,16 @@
 the app's ``ready()``, run by ``runqueueworker`` like any receiver (leases renewed, SIGTERM
 drains, ``--burst``, health and metrics).
 
-One run publishes a batch with Google's client (its batching), waits for every confirmation, and
-returns: the worker then acks the batch. So a message leaves its queue only after Pub/Sub
-confirmed it. A message Pub/Sub refuses for good is moved to the queue's dead-letter queue: one
-the client refuses before sending it (too large, bad attributes), or one Pub/Sub refuses
+One run publishes a batch with Google's client (its batching), waits for every confirmation,
+hands the confirmed messages over to be acked and returns; under a worker they are acked in a
+thread of the relay's (``_Acks``) while the queue's next run builds and publishes, and the
+worker's ``run()`` returns only once they are (``worker_stopped``). So a message leaves its
+queue only after Pub/Sub confirmed it; an ack that fails (a lease lost meanwhile, the database)
+is logged, and the message comes back when its lease ends and is published again under the
+same event id (at least once, as after a kill between publish and ack).
+
+A message Pub/Sub refuses for good is moved to the queue's dead-letter queue: one the client
+refuses before sending it (too large, bad attributes), or one Pub/Sub refuses
 (``INVALID_ARGUMENT``, ``FAILED_PRECONDITION``; it refuses a whole request for one message) when
 published again alone while another message of the run got through. A refusal of everything the
 run published, ``ALONE_PROBES`` messages published alone included, is the topic's (a malformed
@@ -25,9 +31,10 @@ A run waits for Pub/Sub no longer than ``PUBLISH_TIMEOUT_SECONDS`` nor past the 
 limit (``--timeout``, less ``TIME_LIMIT_MARGIN``): what is not confirmed by then is given back
 as above, and the worker's time limit never has to interrupt a run.
 
-While ``ARCHIVE_DAYS`` is on, a run acks its confirmed messages itself, in one transaction with
-a ``RelayedEvent`` row for each (the archive ``pubsubreplay`` publishes from), so an event is
-archived if and only if its ack committed; the worker then acks nothing more. Rows past the
+While ``ARCHIVE_DAYS`` is on, the confirmed messages are acked in one transaction with a
+``RelayedEvent`` row for each (the archive ``pubsubreplay`` publishes from), so an event is
+archived if and only if its ack committed. Outside a worker (the test kit's ``drain``) a run
+acks them itself before it returns. Rows past the
 window are pruned (``prune_archive``, at most every ``ARCHIVE_PRUNE_EVERY_SECONDS`` per process
 and database).
 """
@@ -64,8 +71,14 @@ from spanner_queues.envelope import CLOUDEVENTS, envelope_of
 from spanner_queues.exceptions import Retry
 from spanner_queues.message import Message
 from spanner_queues.options import queue_options
-from spanner_queues.receivers import MessageContext, ReceiverRegistry, ReceiverSpec
-from spanner_queues.signals import messages_published, publish_failed
+from spanner_queues.receivers import (
+    MessageContext,
+    ReceiverRegistry,
+    ReceiverSpec,
+    held_lease_token,
+    mark_acked,
+)
+from spanner_queues.signals import messages_published, publish_failed, worker_stopped
 from spanner_queues.transactions import run_in_transaction
 
 try:
@@ -208,10 +221,12 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
         _dead_letter_refused(model, topic, m, error)
     if not failed:
         _recovered(model)
-        if params.archive_days:  # acked here with their archive rows: the worker acks no more
+        if context.worker_id is not None:  # under a worker: acked beside its next run
+            _acks.hand_over(model, confirmed, params.archive_days, sent)
+        elif params.archive_days:  # acked here with their archive rows: no more by the caller
             _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
-        return  # the worker acks the confirmed ones (the dead-lettered are acked)
+        return  # (the dead-lettered are acked)
     _give_back(model, topic, messages, confirmed, failed, params.archive_days, sent)
 
 
@@ -513,6 +528,139 @@ def _ack_confirmed(
     run_in_transaction(ack, using=database, retries=engine.params.transaction_retries)
 
 
+# --- the acks of a worker's relay runs, beside its next run -----------------------------------
+#: acks of one queue handed over and not committed yet after which a run waits to hand over
+#: its own (the queue's next run publishes while the last one's ack commits)
+ACKS_AHEAD = 1
+#: seconds the ack thread waits for work before it ends (closing its connections)
+ACKER_IDLE_SECONDS = 10.0
+#: seconds ``flush_acks`` waits at most (a worker stopping) for the acks handed over: about a
+#: lease, after which what is left comes back anyway
+ACKS_FLUSH_SECONDS = 10.0
+
+
+@dataclass(slots=True)
+class _AckJob:
+    """The confirmed messages of one run (their leases frozen: no longer renewed) and their
+    archive rows, to ack in one transaction."""
+
+    model: type[Queue]
+    messages: list[Message]
+    rows: list[tuple]
+    archive_days: int
+
+    def run(self) -> None:
+        engine = engine_for(self.model)
+        database = engine.database
+
+        def ack() -> None:
+            if self.rows:
+                _archive(self.rows, database)
+            api.ack_many(self.model, self.messages)
+
+        try:
+            run_in_transaction(ack, using=database, retries=engine.params.transaction_retries)
+        except Exception as exc:
+            logger.warning(
+                "%s: the acks of %d message(s) Pub/Sub confirmed failed (%s: %s); they are "
+                "published again when their leases end, under the same event ids",
+                self.model._meta.label,
+                len(self.messages),
+                type(exc).__name__,
+                exc,
+                exc_info=exc,
+                extra={"action": "relay_ack_failed", "queue": self.model._meta.label},
+            )
+            connections[database].close_if_unusable_or_obsolete()
+            return
+        if self.archive_days:
+            _prune_archive_if_due(self.model, self.archive_days)
+
+
+class _Acks:
+    """The acks of the relay runs of a worker (``runqueueworker``), in one thread of this
+    process: a run hands its confirmed messages over and returns, and its queue's next run
+    builds and publishes while they commit (the database's work beside Pub/Sub's, instead of
+    after it). Each queue has at most ``ACKS_AHEAD`` acks handed over and not committed: a run
+    waits to hand over more. The messages' leases are frozen when handed over; the rows stay
+    leased until the ack commits, so an ordered queue's next message of a key waits for it. A
+    failed ack (a lease lost meanwhile) is logged: the messages come back when their leases
+    end and are published again under the same event ids (at least once, as a kill between
+    publish and ack). The worker waits for them before its ``run()`` returns
+    (``worker_stopped``); a SIGKILL loses none (they come back). The thread ends after
+    ``ACKER_IDLE_SECONDS`` without work, closing its connections."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._jobs: list[_AckJob] = []
+        #: per queue (label): acks handed over and not committed
+        self._ahead: dict[str, int] = {}
+        self._thread: threading.Thread | None = None
+
+    def hand_over(
+        self, model: type[Queue], confirmed: list[Message], archive_days: int, sent: _Sent
+    ) -> None:
+        """Run use: ack ``confirmed`` (with their archive rows when ``archive_days``) beside
+        the queue's next run; they are the run's own acks (``mark_acked``: the worker acks
+        them no more)."""
+        if not confirmed:
+            return
+        database = engine_for(model).database
+        rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
+        frozen = [m.with_lease(held_lease_token(m), m.lease_expires_at) for m in confirmed]
+        mark_acked(confirmed)
+        label = model._meta.label
+        with self._cond:
+            self._cond.wait_for(lambda: self._ahead.get(label, 0) < ACKS_AHEAD)
+            self._ahead[label] = self._ahead.get(label, 0) + 1
+            self._jobs.append(_AckJob(model, frozen, rows, archive_days))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="sq-relay-acks", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    def flush(self, timeout: float = ACKS_FLUSH_SECONDS) -> bool:
+        """Wait until every ack handed over has committed (or failed); False on ``timeout``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._ahead, timeout)
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    if not self._cond.wait_for(lambda: self._jobs, ACKER_IDLE_SECONDS):
+                        self._thread = None
+                        return
+                    job = self._jobs.pop(0)
+                try:
+                    job.run()
+                finally:
+                    label = job.model._meta.label
+                    with self._cond:
+                        left = self._ahead[label] - 1
+                        if left:
+                            self._ahead[label] = left
+                        else:
+                            del self._ahead[label]
+                        self._cond.notify_all()
+        finally:
+            connections.close_all()  # this thread's own
+
+
+_acks = _Acks()
+
+
+def flush_acks(**kwargs: Any) -> None:
+    """``worker_stopped``'s receiver: wait for the acks the worker's relay runs handed over."""
+    if not _acks.flush():
+        logger.warning(
+            "the relay's acks did not all commit within %g s of the worker's stop; the "
+            "messages left are published again when their leases end",
+            ACKS_FLUSH_SECONDS,
+            extra={"action": "relay_ack_failed"},
+        )
+
+
 #: the archive's fields (each its column's name), in the order of ``_archive_rows``' values
 ARCHIVE_FIELDS = ("id", "queue", "event_id", "key", "ordering_key", "data", "published_at")
 
@@ -607,6 +755,7 @@ def register_relays(registry: ReceiverRegistry, queues: Sequence[type[Queue]]) -
     """Register ``relay`` as the receiver of each of ``queues`` (non-atomic: it publishes
     outside any transaction, then the worker acks)."""
     size = pubsub_params().relay_batch_size
+    worker_stopped.connect(flush_acks, dispatch_uid=f"{__name__}.flush_acks")
     for model in queues:
         registry.register(
             ReceiverSpec(
