@@ -77,7 +77,7 @@ PUBLIC: dict[str, set[str]] = {
     "spanner_queues.signals": {
         "inbox_duplicates_dropped", "inbox_pull_failed", "inbox_pulled", "messages_acked",
         "messages_cancelled", "messages_published", "messages_sent", "publish_failed",
-        "sends_dropped",
+        "sends_dropped", "worker_stopped",
     },
     "spanner_queues.contrib.tasks": {
         "QueueBackend", "TaskMessage", "TaskResultRecord", "was_dropped",
