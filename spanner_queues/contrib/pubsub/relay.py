@@ -516,14 +516,21 @@ def _ack_confirmed(
     if its ack committed."""
     if not confirmed:
         return
+    database = engine_for(model).database
+    rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
+    _ack_with_archive(model, confirmed, rows)
+
+
+def _ack_with_archive(model: type[Queue], messages: list[Message], rows: list[tuple]) -> None:
+    """Ack ``messages`` and insert their archive ``rows`` (``_archive_rows``; none when the
+    archive is off) in one transaction: all or none."""
     engine = engine_for(model)
     database = engine.database
-    rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
 
     def ack() -> None:
         if rows:
             _archive(rows, database)
-        api.ack_many(model, confirmed)
+        api.ack_many(model, messages)
 
     run_in_transaction(ack, using=database, retries=engine.params.transaction_retries)
 
@@ -550,16 +557,8 @@ class _AckJob:
     archive_days: int
 
     def run(self) -> None:
-        engine = engine_for(self.model)
-        database = engine.database
-
-        def ack() -> None:
-            if self.rows:
-                _archive(self.rows, database)
-            api.ack_many(self.model, self.messages)
-
         try:
-            run_in_transaction(ack, using=database, retries=engine.params.transaction_retries)
+            _ack_with_archive(self.model, self.messages, self.rows)
         except Exception as exc:
             logger.warning(
                 "%s: the acks of %d message(s) Pub/Sub confirmed failed (%s: %s); they are "
@@ -571,7 +570,7 @@ class _AckJob:
                 exc_info=exc,
                 extra={"action": "relay_ack_failed", "queue": self.model._meta.label},
             )
-            connections[database].close_if_unusable_or_obsolete()
+            connections[engine_for(self.model).database].close_if_unusable_or_obsolete()
             return
         if self.archive_days:
             _prune_archive_if_due(self.model, self.archive_days)
