@@ -130,7 +130,7 @@ def test_the_ack_thread_stays_one_and_ends_idle_over_rounds_on_two_queues_with_a
     pubsub, monkeypatch
 ) -> None:
     """Time is an input: a worker relaying two queues in rounds, the same key sent again each
-    round, has at most one ack thread, which ends (closing its connections) once idle."""
+    round, has at most one ack thread, which ends once idle."""
     monkeypatch.setattr(relay_module, "ACKER_IDLE_SECONDS", 0.3)
     worker = Worker(
         ["pubsubapp.OrderEvents", "pubsubapp.OrderedOrderEvents"], install_signal_handlers=False

@@ -606,11 +606,12 @@ class _Acks:
             return
         database = engine_for(model).database
         rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
-        frozen = [m.with_lease(held_lease_token(m), m.lease_expires_at) for m in confirmed]
-        mark_acked(confirmed)
         label = model._meta.label
         with self._cond:
             self._cond.wait_for(lambda: self._ahead.get(label, 0) < ACKS_AHEAD)
+            # frozen once the queue's place is free: renewed while the run waits for it
+            frozen = [m.with_lease(held_lease_token(m), m.lease_expires_at) for m in confirmed]
+            mark_acked(confirmed)
             self._ahead[label] = self._ahead.get(label, 0) + 1
             self._jobs.append(_AckJob(model, frozen, rows, archive_days))
             if self._thread is None:
