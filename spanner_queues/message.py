@@ -146,14 +146,15 @@ class Message:
     dropped: bool = False
 
     def with_lease(self, lease_token: str | None, lease_expires_at: datetime | None) -> Message:
-        """This message under a renewed lease; an attempt not read yet stays unread."""
-        return replace(
-            self,
-            payload=self.stored_payload,
-            attempt=self.__dict__.get("_attempt", 0),
-            lease_token=lease_token,
-            lease_expires_at=lease_expires_at,
-        )
+        """This message under a renewed lease; an attempt not read yet stays unread. Its
+        fields are copied as they are (a payload already opened stays opened): ``replace()``
+        cost seven times as much, and the relay freezes every message it hands over."""
+        new = object.__new__(type(self))
+        state = new.__dict__
+        state.update(self.__dict__)
+        state["lease_token"] = lease_token
+        state["lease_expires_at"] = lease_expires_at
+        return new
 
     def placed(self, send_time: datetime | None) -> Message:
         """This message with ``send_time`` (its place in its ordering key, which the engine
@@ -192,6 +193,36 @@ class Message:
     def __str__(self) -> str:
         key = ", ".join(f"{n}={v!r}" for n, v in zip(self.key_names, self.key, strict=True))
         return f"{self.queue}({key})"
+
+
+def leased_message(
+    queue: str,
+    key: tuple[Any, ...],
+    key_names: tuple[str, ...],
+    payload: bytes,
+    deliver_time: datetime | None,
+    attempt: int | None,
+    lease_token: str | None,
+    lease_expires_at: datetime | None,
+    send_time: datetime | None,
+) -> Message:
+    """``Message(...)`` of a claimed row, a third of the cost: a frozen dataclass's
+    ``__init__`` sets each field through ``object.__setattr__`` (the engines build every
+    message of a claim)."""
+    new = object.__new__(Message)
+    new.__dict__.update(
+        queue=queue,
+        key=key,
+        key_names=key_names,
+        _payload=payload,
+        deliver_time=deliver_time,
+        _attempt=attempt,
+        lease_token=lease_token,
+        lease_expires_at=lease_expires_at,
+        send_time=send_time,
+        dropped=False,
+    )
+    return new
 
 
 def may_have_failed(message: Message) -> bool:

@@ -71,7 +71,7 @@ from spanner_queues.keys import (
     parent_model,
     row_to_message,
 )
-from spanner_queues.message import Message, OutgoingMessage
+from spanner_queues.message import Message, OutgoingMessage, leased_message
 from spanner_queues.options import queue_options
 from spanner_queues.ordering import head_of_key, head_of_key_sql, ordered_by, send_times
 from spanner_queues.payload import BYTES, from_stored, payload_type, stored_text
@@ -265,11 +265,12 @@ class TableQueueEngine(BaseQueueEngine):
             return []
 
         def claim(keys: Q | None) -> tuple[list[Message], int]:
-            return run_in_transaction(
+            claimed = run_in_transaction(
                 lambda: self._claim(model, keys, max_messages, lease),
                 using=self.database,
                 retries=self.params.transaction_retries,
             )
+            return claimed()  # the messages built once committed, the write lock let go
 
         claimed, expired = claim(picked)
         if picked is not None and not claimed:  # all taken meanwhile: from the head, as elsewhere
@@ -305,11 +306,13 @@ class TableQueueEngine(BaseQueueEngine):
 
     def _claim(
         self, model: type[Queue], keys: Q | None, max_messages: int, lease: timedelta
-    ) -> tuple[list[Message], int]:
+    ) -> Callable[[], tuple[list[Message], int]]:
         """In the caller's transaction: lease up to ``max_messages`` due rows (those of
         ``keys`` when given), each with a new token and its next deliver time (the back-off
-        of its next attempt). Returns the messages claimed and how many of them had a lease
-        that ran out (acks delete, releases clear it)."""
+        of its next attempt). Returns a function that returns the messages claimed and how
+        many of them had a lease that ran out (acks delete, releases clear it); where the
+        claim is one statement it builds them then, so that the caller calls it after the
+        commit (on SQLite the database's single write lock is let go sooner)."""
         driver = driver_for(self.database)
         statements = row_statements(model, self.database)
         # One executemany per claim, except where the DB-API replays aborted transactions
@@ -362,7 +365,7 @@ class TableQueueEngine(BaseQueueEngine):
                 claimed.append(_claimed_message(model._meta.label, names, row, c))
                 # a lease still set: the last one ran out (acks delete, releases clear it)
                 expired += row[-1] is not None  # (lease_expires_at, the last of DUE_COLUMNS)
-        return claimed, expired
+        return lambda: (claimed, expired)
 
     def _claim_in_one_statement(
         self,
@@ -371,11 +374,12 @@ class TableQueueEngine(BaseQueueEngine):
         max_messages: int,
         now: datetime,
         lease: timedelta,
-    ) -> tuple[list[Message], int]:
+    ) -> Callable[[], tuple[list[Message], int]]:
         """``_claim`` of the due rows from the head as one statement (``claims_in_one_statement``;
         SQLite: a read and one statement, ``supports_json_each``): one lease token for the claim,
         and the deliver time after the lease drawn once per attempt (as ``_claim`` draws it),
-        written by the statement for each row by its attempts and age."""
+        written by the statement for each row by its attempts and age. The rows are converted
+        and their messages built when the returned function is called (after the commit)."""
         names = key_names(model)
         n_keys = len(names)
         expires = now + lease
@@ -388,23 +392,28 @@ class TableQueueEngine(BaseQueueEngine):
                 break
         old = (now - backoff.hourly_after, expires + backoff.delay(1, backoff.hourly_after))
         token = next(lease_tokens())
-        rows = statements.claim_due(now, max_messages, token, expires, after_lease, old)
-        # (RETURNING has no order: oldest due first, as the read of ``_claim``)
-        rows.sort(key=lambda row: row[n_keys + 1])
-        claimed, expired = [], 0
+        converted = statements.claim_due(now, max_messages, token, expires, after_lease, old)
         label = model._meta.label
-        for row in rows:
-            claim = Claim(
-                key=row[:n_keys],
-                was_due=row[n_keys + 1],
-                lease_token=token,
-                lease_expires_at=expires,
-                attempts=row[n_keys + 3] + 1,
-                deliver_time=expires,  # (unread here: the statement set it by the attempts)
-            )
-            claimed.append(_claimed_message(label, names, row, claim))
-            expired += row[-1] is not None  # the lease it had ran out
-        return claimed, expired
+
+        def built() -> tuple[list[Message], int]:
+            rows = converted()
+            # (RETURNING has no order: oldest due first, as the read of ``_claim``)
+            rows.sort(key=lambda row: row[n_keys + 1])
+            claimed, expired = [], 0
+            for row in rows:
+                claim = Claim(
+                    key=row[:n_keys],
+                    was_due=row[n_keys + 1],
+                    lease_token=token,
+                    lease_expires_at=expires,
+                    attempts=row[n_keys + 3] + 1,
+                    deliver_time=expires,  # (unread here: the statement set it by the attempts)
+                )
+                claimed.append(_claimed_message(label, names, row, claim))
+                expired += row[-1] is not None  # the lease it had ran out
+            return claimed, expired
+
+        return built
 
     def _due_rows(
         self,
@@ -667,16 +676,16 @@ def _claimed_message(
     """The message of a due ``row`` (keys ``names``, then ``DUE_COLUMNS``) as ``claim``
     leased it."""
     payload, deliver_time, send_time, _, _ = row[len(names) :]
-    return Message(
-        queue=label,
-        key=claim.key,
-        key_names=names,
-        payload=from_stored(payload),
-        deliver_time=deliver_time,
-        attempt=claim.attempts,
-        lease_token=claim.lease_token,
-        lease_expires_at=claim.lease_expires_at,
-        send_time=send_time,
+    return leased_message(
+        label,
+        claim.key,
+        names,
+        from_stored(payload),
+        deliver_time,
+        claim.attempts,
+        claim.lease_token,
+        claim.lease_expires_at,
+        send_time,
     )
 
 
@@ -888,14 +897,16 @@ class RowStatements:
         expires: datetime,
         after_lease: Sequence[tuple[int, datetime]],
         old: tuple[datetime, datetime],
-    ) -> list[tuple[Any, ...]]:
+    ) -> Callable[[], list[tuple[Any, ...]]]:
         """Lease the first ``limit`` rows due at ``now`` (those another claim holds passed
         over) in one statement (SQLite, ``supports_json_each``: a read of them and one
         statement): each gets ``token``, ``expires``, one more attempt and the deliver time of
         ``after_lease`` for its attempts so far (the last for more), or of ``old`` (sent
-        before its first value: the second) for a message that old. Returns the rows as
-        ``select_due`` does, the deliver time and lease expiry they had, and their attempts
-        before this claim, in no order."""
+        before its first value: the second) for a message that old. Returns a function that
+        returns the rows as ``select_due`` does, the deliver time and lease expiry they had,
+        and their attempts before this claim, in no order: it converts them (the fields'
+        converters, on this thread's connection), so call it after the commit, outside the
+        write lock."""
         connection = connections[self.using]  # this thread's
         by_rowid = driver_of(connection).supports_json_each
         sql = self._written(("claim_due", len(after_lease), by_rowid), self._claim_due_sql)
@@ -913,7 +924,8 @@ class RowStatements:
         with connection.cursor() as cursor:
             if not by_rowid:
                 cursor.execute(sql, [due_at, limit, *leased])
-                return self._converted(cursor.fetchall(), connection)
+                found = cursor.fetchall()
+                return lambda: self._converted(found, connection)
             # SQLite: the due rows with their rowid (last), then one UPDATE of those rowids;
             # the transaction's write lock holds them between the two
             cursor.execute(self.due_rowid_sql(connection), [due_at, limit])
@@ -921,7 +933,7 @@ class RowStatements:
             if found:
                 rowids = json.dumps([row[-1] for row in found])
                 cursor.execute(sql, [*leased, rowids])
-        return [row[:-1] for row in self._converted(found, connection)]
+        return lambda: [row[:-1] for row in self._converted(found, connection)]
 
     def due_rowid_sql(self, connection: Any) -> str:
         """``due_sql`` with each row's ``rowid`` after its columns (SQLite), the limit a
@@ -980,13 +992,15 @@ class RowStatements:
 
     def _converted(self, found: list[Any], connection: Any) -> list[tuple[Any, ...]]:
         """Rows of the key columns then ``DUE_COLUMNS``, as the ORM's ``values_list`` returns
-        them (the backend's and the fields' converters applied)."""
+        them (the backend's and the fields' converters applied), except the lease expiry
+        (the last), left as read: only whether it is set is ever asked (a claim's lease that
+        ran out), and converting it was a sixth of building a claim's messages."""
         if not found:
             return []
         ops = connection.ops
         converters = []
         fast_datetime = driver_of(connection).datetime_reader()
-        for i, f in enumerate(self.due_columns):
+        for i, f in enumerate(self.due_columns[:-1]):
             col = f.get_col(f.model._meta.db_table)
             funcs = ops.get_db_converters(col) + col.get_db_converters(connection)
             if fast_datetime is not None:
