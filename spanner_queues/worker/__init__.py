@@ -13,8 +13,10 @@ Guarantees:
 - It never holds more messages than it has free slots: ``concurrency`` threads, each holding
   up to ``prefetch`` units (a batch queue fills one slot with up to ``batch_size`` messages).
   One receive claims up to ``concurrency * prefetch`` minus those held, and, past one unit per
-  thread, claims again only when fewer than ``concurrency`` are left waiting. By default
-  (``prefetch=None``) the prefetch adapts: one unit per free thread until a unit was timed,
+  thread, claims again only when fewer than ``concurrency`` are left waiting (serving batch
+  receivers, ``BATCH_UNITS_AHEAD`` a thread: a batch's claim may take as long as its run). By
+  default (``prefetch=None``) the prefetch adapts: one unit per free thread (serving batch
+  receivers, two: one claimed ahead) until a unit was timed,
   then, while receives come back full, doubling up to what a thread can start within
   ``min(AHEAD_SECONDS, lease / 2)`` at the measured average run time (at most
   ``Intake.most_ahead()``: ``AUTO_PREFETCH_MAX``, or two of the thread's largest groups); it

@@ -49,6 +49,12 @@ AHEAD_SECONDS = 0.25
 #: worth: one fills while the next is claimed, so a group closes full, not at the end of what
 #: one claim brought; on SQLite's groups of 100 that halved the claims and commits of a drain)
 AUTO_PREFETCH_MAX = 100
+#: units of batch receivers (one claim each) that may wait per thread, claimed ahead, before
+#: the intake stops claiming (other units: one): a batch's claim can take as long as a batch's
+#: run (on SQLite it waits for the write lock behind an ack), and with one waiting the thread
+#: waited for it. Before a unit was timed the adaptive prefetch holds two a thread (one
+#: running, one waiting; other units: one)
+BATCH_UNITS_AHEAD = 2
 #: a failing queue is asked again after max(poll_interval, MIN) x 2^failures seconds, at
 #: most MAX (jittered down by a quarter)
 QUEUE_BACKOFF_MIN = 0.1
@@ -137,6 +143,10 @@ class Intake:
         self.summary_interval = summary_interval
         #: units each thread may hold now (adaptive: see ``adapt``)
         self.depth = 1 if self.prefetch is None else self.prefetch
+        if any(p.batch for p in self.plans):  # claims again while fewer units than this wait
+            slots.low_water = concurrency * BATCH_UNITS_AHEAD
+            if self.prefetch is None:  # (adaptive: one ahead from the first claim on)
+                self.depth = 2
         #: (queue, key) -> times an ordered queue's message was given back behind its key's
         #: head in this worker, least recent first (its wait grows: ``ordering.wait``)
         self.waits: OrderedDict[tuple[str, tuple[Any, ...]], int] = OrderedDict()
@@ -314,9 +324,10 @@ class Intake:
         return False
 
     def _wants_more(self) -> bool:
-        # depth 1: a free thread. Otherwise also fewer units waiting than threads, so that
-        # a claim takes many messages at once rather than one each time one finishes.
-        return self.slots.free(self.depth) > 0 and self.slots.waiting < self.concurrency
+        # depth 1: a free thread. Otherwise also fewer units waiting than threads (batch
+        # receivers: ``BATCH_UNITS_AHEAD`` a thread), so that a claim takes many messages at
+        # once rather than one each time one finishes.
+        return self.slots.free(self.depth) > 0 and self.slots.waiting < self.slots.low_water
 
     def _idle_wait(self, seconds: float) -> None:
         with self.slots.cond:

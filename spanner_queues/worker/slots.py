@@ -127,6 +127,9 @@ class Slots:
         self.renew_cond = threading.Condition(lock)
         self.stopping = False
         self.in_flight = 0  # units (slots) taken, running or waiting
+        #: the intake claims again while fewer units wait than this (and a slot is free):
+        #: one a thread, or more for batch receivers (``intake.BATCH_UNITS_AHEAD``)
+        self.low_water = concurrency
         self.waiting = 0  # units received and not yet taken by an executor
         #: moving average of the seconds one unit takes to run and ack (None: none ran yet)
         self.unit_seconds: float | None = None
@@ -198,7 +201,7 @@ class Slots:
             fixed = prefetch is not None and prefetch > 1
             unstarted = self.stopping and (fixed or unit[0].ahead)
             ahead = prefetch is None or prefetch > 1  # units may wait for a thread
-            if ahead and self.waiting == self.concurrency - 1:
+            if ahead and self.waiting == self.low_water - 1:
                 self.cond.notify_all()  # below the low-water mark: claim more
             return unstarted
 
@@ -218,7 +221,7 @@ class Slots:
             # waiting units than threads, or, with prefetch 1, for a free thread) and whoever
             # waits for the slots to empty or for a stop. With units still waiting nobody is
             # woken for nothing once per message.
-            if self.waiting < self.concurrency or self.stopping:
+            if self.waiting < self.low_water or self.stopping:
                 self.cond.notify_all()
             if self.stopping and self.in_flight == 0:
                 self.renew_cond.notify_all()

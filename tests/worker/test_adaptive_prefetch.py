@@ -144,3 +144,43 @@ def test_a_thread_that_groups_may_hold_two_of_its_largest_groups(group_size: int
 def test_a_batch_receivers_queue_holds_no_more_for_groups_it_never_forms() -> None:
     worker = Worker(["workerapp.Dirty"], install_signal_handlers=False, group_size=300)
     assert worker.intake.most_ahead() == sq_intake.AUTO_PREFETCH_MAX
+
+
+def test_a_batch_receiver_has_its_next_batch_claimed_while_its_first_runs(
+    events: WorkerEvents,
+) -> None:
+    """A batch's claim may take as long as a batch's run (on SQLite it waits for the write lock
+    behind an ack): serving batch receivers, the adaptive prefetch claims one batch a thread
+    ahead from the first claim on (before any unit was timed), and no more then."""
+    import threading
+
+    from spanner_queues.receivers import ReceiverRegistry, receiver
+
+    registry = ReceiverRegistry()
+    first_runs, go = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    @receiver(WorkItems, batch=True, max_batch_size=3, registry=registry)
+    def batches(messages: list[object]) -> None:
+        first_runs.set()
+        assert go.wait(30)
+        ran.append(len(messages))
+
+    WorkItems.send_many([{"payload": {}} for _ in range(15)])
+    worker = Worker(
+        [WorkItems],
+        registry=registry,
+        concurrency=1,
+        install_signal_handlers=False,
+        listeners=[events],
+        poll_interval=0.05,
+    )
+    with running(worker):
+        assert first_runs.wait(10)
+        with worker.slots.cond:  # (the intake claims while the first batch runs)
+            assert worker.slots.cond.wait_for(lambda: worker.slots.waiting == 1, timeout=10)
+            assert worker.slots.in_flight == 2  # the running batch and one ahead, no more
+        go.set()
+        assert events.wait_for("acked", 15)
+    assert sum(ran) == 15
+    assert events.counts["received"] == 15
