@@ -86,6 +86,9 @@ class Driver:
     #: a batch's acks (the rows whose key and token are among the arrays') and the relay's
     #: archive rows are then one statement, not one a row
     supports_array_parameters = False
+    #: whether many new rows can go as one ``COPY ... FROM STDIN`` (psycopg 3): the relay's
+    #: archive rows, a third of what ``INSERT ... unnest`` of the same rows cost the server
+    supports_copy = False
 
     @property
     def supports_json_each(self) -> bool:
@@ -469,6 +472,11 @@ class PostgreSQLDriver(Driver):
     # the message's whole delivery otherwise (the relay's claims: docs/benchmarks.md)
     claims_in_one_statement = True
     supports_array_parameters = True
+
+    @cached_property
+    def supports_copy(self) -> bool:  # type: ignore[override]
+        """psycopg 3's cursors ``copy()``; psycopg2's take another interface, left alone."""
+        return hasattr(_dbapi(self.connection), "Copy")
 
     @cached_property
     def pipelines_executemany(self) -> bool:  # type: ignore[override]

@@ -1,5 +1,6 @@
-"""The relay's archive rows (``RelayedEvent``) are written as built, in one statement where
-the database takes arrays (PostgreSQL), on every database of the suite."""
+"""The relay's archive rows (``RelayedEvent``) are written as built, in one ``COPY`` where the
+driver has it (psycopg 3) or one statement where the database takes arrays (PostgreSQL), on
+every database of the suite."""
 
 from __future__ import annotations
 
@@ -39,7 +40,9 @@ def test_archive_rows_are_stored_as_built() -> None:
     with CaptureQueriesContext(connection) as queries, transaction.atomic(using=alias):
         relay._archive(rows, alias)
     inserts = [q for q in queries.captured_queries if "INSERT" in q["sql"].upper()]
-    if driver_for(alias).supports_array_parameters:
+    if driver_for(alias).supports_copy:  # (past Django's cursor wrappers: not captured)
+        assert inserts == []
+    elif driver_for(alias).supports_array_parameters:
         assert len(inserts) == 1
     stored = {
         e.event_id: (e.id, e.queue, e.key, e.ordering_key, bytes(e.data), e.published_at)
@@ -56,3 +59,18 @@ def test_archive_rows_are_stored_as_built() -> None:
         )
         for i in range(5)
     }
+
+
+def test_the_archive_does_not_index_event_ids() -> None:
+    """Random event ids in an index cost every batch of acks a random page an event (the
+    relay at 0.8 of a hand-written drainer on SQLite with 80,000 events archived, 1.0
+    without); ``pubsubreplay`` finds events by queue and time, then filters."""
+    pytest.importorskip("spanner_queues.contrib.pubsub.relay")
+    from spanner_queues.contrib.pubsub.models import RelayedEvent
+
+    connection = connections[RelayedEvent.objects.db]
+    with connection.cursor() as cursor:
+        found = connection.introspection.get_constraints(cursor, RelayedEvent._meta.db_table)
+    indexed = [c["columns"] for c in found.values() if c["index"] or c["unique"]]
+    assert ["queue", "published_at"] in indexed
+    assert not [columns for columns in indexed if "event_id" in columns]

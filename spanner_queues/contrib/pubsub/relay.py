@@ -366,7 +366,11 @@ def _outgoing(
             outgoing.append(exc)
             continue
         sent[id(m)] = (attributes, data)
-        too_long = [a for a, v in attributes.items() if len(v.encode()) > MAX_ATTRIBUTE_BYTES]
+        too_long = [  # (a character is at most 4 bytes: a short one is not encoded to tell)
+            a
+            for a, v in attributes.items()
+            if len(v) * 4 > MAX_ATTRIBUTE_BYTES and len(v.encode()) > MAX_ATTRIBUTE_BYTES
+        ]
         if too_long:
             outgoing.append(
                 ValueError(
@@ -537,8 +541,9 @@ def _ack_with_archive(model: type[Queue], messages: list[Message], rows: list[tu
 
 # --- the acks of a worker's relay runs, beside its next run -----------------------------------
 #: acks of one queue handed over and not committed yet after which a run waits to hand over
-#: its own (the queue's next run publishes while the last one's ack commits)
-ACKS_AHEAD = 1
+#: its own (the queue's next runs publish while the last ones' acks commit; with one, a run
+#: often waited for an ack that waited for the write lock behind a claim, on SQLite)
+ACKS_AHEAD = 2
 #: seconds the ack thread waits for work before it ends (closing its connections)
 ACKER_IDLE_SECONDS = 10.0
 #: seconds ``flush_acks`` waits at most (a worker stopping) for the acks handed over: about a
@@ -548,17 +553,30 @@ ACKS_FLUSH_SECONDS = 10.0
 
 @dataclass(slots=True)
 class _AckJob:
-    """The confirmed messages of one run (their leases frozen: no longer renewed) and their
-    archive rows, to ack in one transaction."""
+    """The confirmed messages of one run, the lease token of each when it was handed over (its
+    lease frozen: no longer renewed) and what the run published of them (for their archive
+    rows, when ``archive_days``), to ack in one transaction. The rows and the messages as
+    acked are built here, in the ack thread, not in the run."""
 
     model: type[Queue]
     messages: list[Message]
-    rows: list[tuple]
+    tokens: list[str | None]
+    sent: _Sent
     archive_days: int
 
     def run(self) -> None:
         try:
-            _ack_with_archive(self.model, self.messages, self.rows)
+            frozen = [
+                m.with_lease(token, m.lease_expires_at)
+                for m, token in zip(self.messages, self.tokens, strict=True)
+            ]
+            database = engine_for(self.model).database
+            rows = (
+                _archive_rows(self.model, self.messages, database, self.sent)
+                if self.archive_days
+                else []
+            )
+            _ack_with_archive(self.model, frozen, rows)
         except Exception as exc:
             logger.warning(
                 "%s: the acks of %d message(s) Pub/Sub confirmed failed (%s: %s); they are "
@@ -604,16 +622,14 @@ class _Acks:
         them no more)."""
         if not confirmed:
             return
-        database = engine_for(model).database
-        rows = _archive_rows(model, confirmed, database, sent) if archive_days else []
         label = model._meta.label
         with self._cond:
             self._cond.wait_for(lambda: self._ahead.get(label, 0) < ACKS_AHEAD)
             # frozen once the queue's place is free: renewed while the run waits for it
-            frozen = [m.with_lease(held_lease_token(m), m.lease_expires_at) for m in confirmed]
+            tokens = [held_lease_token(m) for m in confirmed]
             mark_acked(confirmed)
             self._ahead[label] = self._ahead.get(label, 0) + 1
-            self._jobs.append(_AckJob(model, frozen, rows, archive_days))
+            self._jobs.append(_AckJob(model, confirmed, tokens, sent, archive_days))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="sq-relay-acks", daemon=True)
                 self._thread.start()
@@ -694,14 +710,22 @@ def _archive_rows(
 
 
 def _archive(rows: list[tuple], database: str) -> None:
-    """Insert the archive ``rows`` in the caller's transaction: one ``INSERT`` of an array a
-    column where the database takes them (PostgreSQL), else one ``executemany`` (the ORM's
-    ``bulk_create`` compiled its statement per row: most of the archive's cost)."""
+    """Insert the archive ``rows`` in the caller's transaction: one ``COPY`` where the driver
+    has it (psycopg 3), else one ``INSERT`` of an array a column where the database takes them
+    (PostgreSQL), else one ``executemany`` (the ORM's ``bulk_create`` compiled its statement
+    per row: most of the archive's cost)."""
     connection = connections[database]
     quote = connection.ops.quote_name
     columns = ", ".join(quote(f) for f in ARCHIVE_FIELDS)  # each field's column is its name
     table = quote(RelayedEvent._meta.db_table)
-    if driver_of(connection).supports_array_parameters:  # one array a column (PostgreSQL)
+    driver = driver_of(connection)
+    if driver.supports_copy:  # (PostgreSQL, psycopg 3)
+        with connection.cursor() as cursor, connection.wrap_database_errors:
+            with cursor.cursor.copy(f"COPY {table} ({columns}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        return
+    if driver.supports_array_parameters:  # one array a column (PostgreSQL)
         fields = {f.name: f for f in RelayedEvent._meta.concrete_fields}
         arrays = ", ".join(f"%s::{fields[f].db_type(connection)}[]" for f in ARCHIVE_FIELDS)
         with connection.cursor() as cursor:
