@@ -266,12 +266,14 @@ def queue_round(specs: list[dict[str, Any]], concurrency: int) -> float:
         receivers.register(spec)
 
 
-def relay_round(specs: list[dict[str, Any]], concurrency: int) -> float:
-    """Seconds the relay takes to publish and ack the messages, first receive to empty queue."""
+def relay_round(specs: list[dict[str, Any]], concurrency: int, *, send: bool = True) -> float:
+    """Seconds the relay takes to publish and ack the messages, first receive to empty queue
+    (``send``: sent first, untimed; else the caller sent them)."""
     from spanner_queues.worker import Worker
     from tests.pubsubapp.models import OrderEvents
 
-    OrderEvents.send_many(specs)
+    if send:
+        OrderEvents.send_many(specs)
     worker = Worker(
         ["pubsubapp.OrderEvents"],
         burst=True,
@@ -291,17 +293,21 @@ def relay_round(specs: list[dict[str, Any]], concurrency: int) -> float:
 
 
 def counted_round(specs: list[dict[str, Any]], concurrency: int) -> dict[str, Any]:
-    """One relay round, counted: publish RPCs, and statements and commits (SQL) or Spanner API
-    calls by method (Spanner), per message."""
+    """One relay round, counted (its sends not): publish RPCs, and statements and commits
+    (SQL, every thread's: the relay's ack thread too) or Spanner API calls by method
+    (Spanner), per message."""
     import collections
     import contextlib
     import threading
 
     from django.db import connections
     from django.db.backends.base.base import BaseDatabaseWrapper
-    from django.db.backends.signals import connection_created
+    from django.db.backends.utils import CursorWrapper
     from google.pubsub_v1.services.publisher import client as gapic
 
+    from tests.pubsubapp.models import OrderEvents
+
+    OrderEvents.send_many(specs)
     counts: collections.Counter[str] = collections.Counter()
     lock = threading.Lock()
 
@@ -309,12 +315,15 @@ def counted_round(specs: list[dict[str, Any]], concurrency: int) -> dict[str, An
         with lock:
             counts[name] += 1
 
-    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
-        bump(("executemany " if many else "execute ") + sql.split(None, 1)[0].upper())
-        return execute(sql, params, many, context)
+    real_execute, real_executemany = CursorWrapper._execute, CursorWrapper._executemany
 
-    def on_connection(sender: Any, connection: Any, **kwargs: Any) -> None:
-        connection.execute_wrappers.append(wrapper)
+    def execute(self: Any, sql: str, *args: Any) -> Any:
+        bump("execute " + sql.split(None, 1)[0].upper())
+        return real_execute(self, sql, *args)
+
+    def executemany(self: Any, sql: str, *args: Any) -> Any:
+        bump("executemany " + sql.split(None, 1)[0].upper())
+        return real_executemany(self, sql, *args)
 
     real_commit, real_publish = BaseDatabaseWrapper._commit, gapic.PublisherClient.publish
 
@@ -333,17 +342,18 @@ def counted_round(specs: list[dict[str, Any]], concurrency: int) -> dict[str, An
         counter_context: Any = counting()
     else:
         counter_context = contextlib.nullcontext()
-        connections.close_all()  # each thread's next connection is counted
-        connection_created.connect(on_connection)
         BaseDatabaseWrapper._commit = commit  # type: ignore[method-assign]
+        CursorWrapper._execute = execute  # type: ignore[method-assign]
+        CursorWrapper._executemany = executemany  # type: ignore[method-assign]
     gapic.PublisherClient.publish = publish  # type: ignore[method-assign]
     try:
         with counter_context as counter:
-            relay_round(specs, concurrency)
+            relay_round(specs, concurrency, send=False)
     finally:
         gapic.PublisherClient.publish = real_publish  # type: ignore[method-assign]
         BaseDatabaseWrapper._commit = real_commit  # type: ignore[method-assign]
-        connection_created.disconnect(on_connection)
+        CursorWrapper._execute = real_execute  # type: ignore[method-assign]
+        CursorWrapper._executemany = real_executemany  # type: ignore[method-assign]
     if spanner:
         counts.update(counter.work_calls())
         counts.update({f"  of which {k}": v for k, v in counter.statements().items()})
