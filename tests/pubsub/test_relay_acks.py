@@ -160,3 +160,48 @@ def test_the_ack_thread_stays_one_and_ends_idle_over_rounds_on_two_queues_with_a
 
 def _ack_threads() -> int:
     return sum(1 for t in threading.enumerate() if t.name == "sq-relay-acks")
+
+
+def test_a_run_whose_queue_has_acks_stuck_acks_its_messages_itself_with_their_archive(
+    pubsub, monkeypatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The acks handed over before are stuck (a database that does not answer): a run waits
+    for its queue's place at most ``ACKS_WAIT_SECONDS`` (or to its time limit), then acks its
+    own messages, archive rows included, instead of waiting for good."""
+    from spanner_queues.contrib.pubsub.models import RelayedEvent
+
+    monkeypatch.setattr(relay_module, "ACKS_AHEAD", 1)
+    monkeypatch.setattr(relay_module, "ACKS_WAIT_SECONDS", 0.2)
+    for n in range(2):
+        OrderEvents.send(order=n, message_id=f"m{n}", payload={"n": n})
+    release = threading.Event()
+    original = relay_module._AckJob.run
+
+    def stuck_run(job: Any) -> None:
+        assert release.wait(30)
+        original(job)
+
+    monkeypatch.setattr(relay_module._AckJob, "run", stuck_run)
+    caplog.set_level(logging.WARNING, logger="spanner_queues.pubsub")
+    registry = ReceiverRegistry()
+    with override_settings(
+        SPANNER_QUEUES_PUBSUB={**settings.SPANNER_QUEUES_PUBSUB, "RELAY_BATCH_SIZE": 1}
+    ):
+        register_relays(registry, [OrderEvents])  # runs of one message
+    worker = Worker(["pubsubapp.OrderEvents"], install_signal_handlers=False, registry=registry)
+    runner = threading.Thread(target=worker.run)
+    runner.start()
+    try:
+        # one run handed over and stuck; the next run (runs of one) acked its own
+        wait_until(lambda: OrderEvents.objects.count() == 1, 30)
+        assert RelayedEvent.objects.count() == 1
+        [record] = [r for r in caplog.records if getattr(r, "action", None) == "relay_ack_waited"]
+        assert "acks its 1 message(s) itself" in record.getMessage()
+    finally:
+        release.set()
+        worker.stop()
+        runner.join(30)
+    assert not runner.is_alive()
+    assert not OrderEvents.objects.exists()
+    assert RelayedEvent.objects.count() == 2
+    assert len(pubsub.pull()) == 2

@@ -221,13 +221,25 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
         _dead_letter_refused(model, topic, m, error)
     if not failed:
         _recovered(model)
-        if context.worker_id is not None:  # under a worker: acked beside its next run
-            _acks.hand_over(model, confirmed, params.archive_days, sent)
+        if context.worker_id is not None and _acks.hand_over(  # acked beside the next run
+            model, confirmed, params.archive_days, sent, _hand_over_by(context)
+        ):
+            pass
         elif params.archive_days:  # acked here with their archive rows: no more by the caller
             _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
         return  # (the dead-lettered are acked)
     _give_back(model, topic, messages, confirmed, failed, params.archive_days, sent)
+
+
+def _hand_over_by(context: MessageContext) -> float:
+    """``time.monotonic()`` past which a run waits no more to hand its acks over (its queue's
+    acks stuck behind a database that does not answer): ``ACKS_WAIT_SECONDS`` from now, or
+    sooner, ``TIME_LIMIT_MARGIN`` before the receiver's time limit."""
+    by = time.monotonic() + ACKS_WAIT_SECONDS
+    if context.deadline is not None:
+        by = min(by, context.deadline - TIME_LIMIT_MARGIN)
+    return by
 
 
 def _deadline(context: MessageContext, publish_timeout: float) -> float:
@@ -549,6 +561,9 @@ ACKER_IDLE_SECONDS = 10.0
 #: seconds ``flush_acks`` waits at most (a worker stopping) for the acks handed over: about a
 #: lease, after which what is left comes back anyway
 ACKS_FLUSH_SECONDS = 10.0
+#: seconds a run waits at most for its queue's place among the outstanding acks (or until
+#: its time limit, less ``TIME_LIMIT_MARGIN``); past it the run acks its messages itself
+ACKS_WAIT_SECONDS = 10.0
 
 
 @dataclass(slots=True)
@@ -615,16 +630,33 @@ class _Acks:
         self._thread: threading.Thread | None = None
 
     def hand_over(
-        self, model: type[Queue], confirmed: list[Message], archive_days: int, sent: _Sent
-    ) -> None:
+        self,
+        model: type[Queue],
+        confirmed: list[Message],
+        archive_days: int,
+        sent: _Sent,
+        by: float,
+    ) -> bool:
         """Run use: ack ``confirmed`` (with their archive rows when ``archive_days``) beside
         the queue's next run; they are the run's own acks (``mark_acked``: the worker acks
-        them no more)."""
+        them no more). False, and nothing handed over, when the queue's place among the
+        outstanding acks is not free by ``by`` (``time.monotonic()``; the acks before are
+        stuck): the run acks them itself."""
         if not confirmed:
-            return
+            return True
         label = model._meta.label
         with self._cond:
-            self._cond.wait_for(lambda: self._ahead.get(label, 0) < ACKS_AHEAD)
+            if not self._cond.wait_for(
+                lambda: self._ahead.get(label, 0) < ACKS_AHEAD, max(by - time.monotonic(), 0.0)
+            ):
+                logger.warning(
+                    "%s: the relay's acks before this run's did not commit in time; it acks "
+                    "its %d message(s) itself",
+                    label,
+                    len(confirmed),
+                    extra={"action": "relay_ack_waited", "queue": label},
+                )
+                return False
             # frozen once the queue's place is free: renewed while the run waits for it
             tokens = [held_lease_token(m) for m in confirmed]
             mark_acked(confirmed)
@@ -634,6 +666,7 @@ class _Acks:
                 self._thread = threading.Thread(target=self._run, name="sq-relay-acks", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+        return True
 
     def flush(self, timeout: float = ACKS_FLUSH_SECONDS) -> bool:
         """Wait until every ack handed over has committed (or failed); False on ``timeout``."""
