@@ -614,13 +614,14 @@ class _Acks:
     process: a run hands its confirmed messages over and returns, and its queue's next run
     builds and publishes while they commit (the database's work beside Pub/Sub's, instead of
     after it). Each queue has at most ``ACKS_AHEAD`` acks handed over and not committed: a run
-    waits to hand over more. The messages' leases are frozen when handed over; the rows stay
-    leased until the ack commits, so an ordered queue's next message of a key waits for it. A
-    failed ack (a lease lost meanwhile) is logged: the messages come back when their leases
-    end and are published again under the same event ids (at least once, as a kill between
-    publish and ack). The worker waits for them before its ``run()`` returns
-    (``worker_stopped``); a SIGKILL loses none (they come back). The thread ends after
-    ``ACKER_IDLE_SECONDS`` without work, closing its connections."""
+    waits to hand over more (``ACKS_WAIT_SECONDS`` at most, or to its time limit; then it acks
+    its own, archive rows included: ``relay_ack_waited``). The messages' leases are frozen
+    when handed over; the rows stay leased until the ack commits, so an ordered queue's next
+    message of a key waits for it. A failed ack (a lease lost meanwhile) is logged: the
+    messages come back when their leases end and are published again under the same event
+    ids (at least once, as a kill between publish and ack). The worker waits for them before
+    its ``run()`` returns (``worker_stopped``); a SIGKILL loses none (they come back). The
+    thread ends after ``ACKER_IDLE_SECONDS`` without work, closing its connections."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
