@@ -221,31 +221,22 @@ def relay(context: MessageContext, messages: list[Message]) -> None:
         _dead_letter_refused(model, topic, m, error)
     if not failed:
         _recovered(model)
-        if context.worker_id is not None and _acks.hand_over(  # acked beside the next run
-            model, confirmed, params.archive_days, sent, _hand_over_by(context)
-        ):
-            pass
-        elif params.archive_days:  # acked here with their archive rows: no more by the caller
+        # under a worker: acked beside its next run (unless the queue's acks are stuck)
+        handed = context.worker_id is not None and _acks.hand_over(
+            model, confirmed, params.archive_days, sent, _deadline(context, ACKS_WAIT_SECONDS)
+        )
+        if not handed and params.archive_days:  # acked here with their archive rows
             _ack_confirmed(model, confirmed, params.archive_days, sent)
             _prune_archive_if_due(model, params.archive_days)
         return  # (the dead-lettered are acked)
     _give_back(model, topic, messages, confirmed, failed, params.archive_days, sent)
 
 
-def _hand_over_by(context: MessageContext) -> float:
-    """``time.monotonic()`` past which a run waits no more to hand its acks over (its queue's
-    acks stuck behind a database that does not answer): ``ACKS_WAIT_SECONDS`` from now, or
-    sooner, ``TIME_LIMIT_MARGIN`` before the receiver's time limit."""
-    by = time.monotonic() + ACKS_WAIT_SECONDS
-    if context.deadline is not None:
-        by = min(by, context.deadline - TIME_LIMIT_MARGIN)
-    return by
-
-
-def _deadline(context: MessageContext, publish_timeout: float) -> float:
-    """``time.monotonic()`` past which the run waits no more: ``publish_timeout`` from now, or
-    sooner, ``TIME_LIMIT_MARGIN`` before the receiver's time limit."""
-    deadline = time.monotonic() + publish_timeout
+def _deadline(context: MessageContext, seconds: float) -> float:
+    """``time.monotonic()`` past which the run waits no more (for Pub/Sub, for its queue's
+    place among the outstanding acks): ``seconds`` from now, or sooner, ``TIME_LIMIT_MARGIN``
+    before the receiver's time limit."""
+    deadline = time.monotonic() + seconds
     if context.deadline is not None:
         deadline = min(deadline, context.deadline - TIME_LIMIT_MARGIN)
     return deadline
@@ -562,7 +553,8 @@ ACKER_IDLE_SECONDS = 10.0
 #: lease, after which what is left comes back anyway
 ACKS_FLUSH_SECONDS = 10.0
 #: seconds a run waits at most for its queue's place among the outstanding acks (or until
-#: its time limit, less ``TIME_LIMIT_MARGIN``); past it the run acks its messages itself
+#: its time limit, less ``TIME_LIMIT_MARGIN``: ``_deadline``); past it the run acks its
+#: messages itself
 ACKS_WAIT_SECONDS = 10.0
 
 
@@ -580,12 +572,12 @@ class _AckJob:
     archive_days: int
 
     def run(self) -> None:
+        database = engine_for(self.model).database
         try:
             frozen = [
                 m.with_lease(token, m.lease_expires_at)
                 for m, token in zip(self.messages, self.tokens, strict=True)
             ]
-            database = engine_for(self.model).database
             rows = (
                 _archive_rows(self.model, self.messages, database, self.sent)
                 if self.archive_days
@@ -603,7 +595,7 @@ class _AckJob:
                 exc_info=exc,
                 extra={"action": "relay_ack_failed", "queue": self.model._meta.label},
             )
-            connections[engine_for(self.model).database].close_if_unusable_or_obsolete()
+            connections[database].close_if_unusable_or_obsolete()
             return
         if self.archive_days:
             _prune_archive_if_due(self.model, self.archive_days)
